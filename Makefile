@@ -1,0 +1,25 @@
+# make demo   the charm on a bundled sample GPU host, without Juju
+# make test   the unit tests (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+PY = $(VENV)/bin/python
+
+.PHONY: demo test bench clean
+
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet '.[unit]'
+	touch $@
+
+demo: $(VENV)/.ready
+	$(PY) tools/demo.py $(ARGS)
+
+test: $(VENV)/.ready
+	$(PY) -m pytest unit_tests $(ARGS)
+
+bench: $(VENV)/.ready
+	$(PY) tools/bench.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.charm

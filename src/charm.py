@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+# Copyright 2026 nova-compute-nvidia-vgpu developers
+# See LICENSE file for licensing details.
+"""Juju subordinate of nova-compute: NVIDIA vGPU support for OpenStack Nova.
+
+Event wiring only. One idempotent reconcile handler serves every lifecycle
+and relation event; status is computed in one collect-unit-status handler;
+actions, stop and remove have their own handlers. What the host is and does
+lives in the ``vgpu`` package, which never imports ops.
+"""
+
+import logging
+from typing import Dict, List, Optional
+
+import ops
+
+from vgpu import driver, facts, guests, kernel, mappings, novaconf, services
+from vgpu.errors import (
+    GuestsRunningError,
+    InstallError,
+    ResourceInvalidError,
+    ResourceMissingError,
+    ServiceError,
+    UnsupportedReleaseError,
+    VgpuError,
+)
+
+logger = logging.getLogger(__name__)
+
+RELATION = "nova-vgpu"
+RESOURCE = "nvidia-vgpu-software"
+OPTION = "vgpu-device-mappings"
+
+
+class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
+    """Discover GPUs, install the host driver, pass vGPU settings to nova-compute."""
+
+    _stored = ops.StoredState()
+
+    def __init__(self, framework: ops.Framework):
+        super().__init__(framework)
+        # Operator intent, not a host fact: services stay stopped until resume.
+        self._stored.set_default(paused=False)
+        self._facts: Optional[facts.Facts] = None
+        self._validation: Optional[mappings.Validation] = None
+        self._package: Optional[object] = None
+        self._problems: List[ops.StatusBase] = []
+        on = self.on
+        for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
+                      on.update_status, on[RELATION].relation_joined,
+                      on[RELATION].relation_changed, on["juju-info"].relation_joined):
+            framework.observe(event, self._reconcile)
+        framework.observe(on.collect_unit_status, self._on_collect_status)
+        framework.observe(on.list_vgpu_types_action, self._on_list_vgpu_types)
+        framework.observe(on.pause_action, self._on_pause)
+        framework.observe(on.resume_action, self._on_resume)
+        framework.observe(on.upgrade_action, self._on_upgrade)
+        framework.observe(on.remove, self._on_remove)
+
+    # -- reading the host, once per dispatch -------------------------------
+    def _host(self) -> facts.Facts:
+        if self._facts is None:
+            self._facts = facts.gather()
+        return self._facts
+
+    def _refresh(self) -> None:
+        self._facts = None
+        self._validation = None
+        self._package = None
+
+    def _mapping(self) -> mappings.Validation:
+        if self._validation is None:
+            host = self._host()
+            try:
+                release = host.release()
+            except UnsupportedReleaseError:
+                release = None
+            self._validation = mappings.validate(self.config.get(OPTION), host.host, release)
+        return self._validation
+
+    def _attached(self):
+        """The attached driver package (driver.DebInfo); raises Resource*Error."""
+        if self._package is None:
+            try:
+                path = self.model.resources.fetch(RESOURCE)
+            except (ops.ModelError, NameError):
+                path = None
+            self._package = driver.inspect_deb(path)
+        return self._package
+
+    def _wants_driver(self) -> bool:
+        return bool(self._host().host.gpus) or bool(self.config.get("force-install-nvidia-vgpu"))
+
+    # -- reconcile ----------------------------------------------------------
+    def _reconcile(self, _event: ops.EventBase) -> None:
+        if self._wants_driver():
+            self._ensure_driver()
+        self._publish()
+
+    def _ensure_driver(self) -> None:
+        installed = self._host().driver
+        if installed is None or not installed.installed:
+            try:
+                package = self._attached()
+            except (ResourceMissingError, ResourceInvalidError) as error:
+                logger.warning("not installing the vGPU host driver: %s", error)
+                return
+            self.unit.status = ops.MaintenanceStatus(
+                f"installing {package.package} {package.version}")
+            try:
+                driver.install(package)
+            except InstallError as error:
+                logger.error("installing %s failed: %s", package.package, error)
+                self._problems.append(ops.BlockedStatus(
+                    f"{error}; retrying on the next hook"))
+            self._refresh()
+        try:
+            if kernel.ensure_nouveau_blacklisted():
+                logger.info("nouveau blacklisted; initramfs refreshed")
+        except VgpuError as error:
+            self._problems.append(ops.BlockedStatus(f"blacklisting nouveau failed: {error}"))
+
+    def _vgpu_services(self) -> List[str]:
+        package = self._host().driver
+        if package is None or not package.installed:
+            return []
+        return list(driver.services_of(package.name))
+
+    def _publish(self) -> None:
+        host = self._host()
+        package = host.driver
+        data = novaconf.relation_data(
+            {},
+            services=self._vgpu_services(),
+            packages=[package.name] if package is not None and package.installed else [],
+        )
+        if host.host.gpus:
+            validation = self._mapping()
+            release = None if host.release_problem() else host.release()
+            if not validation.ok or release is None:
+                # Keep the last good configuration: leave it as published.
+                del data["subordinate_configuration"]
+            else:
+                data = novaconf.relation_data(
+                    novaconf.sections(validation.mapping, release),
+                    services=self._vgpu_services(),
+                    packages=[package.name] if package is not None and package.installed else [])
+        for relation in self.model.relations[RELATION]:
+            ours = relation.data[self.unit]
+            changed = {k: v for k, v in data.items() if ours.get(k) != v}
+            if changed:
+                logger.info("publishing %s on %s", ", ".join(sorted(changed)), relation.name)
+                ours.update(changed)
+
+    # -- status -------------------------------------------------------------
+    def _on_collect_status(self, event: ops.CollectStatusEvent) -> None:
+        for status in self._statuses():
+            event.add_status(status)
+
+    def _statuses(self) -> List[ops.StatusBase]:
+        host = self._host()
+        out = list(self._problems)
+        if not host.host.gpus and not self.config.get("force-install-nvidia-vgpu"):
+            out.append(ops.ActiveStatus("no NVIDIA GPU on this host: nothing to do"))
+            return out
+        release_problem = host.release_problem()
+        if release_problem:
+            out.append(ops.BlockedStatus(release_problem))
+        elif host.release() is None:
+            out.append(ops.WaitingStatus("waiting for nova-compute to install nova-common"))
+        if not self.model.relations[RELATION]:
+            out.append(ops.BlockedStatus(
+                f"relate to nova-compute: juju integrate nova-compute:{RELATION} "
+                f"{self.app.name}:{RELATION}"))
+        notes: List[str] = []
+        out.extend(self._driver_statuses(notes))
+        validation = self._mapping()
+        if not validation.ok:
+            out.append(ops.BlockedStatus(self._mapping_message(validation)))
+        out.append(ops.ActiveStatus("; ".join([self._serving_message()] + notes)))
+        return out
+
+    def _driver_statuses(self, notes: List[str]) -> List[ops.StatusBase]:
+        """Statuses about the host driver; ``notes`` collects remarks for the active message."""
+        out: List[ops.StatusBase] = []
+        installed = self._host().driver
+        attached = None
+        try:
+            attached = self._attached()
+        except ResourceMissingError as error:
+            if installed is None:
+                out.append(ops.BlockedStatus(str(error)))
+        except ResourceInvalidError as error:
+            out.append(ops.BlockedStatus(str(error)))
+        if installed is None:
+            return out
+        if not installed.installed:
+            out.append(ops.BlockedStatus(
+                f"{installed.name} {installed.version} is {installed.state}: "
+                "dpkg did not finish; retrying on the next hook"))
+            return out
+        if attached is not None and attached.version != installed.version:
+            notes.append(f"driver {installed.version} installed, {attached.version} attached: "
+                         "run the upgrade action")
+        if self._stored.paused:
+            out.append(ops.MaintenanceStatus(
+                "paused: vGPU services stopped; run the resume action to start them"))
+            return out
+        for reason in kernel.reboot_reasons(self._host().modules, driver_installed=True):
+            out.append(ops.BlockedStatus(f"reboot required: {reason}"))
+        names = self._vgpu_services()
+        try:
+            down = [name for name, up in services.active(names).items() if not up] if names else []
+        except ServiceError as error:
+            down = [f"({error})"]
+        if down:
+            out.append(ops.BlockedStatus(
+                f"{', '.join(down)} not running: check journalctl -u {down[0]}"))
+        return out
+
+    def _mapping_message(self, validation: mappings.Validation) -> str:
+        first = validation.errors[0]
+        more = f" (+{len(validation.errors) - 1} more)" if len(validation.errors) > 1 else ""
+        kept = self._published_mapping()
+        keeping = f"; keeping {mappings.summary(kept)}" if kept else ""
+        return f"{OPTION}: {first}{more}{keeping}"
+
+    def _published_mapping(self) -> Dict[str, tuple]:
+        for relation in self.model.relations[RELATION]:
+            sections = novaconf.sections_from_relation(relation.data[self.unit])
+            return novaconf.mapping_from_sections(sections)
+        return {}
+
+    def _serving_message(self) -> str:
+        host = self._host().host
+        models = host.models()
+        if len(models) == 1:
+            gpus = f"({models[0][0]})"
+        else:
+            gpus = "(" + ", ".join(f"{n} {m}" for m, n in models) + ")"
+        count = len(host.gpus)
+        head = f"{count} GPU{'s' if count != 1 else ''} {gpus}" if count else "no NVIDIA GPU (forced)"
+        served = self._published_mapping() if self.model.relations[RELATION] else {}
+        if not served:
+            return f"{head}, no vGPU type mapped: set {OPTION}"
+        return f"{head}, {mappings.summary(served)}"
+
+    # -- actions ------------------------------------------------------------
+    def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
+        from vgpu import report
+
+        host = self._host().host
+        event.set_results({
+            "gpus": report.gpu_results(host),
+            "table": report.types_table(host),
+        })
+
+    def _guard_guests(self, force: bool) -> None:
+        guests.ensure_no_guests(set(self._host().host.addresses()), force=force)
+
+    def _on_pause(self, event: ops.ActionEvent) -> None:
+        try:
+            self._guard_guests(bool(event.params.get("force")))
+            names = self._vgpu_services()
+            services.stop_and_disable(names)
+        except (GuestsRunningError, ServiceError) as error:
+            event.fail(f"not paused: {error}")
+            return
+        self._stored.paused = True
+        event.set_results({"stopped": ", ".join(names) or "none"})
+
+    def _on_resume(self, event: ops.ActionEvent) -> None:
+        names = self._vgpu_services()
+        try:
+            services.enable_and_start(names)
+        except ServiceError as error:
+            event.fail(f"not resumed: {error}")
+            return
+        self._stored.paused = False
+        event.set_results({"started": ", ".join(names) or "none"})
+
+    def _on_upgrade(self, event: ops.ActionEvent) -> None:
+        try:
+            package = self._attached()
+            self._guard_guests(bool(event.params.get("force")))
+            before = self._host().driver
+            driver.install(package)
+        except VgpuError as error:
+            event.fail(f"not upgraded: {error}")
+            return
+        self._refresh()
+        reasons = kernel.reboot_reasons(self._host().modules, driver_installed=True)
+        if before is not None and before.installed and before.version != package.version:
+            # A loaded module of the old version stays until the host reboots.
+            reasons = reasons or [f"{package.package} {before.version} is still loaded"]
+        event.set_results({
+            "package": package.package,
+            "version": package.version,
+            "previous": before.version if before is not None else "none",
+            "reboot-required": "yes" if reasons else "no",
+            "message": "; ".join(reasons) if reasons else "no reboot needed",
+        })
+        self._publish()
+
+    # -- leaving ------------------------------------------------------------
+    def _on_remove(self, _event: ops.RemoveEvent) -> None:
+        try:
+            kernel.remove_blacklist()
+        except VgpuError as error:
+            logger.warning("could not remove the nouveau blacklist: %s", error)
+        logger.info("the vGPU host driver package stays installed; purge it by hand if wanted")
+
+
+if __name__ == "__main__":  # pragma: nocover
+    ops.main(NovaComputeNvidiaVgpuCharm)

@@ -1,0 +1,6 @@
+"""Host side of the nova-compute-nvidia-vgpu charm.
+
+Nothing in this package imports ``ops``: each module reads or changes the host
+under one root (see :mod:`vgpu.hostroot`) and returns plain data, so the charm
+stays thin and every module can be tested on a fixture tree.
+"""

@@ -1,0 +1,42 @@
+"""Domain errors. The charm maps each one to a unit status or an action failure."""
+
+
+class VgpuError(Exception):
+    """Base of every error the host modules raise on purpose."""
+
+
+class UnsupportedReleaseError(VgpuError):
+    """The installed Nova is too old, or its version cannot be read."""
+
+
+class MappingError(VgpuError):
+    """vgpu-device-mappings cannot be used; ``errors`` names each offending entry."""
+
+    def __init__(self, errors):
+        self.errors = list(errors)
+        super().__init__("; ".join(self.errors))
+
+
+class ResourceMissingError(VgpuError):
+    """The nvidia-vgpu-software resource is not attached, or is empty."""
+
+
+class ResourceInvalidError(VgpuError):
+    """The attached file is not NVIDIA's vGPU host driver for this machine."""
+
+
+class InstallError(VgpuError):
+    """dpkg or apt failed to install the host driver."""
+
+
+class ServiceError(VgpuError):
+    """systemctl failed to stop or start a vGPU service."""
+
+
+class GuestsRunningError(VgpuError):
+    """Running guests use vGPUs, so the host driver must not be touched."""
+
+    def __init__(self, guests):
+        self.guests = list(guests)
+        names = ", ".join(f"{g.name} ({g.instance_uuid})" for g in self.guests)
+        super().__init__(f"{len(self.guests)} running guest(s) use vGPUs: {names}")

@@ -1,0 +1,111 @@
+"""Running libvirt guests that hold vGPUs.
+
+libvirt keeps one status XML per running domain in ``/run/libvirt/qemu/``
+(``<domstatus>`` wrapping ``<domain>``). A guest holds a vGPU when it has an
+mdev hostdev, or a PCI hostdev whose source is one of the NVIDIA GPUs or VFs
+given (the vendor-specific VFIO framework passes VFs as PCI devices). The
+domain ``<uuid>`` is the Nova instance uuid.
+
+Files that cannot be read or parsed are logged and skipped; files with a
+DOCTYPE or ENTITY declaration are skipped unparsed (no entity expansion).
+"""
+
+import logging
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, List, Optional, Set, Tuple
+
+from . import hostroot
+from .errors import GuestsRunningError
+
+log = logging.getLogger(__name__)
+
+STATUS_DIR = "run/libvirt/qemu"
+
+
+@dataclass(frozen=True)
+class Guest:
+    name: str  # libvirt domain name, e.g. instance-0000002a
+    instance_uuid: str  # domain <uuid> = Nova instance uuid
+    vgpus: Tuple[str, ...]  # mdev uuids and PCI addresses (dddd:bb:dd.f) it holds
+
+
+def running_vgpu_guests(pci_addresses: Iterable[str]) -> List[Guest]:
+    """Running guests holding an mdev or one of ``pci_addresses``, sorted by name."""
+    wanted = {a.strip().lower() for a in pci_addresses}
+    guests = []
+    for path in sorted(hostroot.path(STATUS_DIR).glob("*.xml")):
+        domain = _domain(path)
+        if domain is None:
+            continue
+        vgpus = _vgpus(domain, wanted)
+        if vgpus:
+            guests.append(Guest(
+                name=(domain.findtext("name") or path.stem).strip(),
+                instance_uuid=(domain.findtext("uuid") or "").strip().lower(),
+                vgpus=vgpus,
+            ))
+    return sorted(guests, key=lambda g: g.name)
+
+
+def ensure_no_guests(pci_addresses: Iterable[str], force: bool = False) -> List[Guest]:
+    """Raise GuestsRunningError if guests hold vGPUs, unless ``force``; return them."""
+    guests = running_vgpu_guests(pci_addresses)
+    if guests and not force:
+        raise GuestsRunningError(guests)
+    if guests:
+        log.warning("forced past %d running vGPU guest(s): %s",
+                    len(guests), ", ".join(g.name for g in guests))
+    return guests
+
+
+def _domain(path: Path) -> Optional[ET.Element]:
+    """The ``<domain>`` element of a status or domain XML file, or None."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        log.warning("cannot read %s: %s", path, e)
+        return None
+    if "<!DOCTYPE" in text.upper() or "<!ENTITY" in text.upper():
+        log.warning("skipping %s: DOCTYPE or ENTITY declarations are not accepted", path)
+        return None
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as e:
+        log.warning("skipping %s: %s", path, e)
+        return None
+    if root.tag == "domain":
+        return root
+    if root.tag == "domstatus" and root.find("domain") is not None:
+        return root.find("domain")
+    log.warning("skipping %s: no <domain> element", path)
+    return None
+
+
+def _vgpus(domain: ET.Element, wanted: Set[str]) -> Tuple[str, ...]:
+    found = []
+    for hostdev in domain.findall("./devices/hostdev"):
+        if hostdev.get("mode", "subsystem") != "subsystem":
+            continue
+        address = hostdev.find("./source/address")
+        if address is None:
+            continue
+        kind = hostdev.get("type")
+        if kind == "mdev" and address.get("uuid"):
+            found.append(address.get("uuid").strip().lower())
+        elif kind == "pci":
+            pci = _pci(address)
+            if pci and pci in wanted:
+                found.append(pci)
+    return tuple(found)
+
+
+def _pci(address: ET.Element) -> Optional[str]:
+    """``<address domain='0x0000' bus='0xc1' slot='0x00' function='0x4'/>`` as 0000:c1:00.4."""
+    try:
+        d, b, s, f = (int(address.get(k, "0x0000" if k == "domain" else ""), 0)
+                      for k in ("domain", "bus", "slot", "function"))
+    except ValueError:
+        return None
+    return f"{d:04x}:{b:02x}:{s:02x}.{f:x}"

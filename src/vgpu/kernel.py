@@ -1,0 +1,143 @@
+"""Kernel side of a vGPU host: the nouveau blacklist and why a reboot is due.
+
+The blacklist is rendered from ``templates/blacklist-nouveau.conf`` in the
+charm and written to ``<root>/etc/modprobe.d/``; every change is followed by
+``update-initramfs -u`` so nouveau stays out of the initramfs too. When
+``update-initramfs`` is not on PATH, or fails, the file change is undone
+(so the next attempt repeats it) and InstallError is raised: keeping nouveau
+away is part of preparing the host for the driver.
+"""
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from string import Template
+from typing import FrozenSet, Iterable, List, Optional
+
+from . import hostroot
+from .errors import InstallError
+
+log = logging.getLogger(__name__)
+
+CHARM = "nova-compute-nvidia-vgpu"
+CHARM_ROOT = Path(__file__).resolve().parents[2]  # src/vgpu/kernel.py -> charm root
+TEMPLATE = CHARM_ROOT / "templates" / "blacklist-nouveau.conf"
+BLACKLIST = "etc/modprobe.d/nvidia-vgpu-blacklist-nouveau.conf"
+INITRAMFS_TIMEOUT = 600
+
+
+def blacklist_path() -> Path:
+    """Where the blacklist lives under the host root."""
+    return hostroot.path(BLACKLIST)
+
+
+def render_blacklist() -> str:
+    """The blacklist file's content."""
+    return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(charm=CHARM)
+
+
+def ensure_nouveau_blacklisted() -> bool:
+    """Write the blacklist if its content differs, then refresh the initramfs.
+
+    Returns True when the file changed (a reboot is then needed for it to
+    take effect if nouveau is loaded). Raises InstallError when the
+    initramfs cannot be refreshed; the file is then left as it was.
+    """
+    target = blacklist_path()
+    content = render_blacklist()
+    try:
+        previous: Optional[str] = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        previous = None
+    if previous == content:
+        return False
+    _write(target, content)
+    try:
+        update_initramfs()
+    except InstallError:
+        if previous is None:
+            target.unlink()
+        else:
+            _write(target, previous)
+        raise
+    log.info("wrote %s and refreshed the initramfs", target)
+    return True
+
+
+def remove_blacklist() -> bool:
+    """Delete the blacklist (charm removal); refresh the initramfs if it existed."""
+    target = blacklist_path()
+    try:
+        previous = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    target.unlink()
+    try:
+        update_initramfs()
+    except InstallError:
+        _write(target, previous)
+        raise
+    log.info("removed %s and refreshed the initramfs", target)
+    return True
+
+
+def update_initramfs() -> None:
+    """Run ``update-initramfs -u`` from PATH; InstallError if missing or failing."""
+    exe = shutil.which("update-initramfs")
+    if exe is None:
+        raise InstallError("update-initramfs not found; install initramfs-tools")
+    try:
+        out = subprocess.run([exe, "-u"], capture_output=True, text=True, errors="replace",
+                             timeout=INITRAMFS_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise InstallError(f"update-initramfs -u timed out after {INITRAMFS_TIMEOUT}s") from None
+    if out.returncode != 0:
+        lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip()]
+        why = lines[-1][:120] if lines else f"exit status {out.returncode}"
+        raise InstallError(f"update-initramfs -u failed: {why}")
+
+
+def loaded_modules() -> FrozenSet[str]:
+    """Names of the loaded kernel modules (``<root>/proc/modules``); empty if unreadable."""
+    try:
+        text = hostroot.path("proc/modules").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
+
+
+def reboot_reasons(modules: Optional[Iterable[str]] = None,
+                   driver_installed: bool = False) -> List[str]:
+    """Why the host needs a reboot, in words; empty when it does not.
+
+    Pure given ``modules`` (read from ``/proc/modules`` only when None).
+    """
+    loaded = {m.replace("-", "_") for m in (loaded_modules() if modules is None else modules)}
+    reasons = []
+    if "nouveau" in loaded:
+        reasons.append("nouveau is loaded")
+    if driver_installed and "nvidia_vgpu_vfio" not in loaded:
+        reasons.append("nvidia_vgpu_vfio is not loaded")
+    return reasons
+
+
+def _write(target: Path, content: str) -> None:
+    """Replace ``target`` atomically with ``content``, mode 0644."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

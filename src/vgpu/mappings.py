@@ -1,0 +1,232 @@
+"""Parse and validate the ``vgpu-device-mappings`` option. Pure: data in, data out.
+
+The option is YAML (or JSON), e.g. ``{'nvidia-108': ['0000:c1:00.0']}``. It is
+parsed with every scalar kept as a string (so ``0000:04:00.0`` never becomes
+a YAML 1.1 sexagesimal number), without aliases, tags that build objects or
+duplicate keys, and within a size bound; then checked against a JSON Schema
+kept beside this module; then against the host and the OpenStack release.
+
+Everything that reaches nova.conf has passed both the schema and a
+``fullmatch`` here, so no type id or address can carry a newline, ``]``,
+``,``, ``=`` or anything else that would start another setting.
+"""
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Tuple
+
+SCHEMA_FILE = Path(__file__).with_name("vgpu-device-mappings.schema.json")
+MAX_BYTES = 64 * 1024
+MAX_DEPTH = 8
+
+_TYPE = re.compile(r"nvidia-(0|[1-9][0-9]{0,5})")
+_ADDRESS = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7])")
+
+Mapping_ = Dict[str, Tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The normalised mapping (type -> sorted addresses), or the reasons it is refused."""
+
+    mapping: Mapping[str, Tuple[str, ...]]
+    errors: Tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def quote(value, limit: int = 40) -> str:
+    """A value as it may appear in a one-line status: JSON-escaped and bounded."""
+    text = json.dumps(value if isinstance(value, str) else str(value))
+    return text if len(text) <= limit else text[: limit - 4] + '..."'
+
+
+def normalise_address(text: str) -> str:
+    """``c1:00.0`` or ``00000000:C1:00.0`` -> ``0000:c1:00.0`` (what Nova compares)."""
+    match = _ADDRESS.fullmatch(text.lower())
+    if not match:
+        raise ValueError(f"{quote(text)} is not a PCI address like 0000:c1:00.0")
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):04x}:{bus}:{device}.{function}"
+
+
+def parse(text: Optional[str]):
+    """The option's text as plain data; raises ValueError with a one-line reason."""
+    if text is None or not text.strip():
+        return {}
+    if len(text.encode("utf-8", errors="replace")) > MAX_BYTES:
+        raise ValueError(f"is larger than {MAX_BYTES // 1024} KiB")
+    import yaml  # only hooks that have a mapping to read pay for it
+
+    try:
+        data = yaml.load(text, Loader=_loader_class(yaml))  # noqa: S506 - strings-only loader below
+    except ValueError:
+        raise
+    except (yaml.YAMLError, RecursionError) as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or type(error).__name__
+        raise ValueError(f"is not valid YAML or JSON{where}: {problem}") from None
+    return {} if data is None or data == "" else data
+
+
+def check_schema(data) -> List[str]:
+    """Every way ``data`` breaks the JSON Schema, as one-line messages naming the entry."""
+    import jsonschema
+
+    schema = json.loads(SCHEMA_FILE.read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    messages = []
+    for error in sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]):
+        messages.append(_describe(error, schema))
+    return sorted(set(messages), key=messages.index)
+
+
+def normalise(data) -> Mapping_:
+    """Schema-valid data -> {type: sorted unique normalised addresses}, types sorted."""
+    mapping: Mapping_ = {}
+    for vgpu_type in sorted(data, key=_type_number):
+        if not _TYPE.fullmatch(vgpu_type):
+            raise ValueError(f"type {quote(vgpu_type)} is not a vGPU type id like nvidia-108")
+        mapping[vgpu_type] = tuple(sorted({normalise_address(a) for a in data[vgpu_type]}))
+    return mapping
+
+
+def check_host(mapping: Mapping_, host, release=None) -> List[str]:
+    """What the host or the OpenStack release cannot serve; empty when all is well."""
+    errors = []
+    if release is not None and not release.multiple_types and len(mapping) > 1:
+        errors.append(f"{release} supports one vGPU type; {len(mapping)} are mapped "
+                      f"({', '.join(mapping)})")
+    owner: Dict[str, str] = {}
+    for vgpu_type, addresses in mapping.items():
+        for address in addresses:
+            gpu = host.gpu(address)
+            if gpu is None:
+                errors.append(f"{vgpu_type}: {address} is not an NVIDIA GPU on this host "
+                              f"(found: {_summary(host.addresses())})")
+                continue
+            if address in owner and owner[address] != vgpu_type:
+                errors.append(f"{address} is mapped to both {owner[address]} and {vgpu_type}")
+                continue
+            owner[address] = vgpu_type
+            errors.extend(_check_function(vgpu_type, address, gpu))
+    return errors
+
+
+def validate(text: Optional[str], host=None, release=None) -> Validation:
+    """Parse, schema-check, normalise and (given a host) host-check the option."""
+    try:
+        data = parse(text)
+    except ValueError as error:
+        return Validation({}, (f"vgpu-device-mappings {error}",))
+    errors = check_schema(data)
+    if errors:
+        return Validation({}, tuple(errors))
+    try:
+        mapping = normalise(data)
+    except ValueError as error:
+        return Validation({}, (str(error),))
+    if host is not None:
+        errors = check_host(mapping, host, release)
+        if errors:
+            return Validation(mapping, tuple(errors))
+    return Validation(mapping)
+
+
+def summary(mapping: Mapping[str, Tuple[str, ...]]) -> str:
+    """``nvidia-108 on 1, nvidia-109 on 2`` (number of GPUs or VFs per type)."""
+    return ", ".join(f"{t} on {len(a)}" for t, a in mapping.items())
+
+
+def _check_function(vgpu_type: str, address: str, gpu) -> List[str]:
+    function = gpu.function(address)
+    offered = function.types
+    if function is gpu and not offered and any(vf.types for vf in gpu.vfs):
+        vfs = [vf.address for vf in gpu.vfs if vf.types]
+        return [f"{vgpu_type}: {address} is an SR-IOV GPU whose virtual functions offer "
+                f"the vGPU types: map those ({_summary(vfs)})"]
+    if not offered:
+        return []  # the driver exposes no types yet: nothing to check against
+    if offered[0].framework != "mdev":
+        return [f"{vgpu_type}: {address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO "
+                f"framework, which this charm version does not configure yet"]
+    if vgpu_type not in {t.id for t in offered}:
+        return [f"{vgpu_type}: {address} ({gpu.model}) does not offer {vgpu_type}; "
+                f"it offers {_summary([t.id for t in offered])}"]
+    return []
+
+
+def _summary(items, limit: int = 4) -> str:
+    items = list(items)
+    if not items:
+        return "none"
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+
+
+def _type_number(vgpu_type: str):
+    match = _TYPE.fullmatch(vgpu_type) if isinstance(vgpu_type, str) else None
+    return (0, int(match.group(1)), "") if match else (1, 0, str(vgpu_type))
+
+
+def _describe(error, schema) -> str:
+    path = list(error.absolute_path)
+    where = list(error.relative_schema_path)
+    if "propertyNames" in where:
+        return f"type {quote(error.instance)} is not a vGPU type id like nvidia-108"
+    if not path:
+        if error.validator == "maxProperties":
+            return f"maps {len(error.instance)} vGPU types; at most {schema['maxProperties']}"
+        return ("vgpu-device-mappings must map vGPU types to lists of PCI addresses, "
+                "like {nvidia-108: ['0000:c1:00.0']}")
+    vgpu_type = quote(path[0]) if not _TYPE.fullmatch(str(path[0])) else path[0]
+    if len(path) == 1:
+        if error.validator == "minItems":
+            return f"{vgpu_type}: lists no PCI address"
+        if error.validator == "maxItems":
+            return f"{vgpu_type}: lists more than {error.validator_value} addresses"
+        return f"{vgpu_type}: expected a list of PCI addresses, got {quote(error.instance)}"
+    return f"{vgpu_type}: {quote(error.instance)} is not a PCI address like 0000:c1:00.0"
+
+
+def _loader_class(yaml):
+    """A SafeLoader-like class that keeps scalars as strings and refuses aliases and duplicates."""
+
+    class StringLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser,
+                       yaml.composer.Composer, yaml.constructor.SafeConstructor,
+                       yaml.resolver.BaseResolver):
+        def __init__(self, stream):
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.BaseResolver.__init__(self)
+            self._depth = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.events.AliasEvent):
+                raise ValueError("uses a YAML alias (*name); write each entry out")
+            self._depth += 1
+            try:
+                if self._depth > MAX_DEPTH:
+                    raise ValueError(f"is nested deeper than {MAX_DEPTH} levels")
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = key_node.value if isinstance(key_node.value, str) else None
+                if key is not None and key in seen:
+                    raise ValueError(f"lists {quote(key)} twice")
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StringLoader

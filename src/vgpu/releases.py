@@ -1,0 +1,100 @@
+"""The OpenStack release of the Nova on this host, and how it spells vGPU options.
+
+The release is read from the installed ``nova-common`` version (dpkg's answer)
+and mapped from Nova's major version here, not through charmhelpers, whose
+table stops long before today's releases. A Nova newer than any release known
+here is treated as the newest known one, so new hosts get today's format.
+"""
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from . import dpkg
+from .errors import UnsupportedReleaseError
+
+NOVA_PACKAGE = "nova-common"
+
+# Nova major version -> (series, codename)
+RELEASES = {
+    17: ("queens", "queens"),
+    18: ("rocky", "rocky"),
+    19: ("stein", "stein"),
+    20: ("train", "train"),
+    21: ("ussuri", "ussuri"),
+    22: ("victoria", "victoria"),
+    23: ("wallaby", "wallaby"),
+    24: ("xena", "xena"),
+    25: ("yoga", "yoga"),
+    26: ("zed", "zed"),
+    27: ("2023.1", "antelope"),
+    28: ("2023.2", "bobcat"),
+    29: ("2024.1", "caracal"),
+    30: ("2024.2", "dalmatian"),
+    31: ("2025.1", "epoxy"),
+    32: ("2025.2", "flamingo"),
+    33: ("2026.1", "gazpacho"),
+    34: ("2026.2", "hibiscus"),
+}
+OLDEST = min(RELEASES)
+NEWEST = max(RELEASES)
+
+# How each range of releases spells the options (see Nova's [devices] docs).
+SINGLE_TYPE = "single-type"    # queens..train: enabled_vgpu_types, first type only
+VGPU_GROUPS = "vgpu-groups"    # ussuri..wallaby: enabled_vgpu_types + [vgpu_<type>]
+MDEV_GROUPS = "mdev-groups"    # xena and later: enabled_mdev_types + [mdev_<type>]
+
+
+@dataclass(frozen=True)
+class Release:
+    nova_major: int
+    series: str
+    codename: str
+    nova_version: str = ""
+
+    @property
+    def config_format(self) -> str:
+        if self.nova_major <= 20:
+            return SINGLE_TYPE
+        if self.nova_major <= 23:
+            return VGPU_GROUPS
+        return MDEV_GROUPS
+
+    @property
+    def multiple_types(self) -> bool:
+        return self.config_format != SINGLE_TYPE
+
+    @property
+    def managed_no(self) -> bool:
+        """``[pci] device_spec`` accepts ``"managed": "no"`` (epoxy, Nova 31, onwards)."""
+        return self.nova_major >= 31
+
+    def __str__(self) -> str:
+        name = self.series if self.series == self.codename else f"{self.series} {self.codename}"
+        return f"{name} (Nova {self.nova_major})"
+
+
+def from_major(major: int, version: str = "") -> Release:
+    if major < OLDEST:
+        raise UnsupportedReleaseError(
+            f"Nova {major} is older than queens (Nova {OLDEST}), the first with vGPU support")
+    known = RELEASES[min(major, NEWEST)]
+    return Release(nova_major=major, series=known[0], codename=known[1], nova_version=version)
+
+
+def from_version(version: str) -> Release:
+    """``3:29.0.0-0ubuntu1~cloud0`` -> caracal."""
+    match = re.match(r"(?:[0-9]+:)?([0-9]+)\.", version or "")
+    if not match:
+        raise UnsupportedReleaseError(f"cannot read Nova's release from version {version!r}")
+    return from_major(int(match.group(1)), version)
+
+
+def installed(packages=None) -> Optional[Release]:
+    """The release of the installed Nova, or None while nova-common is not installed."""
+    if packages is None:
+        packages = dpkg.packages(names=[NOVA_PACKAGE])
+    package = packages.get(NOVA_PACKAGE)
+    if package is None or not package.installed:
+        return None
+    return from_version(package.version)

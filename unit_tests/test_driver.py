@@ -1,0 +1,218 @@
+"""vgpu.driver against real .deb files and a real dpkg working on an isolated root."""
+
+import os
+
+import pytest
+
+from unit_tests import debs
+from vgpu import dpkg, driver, hostroot
+from vgpu.errors import InstallError, ResourceInvalidError, ResourceMissingError
+
+ARCH = debs.machine_arch()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Every package the tests need, built once."""
+    d = tmp_path_factory.mktemp("debs")
+    return {
+        "old": debs.host_driver(d),
+        "new": debs.newer_host_driver(d, vgpud=False),
+        "no_vgpud": debs.host_driver(d, vgpud=False),
+        "guest": debs.guest_driver(d),
+        "foreign": debs.foreign_host_driver(d),
+        "all": debs.arch_all_host_driver(d),
+        "hello": debs.unrelated(d),
+        "lookalike": debs.unrelated(d, "nvidia-vgpu-ubuntu-beta"),
+        "depends": debs.unmet_depends(d),
+        "predepends": debs.unmet_pre_depends(d),
+        "garbage": debs.garbage(d),
+        "empty": debs.empty(d),
+    }
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    """A fresh host root with an empty dpkg database; apt-get on PATH logs any call."""
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    apt = bindir / "apt-get"
+    apt.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/apt.log\n')
+    apt.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return root
+
+
+# -- inspect_deb -----------------------------------------------------------------
+
+def test_inspect_host_driver(built):
+    info = driver.inspect_deb(built["old"])
+    assert info == driver.DebInfo(
+        package="nvidia-vgpu-ubuntu-570", version="570.158.02", architecture=ARCH,
+        branch="570", path=built["old"], has_vgpud=True,
+        services=("nvidia-vgpu-mgr", "nvidia-vgpud"),
+    )
+
+
+def test_inspect_host_driver_without_vgpud(built):
+    info = driver.inspect_deb(str(built["no_vgpud"]))
+    assert info.has_vgpud is False
+    assert info.services == ("nvidia-vgpu-mgr",)
+    assert info.path == built["no_vgpud"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: None,
+    lambda d: d / "absent.deb",
+    lambda d: debs.empty(d),
+])
+def test_missing_resource_says_how_to_attach(tmp_path, make):
+    with pytest.raises(ResourceMissingError) as e:
+        driver.inspect_deb(make(tmp_path))
+    msg = str(e.value)
+    assert "nvidia-vgpu-software" in msg
+    assert ("juju attach-resource nova-compute-nvidia-vgpu "
+            f"nvidia-vgpu-software=./nvidia-vgpu-ubuntu-<branch>_<version>_{ARCH}.deb") in msg
+    assert "\n" not in msg
+
+
+def test_garbage_is_not_a_debian_package(built):
+    with pytest.raises(ResourceInvalidError, match="is not a Debian package; need nvidia-vgpu-ubuntu-") as e:
+        driver.inspect_deb(built["garbage"])
+    assert "\n" not in str(e.value)
+
+
+def test_guest_driver_is_refused_as_such(built):
+    with pytest.raises(ResourceInvalidError) as e:
+        driver.inspect_deb(built["guest"])
+    msg = str(e.value)
+    assert "guest driver 'nvidia-linux-grid-570'" in msg
+    assert "belongs in VMs" in msg
+    assert "nvidia-vgpu-ubuntu-570" in msg
+
+
+@pytest.mark.parametrize("key,name", [("hello", "'hello'"),
+                                      ("lookalike", "'nvidia-vgpu-ubuntu-beta'")])
+def test_other_packages_are_refused(built, key, name):
+    with pytest.raises(ResourceInvalidError, match=f"is package {name}; need nvidia-vgpu-ubuntu-"):
+        driver.inspect_deb(built[key])
+
+
+@pytest.mark.parametrize("key", ["foreign", "all"])
+def test_wrong_architecture_is_refused(built, key):
+    with pytest.raises(ResourceInvalidError) as e:
+        driver.inspect_deb(built[key])
+    foreign = debs.other_arch() if key == "foreign" else "all"
+    assert f"architecture '{foreign}'; this machine needs '{ARCH}'" in str(e.value)
+
+
+def test_architecture_is_compared_with_the_one_given(built):
+    info = driver.inspect_deb(built["foreign"], arch=debs.other_arch())
+    assert info.architecture == debs.other_arch()
+    with pytest.raises(ResourceInvalidError, match="this machine needs"):
+        driver.inspect_deb(built["old"], arch=debs.other_arch())
+
+
+def test_messages_quote_odd_values():
+    assert driver._q("a\nb'c" + "x" * 100) == repr("a?b'c" + "x" * 40 + "...")
+
+
+# -- install / installed_driver / services_of ------------------------------------
+
+def test_install_into_isolated_root(built, root, tmp_path):
+    assert driver.installed_driver() is None
+    driver.install(driver.inspect_deb(built["old"]))
+
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    pkg = driver.installed_driver()
+    assert (pkg.name, pkg.version, pkg.installed, pkg.state) == (
+        "nvidia-vgpu-ubuntu-570", "570.158.02", True, "installed")
+    assert (root / "lib/systemd/system/nvidia-vgpu-mgr.service").is_file()
+    assert (root / "usr/share/nvidia/vgpu/vgpuConfig.xml").read_text() == "<vgpuconfig/>\n"
+    assert (root / "usr/lib/nvidia/sriov-manage").is_file()
+    assert driver.services_of("nvidia-vgpu-ubuntu-570") == ("nvidia-vgpu-mgr", "nvidia-vgpud")
+    assert not (tmp_path / "apt.log").exists()
+
+
+def test_upgrade_to_newer_version(built, root):
+    driver.install(driver.inspect_deb(built["old"]))
+    driver.install(driver.inspect_deb(built["new"]))
+
+    assert debs.dpkg_query(root) == "install ok installed 570.172.08"
+    assert driver.installed_driver().version == "570.172.08"
+    # the newer package has no nvidia-vgpud: dpkg removed it and the answer follows dpkg
+    assert not (root / "lib/systemd/system/nvidia-vgpud.service").exists()
+    assert driver.services_of("nvidia-vgpu-ubuntu-570") == ("nvidia-vgpu-mgr",)
+
+
+def test_unmet_depends_leaves_unpacked_and_raises(built, root, tmp_path):
+    driver.install(driver.inspect_deb(built["old"]))
+    with pytest.raises(InstallError) as e:
+        driver.install(driver.inspect_deb(built["depends"]))
+    msg = str(e.value)
+    assert msg.startswith("dpkg left nvidia-vgpu-ubuntu-570 570.172.08 unpacked: ")
+    assert "dependency problems" in msg and "\n" not in msg
+
+    assert debs.dpkg_query(root) == "install ok unpacked 570.172.08"
+    pkg = driver.installed_driver()
+    assert (pkg.version, pkg.installed, pkg.state) == ("570.172.08", False, "unpacked")
+    # not the real root: apt-get is never asked to fix the fixture tree
+    assert not (tmp_path / "apt.log").exists()
+
+
+def test_refused_upgrade_keeps_previous_version(built, root):
+    driver.install(driver.inspect_deb(built["old"]))
+    with pytest.raises(InstallError) as e:
+        driver.install(driver.inspect_deb(built["predepends"]))
+    assert str(e.value) == (
+        "dpkg did not install nvidia-vgpu-ubuntu-570 570.172.08 (570.158.02 is installed): "
+        "pre-dependency problem - not installing nvidia-vgpu-ubuntu-570")
+
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    assert driver.installed_driver().version == "570.158.02"
+    assert driver.installed_driver().installed
+
+
+def test_refused_first_install_reports_nothing_installed(built, root):
+    with pytest.raises(InstallError, match=r"^dpkg did not install nvidia-vgpu-ubuntu-570 "
+                                           r"570\.172\.08: pre-dependency problem"):
+        driver.install(driver.inspect_deb(built["predepends"]))
+    assert debs.dpkg_query(root) == "install ok not-installed"  # selected, nothing unpacked
+    assert driver.installed_driver() is None
+
+
+def test_install_fails_when_the_file_is_gone(built, root, tmp_path):
+    info = driver.inspect_deb(built["old"])
+    gone = tmp_path / "gone.deb"
+    with pytest.raises(InstallError, match="^dpkg did not install nvidia-vgpu-ubuntu-570 570.158.02: "):
+        driver.install(driver.DebInfo(**{**info.__dict__, "path": gone}))
+    assert driver.installed_driver() is None
+
+
+def test_services_of_reads_multiarch_list(root):
+    info = root / "var/lib/dpkg/info"
+    (info / f"nvidia-vgpu-ubuntu-570:{ARCH}.list").write_text(
+        "/.\n/usr\n/usr/lib/systemd/system/nvidia-vgpud.service\n"
+        "/usr/lib/systemd/system/nvidia-vgpu-mgr.service\n/etc/nvidia-vgpud.service\n")
+    assert driver.services_of("nvidia-vgpu-ubuntu-570") == ("nvidia-vgpu-mgr", "nvidia-vgpud")
+    assert driver.services_of("nvidia-vgpu-ubuntu-550") == ()
+
+
+def test_installed_driver_picks_host_driver_from_given_packages():
+    def pkg(name, status="install ok installed", version="1"):
+        return dpkg.Package(name, version, "amd64", status)
+
+    pkgs = {p.name: p for p in [
+        pkg("nvidia-vgpu-ubuntu-550", "install ok half-installed"),
+        pkg("nvidia-vgpu-ubuntu-570", version="570.158.02"),
+        pkg("nvidia-vgpu-ubuntu-common"),
+        pkg("nvidia-linux-grid-570"),
+    ]}
+    assert driver.installed_driver(pkgs).version == "570.158.02"
+    del pkgs["nvidia-vgpu-ubuntu-570"]
+    half = driver.installed_driver(pkgs)
+    assert (half.name, half.state, half.installed) == ("nvidia-vgpu-ubuntu-550", "half-installed", False)
+    assert driver.installed_driver({"x": pkg("nvidia-linux-grid-570")}) is None
+    assert driver.installed_driver({}) is None

@@ -1,0 +1,177 @@
+"""vgpu.guests on libvirt status XML files as libvirt writes them in /run/libvirt/qemu."""
+
+import logging
+
+import pytest
+
+from vgpu import guests, hostroot
+from vgpu.errors import GuestsRunningError, VgpuError
+
+NVIDIA_VFS = {"0000:c1:00.4", "0000:c1:00.5"}
+
+STATUS = """<!--
+WARNING: THIS IS AN AUTO-GENERATED FILE. CHANGES TO IT ARE LIKELY TO BE
+OVERWRITTEN AND LOST. Changes to this xml configuration should be made using:
+  virsh edit {name}
+or other application using the libvirt API.
+-->
+
+<domstatus state='running' reason='booted' pid='41377'>
+  <taint flag='high-privileges'/>
+  <monitor path='/var/lib/libvirt/qemu/domain-3-{name}/monitor.sock' type='unix'/>
+  <vcpus>
+    <vcpu id='0' pid='41384'/>
+  </vcpus>
+  <qemuCaps>
+    <flag name='kvm'/>
+  </qemuCaps>
+  <domain type='kvm' id='3'>
+    <name>{name}</name>
+    <uuid>{uuid}</uuid>
+    <metadata>
+      <nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">
+        <nova:package version="29.0.0"/>
+        <nova:name>vm-{name}</nova:name>
+        <nova:flavor name="vgpu.large"><nova:memory>8192</nova:memory></nova:flavor>
+      </nova:instance>
+    </metadata>
+    <memory unit='KiB'>8388608</memory>
+    <os>
+      <type arch='x86_64' machine='pc-q35-8.2'>hvm</type>
+    </os>
+    <devices>
+      <emulator>/usr/bin/qemu-system-x86_64</emulator>
+      <disk type='file' device='disk'>
+        <driver name='qemu' type='qcow2' cache='none'/>
+        <source file='/var/lib/nova/instances/{uuid}/disk' index='1'/>
+        <target dev='vda' bus='virtio'/>
+      </disk>
+      <interface type='ethernet'>
+        <mac address='fa:16:3e:2c:1b:9d'/>
+        <target dev='tap5e2c1b9d-ab'/>
+        <model type='virtio'/>
+      </interface>
+{hostdevs}
+    </devices>
+  </domain>
+</domstatus>
+"""
+
+MDEV = """      <hostdev mode='subsystem' type='mdev' managed='no' model='vfio-pci' display='off'>
+        <source>
+          <address uuid='{uuid}'/>
+        </source>
+        <alias name='hostdev0'/>
+        <address type='pci' domain='0x0000' bus='0x00' slot='0x05' function='0x0'/>
+      </hostdev>"""
+
+PCI = """      <hostdev mode='subsystem' type='pci' managed='{managed}'>
+        <driver name='vfio'/>
+        <source>
+          <address domain='0x0000' bus='{bus}' slot='0x00' function='{fn}'/>
+        </source>
+        <alias name='hostdev0'/>
+        <address type='pci' domain='0x0000' bus='0x00' slot='0x06' function='0x0'/>
+      </hostdev>"""
+
+MDEV_GUEST = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
+VF_GUEST = "3d9f1c52-2a7e-4b5e-8f3a-1c2d3e4f5a6b"
+NIC_GUEST = "7a1e6c0d-5b4f-4e2a-9c8d-0f1e2d3c4b5a"
+MDEV_UUID = "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f"
+
+
+def status(name, uuid, hostdevs=""):
+    return STATUS.format(name=name, uuid=uuid, hostdevs=hostdevs)
+
+
+@pytest.fixture
+def qemu(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    d = root / "run/libvirt/qemu"
+    d.mkdir(parents=True)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    (d / "instance-0000002a.xml").write_text(
+        status("instance-0000002a", MDEV_GUEST, MDEV.format(uuid=MDEV_UUID)))
+    (d / "instance-0000002b.xml").write_text(
+        status("instance-0000002b", VF_GUEST, PCI.format(managed="no", bus="0xc1", fn="0x4")))
+    (d / "instance-0000002c.xml").write_text(
+        status("instance-0000002c", NIC_GUEST, PCI.format(managed="yes", bus="0x41", fn="0x2")))
+    (d / "instance-0000002d.xml").write_text(status("instance-0000002d", "1" * 32))  # no hostdev
+    (d / "instance-00000030.xml").write_text("<domstatus state='running'><domain><name>x</na")
+    (d / "instance-00000031.xml").write_text(
+        '<?xml version="1.0"?>\n<!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;">]>\n'
+        + status("instance-00000031", VF_GUEST, MDEV.format(uuid=MDEV_UUID)).replace(
+            "<name>instance-00000031</name>", "<name>&lol2;</name>"))
+    (d / "instance-0000002a.pid").write_text("41377")
+    (d / "channel").mkdir()
+    return d
+
+
+def test_guests_holding_vgpus(qemu, caplog):
+    caplog.set_level(logging.WARNING)
+    found = guests.running_vgpu_guests(NVIDIA_VFS)
+    assert found == [
+        guests.Guest("instance-0000002a", MDEV_GUEST, (MDEV_UUID,)),
+        guests.Guest("instance-0000002b", VF_GUEST, ("0000:c1:00.4",)),
+    ]
+    skipped = caplog.text
+    assert "instance-00000030.xml" in skipped
+    assert "instance-00000031.xml: DOCTYPE or ENTITY" in skipped
+
+
+def test_nic_is_a_vgpu_only_when_its_address_is_given(qemu):
+    names = [g.name for g in guests.running_vgpu_guests({"0000:41:00.2"})]
+    assert names == ["instance-0000002a", "instance-0000002c"]
+    assert [g.name for g in guests.running_vgpu_guests(set())] == ["instance-0000002a"]
+
+
+def test_given_addresses_are_compared_in_lower_case(qemu):
+    found = guests.running_vgpu_guests({"0000:C1:00.4"})
+    assert [g.vgpus for g in found] == [(MDEV_UUID,), ("0000:c1:00.4",)]
+
+
+def test_bare_domain_and_sorting(qemu):
+    (qemu / "aaa.xml").write_text(f"""<domain type='kvm'>
+  <name>instance-00000001</name>
+  <uuid>{NIC_GUEST.upper()}</uuid>
+  <devices>
+    <hostdev mode='subsystem' type='pci' managed='no'>
+      <source><address domain='0x0000' bus='0xc1' slot='0x00' function='0x5'/></source>
+    </hostdev>
+    <hostdev mode='subsystem' type='mdev' model='vfio-pci'>
+      <source><address uuid='{MDEV_UUID.upper()}'/></source>
+    </hostdev>
+    <hostdev mode='capabilities' type='storage'>
+      <source><block>/dev/sdf1</block></source>
+    </hostdev>
+  </devices>
+</domain>""")
+    found = guests.running_vgpu_guests(NVIDIA_VFS)
+    assert [g.name for g in found] == ["instance-00000001", "instance-0000002a", "instance-0000002b"]
+    assert found[0] == guests.Guest("instance-00000001", NIC_GUEST, ("0000:c1:00.5", MDEV_UUID))
+
+
+def test_no_libvirt_dir_means_no_guests(tmp_path, monkeypatch):
+    monkeypatch.setenv(hostroot.ENV, str(tmp_path))
+    assert guests.running_vgpu_guests(NVIDIA_VFS) == []
+    assert guests.ensure_no_guests(NVIDIA_VFS) == []
+
+
+def test_ensure_no_guests_raises_with_names(qemu):
+    with pytest.raises(GuestsRunningError) as e:
+        guests.ensure_no_guests(NVIDIA_VFS)
+    assert isinstance(e.value, VgpuError)
+    assert [g.name for g in e.value.guests] == ["instance-0000002a", "instance-0000002b"]
+    assert str(e.value) == (f"2 running guest(s) use vGPUs: instance-0000002a ({MDEV_GUEST}), "
+                            f"instance-0000002b ({VF_GUEST})")
+
+
+def test_ensure_no_guests_forced_returns_them(qemu):
+    forced = guests.ensure_no_guests(NVIDIA_VFS, force=True)
+    assert [g.name for g in forced] == ["instance-0000002a", "instance-0000002b"]
+
+
+def test_ensure_no_guests_passes_when_only_unrelated_guests_run(qemu):
+    for name in ("instance-0000002a.xml", "instance-0000002b.xml"):
+        (qemu / name).unlink()
+    assert guests.ensure_no_guests(NVIDIA_VFS) == []

@@ -1,0 +1,160 @@
+"""vgpu.kernel: the nouveau blacklist, with a fake update-initramfs on PATH."""
+
+import os
+import stat
+
+import pytest
+
+from vgpu import hostroot, kernel
+from vgpu.errors import InstallError
+
+TARGET = "etc/modprobe.d/nvidia-vgpu-blacklist-nouveau.conf"
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    return root
+
+
+@pytest.fixture
+def initramfs(tmp_path, monkeypatch):
+    """A fake update-initramfs first on PATH; returns a reader of its calls.
+
+    It fails when ``<tmp>/initramfs.fail`` exists.
+    """
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "initramfs.log"
+    fail = tmp_path / "initramfs.fail"
+    script = bindir / "update-initramfs"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        f'if [ -e {fail} ]; then echo "E: mkinitramfs failure cpio 141" >&2; exit 1; fi\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+
+    def calls():
+        return log.read_text().splitlines() if log.exists() else []
+    calls.fail = fail
+    return calls
+
+
+def test_template_renders_blacklist():
+    text = kernel.render_blacklist()
+    lines = text.splitlines()
+    assert lines[0].startswith("# Managed by the nova-compute-nvidia-vgpu charm")
+    assert "blacklist nouveau" in lines
+    assert "options nouveau modeset=0" in lines
+    assert "$" not in text
+
+
+def test_first_write_refreshes_initramfs_once(root, initramfs):
+    assert kernel.ensure_nouveau_blacklisted() is True
+    path = root / TARGET
+    assert path.read_text() == kernel.render_blacklist()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert initramfs() == ["-u"]
+    assert os.listdir(path.parent) == [path.name]  # no temp file left behind
+
+
+def test_unchanged_file_is_left_alone(root, initramfs):
+    kernel.ensure_nouveau_blacklisted()
+    mtime = (root / TARGET).stat().st_mtime_ns
+    assert kernel.ensure_nouveau_blacklisted() is False
+    assert initramfs() == ["-u"]
+    assert (root / TARGET).stat().st_mtime_ns == mtime
+
+
+def test_edited_file_is_restored(root, initramfs):
+    kernel.ensure_nouveau_blacklisted()
+    (root / TARGET).write_text("# someone's edit\n")
+    assert kernel.ensure_nouveau_blacklisted() is True
+    assert (root / TARGET).read_text() == kernel.render_blacklist()
+    assert initramfs() == ["-u", "-u"]
+
+
+def test_failed_refresh_undoes_the_write_so_a_retry_repeats_it(root, initramfs):
+    initramfs.fail.touch()
+    with pytest.raises(InstallError, match="^update-initramfs -u failed: E: mkinitramfs failure cpio 141$"):
+        kernel.ensure_nouveau_blacklisted()
+    assert not (root / TARGET).exists()
+
+    initramfs.fail.unlink()
+    assert kernel.ensure_nouveau_blacklisted() is True
+    assert (root / TARGET).exists()
+    assert initramfs() == ["-u", "-u"]
+
+
+def test_failed_refresh_restores_previous_content(root, initramfs):
+    (root / TARGET).parent.mkdir(parents=True)
+    (root / TARGET).write_text("blacklist nouveau\n")
+    initramfs.fail.touch()
+    with pytest.raises(InstallError):
+        kernel.ensure_nouveau_blacklisted()
+    assert (root / TARGET).read_text() == "blacklist nouveau\n"
+
+
+def test_missing_update_initramfs(root, tmp_path, monkeypatch):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(InstallError, match="update-initramfs not found; install initramfs-tools"):
+        kernel.ensure_nouveau_blacklisted()
+    assert not (root / TARGET).exists()
+
+
+def test_remove_blacklist(root, initramfs):
+    assert kernel.remove_blacklist() is False
+    assert initramfs() == []
+
+    kernel.ensure_nouveau_blacklisted()
+    assert kernel.remove_blacklist() is True
+    assert not (root / TARGET).exists()
+    assert initramfs() == ["-u", "-u"]
+
+
+def test_remove_blacklist_keeps_file_when_refresh_fails(root, initramfs):
+    kernel.ensure_nouveau_blacklisted()
+    initramfs.fail.touch()
+    with pytest.raises(InstallError):
+        kernel.remove_blacklist()
+    assert (root / TARGET).read_text() == kernel.render_blacklist()
+
+
+PROC_MODULES = """\
+nvidia_vgpu_vfio 110592 0 - Live 0x0000000000000000
+nvidia 62586880 2 nvidia_vgpu_vfio, Live 0x0000000000000000 (POE)
+mdev 20480 1 nvidia_vgpu_vfio, Live 0x0000000000000000
+kvm_intel 487424 0 - Live 0x0000000000000000
+"""
+
+
+def test_loaded_modules(root):
+    assert kernel.loaded_modules() == frozenset()
+    (root / "proc").mkdir()
+    (root / "proc/modules").write_text(PROC_MODULES)
+    assert kernel.loaded_modules() == {"nvidia_vgpu_vfio", "nvidia", "mdev", "kvm_intel"}
+
+
+def test_reboot_reasons_from_proc_modules(root):
+    (root / "proc").mkdir()
+    (root / "proc/modules").write_text("nouveau 2936832 1 - Live 0x0000000000000000\n")
+    assert kernel.reboot_reasons(driver_installed=True) == [
+        "nouveau is loaded", "nvidia_vgpu_vfio is not loaded"]
+
+
+@pytest.mark.parametrize("modules,installed,reasons", [
+    ({"nvidia", "nvidia_vgpu_vfio"}, True, []),
+    ({"nvidia", "nvidia-vgpu-vfio"}, True, []),
+    (set(), False, []),
+    ({"nouveau"}, False, ["nouveau is loaded"]),
+    ({"nouveau", "nvidia_vgpu_vfio"}, True, ["nouveau is loaded"]),
+    ({"nvidia"}, True, ["nvidia_vgpu_vfio is not loaded"]),
+    ({"drm", "nouveau"}, True, ["nouveau is loaded", "nvidia_vgpu_vfio is not loaded"]),
+])
+def test_reboot_reasons(modules, installed, reasons):
+    assert kernel.reboot_reasons(modules, driver_installed=installed) == reasons

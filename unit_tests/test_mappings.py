@@ -1,0 +1,232 @@
+"""vgpu-device-mappings: parsing, schema, normalisation and host checks, on plain inputs."""
+
+import configparser
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unit_tests.fakehost import a100_host, l40s_host, v100_host
+from vgpu import mappings, novaconf, pci, releases
+
+CARACAL = releases.from_major(29)
+TRAIN = releases.from_major(20)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("", {}),
+    ("   \n", {}),
+    ("{nvidia-108: ['0000:c1:00.0']}", {"nvidia-108": ("0000:c1:00.0",)}),
+    ('{"nvidia-108": ["0000:c1:00.0"]}', {"nvidia-108": ("0000:c1:00.0",)}),
+    ("nvidia-108:\n- 0000:e1:00.0\n- 0000:c1:00.0\n", {"nvidia-108": ("0000:c1:00.0", "0000:e1:00.0")}),
+    # lspci and nvidia-smi spellings; duplicates after normalisation collapse.
+    ("{nvidia-108: [c1:00.0, 00000000:C1:00.0]}", {"nvidia-108": ("0000:c1:00.0",)}),
+    # YAML 1.1 would read these as sexagesimal numbers (240.0 and 5040.0).
+    ("{nvidia-108: [0000:04:00.0, 84:00.0]}", {"nvidia-108": ("0000:04:00.0", "0000:84:00.0")}),
+    # Types come out in numeric order whatever the input order.
+    ("{nvidia-1000: [c1:00.0], nvidia-99: [e1:00.0]}",
+     {"nvidia-99": ("0000:e1:00.0",), "nvidia-1000": ("0000:c1:00.0",)}),
+    # A domain above ffff (VMD) keeps all its digits.
+    ("{nvidia-108: ['10000:01:00.0']}", {"nvidia-108": ("10000:01:00.0",)}),
+])
+def test_accepted_forms(text, expected):
+    result = mappings.validate(text)
+    assert result.errors == ()
+    assert result.mapping == expected
+    assert list(result.mapping) == list(expected)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[1, 2]", "must map vGPU types to lists of PCI addresses"),
+    ("nvidia-108", "must map vGPU types to lists of PCI addresses"),
+    ("{nvidia-108: c1:00.0}", 'nvidia-108: expected a list of PCI addresses, got "c1:00.0"'),
+    ("{nvidia-108: []}", "nvidia-108: lists no PCI address"),
+    ("{nvidia-108: [c1:00.0], nvidia-108: [e1:00.0]}", 'lists "nvidia-108" twice'),
+    ("{vgpu-108: [c1:00.0]}", 'type "vgpu-108" is not a vGPU type id'),
+    ("{NVIDIA-108: [c1:00.0]}", 'type "NVIDIA-108" is not a vGPU type id'),
+    ("{nvidia-0108: [c1:00.0]}", 'type "nvidia-0108" is not a vGPU type id'),
+    ("{nvidia-108: [c1:20.0]}", 'nvidia-108: "c1:20.0" is not a PCI address'),
+    ("{nvidia-108: [c1:00.8]}", 'nvidia-108: "c1:00.8" is not a PCI address'),
+    ("{nvidia-108: [nonsense]}", 'nvidia-108: "nonsense" is not a PCI address'),
+    ("{nvidia-108: [[c1:00.0]]}", "nvidia-108: "),
+    ("a: &x [1]\nb: *x\n", "uses a YAML alias"),
+    ("!!python/object/apply:os.system [echo hi]", "is not valid YAML or JSON"),
+    ("{nvidia-108: [c1:00.0]", "is not valid YAML or JSON at line 1"),
+    ("[" * 20 + "]" * 20, "nested deeper than"),
+    ("x: " + "y" * (70 * 1024), "is larger than 64 KiB"),
+])
+def test_refused_with_a_message_naming_the_entry(text, message):
+    result = mappings.validate(text)
+    assert result.mapping == {}
+    assert any(message in e for e in result.errors), result.errors
+
+
+# Each character that would let a value start another nova.conf setting.
+HOSTILE = ["\n", "\r", "]", "[", ",", "=", "#", "$", ";", " ", "\t", "\x00", "\u2028", "%"]
+
+
+@pytest.mark.parametrize("char", HOSTILE)
+def test_hostile_characters_in_type_names_are_refused(char):
+    text = json.dumps({f"nvidia-108{char}[DEFAULT]": ["0000:c1:00.0"]})
+    result = mappings.validate(text)
+    assert not result.ok and result.mapping == {}
+    assert "is not a vGPU type id" in result.errors[0]
+    assert "\n" not in result.errors[0] and "\r" not in result.errors[0]
+
+
+@pytest.mark.parametrize("char", HOSTILE)
+def test_hostile_characters_in_addresses_are_refused(char):
+    text = json.dumps({"nvidia-108": [f"0000:c1:00.0{char}debug=true"]})
+    result = mappings.validate(text)
+    assert not result.ok and result.mapping == {}
+    assert "is not a PCI address" in result.errors[0]
+
+
+@pytest.mark.parametrize("suffix", ["\n", "\r\n"])
+def test_trailing_newline_is_refused_although_json_schema_dollar_allows_it(suffix):
+    # Python's re.search lets "$" match before a final newline: the schema adds "no whitespace".
+    assert not mappings.validate(json.dumps({"nvidia-108" + suffix: ["c1:00.0"]})).ok
+    assert not mappings.validate(json.dumps({"nvidia-108": ["c1:00.0" + suffix]})).ok
+
+
+def test_all_schema_errors_are_reported_in_entry_order():
+    result = mappings.validate('{"nvidia-1": ["bad1"], "nvidia-2": ["c1:00.0", "bad2"]}')
+    assert result.errors == ('nvidia-1: "bad1" is not a PCI address like 0000:c1:00.0',
+                             'nvidia-2: "bad2" is not a PCI address like 0000:c1:00.0')
+
+
+def test_long_values_are_cut_in_messages():
+    result = mappings.validate(json.dumps({"nvidia-108": ["x" * 500]}))
+    assert len(result.errors[0]) < 120
+
+
+def test_normalise_address():
+    assert mappings.normalise_address("C1:00.0") == "0000:c1:00.0"
+    assert mappings.normalise_address("00000000:c1:1f.7") == "0000:c1:1f.7"
+    with pytest.raises(ValueError):
+        mappings.normalise_address("0000:c1:00.0\n")
+
+
+# -- against the host and release ---------------------------------------------
+
+@pytest.fixture
+def v100(root):
+    v100_host(root)
+    return pci.discover()
+
+
+def test_host_accepts_offered_types_on_its_gpus(v100):
+    result = mappings.validate("{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}", v100, CARACAL)
+    assert result.ok and result.mapping == {"nvidia-108": ("0000:c1:00.0",),
+                                           "nvidia-109": ("0000:e1:00.0",)}
+
+
+def test_address_that_is_not_a_gpu_here_is_named(v100):
+    result = mappings.validate("{nvidia-108: [c1:00.0, '0000:3b:00.0']}", v100, CARACAL)
+    assert result.errors == ("nvidia-108: 0000:3b:00.0 is not an NVIDIA GPU on this host "
+                             "(found: 0000:c1:00.0, 0000:e1:00.0)",)
+
+
+def test_type_the_gpu_does_not_offer_is_named_with_what_it_offers(v100):
+    result = mappings.validate("{nvidia-471: [c1:00.0]}", v100, CARACAL)
+    assert result.errors == (
+        "nvidia-471: 0000:c1:00.0 (Tesla V100 PCIe 16GB) does not offer nvidia-471; it offers "
+        "nvidia-105, nvidia-106, nvidia-107, nvidia-108 and 1 more",)
+
+
+def test_one_gpu_under_two_types_is_refused(v100):
+    result = mappings.validate("{nvidia-108: [c1:00.0], nvidia-109: ['0000:C1:00.0']}", v100, CARACAL)
+    assert result.errors == ("0000:c1:00.0 is mapped to both nvidia-108 and nvidia-109",)
+
+
+def test_queens_to_train_take_a_single_type(v100):
+    text = "{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}"
+    result = mappings.validate(text, v100, TRAIN)
+    assert result.errors == ("train (Nova 20) supports one vGPU type; 2 are mapped "
+                             "(nvidia-108, nvidia-109)",)
+    assert mappings.validate(text, v100, releases.from_major(21)).ok
+
+
+def test_sriov_gpu_must_be_mapped_through_its_vfs(root):
+    a100_host(root)
+    host = pci.discover()
+    result = mappings.validate("{nvidia-474: ['0000:41:00.0']}", host, CARACAL)
+    assert result.errors == ("nvidia-474: 0000:41:00.0 is an SR-IOV GPU whose virtual functions "
+                             "offer the vGPU types: map those (0000:41:00.4, 0000:41:00.5, "
+                             "0000:41:00.6, 0000:41:00.7)",)
+    assert mappings.validate("{nvidia-474: ['41:00.4', '41:00.5']}", host, CARACAL).ok
+
+
+def test_vendor_specific_vfio_gpus_are_refused_plainly_for_now(root):
+    l40s_host(root)
+    result = mappings.validate("{nvidia-1139: ['81:00.4']}", pci.discover(), CARACAL)
+    assert "vendor-specific VFIO" in result.errors[0]
+
+
+def test_types_are_not_checked_while_the_driver_exposes_none(root):
+    from unit_tests.fakehost import FakeHost
+    FakeHost(root).add_gpu("0000:c1:00.0", driver=None)
+    assert mappings.validate("{nvidia-108: [c1:00.0]}", pci.discover(), CARACAL).ok
+
+
+# -- property-based hardening -------------------------------------------------
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner, max_size=4),
+    max_leaves=12)
+
+
+def _sections_are_only_ours(result) -> None:
+    """Whatever passes renders into exactly the expected sections and keys."""
+    if not result.ok:
+        assert result.mapping == {} or result.errors
+        return
+    sections = novaconf.sections(result.mapping, CARACAL)
+    parser = configparser.ConfigParser(interpolation=None, strict=True)
+    # nova-compute's own view of the relation data, rendered as it would.
+    from unit_tests import principal
+    context = principal.nova_context(novaconf.relation_data(sections))
+    parser.read_string(principal.render_nova_conf(context) if context else "")
+    expected = {"devices"} | {f"mdev_{t}" for t in result.mapping} if result.mapping else set()
+    assert set(parser.sections()) == expected
+    for section in parser.sections():
+        keys = set(parser[section])
+        assert keys == ({"enabled_mdev_types"} if section == "devices" else {"device_addresses"})
+    if result.mapping:
+        assert parser["devices"]["enabled_mdev_types"].split(",") == list(result.mapping)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=20), st.lists(st.text(max_size=24), max_size=4), max_size=4))
+def test_any_mapping_of_strings_either_fails_or_renders_only_its_own_settings(data):
+    _sections_are_only_ours(mappings.validate(json.dumps(data)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(values)
+def test_any_json_value_either_fails_or_renders_only_its_own_settings(data):
+    _sections_are_only_ours(mappings.validate(json.dumps(data)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_any_text_either_fails_or_renders_only_its_own_settings(text):
+    _sections_are_only_ours(mappings.validate(text))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(
+    st.integers(0, 999999).map(lambda n: f"nvidia-{n}"),
+    st.lists(st.tuples(st.integers(0, 0xffff), st.integers(0, 255), st.integers(0, 31),
+                       st.integers(0, 7)).map(lambda t: "%04x:%02x:%02x.%x" % t),
+             min_size=1, max_size=5),
+    min_size=1, max_size=5))
+def test_valid_mappings_always_pass_and_round_trip_through_the_relation(data):
+    result = mappings.validate(json.dumps(data))
+    assert result.ok
+    assert result.mapping == {k: tuple(sorted(set(v))) for k, v in data.items()}
+    sections = novaconf.sections(result.mapping, CARACAL)
+    assert novaconf.mapping_from_sections(sections) == result.mapping
+    _sections_are_only_ours(result)

@@ -1,0 +1,111 @@
+"""GPU discovery on host trees shaped like real sysfs."""
+
+import os
+
+from unit_tests.fakehost import (INTEL, NVIDIA, FakeHost, MdevType, V100_TYPES,
+                                 a100_host, l40s_host, v100_host)
+from vgpu import pci
+
+
+def test_v100_host_finds_both_gpus_with_types_and_ignores_other_mdev_parents(root):
+    v100_host(root)
+    host = pci.discover()
+    assert [g.address for g in host.gpus] == ["0000:c1:00.0", "0000:e1:00.0"]
+    gpu = host.gpus[0]
+    assert (gpu.device_id, gpu.model, gpu.driver, gpu.class_code) == (
+        "0x1db4", "Tesla V100 PCIe 16GB", "nvidia", "0x030200")
+    assert [t.id for t in gpu.types] == ["nvidia-105", "nvidia-106", "nvidia-107",
+                                         "nvidia-108", "nvidia-109"]
+    v8q = gpu.types[3]
+    assert (v8q.name, v8q.framebuffer_mb, v8q.max_instances, v8q.available_instances) == (
+        "GRID V100-8Q", 8192, 2, 2)
+    assert dict(v8q.properties)["max_resolution"] == "7680x4320"
+    assert gpu.framework == pci.MDEV and not gpu.sriov
+    # The Intel GVT-g parent offers mdev types too, but is not NVIDIA's.
+    assert host.ignored_mdev_parents == ("0000:00:02.0",)
+    assert host.models() == [("Tesla V100 PCIe 16GB", 2)]
+
+
+def test_vga_and_3d_classes_count_but_audio_and_usb_functions_do_not(root):
+    host = FakeHost(root)
+    host.add_gpu("0000:01:00.0", device="0x1eb8", class_code="0x030000")   # VGA
+    host.add_gpu("0000:02:00.0", device="0x1eb8", class_code="0x030200")   # 3D
+    host.add_pci("0000:01:00.1", NVIDIA, "0x10f8", "0x040300")              # HD audio
+    host.add_pci("0000:01:00.2", NVIDIA, "0x1ad8", "0x0c0330")              # USB
+    host.add_pci("0000:03:00.0", INTEL, "0x3e92", "0x030000")               # other vendor
+    assert [g.address for g in pci.discover().gpus] == ["0000:01:00.0", "0000:02:00.0"]
+
+
+def test_model_falls_back_to_device_id_without_pci_ids(root):
+    host = FakeHost(root)
+    host.add_gpu("0000:01:00.0", device="0x2330")
+    assert pci.discover().gpus[0].model == "NVIDIA 0x2330"
+
+
+def test_pci_ids_scan_stops_at_the_next_vendor(root):
+    host = FakeHost(root)
+    host.pci_ids("10de  NVIDIA Corporation\n\t1db4  GV100GL [Tesla V100 PCIe 16GB]\n"
+                 "15b3  Mellanox Technologies\n\t2330  Not an NVIDIA device\n")
+    host.add_gpu("0000:01:00.0", device="0x2330")
+    host.add_gpu("0000:02:00.0", device="0x1db4")
+    assert [g.model for g in pci.discover().gpus] == ["NVIDIA 0x2330", "Tesla V100 PCIe 16GB"]
+
+
+def test_sriov_vfs_belong_to_their_gpu_and_are_not_gpus(root):
+    a100_host(root)
+    host = pci.discover()
+    assert len(host.gpus) == 1
+    gpu = host.gpus[0]
+    assert (gpu.sriov_totalvfs, gpu.sriov_numvfs) == (16, 4)
+    assert [vf.address for vf in gpu.vfs] == [f"0000:41:00.{n}" for n in range(4, 8)]
+    assert gpu.types == ()  # the PF offers nothing on SR-IOV mdev GPUs
+    assert [t.id for t in gpu.offered_types()] == ["nvidia-471", "nvidia-472", "nvidia-474"]
+    assert host.gpu("0000:41:00.5") is gpu and gpu.function("0000:41:00.5").index == 1
+    assert host.addresses() == ["0000:41:00.0"] + [f"0000:41:00.{n}" for n in range(4, 8)]
+
+
+def test_vendor_specific_vfio_types_come_from_creatable_vgpu_types(root):
+    l40s_host(root)
+    gpu = pci.discover().gpus[0]
+    assert gpu.framework == pci.VFIO
+    vf = gpu.vfs[0]
+    assert [(t.id, t.name) for t in vf.types] == [
+        ("nvidia-1139", "NVIDIA L40S-12Q"), ("nvidia-1140", "NVIDIA L40S-16Q"),
+        ("nvidia-1141", "NVIDIA L40S-24Q")]
+    assert vf.current_type == 0
+    assert not os.path.exists(root / "sys/class/mdev_bus")
+
+
+def test_gpu_without_driver_has_no_types_and_no_driver(root):
+    host = FakeHost(root)
+    host.add_gpu("0000:01:00.0", driver=None)
+    gpu = pci.discover().gpus[0]
+    assert (gpu.driver, gpu.types, gpu.framework) == (None, (), None)
+
+
+def test_devices_are_read_through_bus_links_only(root):
+    """A device directory not linked from sys/bus/pci/devices is not found."""
+    host = FakeHost(root)
+    host.add_gpu("0000:01:00.0")
+    stray = root / "sys/devices/pci0000:00/0000:00:09.0/0000:09:00.0"
+    stray.mkdir(parents=True)
+    for name, value in (("vendor", NVIDIA), ("device", "0x1db4"), ("class", "0x030200")):
+        (stray / name).write_text(value)
+    assert [g.address for g in pci.discover().gpus] == ["0000:01:00.0"]
+
+
+def test_no_sysfs_at_all_means_no_gpus(root):
+    assert pci.discover().gpus == ()
+
+
+def test_description_and_framebuffer_units():
+    pairs = dict(pci.parse_description("num_heads=4, frl_config=60, framebuffer=2G, max_instance=8"))
+    assert pairs == {"num_heads": "4", "frl_config": "60", "framebuffer": "2G", "max_instance": "8"}
+    t = pci.VgpuType(1, "x", pci.MDEV, properties=tuple(pairs.items()))
+    assert (t.framebuffer_mb, t.max_instances) == (2048, 8)
+
+
+def test_non_nvidia_type_directories_are_ignored(root):
+    host = FakeHost(root)
+    host.add_gpu("0000:01:00.0", mdev_types={**V100_TYPES, "i915-GVTg_V5_4": MdevType("x", 1, 1)})
+    assert [t.id for t in pci.discover().gpus[0].types] == sorted(V100_TYPES)
