@@ -47,8 +47,8 @@ class Tools:
         self.bin = directory / "bin"
         self.state = directory / "units"
         self.log = directory / "calls.log"
-        self.bin.mkdir()
-        self.state.mkdir()
+        self.bin.mkdir(parents=True)
+        self.state.mkdir(parents=True)
         self.log.touch()
         for name, text in (("systemctl", FAKE_SYSTEMCTL),
                            ("update-initramfs", FAKE_UPDATE_INITRAMFS)):

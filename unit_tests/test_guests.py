@@ -4,84 +4,16 @@ import logging
 
 import pytest
 
+from unit_tests.libvirt import MDEV, PCI, status
 from vgpu import guests, hostroot
 from vgpu.errors import GuestsRunningError, VgpuError
 
 NVIDIA_VFS = {"0000:c1:00.4", "0000:c1:00.5"}
 
-STATUS = """<!--
-WARNING: THIS IS AN AUTO-GENERATED FILE. CHANGES TO IT ARE LIKELY TO BE
-OVERWRITTEN AND LOST. Changes to this xml configuration should be made using:
-  virsh edit {name}
-or other application using the libvirt API.
--->
-
-<domstatus state='running' reason='booted' pid='41377'>
-  <taint flag='high-privileges'/>
-  <monitor path='/var/lib/libvirt/qemu/domain-3-{name}/monitor.sock' type='unix'/>
-  <vcpus>
-    <vcpu id='0' pid='41384'/>
-  </vcpus>
-  <qemuCaps>
-    <flag name='kvm'/>
-  </qemuCaps>
-  <domain type='kvm' id='3'>
-    <name>{name}</name>
-    <uuid>{uuid}</uuid>
-    <metadata>
-      <nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">
-        <nova:package version="29.0.0"/>
-        <nova:name>vm-{name}</nova:name>
-        <nova:flavor name="vgpu.large"><nova:memory>8192</nova:memory></nova:flavor>
-      </nova:instance>
-    </metadata>
-    <memory unit='KiB'>8388608</memory>
-    <os>
-      <type arch='x86_64' machine='pc-q35-8.2'>hvm</type>
-    </os>
-    <devices>
-      <emulator>/usr/bin/qemu-system-x86_64</emulator>
-      <disk type='file' device='disk'>
-        <driver name='qemu' type='qcow2' cache='none'/>
-        <source file='/var/lib/nova/instances/{uuid}/disk' index='1'/>
-        <target dev='vda' bus='virtio'/>
-      </disk>
-      <interface type='ethernet'>
-        <mac address='fa:16:3e:2c:1b:9d'/>
-        <target dev='tap5e2c1b9d-ab'/>
-        <model type='virtio'/>
-      </interface>
-{hostdevs}
-    </devices>
-  </domain>
-</domstatus>
-"""
-
-MDEV = """      <hostdev mode='subsystem' type='mdev' managed='no' model='vfio-pci' display='off'>
-        <source>
-          <address uuid='{uuid}'/>
-        </source>
-        <alias name='hostdev0'/>
-        <address type='pci' domain='0x0000' bus='0x00' slot='0x05' function='0x0'/>
-      </hostdev>"""
-
-PCI = """      <hostdev mode='subsystem' type='pci' managed='{managed}'>
-        <driver name='vfio'/>
-        <source>
-          <address domain='0x0000' bus='{bus}' slot='0x00' function='{fn}'/>
-        </source>
-        <alias name='hostdev0'/>
-        <address type='pci' domain='0x0000' bus='0x00' slot='0x06' function='0x0'/>
-      </hostdev>"""
-
 MDEV_GUEST = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
 VF_GUEST = "3d9f1c52-2a7e-4b5e-8f3a-1c2d3e4f5a6b"
 NIC_GUEST = "7a1e6c0d-5b4f-4e2a-9c8d-0f1e2d3c4b5a"
 MDEV_UUID = "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f"
-
-
-def status(name, uuid, hostdevs=""):
-    return STATUS.format(name=name, uuid=uuid, hostdevs=hostdevs)
 
 
 @pytest.fixture

@@ -1,0 +1,414 @@
+"""The charm, event by event, with ops.testing on host trees shaped like real hosts.
+
+Each test builds a host root (sysfs, dpkg database, /proc), runs one event
+through the real charm and checks the unit status, what reached the host
+(dpkg's answer, files, systemctl calls) and the relation data as
+nova-compute reads it with charmhelpers.
+"""
+
+import json
+
+import pytest
+from ops import testing
+
+from charm import NovaComputeNvidiaVgpuCharm
+from unit_tests import debs, principal
+from unit_tests.fakehost import FakeHost, empty_host, v100_host
+from unit_tests.libvirt import running_guest
+from vgpu import kernel
+
+MGR = "nvidia-vgpu-mgr"
+VGPUD = "nvidia-vgpud"
+HOSTILE = '{"nvidia-108\\n[DEFAULT]\\ndebug": ["0000:c1:00.0"]}'
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    d = tmp_path_factory.mktemp("debs")
+    return {
+        "old": debs.host_driver(d),
+        "new": debs.newer_host_driver(d),
+        "guest": debs.guest_driver(d),
+        "garbage": debs.garbage(d),
+        "empty": debs.empty(d),
+        "depends": debs.unmet_depends(d),
+    }
+
+
+@pytest.fixture
+def ctx():
+    return testing.Context(NovaComputeNvidiaVgpuCharm)
+
+
+@pytest.fixture
+def v100(root, tools):
+    """Two V100s, nova caracal, the vGPU module loaded, services up."""
+    host = v100_host(root)
+    tools.set_active(MGR)
+    tools.set_active(VGPUD)
+    return host
+
+
+def relation(local=None, remote=None):
+    return testing.SubordinateRelation(
+        "nova-vgpu", remote_app_name="nova-compute",
+        local_unit_data=dict(local or {}), remote_unit_data=dict(remote or {}))
+
+
+def state(config=None, relations=None, resource=None, paused=False):
+    kwargs = {
+        "config": dict(config or {}),
+        "relations": [relation()] if relations is None else relations,
+    }
+    if resource is not None:
+        kwargs["resources"] = {testing.Resource(name="nvidia-vgpu-software", path=resource)}
+    if paused:
+        kwargs["stored_states"] = {testing.StoredState(
+            owner_path="NovaComputeNvidiaVgpuCharm", name="_stored", content={"paused": True})}
+    return testing.State(**kwargs)
+
+
+def ours(out: testing.State) -> dict:
+    """This unit's data in the nova-vgpu relation, without Juju's own keys."""
+    rel = out.get_relations("nova-vgpu")[0]
+    return {k: v for k, v in rel.local_unit_data.items() if not k.startswith(("egress", "ingress",
+                                                                              "private"))}
+
+
+def nova_conf(out: testing.State) -> str:
+    """The nova.conf sections nova-compute renders from this unit's data."""
+    return principal.render_nova_conf(principal.nova_context(ours(out)))
+
+
+def install_driver(root, deb):
+    """Put a driver on the host the way the charm does (its own install code)."""
+    from vgpu import driver
+    driver.install(driver.inspect_deb(deb))
+
+
+# -- install --------------------------------------------------------------------
+
+def test_install_puts_the_attached_driver_on_a_gpu_host(ctx, v100, root, tools, packages):
+    out = ctx.run(ctx.on.install(), state(resource=packages["old"]))
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    assert (root / "usr/lib/nvidia/sriov-manage").exists()
+    assert kernel.blacklist_path().read_text().count("blacklist nouveau") == 1
+    assert "update-initramfs -u" in tools.calls()
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings")
+    data = ours(out)
+    assert principal.services(data) == {MGR, VGPUD}
+    assert principal.release_packages(data).install == {"nvidia-vgpu-ubuntu-570"}
+    assert principal.release_packages(data).purge == set()
+
+
+def test_after_install_a_reboot_is_asked_for_until_the_module_loads(ctx, v100, root, packages):
+    v100.modules(["nouveau", "drm"])
+    out = ctx.run(ctx.on.install(), state(resource=packages["old"]))
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith("reboot required: nouveau is loaded")
+    v100.modules(["nvidia_vgpu_vfio", "nvidia"])
+    out = ctx.run(ctx.on.update_status(), out)
+    assert out.unit_status.name == "active"
+
+
+def test_no_gpu_host_installs_nothing_and_says_so(ctx, root, tools, packages):
+    empty_host(root)
+    out = ctx.run(ctx.on.install(), state(resource=packages["old"],
+                                          config={"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}))
+    assert out.unit_status == testing.ActiveStatus("no NVIDIA GPU on this host: nothing to do")
+    assert debs.dpkg_query(root) == ""
+    assert not kernel.blacklist_path().exists()
+    assert tools.calls() == []
+    assert principal.nova_context(ours(out)) == {}
+
+
+def test_force_install_switch_installs_without_gpus(ctx, root, tools, packages):
+    empty_host(root)
+    tools.set_active(MGR)
+    tools.set_active(VGPUD)
+    out = ctx.run(ctx.on.install(), state(resource=packages["old"],
+                                          config={"force-install-nvidia-vgpu": True}))
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    assert out.unit_status.name in ("active", "blocked")
+
+
+@pytest.mark.parametrize("resource,message", [
+    # Charmhub's placeholder is an empty file: the message says how to attach the driver.
+    ("empty", "is empty: juju attach-resource nova-compute-nvidia-vgpu "
+              "nvidia-vgpu-software=./nvidia-vgpu-ubuntu-<branch>_<version>_"),
+    ("garbage", "is not a Debian package"),
+    ("guest", "is the vGPU guest driver 'nvidia-linux-grid-570', which belongs in VMs"),
+])
+def test_missing_or_wrong_resource_blocks_and_installs_nothing(ctx, v100, root, packages,
+                                                               resource, message):
+    out = ctx.run(ctx.on.install(), state(resource=packages.get(resource)))
+    assert out.unit_status.name == "blocked"
+    assert message in out.unit_status.message
+    assert debs.dpkg_query(root) == ""
+
+
+def test_wrong_resource_leaves_the_installed_driver_alone(ctx, v100, root, packages):
+    install_driver(root, packages["old"])
+    out = ctx.run(ctx.on.upgrade_charm(), state(resource=packages["guest"]))
+    assert "guest driver" in out.unit_status.message
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+
+
+def test_dpkg_failure_blocks_and_is_retried_on_the_next_hook(ctx, v100, root, packages):
+    out = ctx.run(ctx.on.install(), state(resource=packages["depends"]))
+    assert out.unit_status.name == "blocked"
+    assert "retrying on the next hook" in out.unit_status.message
+    assert debs.dpkg_query(root).startswith("install ok unpacked")
+    # Next hook: the package is still half-done, so dpkg is asked again.
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    assert out.unit_status.name == "active"
+
+
+def test_a_newer_attached_driver_is_not_installed_by_itself(ctx, v100, root, packages):
+    install_driver(root, packages["old"])
+    out = ctx.run(ctx.on.upgrade_charm(), state(resource=packages["new"]))
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    assert out.unit_status.name == "active"
+    assert out.unit_status.message.endswith(
+        "driver 570.158.02 installed, 570.172.08 attached: run the upgrade action")
+
+
+def test_a_stopped_vgpu_service_is_reported(ctx, v100, root, tools, packages):
+    install_driver(root, packages["old"])
+    tools.set_active(VGPUD, False)
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus(
+        f"{VGPUD} not running: check journalctl -u {VGPUD}")
+
+
+# -- vgpu-device-mappings -> nova-vgpu -------------------------------------------
+
+@pytest.fixture
+def ready(v100, root, packages):
+    install_driver(root, packages["old"])
+    return packages["old"]
+
+
+def test_mapping_reaches_nova_conf(ctx, ready):
+    mapping = "{nvidia-108: ['c1:00.0'], nvidia-109: ['00000000:E1:00.0']}"
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": mapping}, resource=ready))
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1")
+    assert nova_conf(out) == (
+        "[devices]\nenabled_mdev_types = nvidia-108,nvidia-109\n"
+        "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n"
+        "[mdev_nvidia-109]\ndevice_addresses = 0000:e1:00.0\n")
+    blob = json.loads(ours(out)["subordinate_configuration"])
+    assert list(blob) == ["nova"] and list(blob["nova"]["/etc/nova/nova.conf"]) == ["sections"]
+
+
+@pytest.mark.parametrize("nova,expected", [
+    ("2:17.0.13-0ubuntu5", "[devices]\nenabled_vgpu_types = nvidia-108\n"),
+    ("2:20.6.1-0ubuntu1", "[devices]\nenabled_vgpu_types = nvidia-108\n"),
+    ("2:21.2.4-0ubuntu2", "[devices]\nenabled_vgpu_types = nvidia-108\n"
+                          "[vgpu_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n"),
+    ("3:25.2.1-0ubuntu1", "[devices]\nenabled_mdev_types = nvidia-108\n"
+                          "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n"),
+    ("3:29.0.0-0ubuntu1~cloud0", "[devices]\nenabled_mdev_types = nvidia-108\n"
+                                 "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n"),
+    # A Nova newer than any release the charm knows gets the newest format.
+    ("3:41.0.0-0ubuntu1", "[devices]\nenabled_mdev_types = nvidia-108\n"
+                          "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n"),
+])
+def test_option_names_follow_the_installed_nova(ctx, ready, v100, nova, expected):
+    v100.nova(nova)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    assert nova_conf(out) == expected
+    assert out.unit_status.name == "active"
+
+
+def test_nova_older_than_queens_blocks(ctx, ready, v100):
+    v100.nova("2:16.1.8-0ubuntu1")
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    assert out.unit_status == testing.BlockedStatus(
+        "Nova 16 is older than queens (Nova 17), the first with vGPU support")
+    assert principal.nova_context(ours(out)) == {}
+
+
+def test_waits_for_nova_before_publishing(ctx, ready, v100):
+    v100.dpkg_status({"nvidia-vgpu-ubuntu-570": "570.158.02"})
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    assert out.unit_status == testing.WaitingStatus("waiting for nova-compute to install nova-common")
+    assert "subordinate_configuration" not in ours(out)
+
+
+def test_bad_mapping_blocks_naming_the_entry_and_keeps_the_last_good(ctx, ready):
+    good = ctx.run(ctx.on.config_changed(),
+                   state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    before = ours(good)
+    for text, message in [
+        ("{nvidia-108: ['0000:3b:00.0']}", "nvidia-108: 0000:3b:00.0 is not an NVIDIA GPU on this host"),
+        ("{nvidia-471: [c1:00.0]}", "nvidia-471: 0000:c1:00.0 (Tesla V100 PCIe 16GB) does not offer"),
+        (HOSTILE, 'type "nvidia-108\\n[DEFAULT]\\ndebug" is not a vGPU type id'),
+        ("{nvidia-108: [c1:00.0], nvidia-109: [c1:00.0]}", "0000:c1:00.0 is mapped to both"),
+    ]:
+        bad = testing.State(config={"vgpu-device-mappings": text},
+                            relations=good.relations, resources=good.resources)
+        out = ctx.run(ctx.on.config_changed(), bad)
+        assert out.unit_status.name == "blocked"
+        assert out.unit_status.message.startswith(f"vgpu-device-mappings: {message}")
+        assert out.unit_status.message.endswith("; keeping nvidia-108 on 1")
+        assert "\n" not in out.unit_status.message
+        assert ours(out) == before
+        assert "debug" not in nova_conf(out)
+
+
+def test_clearing_the_option_removes_the_sections(ctx, ready):
+    good = ctx.run(ctx.on.config_changed(),
+                   state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    out = ctx.run(ctx.on.config_changed(), testing.State(
+        config={"vgpu-device-mappings": ""}, relations=good.relations, resources=good.resources))
+    assert principal.nova_context(ours(out)) == {}
+    assert out.unit_status.message.endswith("no vGPU type mapped: set vgpu-device-mappings")
+
+
+def test_relation_data_is_byte_identical_across_hooks(ctx, ready):
+    config = {"vgpu-device-mappings": "{nvidia-109: [e1:00.0], nvidia-108: [c1:00.0]}"}
+    first = ctx.run(ctx.on.config_changed(), state(config, resource=ready))
+    again = ctx.run(ctx.on.update_status(), state(config, resource=ready))
+    reordered = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": '{"nvidia-108": ["0000:C1:00.0"], "nvidia-109": ["e1:00.0"]}'},
+        resource=ready))
+    assert ours(first) == ours(again) == ours(reordered)
+
+
+def test_restart_trigger_from_nova_compute_is_not_answered(ctx, ready):
+    config = {"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}
+    first = ctx.run(ctx.on.config_changed(), state(config, resource=ready))
+    rel = first.get_relations("nova-vgpu")[0]
+    triggered = testing.SubordinateRelation(
+        "nova-vgpu", remote_app_name="nova-compute", id=rel.id,
+        local_unit_data=dict(rel.local_unit_data),
+        remote_unit_data={"restart-trigger": "6e3ad1b2-5f0c-4f7b-a0c4-8a6f6d2f3b11"})
+    out = ctx.run(ctx.on.relation_changed(triggered),
+                  testing.State(config=config, relations=[triggered], resources=first.resources))
+    assert out.get_relations("nova-vgpu")[0].local_unit_data == rel.local_unit_data
+
+
+def test_relation_joined_publishes_what_config_changed_chose(ctx, ready):
+    rel = relation()
+    out = ctx.run(ctx.on.relation_joined(rel), state(
+        {"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, relations=[rel], resource=ready))
+    assert "enabled_mdev_types = nvidia-108" in nova_conf(out)
+
+
+def test_without_the_nova_vgpu_relation_the_operator_is_told_to_add_it(ctx, ready):
+    out = ctx.run(ctx.on.config_changed(), state(relations=[], resource=ready))
+    assert out.unit_status == testing.BlockedStatus(
+        "relate to nova-compute: juju integrate nova-compute:nova-vgpu "
+        "nova-compute-nvidia-vgpu:nova-vgpu")
+
+
+# -- actions ----------------------------------------------------------------------
+
+def test_list_vgpu_types(ctx, ready):
+    ctx.run(ctx.on.action("list-vgpu-types"), state(resource=ready))
+    results = ctx.action_results
+    gpu = results["gpus"]["gpu-0"]
+    assert (gpu["address"], gpu["model"], gpu["driver"]) == (
+        "0000:c1:00.0", "Tesla V100 PCIe 16GB", "nvidia")
+    assert gpu["types"]["nvidia-108"] == {
+        "id": "nvidia-108", "name": "GRID V100-8Q", "framework": "mdev",
+        "framebuffer-mb": "8192", "max-instances": "2", "available-instances": "2"}
+    assert sorted(results["gpus"]) == ["gpu-0", "gpu-1"]
+    lines = results["table"].splitlines()
+    assert lines[0].split() == ["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE"]
+    assert lines[-1].split() == ["0000:e1:00.0", "Tesla", "V100", "PCIe", "16GB", "nvidia-109",
+                                 "GRID", "V100-16Q", "16384", "MiB", "1", "1"]
+    assert len(lines) == 1 + 2 * 5
+
+
+def test_list_vgpu_types_without_gpus(ctx, root, tools):
+    empty_host(root)
+    ctx.run(ctx.on.action("list-vgpu-types"), state())
+    assert ctx.action_results == {"gpus": {}, "table": "no NVIDIA GPU on this host"}
+
+
+def test_pause_stops_services_and_stays_paused_until_resume(ctx, ready, tools):
+    out = ctx.run(ctx.on.action("pause"), state(resource=ready))
+    assert ctx.action_results == {"stopped": f"{MGR}, {VGPUD}"}
+    assert [c for c in tools.calls() if not c.startswith("systemctl is-active")] == [
+        f"systemctl stop {MGR}", f"systemctl disable {MGR}", f"systemctl mask {MGR}",
+        f"systemctl stop {VGPUD}", f"systemctl disable {VGPUD}", f"systemctl mask {VGPUD}"]
+    paused = testing.MaintenanceStatus("paused: vGPU services stopped; run the resume action to start them")
+    assert out.unit_status == paused
+    out = ctx.run(ctx.on.update_status(), out)
+    assert out.unit_status == paused
+    out = ctx.run(ctx.on.action("resume"), out)
+    assert ctx.action_results == {"started": f"{MGR}, {VGPUD}"}
+    assert f"systemctl start {VGPUD}" in tools.calls()
+    assert out.unit_status.name == "active"
+
+
+@pytest.mark.parametrize("action", ["pause", "upgrade"])
+def test_pause_and_upgrade_refuse_while_guests_use_vgpus(ctx, ready, root, tools, packages, action):
+    running_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
+                  mdev_uuid="5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
+    running_guest(root, "instance-0000002b", "3d9f1c52-2a7e-4b5e-8f3a-1c2d3e4f5a6b")  # no vGPU
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action(action), state(resource=packages["new"]))
+    assert failure.value.message == (
+        f"not {action}d: 1 running guest(s) use vGPUs: "
+        "instance-0000002a (0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1)")
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    assert not [c for c in tools.calls() if "stop" in c]
+
+
+def test_forced_pause_goes_ahead_with_guests_running(ctx, ready, root, tools):
+    running_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
+                  pci_address="0000:c1:00.0")
+    out = ctx.run(ctx.on.action("pause", params={"force": True}), state(resource=ready))
+    assert f"systemctl stop {MGR}" in tools.calls()
+    assert out.unit_status.name == "maintenance"
+
+
+def test_resume_reports_a_service_that_fails_to_start(ctx, ready, tools):
+    tools.fail_start(MGR)
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("resume"), state(resource=ready, paused=True))
+    assert failure.value.message.startswith(f"not resumed: ")
+    assert MGR in failure.value.message
+
+
+def test_upgrade_installs_the_attached_driver_and_says_a_reboot_is_needed(ctx, ready, root, packages):
+    out = ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
+    assert debs.dpkg_query(root) == "install ok installed 570.172.08"
+    results = ctx.action_results
+    assert (results["previous"], results["version"], results["reboot-required"]) == (
+        "570.158.02", "570.172.08", "yes")
+    assert out.unit_status.name == "active"
+    assert "attached" not in out.unit_status.message
+
+
+def test_upgrade_without_a_usable_resource_fails_and_changes_nothing(ctx, ready, root, packages):
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("upgrade"), state(resource=packages["guest"]))
+    assert "guest driver" in failure.value.message
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+
+
+# -- remove -----------------------------------------------------------------------
+
+def test_remove_deletes_what_the_charm_wrote_and_keeps_the_driver(ctx, ready, root, tools):
+    kernel.ensure_nouveau_blacklisted()
+    ctx.run(ctx.on.remove(), state(resource=ready))
+    assert not kernel.blacklist_path().exists()
+    assert tools.calls().count("update-initramfs -u") == 2
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+
+
+def test_every_event_on_a_host_without_sysfs_still_sets_a_status(ctx, root, tools):
+    FakeHost(root)
+    for event in (ctx.on.install(), ctx.on.start(), ctx.on.update_status(), ctx.on.config_changed()):
+        out = ctx.run(event, state())
+        assert out.unit_status == testing.ActiveStatus("no NVIDIA GPU on this host: nothing to do")
