@@ -40,7 +40,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def __init__(self, framework: ops.Framework):
         super().__init__(framework)
         # Operator intent, not a host fact: services stay stopped until resume.
-        self._stored.set_default(paused=False)
+        # ``checked`` keeps the host-independent check of the option's text, keyed
+        # by its fingerprint, so update-status needs neither PyYAML nor jsonschema.
+        self._stored.set_default(paused=False, checked={})
         self._facts: Optional[facts.Facts] = None
         self._validation: Optional[mappings.Validation] = None
         self._package: Optional[object] = None
@@ -75,8 +77,18 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 release = host.release()
             except UnsupportedReleaseError:
                 release = None
-            self._validation = mappings.validate(self.config.get(OPTION), host.host, release)
+            self._validation = mappings.against_host(self._checked_text(), host.host, release)
         return self._validation
+
+    def _checked_text(self) -> mappings.Validation:
+        text = self.config.get(OPTION)
+        key = mappings.fingerprint(text)
+        record = self._stored.checked
+        if record.get("key") == key:
+            return mappings.from_record(record)
+        checked = mappings.check_text(text)
+        self._stored.checked = {"key": key, **mappings.to_record(checked)}
+        return checked
 
     def _attached(self):
         """The attached driver package (driver.DebInfo); raises Resource*Error."""

@@ -7,6 +7,7 @@ nova-compute reads it with charmhelpers.
 """
 
 import json
+import os
 
 import pytest
 from ops import testing
@@ -412,3 +413,43 @@ def test_every_event_on_a_host_without_sysfs_still_sets_a_status(ctx, root, tool
     for event in (ctx.on.install(), ctx.on.start(), ctx.on.update_status(), ctx.on.config_changed()):
         out = ctx.run(event, state())
         assert out.unit_status == testing.ActiveStatus("no NVIDIA GPU on this host: nothing to do")
+
+
+# -- update-status stays light -------------------------------------------------------
+
+LIGHT = """
+import sys
+from ops import testing
+from charm import NovaComputeNvidiaVgpuCharm
+from vgpu import mappings
+config = {"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}
+ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+stored = testing.StoredState(owner_path="NovaComputeNvidiaVgpuCharm", name="_stored", content={
+    "paused": False, "checked": {"key": mappings.fingerprint(config["vgpu-device-mappings"]),
+                                 "mapping": {"nvidia-108": ["0000:c1:00.0"]}, "errors": []}})
+rel = testing.SubordinateRelation("nova-vgpu")
+out = ctx.run(ctx.on.update_status(), testing.State(config=config, relations=[rel],
+    stored_states={stored}, resources={testing.Resource(name="nvidia-vgpu-software", path=sys.argv[1])}))
+print(out.unit_status.name, "jsonschema" in sys.modules)
+"""
+
+
+def test_update_status_reuses_the_checked_option_and_never_imports_jsonschema(ready, tmp_path):
+    import subprocess
+    import sys
+    script = tmp_path / "light.py"
+    script.write_text(LIGHT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, str(script), str(ready)], env=env,
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["active", "False"]
+
+
+def test_a_changed_option_is_checked_again(ctx, ready):
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    changed = testing.State(config={"vgpu-device-mappings": "{nvidia-108: [nope]}"},
+                            relations=first.relations, resources=first.resources,
+                            stored_states=first.stored_states)
+    out = ctx.run(ctx.on.update_status(), changed)
+    assert out.unit_status.message.startswith('vgpu-device-mappings: nvidia-108: "nope" is not a PCI')

@@ -11,6 +11,7 @@ Everything that reaches nova.conf has passed both the schema and a
 ``,``, ``=`` or anything else that would start another setting.
 """
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -118,8 +119,8 @@ def check_host(mapping: Mapping_, host, release=None) -> List[str]:
     return errors
 
 
-def validate(text: Optional[str], host=None, release=None) -> Validation:
-    """Parse, schema-check, normalise and (given a host) host-check the option."""
+def check_text(text: Optional[str]) -> Validation:
+    """Parse, schema-check and normalise the option: everything that needs no host."""
     try:
         data = parse(text)
     except ValueError as error:
@@ -128,14 +129,41 @@ def validate(text: Optional[str], host=None, release=None) -> Validation:
     if errors:
         return Validation({}, tuple(errors))
     try:
-        mapping = normalise(data)
+        return Validation(normalise(data))
     except ValueError as error:
         return Validation({}, (str(error),))
-    if host is not None:
-        errors = check_host(mapping, host, release)
-        if errors:
-            return Validation(mapping, tuple(errors))
-    return Validation(mapping)
+
+
+def against_host(checked: Validation, host, release=None) -> Validation:
+    """``checked`` (from check_text) with the host's and the release's objections added."""
+    if not checked.ok:
+        return checked
+    errors = check_host(checked.mapping, host, release)
+    return Validation(checked.mapping, tuple(errors))
+
+
+def validate(text: Optional[str], host=None, release=None) -> Validation:
+    """Parse, schema-check, normalise and (given a host) host-check the option."""
+    checked = check_text(text)
+    return checked if host is None else against_host(checked, host, release)
+
+
+def fingerprint(text: Optional[str]) -> str:
+    """Identifies the option's text under this charm's schema (for reusing check_text)."""
+    digest = hashlib.sha256(SCHEMA_FILE.read_bytes())
+    digest.update(b"\0" + (text or "").encode("utf-8", errors="surrogatepass"))
+    return digest.hexdigest()
+
+
+def to_record(checked: Validation) -> dict:
+    """check_text's result as plain data (for the charm's stored state)."""
+    return {"mapping": {t: list(a) for t, a in checked.mapping.items()},
+            "errors": list(checked.errors)}
+
+
+def from_record(record) -> Validation:
+    return Validation({t: tuple(a) for t, a in dict(record["mapping"]).items()},
+                      tuple(record["errors"]))
 
 
 def summary(mapping: Mapping[str, Tuple[str, ...]]) -> str:
