@@ -66,9 +66,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return self._facts
 
     def _refresh(self) -> None:
+        """Forget what was read of the host (after changing it); the resource stays."""
         self._facts = None
         self._validation = None
-        self._package = None
 
     def _mapping(self) -> mappings.Validation:
         if self._validation is None:
@@ -139,24 +139,24 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return list(driver.services_of(package.name))
 
     def _publish(self) -> None:
+        """Send nova-compute the vGPU sections, services and packages, when they changed.
+
+        A mapping that fails validation (or a Nova not installed yet) leaves the
+        published sections as they are: the last good configuration stays.
+        """
         host = self._host()
         package = host.driver
-        data = novaconf.relation_data(
-            {},
-            services=self._vgpu_services(),
-            packages=[package.name] if package is not None and package.installed else [],
-        )
+        installed = package is not None and package.installed
+        sections: Optional[dict] = {}
         if host.host.gpus:
             validation = self._mapping()
             release = None if host.release_problem() else host.release()
-            if not validation.ok or release is None:
-                # Keep the last good configuration: leave it as published.
-                del data["subordinate_configuration"]
-            else:
-                data = novaconf.relation_data(
-                    novaconf.sections(validation.mapping, release),
-                    services=self._vgpu_services(),
-                    packages=[package.name] if package is not None and package.installed else [])
+            ok = validation.ok and release is not None
+            sections = novaconf.sections(validation.mapping, release) if ok else None
+        data = novaconf.relation_data(sections or {}, services=self._vgpu_services(),
+                                      packages=[package.name] if installed else [])
+        if sections is None:
+            del data["subordinate_configuration"]
         for relation in self.model.relations[RELATION]:
             ours = relation.data[self.unit]
             changed = {k: v for k, v in data.items() if ours.get(k) != v}
@@ -218,7 +218,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             out.append(ops.MaintenanceStatus(
                 "paused: vGPU services stopped; run the resume action to start them"))
             return out
-        for reason in kernel.reboot_reasons(self._host().modules, driver_installed=True):
+        for reason in self._host().reboot_reasons():
             out.append(ops.BlockedStatus(f"reboot required: {reason}"))
         names = self._vgpu_services()
         try:
@@ -301,10 +301,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(f"not upgraded: {error}")
             return
         self._refresh()
-        reasons = kernel.reboot_reasons(self._host().modules, driver_installed=True)
-        if before is not None and before.installed and before.version != package.version:
-            # A loaded module of the old version stays until the host reboots.
-            reasons = reasons or [f"{package.package} {before.version} is still loaded"]
+        reasons = self._host().reboot_reasons()
         event.set_results({
             "package": package.package,
             "version": package.version,

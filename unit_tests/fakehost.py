@@ -167,6 +167,12 @@ class FakeHost:
         rows = [f"{n} 65536 0 - Live 0x0000000000000000" for n in names]
         (self.root / "proc/modules").write_text("".join(r + "\n" for r in rows))
 
+    def loaded_driver(self, version: str) -> None:
+        """The loaded ``nvidia`` module's version, as /sys/module/nvidia/version shows it."""
+        path = self.root / "sys/module/nvidia/version"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(version + "\n")
+
     def cmdline(self, text: str) -> None:
         (self.root / "proc/cmdline").write_text(text + "\n")
 
@@ -183,6 +189,7 @@ def v100_host(root, count: int = 2, nova: str = "3:29.0.0-0ubuntu1") -> FakeHost
     host.add_pci("0000:3b:00.0", MELLANOX, "0x101d", "0x020000", driver="mlx5_core")
     host.nova(nova)
     host.modules(["nvidia_vgpu_vfio", "nvidia", "mdev", "vfio"])
+    host.loaded_driver("570.158.02")
     return host
 
 

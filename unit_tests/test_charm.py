@@ -223,7 +223,9 @@ def test_option_names_follow_the_installed_nova(ctx, ready, v100, nova, expected
     out = ctx.run(ctx.on.config_changed(),
                   state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
     assert nova_conf(out) == expected
-    assert out.unit_status.name == "active"
+    # Queens to Train ignore device addresses: the type serves every GPU offering it.
+    served = "nvidia-108 on 1" if "device_addresses" in expected else "nvidia-108 on every GPU offering it"
+    assert out.unit_status == testing.ActiveStatus(f"2 GPUs (Tesla V100 PCIe 16GB), {served}")
 
 
 def test_nova_older_than_queens_blocks(ctx, ready, v100):
@@ -381,12 +383,19 @@ def test_resume_reports_a_service_that_fails_to_start(ctx, ready, tools):
     assert MGR in failure.value.message
 
 
-def test_upgrade_installs_the_attached_driver_and_says_a_reboot_is_needed(ctx, ready, root, packages):
+def test_upgrade_installs_the_attached_driver_and_says_a_reboot_is_needed(ctx, ready, v100, root,
+                                                                         packages):
     out = ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
     assert debs.dpkg_query(root) == "install ok installed 570.172.08"
     results = ctx.action_results
     assert (results["previous"], results["version"], results["reboot-required"]) == (
         "570.158.02", "570.172.08", "yes")
+    reason = "NVIDIA driver 570.158.02 is loaded, 570.172.08 installed"
+    assert results["message"] == reason
+    assert out.unit_status == testing.BlockedStatus(f"reboot required: {reason}")
+    # After the reboot the new module is loaded and the unit is active again.
+    v100.loaded_driver("570.172.08")
+    out = ctx.run(ctx.on.update_status(), out)
     assert out.unit_status.name == "active"
     assert "attached" not in out.unit_status.message
 

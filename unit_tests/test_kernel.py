@@ -158,3 +158,21 @@ def test_reboot_reasons_from_proc_modules(root):
 ])
 def test_reboot_reasons(modules, installed, reasons):
     assert kernel.reboot_reasons(modules, driver_installed=installed) == reasons
+
+
+@pytest.mark.parametrize("installed,loaded,reasons", [
+    ("570.158.02", "570.158.02", []),
+    ("570.172.08", "570.158.02", ["NVIDIA driver 570.158.02 is loaded, 570.172.08 installed"]),
+    ("570.172.08", None, []),          # version unknown: nothing to compare
+])
+def test_a_loaded_driver_of_another_version_needs_a_reboot(installed, loaded, reasons):
+    modules = {"nvidia", "nvidia_vgpu_vfio"}
+    assert kernel.reboot_reasons(modules, driver_installed=True, installed_version=installed,
+                                 loaded_version=loaded) == reasons
+
+
+def test_loaded_driver_version_is_read_from_sysfs(root):
+    assert kernel.loaded_driver_version() is None
+    (root / "sys/module/nvidia").mkdir(parents=True)
+    (root / "sys/module/nvidia/version").write_text("570.158.02\n")
+    assert kernel.loaded_driver_version() == "570.158.02"

@@ -6,9 +6,9 @@ dispatch only; nothing is cached across hooks.
 """
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
-from . import dpkg, hostroot, pci, releases
+from . import dpkg, driver, kernel, pci, releases
 from .errors import UnsupportedReleaseError
 
 DRIVER_PREFIX = "nvidia-vgpu-ubuntu-"
@@ -19,12 +19,12 @@ class Facts:
     host: pci.Host
     packages: Mapping[str, dpkg.Package]
     modules: frozenset
+    loaded_driver_version: Optional[str] = None
 
     @property
     def driver(self) -> Optional[dpkg.Package]:
         """The vGPU host driver package dpkg knows, in whatever state."""
-        found = [p for n, p in sorted(self.packages.items()) if n.startswith(DRIVER_PREFIX)]
-        return found[-1] if found else None
+        return driver.installed_driver(self.packages)
 
     def release(self) -> Optional[releases.Release]:
         """Nova's release, None while nova-common is not installed.
@@ -40,18 +40,21 @@ class Facts:
             return str(error)
         return None
 
-
-def loaded_modules() -> frozenset:
-    try:
-        text = hostroot.path("proc/modules").read_text()
-    except OSError:
-        return frozenset()
-    return frozenset(line.split(" ", 1)[0] for line in text.splitlines() if line)
+    def reboot_reasons(self) -> List[str]:
+        """Why the host needs a reboot for the installed driver to work."""
+        package = self.driver
+        installed = package is not None and package.installed
+        return kernel.reboot_reasons(
+            self.modules, driver_installed=installed,
+            installed_version=package.version if installed else None,
+            loaded_version=self.loaded_driver_version)
 
 
 def gather() -> Facts:
     return Facts(
         host=pci.discover(),
         packages=dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[DRIVER_PREFIX]),
-        modules=loaded_modules(),
+        modules=kernel.loaded_modules(),
+        loaded_driver_version=kernel.loaded_driver_version(),
     )
+

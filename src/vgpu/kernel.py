@@ -109,11 +109,23 @@ def loaded_modules() -> FrozenSet[str]:
     return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
 
 
+def loaded_driver_version() -> Optional[str]:
+    """Version of the loaded ``nvidia`` module (``<root>/sys/module/nvidia/version``)."""
+    try:
+        return hostroot.path("sys/module/nvidia/version").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def reboot_reasons(modules: Optional[Iterable[str]] = None,
-                   driver_installed: bool = False) -> List[str]:
+                   driver_installed: bool = False,
+                   installed_version: Optional[str] = None,
+                   loaded_version: Optional[str] = None) -> List[str]:
     """Why the host needs a reboot, in words; empty when it does not.
 
-    Pure given ``modules`` (read from ``/proc/modules`` only when None).
+    Pure given ``modules`` (read from ``/proc/modules`` only when None). A
+    loaded ``nvidia`` module older or newer than the installed package (after
+    an upgrade) also needs a reboot.
     """
     loaded = {m.replace("-", "_") for m in (loaded_modules() if modules is None else modules)}
     reasons = []
@@ -121,6 +133,9 @@ def reboot_reasons(modules: Optional[Iterable[str]] = None,
         reasons.append("nouveau is loaded")
     if driver_installed and "nvidia_vgpu_vfio" not in loaded:
         reasons.append("nvidia_vgpu_vfio is not loaded")
+    elif (driver_installed and installed_version and loaded_version
+          and not installed_version.startswith(loaded_version)):
+        reasons.append(f"NVIDIA driver {loaded_version} is loaded, {installed_version} installed")
     return reasons
 
 

@@ -167,8 +167,13 @@ def from_record(record) -> Validation:
 
 
 def summary(mapping: Mapping[str, Tuple[str, ...]]) -> str:
-    """``nvidia-108 on 1, nvidia-109 on 2`` (number of GPUs or VFs per type)."""
-    return ", ".join(f"{t} on {len(a)}" for t, a in mapping.items())
+    """``nvidia-108 on 1, nvidia-109 on 2`` (number of GPUs or VFs per type).
+
+    A type without addresses (Queens to Train, which ignore them) serves every
+    GPU that offers it.
+    """
+    return ", ".join(f"{t} on {len(a)}" if a else f"{t} on every GPU offering it"
+                     for t, a in mapping.items())
 
 
 def _check_function(vgpu_type: str, address: str, gpu) -> List[str]:

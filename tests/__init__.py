@@ -1,0 +1,1 @@
+# Functional tests (zaza): tests.yaml refers to tests.vgpu_tests.<name>.
