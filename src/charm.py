@@ -313,12 +313,18 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- leaving ------------------------------------------------------------
     def _on_remove(self, _event: ops.RemoveEvent) -> None:
+        """Undo what the charm changed; the driver package stays installed."""
         try:
             kernel.remove_blacklist()
         except VgpuError as error:
             logger.warning("could not remove the nouveau blacklist: %s", error)
+        if self._stored.paused:
+            # pause masked the driver's services; leave them as the package set them up.
+            try:
+                services.enable_and_start(self._vgpu_services())
+            except ServiceError as error:
+                logger.warning("could not unmask the vGPU services: %s", error)
         logger.info("the vGPU host driver package stays installed; purge it by hand if wanted")
-
 
 if __name__ == "__main__":  # pragma: nocover
     ops.main(NovaComputeNvidiaVgpuCharm)

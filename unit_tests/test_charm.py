@@ -417,11 +417,33 @@ def test_remove_deletes_what_the_charm_wrote_and_keeps_the_driver(ctx, ready, ro
     assert debs.dpkg_query(root) == "install ok installed 570.158.02"
 
 
-def test_every_event_on_a_host_without_sysfs_still_sets_a_status(ctx, root, tools):
+def test_remove_while_paused_unmasks_the_services(ctx, ready, tools):
+    ctx.run(ctx.on.remove(), state(resource=ready, paused=True))
+    assert [c for c in tools.calls() if c.startswith("systemctl unmask")] == [
+        f"systemctl unmask {MGR}", f"systemctl unmask {VGPUD}"]
+
+
+def test_a_half_installed_driver_is_reported_not_taken_for_success(ctx, v100, root, tools, packages):
+    v100.dpkg_status({"nova-common": "3:29.0.0-0ubuntu1", "nvidia-vgpu-ubuntu-570": "570.158.02"},
+                     states={"nvidia-vgpu-ubuntu-570": "half-configured"})
+    # Only Charmhub's empty placeholder is attached: nothing to retry with.
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["empty"]))
+    assert out.unit_status == testing.BlockedStatus(
+        "nvidia-vgpu-ubuntu-570 570.158.02 is half-configured: dpkg did not finish; "
+        "retrying on the next hook")
+    assert principal.services(ours(out)) == set()
+
+
+def test_every_event_on_a_host_without_gpus_sets_the_same_status(ctx, root, tools):
     FakeHost(root)
-    for event in (ctx.on.install(), ctx.on.start(), ctx.on.update_status(), ctx.on.config_changed()):
-        out = ctx.run(event, state())
+    rel = relation()
+    info = testing.SubordinateRelation("juju-info", remote_app_name="nova-compute")
+    for event in (ctx.on.install(), ctx.on.start(), ctx.on.update_status(), ctx.on.config_changed(),
+                  ctx.on.upgrade_charm(), ctx.on.relation_joined(rel), ctx.on.relation_changed(rel),
+                  ctx.on.relation_joined(info)):
+        out = ctx.run(event, state(relations=[rel, info]))
         assert out.unit_status == testing.ActiveStatus("no NVIDIA GPU on this host: nothing to do")
+        assert principal.nova_context(ours(out)) == {}
 
 
 # -- update-status stays light -------------------------------------------------------
