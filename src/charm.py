@@ -184,6 +184,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             out.append(ops.BlockedStatus(
                 f"relate to nova-compute: juju integrate nova-compute:{RELATION} "
                 f"{self.app.name}:{RELATION}"))
+        iommu = host.iommu_problem()
+        if iommu:
+            out.append(ops.BlockedStatus(iommu))
         notes: List[str] = []
         out.extend(self._driver_statuses(notes))
         validation = self._mapping()

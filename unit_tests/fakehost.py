@@ -173,6 +173,11 @@ class FakeHost:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(version + "\n")
 
+    def iommu_groups(self, count: int) -> None:
+        """IOMMU groups as the kernel makes them when VT-d / AMD-Vi is on."""
+        for n in range(count):
+            (self.root / f"sys/kernel/iommu_groups/{n}/devices").mkdir(parents=True, exist_ok=True)
+
     def cmdline(self, text: str) -> None:
         (self.root / "proc/cmdline").write_text(text + "\n")
 
@@ -200,6 +205,7 @@ def a100_host(root, nova: str = "3:29.0.0-0ubuntu1") -> FakeHost:
     host.add_gpu("0000:41:00.0", device="0x20b5", totalvfs=16)
     for index in range(4):
         host.add_vf("0000:41:00.0", index, f"0000:41:00.{4 + index}", mdev_types=A100_TYPES)
+    host.iommu_groups(40)
     host.nova(nova)
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
     return host
@@ -210,6 +216,7 @@ def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1") -> FakeHost:
     host = FakeHost(root)
     host.pci_ids()
     host.add_gpu("0000:81:00.0", device="0x26b9", totalvfs=32)
+    host.iommu_groups(40)
     for index in range(4):
         host.add_vf("0000:81:00.0", index, f"0000:81:00.{4 + index}",
                     driver="nvidia", vfio_types=L40S_TYPES)

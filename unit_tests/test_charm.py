@@ -484,3 +484,29 @@ def test_a_changed_option_is_checked_again(ctx, ready):
                             stored_states=first.stored_states)
     out = ctx.run(ctx.on.update_status(), changed)
     assert out.unit_status.message.startswith('vgpu-device-mappings: nvidia-108: "nope" is not a PCI')
+
+
+# -- SR-IOV GPUs (mdev framework) --------------------------------------------------------
+
+def test_sriov_gpu_serves_types_through_its_virtual_functions(ctx, root, tools, packages):
+    from unit_tests.fakehost import a100_host
+    a100_host(root)
+    install_driver(root, packages["old"])
+    tools.set_active(MGR)
+    tools.set_active(VGPUD)
+    out = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{nvidia-474: ['41:00.4', '41:00.5']}"}, resource=packages["old"]))
+    assert out.unit_status == testing.ActiveStatus("1 GPU (A100 PCIe 80GB), nvidia-474 on 2")
+    assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-474\n"
+                              "[mdev_nvidia-474]\ndevice_addresses = 0000:41:00.4,0000:41:00.5\n")
+
+
+def test_sriov_gpu_without_iommu_tells_the_operator_what_to_set(ctx, root, tools, packages):
+    from unit_tests.fakehost import a100_host
+    a100_host(root)
+    (root / "sys/kernel/iommu_groups").rename(root / "iommu_groups_off")
+    install_driver(root, packages["old"])
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus(
+        "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: add intel_iommu=on iommu=pt (Intel) "
+        "to the kernel command line and reboot")

@@ -20,6 +20,7 @@ class Facts:
     packages: Mapping[str, dpkg.Package]
     modules: frozenset
     loaded_driver_version: Optional[str] = None
+    iommu: bool = False  # the kernel made IOMMU groups (VT-d / AMD-Vi is on)
 
     @property
     def driver(self) -> Optional[dpkg.Package]:
@@ -40,6 +41,14 @@ class Facts:
             return str(error)
         return None
 
+    def iommu_problem(self) -> Optional[str]:
+        """SR-IOV GPUs hand out virtual functions, which need the IOMMU."""
+        sriov = [gpu.address for gpu in self.host.gpus if gpu.sriov]
+        if not sriov or self.iommu:
+            return None
+        return (f"IOMMU is off but SR-IOV GPU {sriov[0]} needs it: add intel_iommu=on "
+                "iommu=pt (Intel) to the kernel command line and reboot")
+
     def reboot_reasons(self) -> List[str]:
         """Why the host needs a reboot for the installed driver to work."""
         package = self.driver
@@ -56,5 +65,6 @@ def gather() -> Facts:
         packages=dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[DRIVER_PREFIX]),
         modules=kernel.loaded_modules(),
         loaded_driver_version=kernel.loaded_driver_version(),
+        iommu=kernel.iommu_enabled(),
     )
 

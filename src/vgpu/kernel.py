@@ -109,6 +109,15 @@ def loaded_modules() -> FrozenSet[str]:
     return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
 
 
+def iommu_enabled() -> bool:
+    """True when the kernel created IOMMU groups (``<root>/sys/kernel/iommu_groups``)."""
+    try:
+        with os.scandir(hostroot.path("sys/kernel/iommu_groups")) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
+
+
 def loaded_driver_version() -> Optional[str]:
     """Version of the loaded ``nvidia`` module (``<root>/sys/module/nvidia/version``)."""
     try:
