@@ -230,3 +230,9 @@ def test_valid_mappings_always_pass_and_round_trip_through_the_relation(data):
     sections = novaconf.sections(result.mapping, CARACAL)
     assert novaconf.mapping_from_sections(sections) == result.mapping
     _sections_are_only_ours(result)
+
+
+def test_control_characters_are_refused_by_the_yaml_reader():
+    result = mappings.validate("{nvidia-108: [c1:00.0]}\x1f")
+    assert result.errors == ("vgpu-device-mappings is not valid YAML or JSON: "
+                             "special characters are not allowed",)

@@ -63,15 +63,21 @@ def parse(text: Optional[str]):
         raise ValueError(f"is larger than {MAX_BYTES // 1024} KiB")
     import yaml  # only hooks that have a mapping to read pay for it
 
+    loader = None
     try:
-        data = yaml.load(text, Loader=_loader_class(yaml))  # noqa: S506 - strings-only loader below
+        loader = _loader_class(yaml)(text)  # the reader refuses control characters here
+        data = loader.get_single_data()
     except ValueError:
         raise
     except (yaml.YAMLError, RecursionError) as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or type(error).__name__
+        problem = getattr(error, "problem", None) or getattr(error, "reason", None) \
+            or type(error).__name__
         raise ValueError(f"is not valid YAML or JSON{where}: {problem}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     return {} if data is None or data == "" else data
 
 
