@@ -5,8 +5,9 @@
 
 Event wiring only. One idempotent reconcile handler serves every lifecycle
 and relation event; status is computed in one collect-unit-status handler;
-actions, stop and remove have their own handlers. What the host is and does
-lives in the ``vgpu`` package, which never imports ops.
+actions and remove have their own handlers (a subordinate has nothing to do
+on stop). What the host is and does lives in the ``vgpu`` package, which
+never imports ops.
 """
 
 import logging
@@ -45,7 +46,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._stored.set_default(paused=False, checked={})
         self._facts: Optional[facts.Facts] = None
         self._validation: Optional[mappings.Validation] = None
-        self._package: Optional[object] = None
+        self._package: Optional[driver.DebInfo] = None
         self._problems: List[ops.StatusBase] = []
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
@@ -90,8 +91,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._stored.checked = {"key": key, **mappings.to_record(checked)}
         return checked
 
-    def _attached(self):
-        """The attached driver package (driver.DebInfo); raises Resource*Error."""
+    def _attached(self) -> driver.DebInfo:
+        """The attached driver package; raises ResourceMissingError or ResourceInvalidError."""
         if self._package is None:
             try:
                 path = self.model.resources.fetch(RESOURCE)
