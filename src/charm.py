@@ -122,6 +122,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 f"installing {package.package} {package.version}")
             try:
                 driver.install(package)
+            except ResourceInvalidError as error:
+                logger.error("refusing to install %s: %s", package.package, error)
+                self._problems.append(ops.BlockedStatus(str(error)))
             except InstallError as error:
                 logger.error("installing %s failed: %s", package.package, error)
                 self._problems.append(ops.BlockedStatus(

@@ -33,6 +33,7 @@ def packages(tmp_path_factory):
         "garbage": debs.garbage(d),
         "empty": debs.empty(d),
         "depends": debs.unmet_depends(d),
+        "hollow": debs.build(d, debs.HOST, debs.OLD, debs.machine_arch(), {"usr/share/doc/x": "x\n"}),
     }
 
 
@@ -146,6 +147,15 @@ def test_missing_or_wrong_resource_blocks_and_installs_nothing(ctx, v100, root, 
     out = ctx.run(ctx.on.install(), state(resource=packages.get(resource)))
     assert out.unit_status.name == "blocked"
     assert message in out.unit_status.message
+    assert debs.dpkg_query(root) == ""
+
+
+def test_a_package_named_like_the_driver_without_the_vgpu_manager_is_refused(ctx, v100, root,
+                                                                            packages):
+    out = ctx.run(ctx.on.install(), state(resource=packages["hollow"]))
+    assert out.unit_status == testing.BlockedStatus(
+        "nvidia-vgpu-software 'nvidia-vgpu-ubuntu-570' ships no nvidia-vgpu-mgr.service; "
+        "need NVIDIA's vGPU Manager package nvidia-vgpu-ubuntu-<branch>")
     assert debs.dpkg_query(root) == ""
 
 

@@ -28,6 +28,7 @@ def built(tmp_path_factory):
         "predepends": debs.unmet_pre_depends(d),
         "garbage": debs.garbage(d),
         "empty": debs.empty(d),
+        "hollow": debs.build(d, debs.HOST, debs.OLD, ARCH, {"usr/share/doc/x/README": "x\n"}),
     }
 
 
@@ -51,16 +52,22 @@ def test_inspect_host_driver(built):
     info = driver.inspect_deb(built["old"])
     assert info == driver.DebInfo(
         package="nvidia-vgpu-ubuntu-570", version="570.158.02", architecture=ARCH,
-        branch="570", path=built["old"], has_vgpud=True,
-        services=("nvidia-vgpu-mgr", "nvidia-vgpud"),
-    )
+        branch="570", path=built["old"])
+    assert driver.shipped_services(info) == ("nvidia-vgpu-mgr", "nvidia-vgpud")
 
 
 def test_inspect_host_driver_without_vgpud(built):
     info = driver.inspect_deb(str(built["no_vgpud"]))
-    assert info.has_vgpud is False
-    assert info.services == ("nvidia-vgpu-mgr",)
+    assert driver.shipped_services(info) == ("nvidia-vgpu-mgr",)
     assert info.path == built["no_vgpud"]
+
+
+def test_a_lookalike_without_the_vgpu_manager_is_refused_before_installing(built, root):
+    info = driver.inspect_deb(built["hollow"])  # the name and fields look right
+    with pytest.raises(ResourceInvalidError, match="ships no nvidia-vgpu-mgr.service; need NVIDIA's "
+                                                   "vGPU Manager package nvidia-vgpu-ubuntu-<branch>"):
+        driver.install(info)
+    assert debs.dpkg_query(root) == ""
 
 
 @pytest.mark.parametrize("make", [
@@ -186,7 +193,8 @@ def test_refused_first_install_reports_nothing_installed(built, root):
 def test_install_fails_when_the_file_is_gone(built, root, tmp_path):
     info = driver.inspect_deb(built["old"])
     gone = tmp_path / "gone.deb"
-    with pytest.raises(InstallError, match="^dpkg did not install nvidia-vgpu-ubuntu-570 570.158.02: "):
+    # Its contents are read again right before dpkg runs: a vanished file stops there.
+    with pytest.raises(ResourceInvalidError):
         driver.install(driver.DebInfo(**{**info.__dict__, "path": gone}))
     assert driver.installed_driver() is None
 

@@ -1,6 +1,8 @@
 """NVIDIA's vGPU host driver package, attached as the ``nvidia-vgpu-software`` resource.
 
-The file is checked with ``dpkg-deb`` before anything is installed, and it is
+The file's control fields are read with ``dpkg-deb --field`` (cheap: only the
+control member, so every hook may do it); its file list, which means
+decompressing the whole package, is read only right before installing. It is
 installed with the system's own ``dpkg`` (``apt-get -f install`` resolves its
 dependencies on a real host). What is installed is always dpkg's answer,
 read from its database under the host root; nothing is remembered elsewhere.
@@ -45,8 +47,6 @@ class DebInfo:
     architecture: str
     branch: str  # "570" for nvidia-vgpu-ubuntu-570
     path: Path
-    has_vgpud: bool  # ships nvidia-vgpud.service
-    services: Tuple[str, ...]  # vGPU services shipped, in SERVICES order
 
 
 def machine_architecture() -> str:
@@ -99,12 +99,22 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> Deb
             f"this machine needs {_q(arch)}")
     if not version:
         raise ResourceInvalidError(f"{RESOURCE} {_q(name)} has no version; {need}")
+    return DebInfo(package=name, version=version, architecture=deb_arch,
+                   branch=host.group(1), path=path)
 
-    services = _services_in(_deb_paths(path, need))
-    return DebInfo(
-        package=name, version=version, architecture=deb_arch, branch=host.group(1),
-        path=path, has_vgpud="nvidia-vgpud" in services, services=services,
-    )
+
+def shipped_services(info: DebInfo) -> Tuple[str, ...]:
+    """The vGPU services the package holds, from its file list (decompresses it all).
+
+    Raises ResourceInvalidError when it lacks ``nvidia-vgpu-mgr.service``: a
+    package named like the host driver that is not NVIDIA's vGPU Manager.
+    """
+    need = f"need NVIDIA's vGPU Manager package {PREFIX}<branch>"
+    services = _services_in(_deb_paths(info.path, need))
+    if SERVICES[0] not in services:
+        raise ResourceInvalidError(
+            f"{RESOURCE} {_q(info.package)} ships no {SERVICES[0]}.service; {need}")
+    return services
 
 
 def installed_driver(pkgs: Optional[Mapping[str, dpkg.Package]] = None) -> Optional[dpkg.Package]:
@@ -127,9 +137,11 @@ def install(info: DebInfo) -> None:
     """Install (or upgrade to) ``info`` with dpkg under the host root.
 
     On a real host, dependency problems are resolved with ``apt-get -f
-    install``. Raises InstallError unless dpkg then reports exactly this
-    package and version as fully installed.
+    install``. Raises ResourceInvalidError, before anything is installed, when
+    the package does not hold the vGPU Manager; InstallError unless dpkg then
+    reports exactly this package and version as fully installed.
     """
+    shipped_services(info)
     root = hostroot.root().absolute()
     cmd = ["dpkg", f"--root={root}", f"--admindir={root / 'var/lib/dpkg'}",
            "--force-confdef", "--force-confold", "--install", str(info.path)]
