@@ -1,10 +1,11 @@
 # make demo   the charm on a bundled sample GPU host, without Juju
 # make test   the unit tests (what CI runs)
+# make lint   ruff; make bench   hook costs
 PYTHON ?= python3
 VENV ?= .venv
 PY = $(VENV)/bin/python
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench lint clean
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +18,9 @@ demo: $(VENV)/.ready
 
 test: $(VENV)/.ready
 	$(PY) -m pytest unit_tests $(ARGS)
+
+lint: $(VENV)/.ready
+	$(VENV)/bin/ruff check src unit_tests tools tests
 
 bench: $(VENV)/.ready
 	$(PY) tools/bench.py $(ARGS)

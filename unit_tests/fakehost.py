@@ -10,7 +10,7 @@ file, ``proc/modules`` and ``proc/cmdline`` sit where the charm reads them.
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 INTEL = "0x8086"
 NVIDIA = "0x10de"
@@ -236,7 +236,8 @@ def empty_host(root, nova: str = "3:29.0.0-0ubuntu1") -> FakeHost:
 
 
 def build(kind: str, root, **kwargs) -> FakeHost:
-    return {"v100": v100_host, "a100": a100_host, "l40s": l40s_host, "empty": empty_host}[kind](root, **kwargs)
+    hosts = {"v100": v100_host, "a100": a100_host, "l40s": l40s_host, "empty": empty_host}
+    return hosts[kind](root, **kwargs)
 
 
 __all__: Sequence[str] = ("FakeHost", "MdevType", "v100_host", "a100_host", "l40s_host",

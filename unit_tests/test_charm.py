@@ -389,7 +389,7 @@ def test_resume_reports_a_service_that_fails_to_start(ctx, ready, tools):
     tools.fail_start(MGR)
     with pytest.raises(testing.ActionFailed) as failure:
         ctx.run(ctx.on.action("resume"), state(resource=ready, paused=True))
-    assert failure.value.message.startswith(f"not resumed: ")
+    assert failure.value.message.startswith("not resumed: ")
     assert MGR in failure.value.message
 
 
