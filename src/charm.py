@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 import ops
 
-from vgpu import driver, facts, guests, kernel, mappings, novaconf, services
+from vgpu import driver, facts, kernel, mappings, novaconf, services
 from vgpu.errors import (
     GuestsRunningError,
     InstallError,
@@ -275,6 +275,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         })
 
     def _guard_guests(self, force: bool) -> None:
+        from vgpu import guests  # XML parsing: actions only, not every hook
+
         guests.ensure_no_guests(set(self._host().host.addresses()), force=force)
 
     def _on_pause(self, event: ops.ActionEvent) -> None:
