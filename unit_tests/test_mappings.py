@@ -236,3 +236,20 @@ def test_control_characters_are_refused_by_the_yaml_reader():
     result = mappings.validate("{nvidia-108: [c1:00.0]}\x1f")
     assert result.errors == ("vgpu-device-mappings is not valid YAML or JSON: "
                              "special characters are not allowed",)
+
+
+def test_fingerprint_changes_with_the_text_and_the_schema(tmp_path, monkeypatch):
+    text = "{nvidia-108: [c1:00.0]}"
+    assert mappings.fingerprint(text) == mappings.fingerprint(text)
+    assert mappings.fingerprint(text) != mappings.fingerprint(text + " ")
+    before = mappings.fingerprint(text)
+    schema = tmp_path / "schema.json"
+    schema.write_text(mappings.SCHEMA_FILE.read_text().replace('"maxProperties": 64', '"maxProperties": 8'))
+    monkeypatch.setattr(mappings, "SCHEMA_FILE", schema)
+    assert mappings.fingerprint(text) != before
+
+
+def test_checked_text_survives_a_round_trip_through_plain_data():
+    for text in ("{nvidia-108: [c1:00.0, e1:00.0]}", "{nvidia-108: [bad]}"):
+        checked = mappings.check_text(text)
+        assert mappings.from_record(json.loads(json.dumps(mappings.to_record(checked)))) == checked

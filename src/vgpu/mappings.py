@@ -155,8 +155,13 @@ def validate(text: Optional[str], host=None, release=None) -> Validation:
 
 
 def fingerprint(text: Optional[str]) -> str:
-    """Identifies the option's text under this charm's schema (for reusing check_text)."""
+    """Identifies the option's text under this very code and schema (for reusing check_text).
+
+    The schema and this module are part of the key, so a charm upgrade that
+    changes either checks the text again.
+    """
     digest = hashlib.sha256(SCHEMA_FILE.read_bytes())
+    digest.update(Path(__file__).read_bytes())
     digest.update(b"\0" + (text or "").encode("utf-8", errors="surrogatepass"))
     return digest.hexdigest()
 
