@@ -263,7 +263,7 @@ def test_bad_mapping_blocks_naming_the_entry_and_keeps_the_last_good(ctx, ready)
         ("{nvidia-108: ['0000:3b:00.0']}", "nvidia-108: 0000:3b:00.0 is not an NVIDIA GPU on this host"),
         ("{nvidia-471: [c1:00.0]}", "nvidia-471: 0000:c1:00.0 (Tesla V100 PCIe 16GB) does not offer"),
         (HOSTILE, 'type "nvidia-108\\n[DEFAULT]\\ndebug" is not a vGPU type id'),
-        ("{nvidia-108: [c1:00.0], nvidia-109: [c1:00.0]}", "0000:c1:00.0 is mapped to both"),
+        ("{nvidia-108: [c1:00.0], nvidia-109: [c1:00.0]}", "GPU 0000:c1:00.0 is mapped to both"),
     ]:
         bad = testing.State(config={"vgpu-device-mappings": text},
                             relations=good.relations, resources=good.resources)

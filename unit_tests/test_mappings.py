@@ -51,6 +51,7 @@ def test_accepted_forms(text, expected):
     ("{nvidia-108: [nonsense]}", 'nvidia-108: "nonsense" is not a PCI address'),
     ("{nvidia-108: [[c1:00.0]]}", "nvidia-108: "),
     ("a: &x [1]\nb: *x\n", "uses a YAML alias"),
+    ("{!!merge <<: {nvidia-108: [c1:00.0]}}", "uses a YAML merge key"),
     ("!!python/object/apply:os.system [echo hi]", "is not valid YAML or JSON"),
     ("{nvidia-108: [c1:00.0]", "is not valid YAML or JSON at line 1"),
     ("[" * 20 + "]" * 20, "nested deeper than"),
@@ -137,7 +138,7 @@ def test_type_the_gpu_does_not_offer_is_named_with_what_it_offers(v100):
 
 def test_one_gpu_under_two_types_is_refused(v100):
     result = mappings.validate("{nvidia-108: [c1:00.0], nvidia-109: ['0000:C1:00.0']}", v100, CARACAL)
-    assert result.errors == ("0000:c1:00.0 is mapped to both nvidia-108 and nvidia-109",)
+    assert result.errors == ("GPU 0000:c1:00.0 is mapped to both nvidia-108 and nvidia-109",)
 
 
 def test_queens_to_train_take_a_single_type(v100):
@@ -156,6 +157,28 @@ def test_sriov_gpu_must_be_mapped_through_its_vfs(root):
                              "offer the vGPU types: map those (0000:41:00.4, 0000:41:00.5, "
                              "0000:41:00.6, 0000:41:00.7)",)
     assert mappings.validate("{nvidia-474: ['41:00.4', '41:00.5']}", host, CARACAL).ok
+
+
+def test_vfs_of_one_gpu_serve_one_type(root):
+    a100_host(root)
+    result = mappings.validate("{nvidia-471: ['41:00.4'], nvidia-474: ['41:00.5']}", pci.discover(),
+                               CARACAL)
+    assert result.errors == (
+        "GPU 0000:41:00.0 (through 0000:41:00.5) is mapped to both nvidia-471 and nvidia-474",)
+
+
+def test_no_more_vfs_than_the_type_fits(root):
+    from unit_tests.fakehost import A100_TYPES, FakeHost
+    host = FakeHost(root)
+    host.add_gpu("0000:41:00.0", device="0x20b5", totalvfs=16)
+    for index in range(6):
+        host.add_vf("0000:41:00.0", index, f"0000:41:0{(4 + index) // 8}.{(4 + index) % 8}",
+                    mdev_types=A100_TYPES)
+    found = pci.discover()
+    five = "['41:00.4', '41:00.5', '41:00.6', '41:00.7', '41:01.0']"
+    assert mappings.validate(f"{{nvidia-474: {five}}}", found, CARACAL).errors == (
+        "nvidia-474: 5 virtual functions of GPU 0000:41:00.0 are mapped but the type fits 4 per GPU",)
+    assert mappings.validate(f"{{nvidia-472: {five}}}", found, CARACAL).ok  # fits 8
 
 
 def test_vendor_specific_vfio_gpus_are_refused_plainly_for_now(root):
@@ -178,24 +201,40 @@ values = st.recursive(
     max_leaves=12)
 
 
+FORMATS = (TRAIN, releases.from_major(22), CARACAL)
+
+
+def _expected_settings(mapping, release):
+    """{section: {keys}} the release's spelling allows for ``mapping``; nothing else."""
+    if not mapping:
+        return {}
+    if not release.multiple_types:
+        return {"devices": {"enabled_vgpu_types"}}
+    option, prefix = (("enabled_vgpu_types", "vgpu_") if release.nova_major < 24
+                      else ("enabled_mdev_types", "mdev_"))
+    return {"devices": {option}, **{f"{prefix}{t}": {"device_addresses"} for t in mapping}}
+
+
 def _sections_are_only_ours(result) -> None:
-    """Whatever passes renders into exactly the expected sections and keys."""
+    """Whatever passes renders, in every release's spelling, exactly the expected settings."""
     if not result.ok:
-        assert result.mapping == {} or result.errors
+        assert result.mapping == {} and all(result.errors), result
+        assert all("\n" not in e and "\r" not in e for e in result.errors)
         return
-    sections = novaconf.sections(result.mapping, CARACAL)
-    parser = configparser.ConfigParser(interpolation=None, strict=True)
-    # nova-compute's own view of the relation data, rendered as it would.
     from unit_tests import principal
-    context = principal.nova_context(novaconf.relation_data(sections))
-    parser.read_string(principal.render_nova_conf(context) if context else "")
-    expected = {"devices"} | {f"mdev_{t}" for t in result.mapping} if result.mapping else set()
-    assert set(parser.sections()) == expected
-    for section in parser.sections():
-        keys = set(parser[section])
-        assert keys == ({"enabled_mdev_types"} if section == "devices" else {"device_addresses"})
-    if result.mapping:
-        assert parser["devices"]["enabled_mdev_types"].split(",") == list(result.mapping)
+    for release in FORMATS:
+        mapping = dict(list(result.mapping.items())[:1]) if not release.multiple_types \
+            else result.mapping
+        sections = novaconf.sections(mapping, release)
+        # nova-compute's own view of the relation data, rendered as its template would.
+        context = principal.nova_context(novaconf.relation_data(sections))
+        parser = configparser.ConfigParser(interpolation=None, strict=True)
+        parser.read_string(principal.render_nova_conf(context) if context else "")
+        found = {section: set(parser[section]) for section in parser.sections()}
+        assert found == _expected_settings(mapping, release)
+        if mapping:
+            option = next(iter(found["devices"]))
+            assert parser["devices"][option].split(",") == list(mapping)
 
 
 @settings(max_examples=300, deadline=None)

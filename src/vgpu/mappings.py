@@ -104,12 +104,17 @@ def normalise(data) -> Mapping_:
 
 
 def check_host(mapping: Mapping_, host, release=None) -> List[str]:
-    """What the host or the OpenStack release cannot serve; empty when all is well."""
+    """What the host or the OpenStack release cannot serve; empty when all is well.
+
+    A physical GPU serves one type, whether it is mapped by its own address or
+    through its SR-IOV virtual functions, and no more VFs than the type fits.
+    """
     errors = []
     if release is not None and not release.multiple_types and len(mapping) > 1:
         errors.append(f"{release} supports one vGPU type; {len(mapping)} are mapped "
                       f"({', '.join(mapping)})")
-    owner: Dict[str, str] = {}
+    owner: Dict[str, Tuple[str, str]] = {}  # physical GPU -> (type, address that claimed it)
+    vfs_per_gpu: Dict[Tuple[str, str], int] = {}
     for vgpu_type, addresses in mapping.items():
         for address in addresses:
             gpu = host.gpu(address)
@@ -117,12 +122,29 @@ def check_host(mapping: Mapping_, host, release=None) -> List[str]:
                 errors.append(f"{vgpu_type}: {address} is not an NVIDIA GPU on this host "
                               f"(found: {_summary(host.addresses())})")
                 continue
-            if address in owner and owner[address] != vgpu_type:
-                errors.append(f"{address} is mapped to both {owner[address]} and {vgpu_type}")
+            claimed = owner.setdefault(gpu.address, (vgpu_type, address))
+            if claimed[0] != vgpu_type:
+                via = "" if address == gpu.address else f" (through {address})"
+                errors.append(f"GPU {gpu.address}{via} is mapped to both {claimed[0]} "
+                              f"and {vgpu_type}")
                 continue
-            owner[address] = vgpu_type
-            errors.extend(_check_function(vgpu_type, address, gpu))
+            problems = _check_function(vgpu_type, address, gpu)
+            errors.extend(problems)
+            if not problems and address != gpu.address:
+                vfs_per_gpu[(vgpu_type, gpu.address)] = vfs_per_gpu.get((vgpu_type, gpu.address), 0) + 1
+    for (vgpu_type, pf), count in vfs_per_gpu.items():
+        fits = _max_instances(host.gpu(pf), vgpu_type)
+        if fits is not None and count > fits:
+            errors.append(f"{vgpu_type}: {count} virtual functions of GPU {pf} are mapped but "
+                          f"the type fits {fits} per GPU")
     return errors
+
+
+def _max_instances(gpu, vgpu_type: str) -> Optional[int]:
+    for offered in gpu.offered_types():
+        if offered.id == vgpu_type:
+            return offered.max_instances
+    return None
 
 
 def check_text(text: Optional[str]) -> Validation:
@@ -267,6 +289,8 @@ def _loader_class(yaml):
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise ValueError("uses a YAML merge key (<<); write each entry out")
                 key = key_node.value if isinstance(key_node.value, str) else None
                 if key is not None and key in seen:
                     raise ValueError(f"lists {quote(key)} twice")
