@@ -157,7 +157,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             release = None if host.release_problem() else host.release()
             ok = validation.ok and release is not None
             sections = novaconf.sections(validation.mapping, release) if ok else None
-        data = novaconf.relation_data(sections or {}, services=self._vgpu_services(),
+        # Only daemons: nova-compute reports any listed service that is not running.
+        daemons = [name for name in self._vgpu_services() if name in driver.DAEMONS]
+        data = novaconf.relation_data(sections or {}, services=daemons,
                                       packages=[package.name] if installed else [])
         if sections is None:
             del data["subordinate_configuration"]
@@ -227,11 +229,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return out
         for reason in self._host().reboot_reasons():
             out.append(ops.BlockedStatus(f"reboot required: {reason}"))
-        names = self._vgpu_services()
         try:
-            down = [name for name, up in services.active(names).items() if not up] if names else []
+            down = services.down(self._vgpu_services(), driver.DAEMONS)
         except ServiceError as error:
-            down = [f"({error})"]
+            out.append(ops.BlockedStatus(str(error)))
+            down = []
         if down:
             out.append(ops.BlockedStatus(
                 f"{', '.join(down)} not running: check journalctl -u {down[0]}"))

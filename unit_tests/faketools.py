@@ -56,7 +56,11 @@ class Tools:
         return self.log.read_text().splitlines()
 
     def set_active(self, unit: str, active: bool = True) -> None:
-        (self.state / unit).write_text("active\n" if active else "inactive\n")
+        self.set_state(unit, "active" if active else "inactive")
+
+    def set_state(self, unit: str, state: str) -> None:
+        """What ``systemctl is-active`` answers for ``unit``: active, inactive, failed, ..."""
+        (self.state / unit).write_text(state + "\n")
 
     def fail_start(self, unit: str) -> None:
         (self.state / f"{unit}.fails").touch()

@@ -99,7 +99,8 @@ def test_install_puts_the_attached_driver_on_a_gpu_host(ctx, v100, root, tools, 
     assert out.unit_status == testing.ActiveStatus(
         "2 GPUs (Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings")
     data = ours(out)
-    assert principal.services(data) == {MGR, VGPUD}
+    # nova-compute checks that listed services run: only the daemon is listed.
+    assert principal.services(data) == {MGR}
     assert principal.release_packages(data).install == {"nvidia-vgpu-ubuntu-570"}
     assert principal.release_packages(data).purge == set()
 
@@ -186,12 +187,22 @@ def test_a_newer_attached_driver_is_not_installed_by_itself(ctx, v100, root, pac
         "driver 570.158.02 installed, 570.172.08 attached: run the upgrade action")
 
 
-def test_a_stopped_vgpu_service_is_reported(ctx, v100, root, tools, packages):
+@pytest.mark.parametrize("mgr,vgpud,message", [
+    ("active", "inactive", None),   # nvidia-vgpud prepares the GPUs and exits
+    ("inactive", "inactive", f"{MGR} not running: check journalctl -u {MGR}"),
+    ("active", "failed", f"{VGPUD} not running: check journalctl -u {VGPUD}"),
+    ("failed", "failed", f"{MGR}, {VGPUD} not running: check journalctl -u {MGR}"),
+])
+def test_vgpu_services_that_are_down_are_reported(ctx, v100, root, tools, packages, mgr, vgpud,
+                                                  message):
     install_driver(root, packages["old"])
-    tools.set_active(VGPUD, False)
+    tools.set_state(MGR, mgr)
+    tools.set_state(VGPUD, vgpud)
     out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
-    assert out.unit_status == testing.BlockedStatus(
-        f"{VGPUD} not running: check journalctl -u {VGPUD}")
+    if message is None:
+        assert out.unit_status.name == "active"
+    else:
+        assert out.unit_status == testing.BlockedStatus(message)
 
 
 # -- vgpu-device-mappings -> nova-vgpu -------------------------------------------

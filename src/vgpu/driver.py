@@ -29,8 +29,10 @@ APP = "nova-compute-nvidia-vgpu"
 PREFIX = "nvidia-vgpu-ubuntu-"
 HOST_PACKAGE = re.compile(r"nvidia-vgpu-ubuntu-(\d+)")
 GUEST_PACKAGE = re.compile(r"nvidia-linux-grid-(\d+)")
-# The vGPU services, in the order they are started.
+# The vGPU services, in the order they are started. nvidia-vgpu-mgr must stay
+# running; nvidia-vgpud prepares the GPUs and may exit once done.
 SERVICES = ("nvidia-vgpu-mgr", "nvidia-vgpud")
+DAEMONS = ("nvidia-vgpu-mgr",)
 _UNIT_DIRS = ("lib/systemd/system/", "usr/lib/systemd/system/")
 
 INSPECT_TIMEOUT = 120

@@ -20,18 +20,34 @@ _UNIT = re.compile(r"[A-Za-z0-9:_.@\\][A-Za-z0-9:_.@\\-]*")
 _ACTIVE = ("active", "reloading")
 
 
-def active(names: Iterable[str]) -> Dict[str, bool]:
-    """Whether each unit is active, from one ``systemctl is-active`` call."""
+def states(names: Iterable[str]) -> Dict[str, str]:
+    """Each unit's ActiveState word (active, inactive, failed, ...), from one call."""
     names = _checked(names)
     if not names:
         return {}
     # is-active exits non-zero when any unit is not active: that is an answer.
     out = _systemctl(["is-active", *names], QUERY_TIMEOUT, names[0], check=False)
-    states = out.stdout.split()
-    if len(states) != len(names):
-        why = _one_line(out.stderr) or f"{len(states)} answers for {len(names)} units"
+    words = out.stdout.split()
+    if len(words) != len(names):
+        why = _one_line(out.stderr) or f"{len(words)} answers for {len(names)} units"
         raise ServiceError(f"systemctl is-active {' '.join(names)} failed: {why}")
-    return {name: state in _ACTIVE for name, state in zip(names, states)}
+    return dict(zip(names, words))
+
+
+def active(names: Iterable[str]) -> Dict[str, bool]:
+    """Whether each unit is active, from one ``systemctl is-active`` call."""
+    return {name: state in _ACTIVE for name, state in states(names).items()}
+
+
+def down(names: Iterable[str], daemons: Iterable[str]) -> List[str]:
+    """Units that are not doing their job: a daemon not active, or any unit failed.
+
+    A unit that initialises the host and exits (nvidia-vgpud) reads
+    ``inactive`` when all went well, so only ``failed`` counts against it.
+    """
+    daemons = set(daemons)
+    return [name for name, state in states(names).items()
+            if state == "failed" or (name in daemons and state not in _ACTIVE)]
 
 
 def stop_and_disable(names: Iterable[str]) -> None:
