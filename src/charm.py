@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 import ops
 
-from vgpu import driver, facts, kernel, mappings, novaconf, services
+from vgpu import dpkg, driver, facts, kernel, mappings, novaconf, services
 from vgpu.errors import (
     GuestsRunningError,
     InstallError,
@@ -190,14 +190,15 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             out.append(ops.BlockedStatus(
                 f"relate to nova-compute: juju integrate nova-compute:{RELATION} "
                 f"{self.app.name}:{RELATION}"))
+        # What the operator typed comes first: host states follow from it or wait.
+        validation = self._mapping()
+        if not validation.ok:
+            out.append(ops.BlockedStatus(self._mapping_message(validation)))
         iommu = host.iommu_problem()
         if iommu:
             out.append(ops.BlockedStatus(iommu))
         notes: List[str] = []
         out.extend(self._driver_statuses(notes))
-        validation = self._mapping()
-        if not validation.ok:
-            out.append(ops.BlockedStatus(self._mapping_message(validation)))
         out.append(ops.ActiveStatus("; ".join([self._serving_message()] + notes)))
         return out
 
@@ -220,9 +221,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 f"{installed.name} {installed.version} is {installed.state}: "
                 "dpkg did not finish; retrying on the next hook"))
             return out
-        if attached is not None and attached.version != installed.version:
-            notes.append(f"driver {installed.version} installed, {attached.version} attached: "
-                         "run the upgrade action")
+        if attached is not None:
+            order = dpkg.compare_versions(attached.version, installed.version)
+            if order > 0 or (order == 0 and attached.package != installed.name):
+                notes.append(f"driver {installed.version} installed, {attached.version} attached: "
+                             "run the upgrade action")
+            elif order < 0:
+                notes.append(f"driver {installed.version} installed; the attached "
+                             f"{attached.version} is older")
         if self._stored.paused:
             out.append(ops.MaintenanceStatus(
                 "paused: vGPU services stopped; run the resume action to start them"))
@@ -282,9 +288,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         guests.ensure_no_guests(set(self._host().host.addresses()), force=force)
 
     def _on_pause(self, event: ops.ActionEvent) -> None:
+        names = self._vgpu_services()
+        if not names:
+            event.fail("not paused: the vGPU host driver is not installed, so no service runs")
+            return
         try:
             self._guard_guests(bool(event.params.get("force")))
-            names = self._vgpu_services()
             services.stop_and_disable(names)
         except (GuestsRunningError, ServiceError) as error:
             event.fail(f"not paused: {error}")
@@ -303,24 +312,40 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         event.set_results({"started": ", ".join(names) or "none"})
 
     def _on_upgrade(self, event: ops.ActionEvent) -> None:
+        if not self._wants_driver():
+            event.fail("not upgraded: no NVIDIA GPU on this host, so no vGPU driver belongs here")
+            return
+        before = self._host().driver
         try:
             package = self._attached()
+            if before is not None and before.installed:
+                order = dpkg.compare_versions(package.version, before.version)
+                if order == 0 and package.package == before.name:
+                    event.set_results(self._upgrade_results(package, before, "already installed"))
+                    return
+                if order < 0 and not event.params.get("allow-downgrade"):
+                    event.fail(f"not upgraded: attached {package.version} is older than installed "
+                               f"{before.version}; run with allow-downgrade=true to install it")
+                    return
             self._guard_guests(bool(event.params.get("force")))
-            before = self._host().driver
             driver.install(package)
         except VgpuError as error:
             event.fail(f"not upgraded: {error}")
             return
         self._refresh()
+        event.set_results(self._upgrade_results(package, before, "installed"))
+        self._publish()
+
+    def _upgrade_results(self, package: driver.DebInfo, before, done: str) -> dict:
         reasons = self._host().reboot_reasons()
-        event.set_results({
+        return {
             "package": package.package,
             "version": package.version,
-            "previous": before.version if before is not None else "none",
+            "previous": f"{before.name} {before.version}" if before is not None else "none",
             "reboot-required": "yes" if reasons else "no",
-            "message": "; ".join(reasons) if reasons else "no reboot needed",
-        })
-        self._publish()
+            "message": f"{package.package} {package.version} {done}; "
+                       + ("; ".join(reasons) if reasons else "no reboot needed"),
+        }
 
     # -- leaving ------------------------------------------------------------
     def _on_remove(self, _event: ops.RemoveEvent) -> None:

@@ -67,6 +67,11 @@ def host_driver(out_dir: Path, version: str = OLD, vgpud: bool = True,
     return build(out_dir, HOST, version, arch or machine_arch(), host_files(vgpud), **kw)
 
 
+def older_branch(out_dir: Path) -> Path:
+    """The host driver of an older branch: another package name, the same files."""
+    return build(out_dir, "nvidia-vgpu-ubuntu-550", "550.127.06", machine_arch(), host_files())
+
+
 def newer_host_driver(out_dir: Path, vgpud: bool = True) -> Path:
     return host_driver(out_dir, NEW, vgpud=vgpud)
 

@@ -410,15 +410,62 @@ def test_upgrade_installs_the_attached_driver_and_says_a_reboot_is_needed(ctx, r
     assert debs.dpkg_query(root) == "install ok installed 570.172.08"
     results = ctx.action_results
     assert (results["previous"], results["version"], results["reboot-required"]) == (
-        "570.158.02", "570.172.08", "yes")
+        "nvidia-vgpu-ubuntu-570 570.158.02", "570.172.08", "yes")
     reason = "NVIDIA driver 570.158.02 is loaded, 570.172.08 installed"
-    assert results["message"] == reason
+    assert results["message"] == f"nvidia-vgpu-ubuntu-570 570.172.08 installed; {reason}"
     assert out.unit_status == testing.BlockedStatus(f"reboot required: {reason}")
     # After the reboot the new module is loaded and the unit is active again.
     v100.loaded_driver("570.172.08")
     out = ctx.run(ctx.on.update_status(), out)
     assert out.unit_status.name == "active"
     assert "attached" not in out.unit_status.message
+
+
+def test_upgrade_to_the_installed_version_does_nothing(ctx, ready, root, tools):
+    ctx.run(ctx.on.action("upgrade"), state(resource=ready))
+    assert ctx.action_results["message"] == "nvidia-vgpu-ubuntu-570 570.158.02 already installed; " \
+                                            "no reboot needed"
+    assert ctx.action_results["reboot-required"] == "no"
+
+
+def test_an_older_attached_driver_is_noted_and_only_installed_when_allowed(ctx, v100, root, tools,
+                                                                           packages):
+    install_driver(root, packages["new"])
+    v100.loaded_driver("570.172.08")
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert out.unit_status.message.endswith(
+        "driver 570.172.08 installed; the attached 570.158.02 is older")
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("upgrade"), state(resource=packages["old"]))
+    assert failure.value.message == ("not upgraded: attached 570.158.02 is older than installed "
+                                     "570.172.08; run with allow-downgrade=true to install it")
+    assert debs.dpkg_query(root) == "install ok installed 570.172.08"
+    ctx.run(ctx.on.action("upgrade", params={"allow-downgrade": True}), state(resource=packages["old"]))
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+
+
+def test_upgrade_is_refused_on_a_host_without_gpus(ctx, root, tools, packages):
+    empty_host(root)
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
+    assert failure.value.message == ("not upgraded: no NVIDIA GPU on this host, so no vGPU "
+                                     "driver belongs here")
+    assert debs.dpkg_query(root) == ""
+
+
+def test_pause_without_a_driver_is_refused_and_records_nothing(ctx, v100, tools, packages):
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("pause"), state(resource=packages["old"]))
+    assert failure.value.message == ("not paused: the vGPU host driver is not installed, "
+                                     "so no service runs")
+    assert tools.calls() == []
+
+
+def test_a_bad_mapping_is_shown_before_host_states_such_as_reboots(ctx, v100, root, packages):
+    v100.modules(["nouveau"])
+    out = ctx.run(ctx.on.install(), state({"vgpu-device-mappings": "{nvidia-108: [c1:00.9]}"},
+                                          resource=packages["old"]))
+    assert out.unit_status.message.startswith('vgpu-device-mappings: nvidia-108: "c1:00.9" is not')
 
 
 def test_upgrade_without_a_usable_resource_fails_and_changes_nothing(ctx, ready, root, packages):

@@ -28,6 +28,7 @@ def built(tmp_path_factory):
         "predepends": debs.unmet_pre_depends(d),
         "garbage": debs.garbage(d),
         "empty": debs.empty(d),
+        "550": debs.older_branch(d),
         "hollow": debs.build(d, debs.HOST, debs.OLD, ARCH, {"usr/share/doc/x/README": "x\n"}),
     }
 
@@ -197,6 +198,16 @@ def test_install_fails_when_the_file_is_gone(built, root, tmp_path):
     with pytest.raises(ResourceInvalidError):
         driver.install(driver.DebInfo(**{**info.__dict__, "path": gone}))
     assert driver.installed_driver() is None
+
+
+def test_a_new_branch_replaces_the_old_one(built, root):
+    driver.install(driver.inspect_deb(built["550"]))
+    assert debs.dpkg_query(root, "nvidia-vgpu-ubuntu-550") == "install ok installed 550.127.06"
+    driver.install(driver.inspect_deb(built["old"]))
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    assert not debs.dpkg_query(root, "nvidia-vgpu-ubuntu-550").endswith("installed 550.127.06")
+    assert driver.installed_driver().name == "nvidia-vgpu-ubuntu-570"
+    assert (root / "lib/systemd/system/nvidia-vgpu-mgr.service").exists()
 
 
 def test_services_of_reads_multiarch_list(root):

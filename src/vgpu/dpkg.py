@@ -73,6 +73,50 @@ def package(name: str) -> Optional[Package]:
     return packages(names=[name]).get(name)
 
 
+def compare_versions(a: str, b: str) -> int:
+    """-1, 0 or 1 as Debian version ``a`` sorts before, with or after ``b`` (as dpkg does)."""
+    ea, ua, ra = _split_version(a)
+    eb, ub, rb = _split_version(b)
+    return (ea > eb) - (ea < eb) or _compare_part(ua, ub) or _compare_part(ra, rb)
+
+
+def _split_version(version: str):
+    epoch, _, rest = version.strip().rpartition(":") if ":" in version else ("0", "", version.strip())
+    upstream, _, revision = rest.rpartition("-") if "-" in rest else (rest, "", "0")
+    return int(epoch or 0), upstream, revision
+
+
+def _order(char: str) -> int:
+    if char == "~":
+        return -1
+    if char.isalpha():
+        return ord(char)
+    return ord(char) + 256
+
+
+def _compare_part(a: str, b: str) -> int:
+    """dpkg's verrevcmp: alternate non-digit runs (with ~ first) and numeric runs."""
+    i = j = 0
+    while i < len(a) or j < len(b):
+        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
+            ca = _order(a[i]) if i < len(a) and not a[i].isdigit() else 0
+            cb = _order(b[j]) if j < len(b) and not b[j].isdigit() else 0
+            if ca != cb:
+                return (ca > cb) - (ca < cb)
+            i += 1
+            j += 1
+        na = nb = 0
+        while i < len(a) and a[i].isdigit():
+            na = na * 10 + int(a[i])
+            i += 1
+        while j < len(b) and b[j].isdigit():
+            nb = nb * 10 + int(b[j])
+            j += 1
+        if na != nb:
+            return (na > nb) - (na < nb)
+    return 0
+
+
 def _fields(stanza: str) -> Dict[str, str]:
     fields = {}
     for line in stanza.splitlines():

@@ -145,12 +145,22 @@ def install(info: DebInfo) -> None:
     """
     shipped_services(info)
     root = hostroot.root().absolute()
-    cmd = ["dpkg", f"--root={root}", f"--admindir={root / 'var/lib/dpkg'}",
-           "--force-confdef", "--force-confold", "--install", str(info.path)]
+    dpkg_cmd = ["dpkg", f"--root={root}", f"--admindir={root / 'var/lib/dpkg'}"]
     # LC_ALL=C: dpkg's messages are matched ("dependency problems") and shown.
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C")
+    # Another branch (nvidia-vgpu-ubuntu-550 -> -570) ships the same files
+    # under another name: dpkg would refuse to overwrite them, so it goes first.
+    others = sorted(p.name for p in dpkg.packages(prefixes=[PREFIX]).values()
+                    if p.name != info.package and HOST_PACKAGE.fullmatch(p.name) and p.present)
+    if others:
+        log.info("removing %s before installing %s", ", ".join(others), info.package)
+        reason = _run(dpkg_cmd + ["--remove", *others], env, DPKG_TIMEOUT)
+        if reason:
+            raise InstallError(f"dpkg could not remove {', '.join(others)} to install "
+                               f"{info.package}: {reason}")
     log.info("installing %s %s from %s", info.package, info.version, info.path)
-    reason = _run(cmd, env, DPKG_TIMEOUT)
+    reason = _run(dpkg_cmd + ["--force-confdef", "--force-confold", "--install", str(info.path)],
+                  env, DPKG_TIMEOUT)
     if reason and "dependency problems" in reason and hostroot.is_real_root():
         log.info("dpkg reported dependency problems; running apt-get -f install")
         apt = ["apt-get", "--fix-broken", "install", "--yes",
