@@ -176,3 +176,10 @@ def test_loaded_driver_version_is_read_from_sysfs(root):
     (root / "sys/module/nvidia").mkdir(parents=True)
     (root / "sys/module/nvidia/version").write_text("570.158.02\n")
     assert kernel.loaded_driver_version() == "570.158.02"
+
+
+def test_an_unwritable_modprobe_dir_is_an_install_error_not_a_crash(root, tmp_path, monkeypatch):
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+    (root / "etc/modprobe.d").write_text("a file where a directory belongs")
+    with pytest.raises(InstallError, match=r"^cannot write /etc/modprobe.d/nvidia-vgpu-blacklist-nouveau"):
+        kernel.ensure_nouveau_blacklisted()

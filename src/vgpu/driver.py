@@ -53,10 +53,12 @@ class DebInfo:
 
 def machine_architecture() -> str:
     """This machine's dpkg architecture (``amd64``, ``arm64``, ...)."""
-    out = subprocess.run(
-        ["dpkg", "--print-architecture"],
-        capture_output=True, text=True, check=True, timeout=INSPECT_TIMEOUT,
-    )
+    try:
+        out = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
+                             check=True, timeout=INSPECT_TIMEOUT)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise ResourceInvalidError(
+            f"cannot check {RESOURCE}: dpkg --print-architecture failed ({error})") from None
     return out.stdout.strip()
 
 
@@ -218,6 +220,8 @@ def _dpkg_deb(option: str, path: Path, fields: List[str], need: str) -> str:
     except subprocess.TimeoutExpired:
         raise ResourceInvalidError(
             f"{RESOURCE} could not be read in {INSPECT_TIMEOUT}s; {need}") from None
+    except OSError as error:
+        raise ResourceInvalidError(f"cannot check {RESOURCE}: dpkg-deb: {error.strerror}") from None
     if out.returncode != 0:
         log.info("%s failed: %s", " ".join(cmd), out.stderr.strip())
         raise ResourceInvalidError(f"{RESOURCE} is not a Debian package; {need}")

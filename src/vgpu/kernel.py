@@ -43,9 +43,17 @@ def ensure_nouveau_blacklisted() -> bool:
     """Write the blacklist if its content differs, then refresh the initramfs.
 
     Returns True when the file changed (a reboot is then needed for it to
-    take effect if nouveau is loaded). Raises InstallError when the
-    initramfs cannot be refreshed; the file is then left as it was.
+    take effect if nouveau is loaded). Raises InstallError when the file
+    cannot be written or the initramfs refreshed; the file is then left as
+    it was.
     """
+    try:
+        return _ensure_blacklisted()
+    except OSError as error:
+        raise InstallError(f"cannot write /{BLACKLIST}: {error.strerror or error}") from None
+
+
+def _ensure_blacklisted() -> bool:
     target = blacklist_path()
     content = render_blacklist()
     try:
@@ -69,6 +77,13 @@ def ensure_nouveau_blacklisted() -> bool:
 
 def remove_blacklist() -> bool:
     """Delete the blacklist (charm removal); refresh the initramfs if it existed."""
+    try:
+        return _remove_blacklist()
+    except OSError as error:
+        raise InstallError(f"cannot remove /{BLACKLIST}: {error.strerror or error}") from None
+
+
+def _remove_blacklist() -> bool:
     target = blacklist_path()
     try:
         previous = target.read_text(encoding="utf-8")
