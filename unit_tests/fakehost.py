@@ -119,6 +119,18 @@ class FakeHost:
             (nvidia / "current_vgpu_type").write_text(f"{current_type}\n")
         return directory
 
+    def add_mdev(self, parent: str, type_id: str, uuid: str) -> Path:
+        """A created mediated device: under its parent, linked from sys/bus/mdev/devices."""
+        parent_dir = (self.bus / parent).resolve()
+        directory = parent_dir / uuid
+        directory.mkdir()
+        (directory / "mdev_type").symlink_to(
+            os.path.relpath(parent_dir / "mdev_supported_types" / type_id, directory))
+        bus = self.root / "sys/bus/mdev/devices"
+        bus.mkdir(parents=True, exist_ok=True)
+        (bus / uuid).symlink_to(os.path.relpath(directory, bus))
+        return directory
+
     def _mdev_types(self, directory: Path, types: Mapping[str, MdevType]) -> None:
         base = directory / "mdev_supported_types"
         for type_id, spec in types.items():

@@ -51,6 +51,20 @@ def test_guests_holding_vgpus(qemu, caplog):
     assert "instance-00000031.xml: DOCTYPE or ENTITY" in skipped
 
 
+def test_an_mdev_counts_only_when_its_parent_is_one_of_ours(root):
+    from unit_tests.fakehost import v100_host
+    from unit_tests.libvirt import running_guest
+    host = v100_host(root)
+    nvidia, intel = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1", "9e0c7f3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
+    host.add_mdev("0000:c1:00.0", "nvidia-108", nvidia)
+    host.add_mdev("0000:00:02.0", "i915-GVTg_V5_4", intel)
+    running_guest(root, "instance-00000001", "11111111-1111-4111-8111-111111111111", mdev_uuid=nvidia)
+    running_guest(root, "instance-00000002", "22222222-2222-4222-8222-222222222222", mdev_uuid=intel)
+    ours = {"0000:c1:00.0", "0000:e1:00.0"}
+    assert [(g.name, g.vgpus) for g in guests.running_vgpu_guests(ours)] == [
+        ("instance-00000001", (nvidia,))]
+
+
 def test_nic_is_a_vgpu_only_when_its_address_is_given(qemu):
     names = [g.name for g in guests.running_vgpu_guests({"0000:41:00.2"})]
     assert names == ["instance-0000002a", "instance-0000002c"]

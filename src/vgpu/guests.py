@@ -11,6 +11,8 @@ DOCTYPE or ENTITY declaration are skipped unparsed (no entity expansion).
 """
 
 import logging
+import os
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,12 +95,28 @@ def _vgpus(domain: ET.Element, wanted: Set[str]) -> Tuple[str, ...]:
             continue
         kind = hostdev.get("type")
         if kind == "mdev" and address.get("uuid"):
-            found.append(address.get("uuid").strip().lower())
+            uuid = address.get("uuid").strip().lower()
+            parent = _mdev_parent(uuid)
+            # An mdev of another vendor's parent (Intel GVT-g) is not a vGPU of ours;
+            # one whose parent cannot be found is counted, to be safe.
+            if parent is None or parent in wanted:
+                found.append(uuid)
         elif kind == "pci":
             pci = _pci(address)
             if pci and pci in wanted:
                 found.append(pci)
     return tuple(found)
+
+
+def _mdev_parent(uuid: str) -> Optional[str]:
+    """The PCI address of the device an mdev was created on (``sys/bus/mdev/devices``)."""
+    if not re.fullmatch(r"[0-9a-f-]{36}", uuid):
+        return None
+    try:
+        return os.path.basename(os.path.dirname(os.path.realpath(
+            hostroot.path("sys/bus/mdev/devices", uuid), strict=True)))
+    except OSError:
+        return None
 
 
 def _pci(address: ET.Element) -> Optional[str]:
