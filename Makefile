@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY = $(VENV)/bin/python
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench lint requirements clean
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,13 @@ lint: $(VENV)/.ready
 
 bench: $(VENV)/.ready
 	$(PY) tools/bench.py $(ARGS)
+
+# Pin the run-time dependencies (pyproject.toml) for charmcraft; needs uv.
+requirements:
+	{ echo "# The charm's run-time dependencies with theirs, pinned for charmcraft's python plugin."; \
+	  echo "# Generated from pyproject.toml by: make requirements"; \
+	  uv pip compile pyproject.toml --universal --python-version 3.10 --no-header --no-annotate; \
+	} > requirements.txt
 
 clean:
 	rm -rf $(VENV) build *.charm

@@ -1,0 +1,49 @@
+"""The charm's packaging metadata agrees with itself."""
+
+import re
+import sys
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pinned():
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            pins.setdefault(req.name.lower().replace("_", "-"), []).append(req)
+    return pins
+
+
+def test_every_run_time_dependency_is_pinned_within_its_range():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = pinned()
+    for spec in project["dependencies"]:
+        wanted = Requirement(spec)
+        name = wanted.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is missing from requirements.txt: run make requirements"
+        for pin in pins[name]:
+            version = re.fullmatch(r"==(.+)", str(pin.specifier)).group(1)
+            assert wanted.specifier.contains(version), f"{pin} is outside {wanted}"
+
+
+def test_charmcraft_installs_the_pins_and_the_metadata_names_the_resource():
+    charmcraft = yaml.safe_load((ROOT / "charmcraft.yaml").read_text())
+    assert charmcraft["parts"]["charm"]["python-requirements"] == ["requirements.txt"]
+    assert set(charmcraft["platforms"]) == {f"ubuntu@{v}:{a}" for v in ("22.04", "24.04")
+                                            for a in ("amd64", "arm64")}
+    metadata = yaml.safe_load((ROOT / "metadata.yaml").read_text())
+    assert metadata["subordinate"] is True
+    assert metadata["provides"]["nova-vgpu"] == {"interface": "nova-vgpu", "scope": "container"}
+    assert metadata["requires"]["juju-info"] == {"interface": "juju-info", "scope": "container"}
+    assert metadata["resources"]["nvidia-vgpu-software"]["filename"] == "nvidia-vgpu.deb"
