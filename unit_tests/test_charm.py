@@ -586,5 +586,5 @@ def test_sriov_gpu_without_iommu_tells_the_operator_what_to_set(ctx, root, tools
     install_driver(root, packages["old"])
     out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
     assert out.unit_status == testing.BlockedStatus(
-        "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: add intel_iommu=on iommu=pt (Intel) "
-        "to the kernel command line and reboot")
+        "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: enable VT-d/AMD-Vi in firmware "
+        "(Intel: also intel_iommu=on iommu=pt on the kernel command line), reboot")
