@@ -588,3 +588,26 @@ def test_sriov_gpu_without_iommu_tells_the_operator_what_to_set(ctx, root, tools
     assert out.unit_status == testing.BlockedStatus(
         "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: enable VT-d/AMD-Vi in firmware "
         "(Intel: also intel_iommu=on iommu=pt on the kernel command line), reboot")
+
+
+def test_a_paused_unit_stays_paused_through_other_hooks(ctx, ready, tools):
+    for event in (ctx.on.upgrade_charm(), ctx.on.config_changed(), ctx.on.update_status(),
+                  ctx.on.start()):
+        out = ctx.run(event, state(resource=ready, paused=True))
+        assert out.unit_status.name == "maintenance"
+        assert out.unit_status.message.startswith("paused: ")
+    assert not [c for c in tools.calls() if c.split()[1] in ("start", "unmask", "enable")]
+
+
+def test_an_openstack_upgrade_switches_the_option_names_on_the_next_hook(ctx, ready, v100):
+    v100.nova("2:23.2.2-0ubuntu1")  # wallaby
+    config = {"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}
+    out = ctx.run(ctx.on.config_changed(), state(config, resource=ready))
+    assert nova_conf(out) == ("[devices]\nenabled_vgpu_types = nvidia-108\n"
+                              "[vgpu_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n")
+    v100.nova("3:24.2.0-0ubuntu1")  # nova-compute's openstack-upgrade to xena
+    out = ctx.run(ctx.on.update_status(), testing.State(
+        config=config, relations=out.relations, resources=out.resources,
+        stored_states=out.stored_states))
+    assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-108\n"
+                              "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n")
