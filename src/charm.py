@@ -137,10 +137,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             self._problems.append(ops.BlockedStatus(f"blacklisting nouveau failed: {error}"))
 
     def _vgpu_services(self) -> List[str]:
-        package = self._host().driver
-        if package is None or not package.installed:
-            return []
-        return list(driver.services_of(package.name))
+        return list(self._host().services)
 
     def _publish(self) -> None:
         """Send nova-compute the vGPU sections, services and packages, when they changed.

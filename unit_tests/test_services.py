@@ -53,6 +53,17 @@ def test_active_asks_once_and_parses_each_line(systemctl):
     assert calls(systemctl) == ["is-active nvidia-vgpu-mgr nvidia-vgpud nova-compute"]
 
 
+@pytest.mark.parametrize("state,down", [
+    ("nvidia-vgpu-mgr active\nnvidia-vgpud inactive\n", []),
+    ("nvidia-vgpu-mgr activating\nnvidia-vgpud active\n", ["nvidia-vgpu-mgr"]),
+    ("nvidia-vgpu-mgr active\nnvidia-vgpud failed\n", ["nvidia-vgpud"]),
+    ("", ["nvidia-vgpu-mgr"]),  # unknown units read inactive
+])
+def test_down_means_a_daemon_not_active_or_any_unit_failed(systemctl, state, down):
+    (systemctl / "state").write_text(state)
+    assert services.down(["nvidia-vgpu-mgr", "nvidia-vgpud"], daemons=["nvidia-vgpu-mgr"]) == down
+
+
 def test_active_all_up(systemctl):
     (systemctl / "state").write_text("nvidia-vgpu-mgr active\nnvidia-vgpud active\n")
     assert services.active(("nvidia-vgpu-mgr", "nvidia-vgpud")) == {

@@ -21,6 +21,7 @@ class Facts:
     modules: frozenset
     loaded_driver_version: Optional[str] = None
     iommu: bool = False  # the kernel made IOMMU groups (VT-d / AMD-Vi is on)
+    services: tuple = ()  # vGPU services the installed driver ships (dpkg's file list)
 
     @property
     def driver(self) -> Optional[dpkg.Package]:
@@ -60,11 +61,13 @@ class Facts:
 
 
 def gather() -> Facts:
+    packages = dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[DRIVER_PREFIX])
+    package = driver.installed_driver(packages)
     return Facts(
         host=pci.discover(),
-        packages=dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[DRIVER_PREFIX]),
+        packages=packages,
         modules=kernel.loaded_modules(),
         loaded_driver_version=kernel.loaded_driver_version(),
         iommu=kernel.iommu_enabled(),
+        services=driver.services_of(package.name) if package and package.installed else (),
     )
-
