@@ -108,7 +108,18 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _reconcile(self, _event: ops.EventBase) -> None:
         if self._wants_driver():
             self._ensure_driver()
+        if self._stored.paused and self._resumed_elsewhere():
+            logger.info("the vGPU services run again (nova-compute's resume?): no longer paused")
+            self._stored.paused = False
         self._publish()
+
+    def _resumed_elsewhere(self) -> bool:
+        """A paused unit whose daemons run again was resumed by someone else."""
+        daemons = [n for n in self._vgpu_services() if n in driver.DAEMONS]
+        try:
+            return bool(daemons) and all(services.active(daemons).values())
+        except ServiceError:
+            return False
 
     def _ensure_driver(self) -> None:
         installed = self._host().driver
@@ -117,6 +128,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 package = self._attached()
             except (ResourceMissingError, ResourceInvalidError) as error:
                 logger.warning("not installing the vGPU host driver: %s", error)
+                return
+            if installed is not None and not self._is_retry(package, installed):
+                # Another version is half-installed: replacing it is the upgrade
+                # action's call (guests, downgrades), not a hook's.
+                logger.warning("%s %s is %s; not installing %s %s by itself", installed.name,
+                               installed.version, installed.state, package.package, package.version)
                 return
             self.unit.status = ops.MaintenanceStatus(
                 f"installing {package.package} {package.version}")
@@ -135,6 +152,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 logger.info("nouveau blacklisted; initramfs refreshed")
         except VgpuError as error:
             self._problems.append(ops.BlockedStatus(f"blacklisting nouveau failed: {error}"))
+
+    @staticmethod
+    def _is_retry(package: driver.DebInfo, installed) -> bool:
+        return (package.package, package.version) == (installed.name, installed.version)
 
     def _vgpu_services(self) -> List[str]:
         return list(self._host().services)
@@ -214,9 +235,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if installed is None:
             return out
         if not installed.installed:
+            then = ("retrying on the next hook" if attached is None or self._is_retry(attached, installed)
+                    else f"run the upgrade action to install the attached {attached.version}")
             out.append(ops.BlockedStatus(
-                f"{installed.name} {installed.version} is {installed.state}: "
-                "dpkg did not finish; retrying on the next hook"))
+                f"{installed.name} {installed.version} is {installed.state}: dpkg did not finish; "
+                f"{then}"))
             return out
         if attached is not None:
             order = dpkg.compare_versions(attached.version, installed.version)
@@ -234,10 +257,15 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             out.append(ops.BlockedStatus(f"reboot required: {reason}"))
         try:
             down = services.down(self._vgpu_services(), driver.DAEMONS)
+            masked = services.masked(down) if down else []
         except ServiceError as error:
             out.append(ops.BlockedStatus(str(error)))
-            down = []
-        if down:
+            down = masked = []
+        if down and masked == down:
+            out.append(ops.MaintenanceStatus(
+                f"{', '.join(down)} stopped and masked outside this charm (nova-compute's pause?): "
+                "resume it there"))
+        elif down:
             out.append(ops.BlockedStatus(
                 f"{', '.join(down)} not running: check journalctl -u {down[0]}"))
         return out
@@ -324,14 +352,24 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                     event.fail(f"not upgraded: attached {package.version} is older than installed "
                                f"{before.version}; run with allow-downgrade=true to install it")
                     return
+            if self._stored.paused:
+                event.fail("not upgraded: the unit is paused and its services masked, which the "
+                           "driver's install scripts need; run resume first")
+                return
             self._guard_guests(bool(event.params.get("force")))
+        except VgpuError as error:
+            event.fail(f"not upgraded: {error}")
+            return
+        try:
             driver.install(package)
         except VgpuError as error:
             event.fail(f"not upgraded: {error}")
             return
-        self._refresh()
+        finally:
+            # Whatever dpkg did, the status and nova-compute get dpkg's answer now.
+            self._refresh()
+            self._publish()
         event.set_results(self._upgrade_results(package, before, "installed"))
-        self._publish()
 
     def _upgrade_results(self, package: driver.DebInfo, before, done: str) -> dict:
         reasons = self._host().reboot_reasons()

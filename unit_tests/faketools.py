@@ -27,6 +27,13 @@ case "$verb" in
     done ;;
   stop)
     for unit in "$@"; do echo inactive > "$FAKE_STATE/$unit"; done ;;
+  is-enabled)
+    for unit in "$@"; do
+      if [ -f "$FAKE_STATE/$unit.enabled" ]; then cat "$FAKE_STATE/$unit.enabled"; else echo enabled; fi
+    done ;;
+  mask|unmask|enable|disable)
+    case "$verb" in mask) word=masked ;; disable) word=disabled ;; *) word=enabled ;; esac
+    for unit in "$@"; do echo "$word" > "$FAKE_STATE/$unit.enabled"; done ;;
 esac
 exit 0
 """

@@ -8,6 +8,7 @@ nova-compute reads it with charmhelpers.
 
 import json
 import os
+import subprocess
 
 import pytest
 from ops import testing
@@ -181,10 +182,18 @@ def test_dpkg_failure_blocks_and_is_retried_on_the_next_hook(ctx, v100, root, pa
     out = ctx.run(ctx.on.install(), state(resource=packages["depends"]))
     assert out.unit_status.name == "blocked"
     assert "retrying on the next hook" in out.unit_status.message
-    assert debs.dpkg_query(root).startswith("install ok unpacked")
-    # Next hook: the package is still half-done, so dpkg is asked again.
+    assert debs.dpkg_query(root).startswith("install ok unpacked 570.172.08")
+    # Another version attached meanwhile: a hook does not swap it in by itself.
     out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
-    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    assert debs.dpkg_query(root) == "install ok unpacked 570.172.08"
+    assert out.unit_status == testing.BlockedStatus(
+        "nvidia-vgpu-ubuntu-570 570.172.08 is unpacked: dpkg did not finish; "
+        "run the upgrade action to install the attached 570.158.02")
+    # The same package and version attached (its dependency now met): dpkg is asked again.
+    v100.modules(["nvidia_vgpu_vfio", "nvidia"])
+    v100.loaded_driver("570.172.08")
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["new"]))
+    assert debs.dpkg_query(root) == "install ok installed 570.172.08"
     assert out.unit_status.name == "active"
 
 
@@ -591,6 +600,8 @@ def test_sriov_gpu_without_iommu_tells_the_operator_what_to_set(ctx, root, tools
 
 
 def test_a_paused_unit_stays_paused_through_other_hooks(ctx, ready, tools):
+    for unit in (MGR, VGPUD):
+        tools.set_active(unit, False)   # as the pause action left them
     for event in (ctx.on.upgrade_charm(), ctx.on.config_changed(), ctx.on.update_status(),
                   ctx.on.start()):
         out = ctx.run(event, state(resource=ready, paused=True))
@@ -611,3 +622,49 @@ def test_an_openstack_upgrade_switches_the_option_names_on_the_next_hook(ctx, re
         stored_states=out.stored_states))
     assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-108\n"
                               "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n")
+
+
+def test_services_resumed_by_nova_compute_end_the_pause(ctx, ready, tools):
+    out = ctx.run(ctx.on.update_status(), state(resource=ready, paused=True))  # they run again
+    assert out.unit_status.name == "active"
+    out = ctx.run(ctx.on.update_status(), out)
+    assert out.unit_status.name == "active"
+
+
+def test_services_paused_by_nova_compute_are_maintenance_not_a_failure(ctx, ready, tools):
+    for unit in (MGR, VGPUD):
+        subprocess.run(["systemctl", "stop", unit], check=True)
+        subprocess.run(["systemctl", "mask", unit], check=True)
+    out = ctx.run(ctx.on.update_status(), state(resource=ready))
+    assert out.unit_status == testing.MaintenanceStatus(
+        f"{MGR} stopped and masked outside this charm (nova-compute's pause?): resume it there")
+
+
+def test_upgrade_is_refused_while_paused(ctx, ready, root, tools, packages):
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"], paused=True))
+    assert failure.value.message.startswith("not upgraded: the unit is paused")
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+
+
+def test_a_failed_upgrade_reports_what_dpkg_left(ctx, ready, root, packages):
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("upgrade"), state(resource=packages["depends"]))
+    # The status set in that same dispatch already reads dpkg's answer, not the old driver's.
+    assert failure.value.state.unit_status == testing.BlockedStatus(
+        "nvidia-vgpu-ubuntu-570 570.172.08 is unpacked: dpkg did not finish; retrying on the next hook")
+
+
+def test_a_branch_upgrade_republishes_the_package_for_nova_compute(ctx, v100, root, tools, packages,
+                                                                    tmp_path):
+    install_driver(root, debs.older_branch(tmp_path))
+    out = ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
+    assert debs.dpkg_query(root) == "install ok installed 570.172.08"
+    assert principal.release_packages(ours(out)).install == {"nvidia-vgpu-ubuntu-570"}
+
+
+def test_relation_values_are_canonical_json(ctx, ready):
+    out = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{nvidia-99: [e1:00.0], nvidia-108: [c1:00.0]}"}, resource=ready))
+    for value in ours(out).values():
+        assert value == json.dumps(json.loads(value), sort_keys=True, separators=(",", ":"))

@@ -235,3 +235,20 @@ def test_installed_driver_picks_host_driver_from_given_packages():
     assert (half.name, half.state, half.installed) == ("nvidia-vgpu-ubuntu-550", "half-installed", False)
     assert driver.installed_driver({"x": pkg("nvidia-linux-grid-570")}) is None
     assert driver.installed_driver({}) is None
+
+
+def test_an_installed_branch_wins_over_a_half_installed_higher_one():
+    pkgs = {
+        "nvidia-vgpu-ubuntu-550": dpkg.Package("nvidia-vgpu-ubuntu-550", "550.127.06", "amd64",
+                                               "install ok installed"),
+        "nvidia-vgpu-ubuntu-570": dpkg.Package("nvidia-vgpu-ubuntu-570", "570.158.02", "amd64",
+                                               "install ok unpacked"),
+    }
+    assert driver.installed_driver(pkgs).name == "nvidia-vgpu-ubuntu-550"
+
+
+def test_a_driver_removed_but_not_purged_counts_as_absent(root):
+    from unit_tests.fakehost import FakeHost
+    FakeHost(root).dpkg_status({"nvidia-vgpu-ubuntu-570": "570.158.02"},
+                               states={"nvidia-vgpu-ubuntu-570": "config-files"})
+    assert driver.installed_driver() is None

@@ -292,3 +292,18 @@ def test_checked_text_survives_a_round_trip_through_plain_data():
     for text in ("{nvidia-108: [c1:00.0, e1:00.0]}", "{nvidia-108: [bad]}"):
         checked = mappings.check_text(text)
         assert mappings.from_record(json.loads(json.dumps(mappings.to_record(checked)))) == checked
+
+
+def test_fingerprint_changes_with_the_validation_code(tmp_path, monkeypatch):
+    text = "{nvidia-108: [c1:00.0]}"
+    before = mappings.fingerprint(text)
+    changed = tmp_path / "mappings.py"
+    changed.write_text(open(mappings.__file__).read() + "\n# a later charm revision\n")
+    monkeypatch.setattr(mappings, "__file__", str(changed))
+    assert mappings.fingerprint(text) != before
+
+
+@pytest.mark.parametrize("data", [{"nvidia-108\n": ["c1:00.0"]}, {"nvidia-108": ["c1:00.0\n"]},
+                                  {"nvidia-108": ["c1:00.0 "]}])
+def test_the_schema_alone_refuses_whitespace(data):
+    assert mappings.check_schema(data)

@@ -109,6 +109,8 @@ def update_initramfs() -> None:
                              timeout=INITRAMFS_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise InstallError(f"update-initramfs -u timed out after {INITRAMFS_TIMEOUT}s") from None
+    except OSError as error:
+        raise InstallError(f"update-initramfs -u could not run: {error.strerror}") from None
     if out.returncode != 0:
         lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip()]
         why = lines[-1][:120] if lines else f"exit status {out.returncode}"

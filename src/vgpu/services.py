@@ -50,6 +50,19 @@ def down(names: Iterable[str], daemons: Iterable[str]) -> List[str]:
             if state == "failed" or (name in daemons and state not in _ACTIVE)]
 
 
+def masked(names: Iterable[str]) -> List[str]:
+    """The units ``systemctl is-enabled`` calls masked (as a pause leaves them)."""
+    names = _checked(names)
+    if not names:
+        return []
+    out = _systemctl(["is-enabled", *names], QUERY_TIMEOUT, names[0], check=False)
+    words = out.stdout.split()
+    if len(words) != len(names):
+        why = _one_line(out.stderr) or f"{len(words)} answers for {len(names)} units"
+        raise ServiceError(f"systemctl is-enabled {' '.join(names)} failed: {why}")
+    return [name for name, word in zip(names, words) if word.startswith("masked")]
+
+
 def stop_and_disable(names: Iterable[str]) -> None:
     """Stop, disable and mask each unit (like charmhelpers' service_pause)."""
     for name in _checked(names):
