@@ -109,3 +109,19 @@ def test_non_nvidia_type_directories_are_ignored(root):
     host = FakeHost(root)
     host.add_gpu("0000:01:00.0", mdev_types={**V100_TYPES, "i915-GVTg_V5_4": MdevType("x", 1, 1)})
     assert [t.id for t in pci.discover().gpus[0].types] == sorted(V100_TYPES)
+
+
+def test_each_vf_keeps_its_own_available_instances(root):
+    from dataclasses import replace
+    from unit_tests.fakehost import A100_TYPES
+    host = FakeHost(root)
+    host.add_gpu("0000:41:00.0", device="0x20b5", totalvfs=16)
+    host.add_vf("0000:41:00.0", 0, "0000:41:00.4", mdev_types=A100_TYPES)
+    used = {**A100_TYPES, "nvidia-474": replace(A100_TYPES["nvidia-474"], available=0)}
+    host.add_vf("0000:41:00.0", 1, "0000:41:00.5", mdev_types=used)
+    first, second = pci.discover().gpus[0].vfs
+    assert [(t.id, t.available_instances) for t in first.types] == [
+        ("nvidia-471", 10), ("nvidia-472", 8), ("nvidia-474", 4)]
+    assert [(t.id, t.available_instances) for t in second.types] == [
+        ("nvidia-471", 10), ("nvidia-472", 8), ("nvidia-474", 0)]
+    assert second.types[2].name == "GRID A100-10C" and second.types[2].max_instances == 4

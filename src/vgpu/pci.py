@@ -15,7 +15,7 @@ the VFIO table use the same vGPU type ids.
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from . import hostroot
@@ -188,6 +188,9 @@ def discover() -> Host:
 
 def _virtual_functions(entry) -> Tuple[VirtualFunction, ...]:
     vfs = []
+    # The VFs of one GPU define their types identically: read each definition
+    # once, and only each VF's available_instances (HGX hosts have 100+ VFs).
+    known: Dict[int, VgpuType] = {}
     try:
         links = [n for n in os.listdir(entry) if n.startswith("virtfn")]
     except OSError:
@@ -203,30 +206,35 @@ def _virtual_functions(entry) -> Tuple[VirtualFunction, ...]:
             address=address,
             index=index,
             driver=_link_name(vf_entry / "driver"),
-            types=_mdev_types(vf_entry) or _vfio_types(vf_entry),
+            types=_mdev_types(vf_entry, known) or _vfio_types(vf_entry),
             current_type=current,
         ))
     return tuple(sorted(vfs, key=lambda vf: vf.index))
 
 
-def _mdev_types(entry) -> Tuple[VgpuType, ...]:
+def _mdev_types(entry, known: Optional[Dict[int, VgpuType]] = None) -> Tuple[VgpuType, ...]:
+    """Types under ``mdev_supported_types``; ``known`` shares definitions between VFs."""
     base = entry / "mdev_supported_types"
     try:
         names = os.listdir(base)
     except OSError:
         return ()
+    known = {} if known is None else known
     types = []
     for name in names:
         match = _TYPE_DIR.match(name)
         if not match:
             continue
-        types.append(VgpuType(
-            number=int(match.group(1)),
-            name=_read(base / name / "name") or name,
-            framework=MDEV,
-            available_instances=_int(_read(base / name / "available_instances")),
-            properties=parse_description(_read(base / name / "description") or ""),
-        ))
+        number = int(match.group(1))
+        available = _int(_read(base / name / "available_instances"))
+        if number not in known:
+            known[number] = VgpuType(
+                number=number,
+                name=_read(base / name / "name") or name,
+                framework=MDEV,
+                properties=parse_description(_read(base / name / "description") or ""),
+            )
+        types.append(replace(known[number], available_instances=available))
     return tuple(sorted(types, key=lambda t: t.number))
 
 
