@@ -22,7 +22,6 @@ from vgpu.errors import (
     ResourceInvalidError,
     ResourceMissingError,
     ServiceError,
-    UnsupportedReleaseError,
     VgpuError,
 )
 
@@ -74,11 +73,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _mapping(self) -> mappings.Validation:
         if self._validation is None:
             host = self._host()
-            try:
-                release = host.release()
-            except UnsupportedReleaseError:
-                release = None
-            self._validation = mappings.against_host(self._checked_text(), host.host, release)
+            self._validation = mappings.against_host(self._checked_text(), host.host,
+                                                     host.supported_release())
         return self._validation
 
     def _checked_text(self) -> mappings.Validation:
@@ -172,7 +168,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         sections: Optional[dict] = {}
         if host.host.gpus:
             validation = self._mapping()
-            release = None if host.release_problem() else host.release()
+            release = host.supported_release()
             ok = validation.ok and release is not None
             sections = novaconf.sections(validation.mapping, release) if ok else None
         # Only daemons: nova-compute reports any listed service that is not running.
@@ -292,7 +288,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             gpus = "(" + ", ".join(f"{n} {m}" for m, n in models) + ")"
         count = len(host.gpus)
         head = f"{count} GPU{'s' if count != 1 else ''} {gpus}" if count else "no NVIDIA GPU (forced)"
-        served = self._published_mapping() if self.model.relations[RELATION] else {}
+        served = self._published_mapping()
         if not served:
             return f"{head}, no vGPU type mapped: set {OPTION}"
         return f"{head}, {mappings.summary(served)}"
@@ -396,6 +392,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             except ServiceError as error:
                 logger.warning("could not unmask the vGPU services: %s", error)
         logger.info("the vGPU host driver package stays installed; purge it by hand if wanted")
+
 
 if __name__ == "__main__":  # pragma: nocover
     ops.main(NovaComputeNvidiaVgpuCharm)

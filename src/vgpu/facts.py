@@ -11,8 +11,6 @@ from typing import List, Mapping, Optional
 from . import dpkg, driver, kernel, pci, releases
 from .errors import UnsupportedReleaseError
 
-DRIVER_PREFIX = "nvidia-vgpu-ubuntu-"
-
 
 @dataclass(frozen=True)
 class Facts:
@@ -21,12 +19,8 @@ class Facts:
     modules: frozenset
     loaded_driver_version: Optional[str] = None
     iommu: bool = False  # the kernel made IOMMU groups (VT-d / AMD-Vi is on)
+    driver: Optional[dpkg.Package] = None  # the host driver dpkg knows, in whatever state
     services: tuple = ()  # vGPU services the installed driver ships (dpkg's file list)
-
-    @property
-    def driver(self) -> Optional[dpkg.Package]:
-        """The vGPU host driver package dpkg knows, in whatever state."""
-        return driver.installed_driver(self.packages)
 
     def release(self) -> Optional[releases.Release]:
         """Nova's release, None while nova-common is not installed.
@@ -41,6 +35,10 @@ class Facts:
         except UnsupportedReleaseError as error:
             return str(error)
         return None
+
+    def supported_release(self) -> Optional[releases.Release]:
+        """Nova's release, None while it is not installed or too old (see release_problem)."""
+        return None if self.release_problem() else self.release()
 
     def iommu_problem(self) -> Optional[str]:
         """SR-IOV GPUs hand out virtual functions, which need the IOMMU."""
@@ -61,7 +59,7 @@ class Facts:
 
 
 def gather() -> Facts:
-    packages = dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[DRIVER_PREFIX])
+    packages = dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[driver.PREFIX])
     package = driver.installed_driver(packages)
     return Facts(
         host=pci.discover(),
@@ -69,5 +67,6 @@ def gather() -> Facts:
         modules=kernel.loaded_modules(),
         loaded_driver_version=kernel.loaded_driver_version(),
         iommu=kernel.iommu_enabled(),
+        driver=package,
         services=driver.services_of(package.name) if package and package.installed else (),
     )

@@ -71,15 +71,5 @@ def mapping_from_sections(config_sections: Sections) -> Dict[str, Tuple[str, ...
     return out
 
 
-def render(config_sections: Sections) -> str:
-    """The sections as nova-compute's template writes them into nova.conf."""
-    lines = []
-    for section, pairs in config_sections.items():
-        lines.append(f"[{section}]")
-        lines.extend(f"{key} = {value}" for key, value in pairs)
-        lines.append("")
-    return "\n".join(lines)
-
-
 def _dumps(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
