@@ -15,13 +15,15 @@ from typing import Dict, List, Optional
 
 import ops
 
-from vgpu import dpkg, driver, facts, kernel, mappings, novaconf, services
+from vgpu import catalogue, dpkg, driver, facts, kernel, mappings, novaconf, pci, services, sriov
 from vgpu.errors import (
     GuestsRunningError,
     InstallError,
     ResourceInvalidError,
     ResourceMissingError,
     ServiceError,
+    SriovError,
+    VfTypeError,
     VgpuError,
 )
 
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 RELATION = "nova-vgpu"
 RESOURCE = "nvidia-vgpu-software"
 OPTION = "vgpu-device-mappings"
+MDEV_CLASS = "mdev-class-per-profile"
 
 
 class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
@@ -47,6 +50,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._validation: Optional[mappings.Validation] = None
         self._package: Optional[driver.DebInfo] = None
         self._problems: List[ops.StatusBase] = []
+        self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
                       on.update_status, on[RELATION].relation_joined,
@@ -73,8 +77,13 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _mapping(self) -> mappings.Validation:
         if self._validation is None:
             host = self._host()
+            offered = None
+            if any(gpu.framework == pci.VFIO for gpu in host.host.gpus):
+                version = host.loaded_driver_version
+                table = catalogue.learn(host.host, version)
+                offered = catalogue.offered(host.host, version, table)
             self._validation = mappings.against_host(self._checked_text(), host.host,
-                                                     host.supported_release())
+                                                     host.supported_release(), offered)
         return self._validation
 
     def _checked_text(self) -> mappings.Validation:
@@ -104,6 +113,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _reconcile(self, _event: ops.EventBase) -> None:
         if self._wants_driver():
             self._ensure_driver()
+        self._ensure_vfs()
         if self._stored.paused and self._resumed_elsewhere():
             logger.info("the vGPU services run again (nova-compute's resume?): no longer paused")
             self._stored.paused = False
@@ -149,6 +159,19 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except VgpuError as error:
             self._problems.append(ops.BlockedStatus(f"blacklisting nouveau failed: {error}"))
 
+    def _ensure_vfs(self) -> None:
+        """Enable the VFs of SR-IOV GPUs that have none (after a reboot, a driver reload)."""
+        host = self._host()
+        if host.driver is None or not host.driver.installed:
+            return
+        missing = [gpu.address for gpu in host.host.gpus if gpu.vfs_missing]
+        if not missing:
+            return
+        failures = sriov.enable(missing)
+        self._refresh()
+        why = "; ".join(failures)
+        self._vf_failures = {address: why for address in missing}
+
     @staticmethod
     def _is_retry(package: driver.DebInfo, installed) -> bool:
         return (package.package, package.version) == (installed.name, installed.version)
@@ -166,11 +189,23 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         package = host.driver
         installed = package is not None and package.installed
         sections: Optional[dict] = {}
+        plan = None
         if host.host.gpus:
             validation = self._mapping()
             release = host.supported_release()
-            ok = validation.ok and release is not None
-            sections = novaconf.sections(validation.mapping, release) if ok else None
+            plan = validation.plan
+            ok = (validation.ok and release is not None and plan is not None
+                  and not plan.missing_vfs and self._give_vfs_types(plan))
+            sections = None
+            if ok:
+                try:
+                    sections = novaconf.plan_sections(
+                        plan, release, mdev_class=bool(self.config.get(MDEV_CLASS)),
+                        keep_placement_reporting=self._published_reporting())
+                except ValueError as error:  # sysfs gave something nova.conf must not get
+                    self._problems.append(ops.BlockedStatus(f"not publishing: {error}"))
+                    ok = False
+            self._ensure_boot_unit(plan if ok else None)
         # Only daemons: nova-compute reports any listed service that is not running.
         daemons = [name for name in self._vgpu_services() if name in driver.DAEMONS]
         data = novaconf.relation_data(sections or {}, services=daemons,
@@ -183,6 +218,45 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             if changed:
                 logger.info("publishing %s on %s", ", ".join(sorted(changed)), relation.name)
                 ours.update(changed)
+
+    def _give_vfs_types(self, plan) -> bool:
+        """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
+        from vgpu import vfio
+
+        try:
+            done = vfio.ensure_types(plan, self._host().host)
+        except GuestsRunningError as error:
+            self._problems.append(ops.BlockedStatus(
+                f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping"))
+            return False
+        except VfTypeError as error:
+            self._problems.append(ops.BlockedStatus(f"{error}; retrying on the next hook"))
+            self._refresh()
+            return False
+        if done:
+            self._refresh()
+        return True
+
+    def _ensure_boot_unit(self, plan) -> None:
+        """The boot-time unit that enables VFs (and rewrites VFIO types) on SR-IOV hosts."""
+        host = self._host()
+        if host.driver is None or not host.driver.installed:
+            return
+        if not any(gpu.sriov for gpu in host.host.gpus):
+            return
+        if plan is None and sriov.unit_path().exists():
+            return  # the plan is not in force: the unit keeps the types last applied
+        try:
+            sriov.ensure_unit(sriov.render_unit(host.host, plan))
+        except SriovError as error:
+            self._problems.append(ops.BlockedStatus(f"{sriov.UNIT}: {error}"))
+
+    def _published_reporting(self) -> bool:
+        for relation in self.model.relations[RELATION]:
+            if novaconf.reports_in_placement(
+                    novaconf.sections_from_relation(relation.data[self.unit])):
+                return True
+        return False
 
     # -- status -------------------------------------------------------------
     def _on_collect_status(self, event: ops.CollectStatusEvent) -> None:
@@ -212,8 +286,26 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if iommu:
             out.append(ops.BlockedStatus(iommu))
         notes: List[str] = []
+        out.extend(self._vf_statuses(validation, notes))
         out.extend(self._driver_statuses(notes))
         out.append(ops.ActiveStatus("; ".join([self._serving_message()] + notes)))
+        return out
+
+    def _vf_statuses(self, validation: mappings.Validation, notes: List[str]) -> List[ops.StatusBase]:
+        """SR-IOV GPUs whose VFs are missing; keys that no GPU here offers (a note)."""
+        host = self._host()
+        out: List[ops.StatusBase] = []
+        installed = host.driver is not None and host.driver.installed
+        missing = [gpu for gpu in host.host.gpus if gpu.vfs_missing]
+        if missing and installed:
+            why = self._vf_failures.get(missing[0].address) or \
+                f"check journalctl -u {sriov.UNIT} and -u {driver.DAEMONS[0]}"
+            names = ", ".join(f"{gpu.address} ({gpu.model})" for gpu in missing[:3])
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            out.append(ops.BlockedStatus(
+                f"no virtual functions on SR-IOV GPU {names}{more} after sriov-manage -e: {why}"))
+        if validation.plan is not None:
+            notes.extend(validation.plan.notes)
         return out
 
     def _driver_statuses(self, notes: List[str]) -> List[ops.StatusBase]:
@@ -297,10 +389,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
         from vgpu import report
 
-        host = self._host().host
+        facts_ = self._host()
+        host = facts_.host
+        table = catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
+        offered = catalogue.offered(host, facts_.loaded_driver_version, table)
         event.set_results({
-            "gpus": report.gpu_results(host),
-            "table": report.types_table(host),
+            "gpus": report.gpu_results(host, offered=offered,
+                                       mdev_class=bool(self.config.get(MDEV_CLASS))),
+            "table": report.types_table(host, offered),
         })
 
     def _guard_guests(self, force: bool) -> None:
@@ -385,6 +481,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             kernel.remove_blacklist()
         except VgpuError as error:
             logger.warning("could not remove the nouveau blacklist: %s", error)
+        try:
+            sriov.remove_unit()
+            catalogue.forget()
+        except (VgpuError, OSError) as error:
+            logger.warning("could not remove %s: %s", sriov.UNIT, error)
         if self._stored.paused:
             # pause masked the driver's services; leave them as the package set them up.
             try:

@@ -11,7 +11,8 @@ charmhelpers, as nova-compute reads it).
 
     make demo
     make demo ARGS="--mappings '{nvidia-108: [c1:00.0, c1:00.0], nvidia-109: [c1:00.0]}'"
-    make demo ARGS="--host a100 --mappings '{nvidia-474: [41:00.4, 41:00.5]}'"
+    make demo ARGS="--host a100 --mappings '{A100-20C: all}'"
+    make demo ARGS="--host l40s"                    # vendor-specific VFIO: L40S + H200
     make demo ARGS="--nova 2:21.2.4-0ubuntu2"      # ussuri spelling
 
 systemctl and update-initramfs are stand-ins that record their calls, so
@@ -19,6 +20,7 @@ nothing on this machine is touched.
 """
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -36,19 +38,22 @@ from unit_tests.faketools import Tools  # noqa: E402
 
 DEFAULT_MAPPINGS = {
     "v100": "{nvidia-108: ['0000:c1:00.0'], nvidia-109: ['e1:00.0']}",
-    "a100": "{nvidia-474: ['0000:41:00.4', '0000:41:00.5']}",
+    "a100": "{GRID A100-10C: ['0000:41:00.0']}",
+    "l40s": "{L40S-12Q: all, NVIDIA H200X-35C: ['c1:00.0']}",
     "empty": "{nvidia-108: ['0000:c1:00.0']}",
 }
+DEFAULT_NOVA = {"l40s": "3:31.0.0-0ubuntu1"}  # VFIO needs epoxy; others: caracal
 UNIT = "nova-compute-nvidia-vgpu/0"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", choices=sorted(DEFAULT_MAPPINGS), default="v100",
-                        help="sample host: two V100s (mdev), an SR-IOV A100, or no NVIDIA GPU")
+                        help="sample host: two V100s (mdev), an SR-IOV A100 (mdev on VFs), "
+                             "an L40S and an H200 (vendor-specific VFIO), or no NVIDIA GPU")
     parser.add_argument("--mappings", help="vgpu-device-mappings (YAML or JSON)")
-    parser.add_argument("--nova", default="3:29.0.0-0ubuntu1",
-                        help="installed nova-common version (default: caracal)")
+    parser.add_argument("--nova", help="installed nova-common version (default: caracal; "
+                                       "epoxy for --host l40s)")
     parser.add_argument("--keep", action="store_true", help="keep the sample host tree")
     args = parser.parse_args(argv)
     mappings = args.mappings if args.mappings is not None else DEFAULT_MAPPINGS[args.host]
@@ -58,7 +63,7 @@ def main(argv=None) -> int:
     tools = Tools(work / "tools")
     os.environ.update(tools.environ())
     os.environ["VGPU_HOST_ROOT"] = str(root)
-    build(args.host, root, nova=args.nova)
+    build(args.host, root, nova=args.nova or DEFAULT_NOVA.get(args.host, "3:29.0.0-0ubuntu1"))
     for unit in ("nvidia-vgpu-mgr", "nvidia-vgpud"):
         tools.set_active(unit)
     package = debs.host_driver(work)
@@ -88,14 +93,60 @@ def main(argv=None) -> int:
     print("/etc/nova/nova.conf, the sections nova-compute renders from nova-vgpu:")
     print(principal.render_nova_conf(context).rstrip() if context else "  (none)")
     print(f"services for nova-compute's pause/resume: {sorted(principal.services(data)) or 'none'}")
+    written = vf_types(root)
+    if written:
+        print()
+        print("vGPU types written to virtual functions (nvidia/current_vgpu_type):")
+        print("\n".join(written))
     print()
     print("$ juju run nova-compute-nvidia-vgpu/0 list-vgpu-types")
     ctx.run(ctx.on.action("list-vgpu-types"), state)
     print(ctx.action_results["table"])
+    flavors = flavor_lines(ctx.action_results["gpus"], context)
+    if flavors:
+        print()
+        print("Flavors for what is published (from list-vgpu-types):")
+        print("\n".join(flavors))
     if not args.keep:
         import shutil
         shutil.rmtree(work)
     return 0 if status.name == "active" else 1
+
+
+def vf_types(root: Path):
+    """``<GPU>: <first VF>..<last VF> -> <type>`` for VFs holding a type, per GPU and type."""
+    held = {}
+    for link in sorted((root / "sys/bus/pci/devices").iterdir()):
+        current = link / "nvidia/current_vgpu_type"
+        if current.exists() and current.read_text().strip() not in ("", "0"):
+            gpu = os.path.basename(os.readlink(link / "physfn"))
+            held.setdefault((gpu, current.read_text().strip()), []).append(link.name)
+    return [f"  GPU {gpu}: {len(vfs)} VFs ({vfs[0]} .. {vfs[-1]}) hold nvidia-{number}"
+            for (gpu, number), vfs in sorted(held.items())]
+
+
+def flavor_lines(gpus: dict, context: dict):
+    """The flavor property (and [pci] alias) of every type the relation publishes."""
+    sections = context.get("sections", {}) if context else {}
+    published = set()
+    for key, value in sections.get("devices", []):
+        if key in ("enabled_mdev_types", "enabled_vgpu_types"):
+            published.update(value.split(","))
+    classes = {json.loads(v)["resource_class"] for k, v in sections.get("pci", [])
+               if k == "device_spec"}
+    lines, seen = [], set()
+    for gpu in gpus.values():
+        types = gpu["types"] if isinstance(gpu["types"], dict) else {}
+        for type_id, entry in types.items():
+            if (type_id in published or entry.get("resource-class") in classes) \
+                    and entry["name"] not in seen:
+                seen.add(entry["name"])
+                lines.append(f"  {entry['name']}: openstack flavor set <flavor> --property "
+                             f"{entry['flavor-property']}")
+                if "pci-alias" in entry:
+                    lines.append(f"    [pci] alias = {entry['pci-alias']}  "
+                                 "(nova-cloud-controller and nova-compute pci-alias)")
+    return lines
 
 
 if __name__ == "__main__":

@@ -5,12 +5,30 @@ reached through symlinks in ``sys/bus/pci/devices``, with ``driver``,
 ``virtfnN`` and ``physfn`` links and ``mdev_supported_types`` or
 ``nvidia/creatable_vgpu_types`` as the kernel lays them out. dpkg's status
 file, ``proc/modules`` and ``proc/cmdline`` sit where the charm reads them.
+
+Two pieces of kernel behaviour are modelled, since plain files cannot show them:
+
+* SR-IOV VFs that are not enabled yet (after a reboot): the GPU is recorded
+  with its VFs' recipe, and a stand-in ``/usr/lib/nvidia/sriov-manage`` (a
+  Python script, :meth:`FakeHost.install_sriov_manage`) records its calls in
+  ``$FAKE_LOG`` and creates the VFs in the tree, as the real one makes the
+  kernel do.
+* NVIDIA's vendor-specific VFIO framework (:class:`VfioModel`): a VF's
+  ``nvidia/creatable_vgpu_types`` is recomputed from its siblings'
+  ``current_vgpu_type`` whenever it is opened for reading (a Python audit
+  hook on ``open``), so it shrinks as siblings take types (the same size
+  only, while framebuffer is left) and is empty on a full GPU or on a VF that
+  holds a type. A type written to a VF that could not take it reads back as
+  ``0``, as the driver refuses the write.
 """
 
+import json
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Dict, Iterable, Mapping, Optional, Sequence
 
 INTEL = "0x8086"
 NVIDIA = "0x10de"
@@ -36,12 +54,20 @@ V100_TYPES = {
     "nvidia-108": MdevType("GRID V100-8Q", 8192, 2),
     "nvidia-109": MdevType("GRID V100-16Q", 16384, 1),
 }
+# A100 PCIe 40GB on an mdev-based driver: types on each VF (one vGPU per VF).
 A100_TYPES = {
     "nvidia-471": MdevType("GRID A100-4C", 4096, 10),
     "nvidia-472": MdevType("GRID A100-5C", 5120, 8),
     "nvidia-474": MdevType("GRID A100-10C", 10240, 4),
+    "nvidia-475": MdevType("GRID A100-20C", 20480, 2),
+    "nvidia-476": MdevType("GRID A100-40C", 40960, 1),
+    "nvidia-699": MdevType("GRID A100-4-20C", 20480, 1),  # MIG-backed
 }
-L40S_TYPES = {1139: "NVIDIA L40S-12Q", 1140: "NVIDIA L40S-16Q", 1141: "NVIDIA L40S-24Q"}
+# Vendor-specific VFIO: ids as creatable_vgpu_types lists them on a free GPU.
+L40S_TYPES = {1134: "NVIDIA L40S-2B", 1136: "NVIDIA L40S-4Q", 1139: "NVIDIA L40S-12Q",
+              1140: "NVIDIA L40S-16Q", 1141: "NVIDIA L40S-24Q", 1142: "NVIDIA L40S-48Q"}
+H200_TYPES = {1281: "NVIDIA H200X-18C", 1282: "NVIDIA H200X-35C", 1283: "NVIDIA H200X-70C",
+              1284: "NVIDIA H200X-141C", 1290: "NVIDIA H200X-1-18C"}
 
 PCI_IDS = """\
 # List of PCI ID's (sample)
@@ -51,6 +77,8 @@ PCI_IDS = """\
 \t1db4  GV100GL [Tesla V100 PCIe 16GB]
 \t\t10de 1214  Tesla V100 PCIe 16GB
 \t20b5  GA100 [A100 PCIe 80GB]
+\t20f1  GA100 [A100 PCIe 40GB]
+\t233b  GH100 [H200 NVL]
 \t26b9  AD102GL [L40S]
 \t1eb8  TU104GL [Tesla T4]
 15b3  Mellanox Technologies
@@ -58,13 +86,111 @@ PCI_IDS = """\
 """
 
 
+def _gb(name: str) -> int:
+    """Framebuffer in GB from a profile name: NVIDIA L40S-12Q -> 12, H200X-1-18C -> 18."""
+    tail = name.rsplit("-", 1)[-1]
+    return int("".join(c for c in tail if c.isdigit()))
+
+
+def _mig(name: str) -> bool:
+    return name.count("-") >= 2
+
+
+class VfioModel:
+    """What NVIDIA's driver lists in a VF's creatable_vgpu_types, given its siblings."""
+
+    def __init__(self, types: Mapping[int, str]):
+        self.types = dict(types)
+        self.total = max(_gb(n) for n in self.types.values() if not _mig(n))
+        self.refuse: set = set()  # VF addresses whose writes the driver refuses (reads back 0)
+
+    def creatable(self, own: int, siblings: Iterable[int]) -> Dict[int, str]:
+        if own:
+            return {}
+        held = [t for t in siblings if t]
+        sizes = {_gb(self.types[t]) for t in held if t in self.types}
+        free = self.total - sum(_gb(self.types[t]) for t in held if t in self.types)
+        return {n: name for n, name in self.types.items()
+                if _gb(name) <= free and (not held or (not _mig(name) and _gb(name) in sizes))}
+
+
+_MODELS: Dict[str, VfioModel] = {}  # PF directory (real path) -> model
+_HOOK = threading.local()
+
+
+def _current(vf_dir: str) -> int:
+    try:
+        with open(os.path.join(vf_dir, "nvidia", "current_vgpu_type")) as handle:
+            return int(handle.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _vfio_kernel(event, args):
+    """Audit hook: recompute creatable_vgpu_types (and refuse impossible types) on read."""
+    if event != "open" or not _MODELS or getattr(_HOOK, "busy", False):
+        return
+    path, mode, flags = args
+    if isinstance(path, int):
+        return
+    path = os.fspath(path)
+    if isinstance(path, bytes):
+        return
+    name = os.path.basename(path)
+    if name not in ("creatable_vgpu_types", "current_vgpu_type"):
+        return
+    writing = (mode and any(c in mode for c in "wax+")) or \
+        (mode is None and flags & (os.O_WRONLY | os.O_RDWR))
+    if writing:
+        return
+    _HOOK.busy = True
+    try:
+        vf_dir = os.path.realpath(os.path.dirname(os.path.dirname(path)))
+        pf_dir = os.path.realpath(os.path.join(vf_dir, "physfn"))
+        model = _MODELS.get(pf_dir)
+        if model is None:
+            return
+        siblings = [os.path.realpath(os.path.join(pf_dir, n)) for n in os.listdir(pf_dir)
+                    if n.startswith("virtfn")]
+        others = [_current(d) for d in siblings if d != vf_dir]
+        own = _current(vf_dir)
+        nvidia = os.path.join(vf_dir, "nvidia")
+        if name == "current_vgpu_type":
+            if own and (own not in model.creatable(0, others)
+                        or os.path.basename(vf_dir) in model.refuse):
+                with open(os.path.join(nvidia, "current_vgpu_type"), "w") as handle:
+                    handle.write("0\n")
+            return
+        rows = ["ID    : vGPU Name"] + [f"{n:<6}: {t}" for n, t in
+                                         sorted(model.creatable(own, others).items())]
+        with open(os.path.join(nvidia, "creatable_vgpu_types"), "w") as handle:
+            handle.write("\n".join(rows) + "\n")
+    finally:
+        _HOOK.busy = False
+
+
+def _install_kernel_model() -> None:
+    if not getattr(sys, "_fake_vfio_kernel", False):
+        sys.addaudithook(_vfio_kernel)
+        sys._fake_vfio_kernel = True
+
+
+def _vf_address(pf_address: str, index: int, first_function: int = 4) -> str:
+    """VF ``index`` of a GPU: 0000:81:00.4, .5, .6, .7, then 0000:81:01.0 and on."""
+    n = first_function + index
+    return f"{pf_address[:-4]}{n // 8:02x}.{n % 8}"
+
+
 class FakeHost:
     """Builds a host tree under ``root``; each add_* returns the device directory."""
 
-    def __init__(self, root):
+    def __init__(self, root, write_defaults: bool = True):
         self.root = Path(root)
         self.devices = self.root / "sys/devices/pci0000:00"
         self.bus = self.root / "sys/bus/pci/devices"
+        self.recipes = self.root.parent / f"{self.root.name}.fake" / "vfs.json"
+        if not write_defaults:
+            return
         self.bus.mkdir(parents=True, exist_ok=True)
         (self.root / "proc").mkdir(exist_ok=True)
         self.dpkg_status({})
@@ -102,10 +228,11 @@ class FakeHost:
 
     def add_vf(self, pf_address: str, index: int, address: str, driver: Optional[str] = "nvidia",
                mdev_types: Optional[Mapping[str, MdevType]] = None,
-               vfio_types: Optional[Mapping[int, str]] = None, current_type: int = 0) -> Path:
+               vfio_types: Optional[Mapping[int, str]] = None, current_type: int = 0,
+               device: Optional[str] = None) -> Path:
         pf = (self.bus / pf_address).resolve()
-        vendor = (pf / "device").read_text().strip()
-        directory = self.add_pci(address, NVIDIA, vendor, (pf / "class").read_text().strip(),
+        device = device or (pf / "device").read_text().strip()
+        directory = self.add_pci(address, NVIDIA, device, (pf / "class").read_text().strip(),
                                  driver, pf.parent.name, mdev_types)
         (directory / "physfn").symlink_to(os.path.relpath(pf, directory))
         (pf / f"virtfn{index}").symlink_to(os.path.relpath(directory, pf))
@@ -118,6 +245,89 @@ class FakeHost:
             (nvidia / "creatable_vgpu_types").write_text("\n".join(rows) + "\n")
             (nvidia / "current_vgpu_type").write_text(f"{current_type}\n")
         return directory
+
+    def add_sriov_gpu(self, address: str, device: str, vf_device: str, count: int,
+                      mdev_types: Optional[Mapping[str, MdevType]] = None,
+                      vfio_types: Optional[Mapping[int, str]] = None,
+                      enabled: bool = True, totalvfs: Optional[int] = None) -> Path:
+        """An SR-IOV GPU with ``count`` VFs (device id ``vf_device``) offering mdev or VFIO
+        types. ``enabled=False``: the VFs are only recorded, for sriov-manage to create."""
+        directory = self.add_gpu(address, device=device, totalvfs=totalvfs or count)
+        if vfio_types:
+            _MODELS[os.path.realpath(directory)] = VfioModel(vfio_types)
+            _install_kernel_model()
+        recipe = {"count": count, "device": vf_device,
+                  "mdev": {k: [t.name, t.framebuffer_mb, t.max_instance]
+                           for k, t in (mdev_types or {}).items()},
+                  "vfio": {str(k): v for k, v in (vfio_types or {}).items()}}
+        if enabled:
+            self._create_vfs(address, recipe)
+        else:
+            recipes = self._recipes()
+            recipes[address] = recipe
+            self.recipes.parent.mkdir(parents=True, exist_ok=True)
+            self.recipes.write_text(json.dumps(recipes))
+        return directory
+
+    def vfio_model(self, address: str) -> VfioModel:
+        return _MODELS[os.path.realpath(self.bus / address)]
+
+    def _recipes(self) -> dict:
+        try:
+            return json.loads(self.recipes.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def _create_vfs(self, address: str, recipe: dict) -> None:
+        mdev = {k: MdevType(*v) for k, v in recipe["mdev"].items()} or None
+        vfio = {int(k): v for k, v in recipe["vfio"].items()} or None
+        for index in range(recipe["count"]):
+            self.add_vf(address, index, _vf_address(address, index), mdev_types=mdev,
+                        vfio_types=vfio, device=recipe["device"])
+
+    def enable_recorded_vfs(self, args: Sequence[str]) -> int:
+        """What sriov-manage does: ``-e <address>`` or ``-e ALL`` creates the recorded VFs."""
+        if len(args) != 2 or args[0] != "-e":
+            print("usage: sriov-manage -e <address>|ALL", file=sys.stderr)
+            return 2
+        recipes = self._recipes()
+        wanted = sorted(recipes) if args[1] == "ALL" else [args[1]]
+        for address in wanted:
+            recipe = recipes.get(address)
+            if recipe is None or os.path.exists(self.bus / address / "virtfn0"):
+                continue
+            if recipe.get("fails"):
+                print(f"Enabling VFs on {address} failed: Input/output error", file=sys.stderr)
+                return 1
+            self._create_vfs(address, recipe)
+        return 0
+
+    def fail_sriov_manage(self, address: str) -> None:
+        """Make the stand-in sriov-manage fail for this GPU (its VFs stay missing)."""
+        recipes = self._recipes()
+        recipes[address]["fails"] = True
+        self.recipes.write_text(json.dumps(recipes))
+
+    def install_sriov_manage(self) -> Path:
+        """The stand-in /usr/lib/nvidia/sriov-manage (after the driver package put its own)."""
+        repo = Path(__file__).resolve().parents[1]
+        path = self.root / "usr/lib/nvidia/sriov-manage"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            path.unlink()
+        path.write_text(
+            f"#!{sys.executable}\n"
+            "import os, sys\n"
+            f"sys.path.insert(0, {str(repo)!r})\n"
+            "from unit_tests.fakehost import FakeHost\n"
+            "log = os.environ.get('FAKE_LOG')\n"
+            "if log:\n"
+            "    with open(log, 'a') as handle:\n"
+            "        handle.write('sriov-manage ' + ' '.join(sys.argv[1:]) + '\\n')\n"
+            f"sys.exit(FakeHost({str(self.root)!r}, write_defaults=False)"
+            ".enable_recorded_vfs(sys.argv[1:]))\n")
+        path.chmod(0o755)
+        return path
 
     def add_mdev(self, parent: str, type_id: str, uuid: str) -> Path:
         """A created mediated device: under its parent, linked from sys/bus/mdev/devices."""
@@ -210,30 +420,40 @@ def v100_host(root, count: int = 2, nova: str = "3:29.0.0-0ubuntu1") -> FakeHost
     return host
 
 
-def a100_host(root, nova: str = "3:29.0.0-0ubuntu1") -> FakeHost:
-    """An SR-IOV A100 on the mdev framework: types are offered by its VFs."""
+def a100_host(root, nova: str = "3:29.0.0-0ubuntu1", gpus: int = 1, vfs: int = 16,
+              enabled: bool = True) -> FakeHost:
+    """SR-IOV A100 PCIe 40GB GPUs on an mdev-based driver: types are offered by their VFs.
+
+    ``enabled=False`` is the host after a reboot: no VFs until sriov-manage runs.
+    """
     host = FakeHost(root)
     host.pci_ids()
-    host.add_gpu("0000:41:00.0", device="0x20b5", totalvfs=16)
-    for index in range(4):
-        host.add_vf("0000:41:00.0", index, f"0000:41:00.{4 + index}", mdev_types=A100_TYPES)
-    host.iommu_groups(40)
+    for n in range(gpus):
+        host.add_sriov_gpu(f"0000:{0x41 + n * 0x20:02x}:00.0", device="0x20f1", vf_device="0x20f1",
+                           count=vfs, mdev_types=A100_TYPES, enabled=enabled)
+    host.iommu_groups(4)
     host.nova(nova)
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
     return host
 
 
-def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1") -> FakeHost:
-    """An L40S on NVIDIA's vendor-specific VFIO framework (no mdev at all)."""
+def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True) -> FakeHost:
+    """An L40S and an H200 NVL on NVIDIA's vendor-specific VFIO framework (no mdev at all).
+
+    Their VFs have device ids of their own (0x26ba, 0x233c); Nova 2025.1 epoxy.
+    """
     host = FakeHost(root)
     host.pci_ids()
-    host.add_gpu("0000:81:00.0", device="0x26b9", totalvfs=32)
-    host.iommu_groups(40)
-    for index in range(4):
-        host.add_vf("0000:81:00.0", index, f"0000:81:00.{4 + index}",
-                    driver="nvidia", vfio_types=L40S_TYPES)
+    # 16 of the L40S's 32 VFs and 8 of the H200's 16 keep the trees small (sysfs-sized
+    # trees cost about a millisecond per file); every rule still shows.
+    host.add_sriov_gpu("0000:81:00.0", device="0x26b9", vf_device="0x26ba", count=16,
+                       vfio_types=L40S_TYPES, enabled=enabled, totalvfs=32)
+    host.add_sriov_gpu("0000:c1:00.0", device="0x233b", vf_device="0x233c", count=8,
+                       vfio_types=H200_TYPES, enabled=enabled, totalvfs=16)
+    host.iommu_groups(8)
     host.nova(nova)
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
+    host.loaded_driver("570.158.02")
     return host
 
 
@@ -252,5 +472,6 @@ def build(kind: str, root, **kwargs) -> FakeHost:
     return hosts[kind](root, **kwargs)
 
 
-__all__: Sequence[str] = ("FakeHost", "MdevType", "v100_host", "a100_host", "l40s_host",
-                          "empty_host", "build", "V100_TYPES", "A100_TYPES", "L40S_TYPES")
+__all__: Sequence[str] = ("FakeHost", "MdevType", "VfioModel", "v100_host", "a100_host",
+                          "l40s_host", "empty_host", "build", "V100_TYPES", "A100_TYPES",
+                          "L40S_TYPES", "H200_TYPES")

@@ -362,7 +362,8 @@ def test_list_vgpu_types(ctx, ready):
         "0000:c1:00.0", "Tesla V100 PCIe 16GB", "nvidia")
     assert gpu["types"]["nvidia-108"] == {
         "id": "nvidia-108", "name": "GRID V100-8Q", "framework": "mdev",
-        "framebuffer-mb": "8192", "max-instances": "2", "available-instances": "2"}
+        "framebuffer-mb": "8192", "max-instances": "2", "available-instances": "2",
+        "flavor-property": "resources:VGPU=1"}
     assert sorted(results["gpus"]) == ["gpu-0", "gpu-1"]
     lines = results["table"].splitlines()
     assert lines[0].split() == ["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE"]
@@ -583,7 +584,7 @@ def test_sriov_gpu_serves_types_through_its_virtual_functions(ctx, root, tools, 
     tools.set_active(VGPUD)
     out = ctx.run(ctx.on.config_changed(), state(
         {"vgpu-device-mappings": "{nvidia-474: ['41:00.4', '41:00.5']}"}, resource=packages["old"]))
-    assert out.unit_status == testing.ActiveStatus("1 GPU (A100 PCIe 80GB), nvidia-474 on 2")
+    assert out.unit_status == testing.ActiveStatus("1 GPU (A100 PCIe 40GB), nvidia-474 on 2")
     assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-474\n"
                               "[mdev_nvidia-474]\ndevice_addresses = 0000:41:00.4,0000:41:00.5\n")
 

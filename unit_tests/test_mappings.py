@@ -40,7 +40,10 @@ def test_accepted_forms(text, expected):
 @pytest.mark.parametrize("text,message", [
     ("[1, 2]", "must map vGPU types to lists of PCI addresses"),
     ("nvidia-108", "must map vGPU types to lists of PCI addresses"),
-    ("{nvidia-108: c1:00.0}", 'nvidia-108: expected a list of PCI addresses, got "c1:00.0"'),
+    ("{nvidia-108: c1:00.0}", 'nvidia-108: expected a list of PCI addresses or "all", got "c1:00.0"'),
+    ("{nvidia-108: ALL}", 'nvidia-108: expected a list of PCI addresses or "all", got "ALL"'),
+    ("{'L40S 12Q': all}", 'type "L40S 12Q" is not a vGPU type id like nvidia-108 or a profile name'),
+    ("{'GRID  A100-20C': all}", 'type "GRID  A100-20C" is not a vGPU type id'),
     ("{nvidia-108: []}", "nvidia-108: lists no PCI address"),
     ("{nvidia-108: [c1:00.0], nvidia-108: [e1:00.0]}", 'lists "nvidia-108" twice'),
     ("{vgpu-108: [c1:00.0]}", 'type "vgpu-108" is not a vGPU type id'),
@@ -149,14 +152,14 @@ def test_queens_to_train_take_a_single_type(v100):
     assert mappings.validate(text, v100, releases.from_major(21)).ok
 
 
-def test_sriov_gpu_must_be_mapped_through_its_vfs(root):
+def test_sriov_gpu_named_by_its_own_address_expands_to_the_vfs_the_type_fits(root):
     a100_host(root)
     host = pci.discover()
     result = mappings.validate("{nvidia-474: ['0000:41:00.0']}", host, CARACAL)
-    assert result.errors == ("nvidia-474: 0000:41:00.0 is an SR-IOV GPU whose virtual functions "
-                             "offer the vGPU types: map those (0000:41:00.4, 0000:41:00.5, "
-                             "0000:41:00.6, 0000:41:00.7)",)
-    assert mappings.validate("{nvidia-474: ['41:00.4', '41:00.5']}", host, CARACAL).ok
+    assert result.ok
+    assert result.plan.mdev_mapping() == {"nvidia-474": tuple(f"0000:41:00.{n}" for n in range(4, 8))}
+    given = mappings.validate("{nvidia-474: ['41:00.4', '41:00.5']}", host, CARACAL)
+    assert given.plan.mdev_mapping() == {"nvidia-474": ("0000:41:00.4", "0000:41:00.5")}
 
 
 def test_vfs_of_one_gpu_serve_one_type(root):
@@ -181,10 +184,14 @@ def test_no_more_vfs_than_the_type_fits(root):
     assert mappings.validate(f"{{nvidia-472: {five}}}", found, CARACAL).ok  # fits 8
 
 
-def test_vendor_specific_vfio_gpus_are_refused_plainly_for_now(root):
+def test_vendor_specific_vfio_gpus_need_epoxy(root):
     l40s_host(root)
-    result = mappings.validate("{nvidia-1139: ['81:00.4']}", pci.discover(), CARACAL)
-    assert "vendor-specific VFIO" in result.errors[0]
+    result = mappings.validate("{nvidia-1139: ['81:00.0']}", pci.discover(), CARACAL)
+    assert result.errors == (
+        "GPU 0000:81:00.0 (L40S) uses NVIDIA's vendor-specific VFIO framework, which needs "
+        "Nova 31 (2025.1 epoxy) or later; this host runs 2024.1 caracal (Nova 29)",)
+    assert mappings.validate("{nvidia-1139: ['81:00.0']}", pci.discover(),
+                             releases.from_major(31)).ok
 
 
 def test_types_are_not_checked_while_the_driver_exposes_none(root):
@@ -222,10 +229,17 @@ def _sections_are_only_ours(result) -> None:
         assert all("\n" not in e and "\r" not in e for e in result.errors)
         return
     from unit_tests import principal
+    # Names and `all` are resolved on a host into sysfs type ids first (test_plan.py);
+    # what passes here must still be plain text that cannot start another setting.
+    for key, addresses in result.mapping.items():
+        assert not set(key) & set("\n\r[]=,#;%$\t\x00"), key
+        assert addresses == ("all",) or all(mappings._ADDRESS.fullmatch(a) for a in addresses)
+    direct = {k: v for k, v in result.mapping.items()
+              if mappings._TYPE.fullmatch(k) and v != ("all",)}
     for release in FORMATS:
-        mapping = dict(list(result.mapping.items())[:1]) if not release.multiple_types \
-            else result.mapping
+        mapping = dict(list(direct.items())[:1]) if not release.multiple_types else direct
         sections = novaconf.sections(mapping, release)
+        novaconf.check(sections)
         # nova-compute's own view of the relation data, rendered as its template would.
         context = principal.nova_context(novaconf.relation_data(sections))
         parser = configparser.ConfigParser(interpolation=None, strict=True)

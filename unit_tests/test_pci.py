@@ -56,23 +56,33 @@ def test_sriov_vfs_belong_to_their_gpu_and_are_not_gpus(root):
     host = pci.discover()
     assert len(host.gpus) == 1
     gpu = host.gpus[0]
-    assert (gpu.sriov_totalvfs, gpu.sriov_numvfs) == (16, 4)
-    assert [vf.address for vf in gpu.vfs] == [f"0000:41:00.{n}" for n in range(4, 8)]
+    assert (gpu.sriov_totalvfs, gpu.sriov_numvfs) == (16, 16)
+    vfs = [f"0000:41:00.{n}" for n in range(4, 8)] + [f"0000:41:01.{n}" for n in range(8)] + \
+        [f"0000:41:02.{n}" for n in range(4)]
+    assert [vf.address for vf in gpu.vfs] == vfs
+    assert [vf.index for vf in gpu.vfs] == list(range(16))
     assert gpu.types == ()  # the PF offers nothing on SR-IOV mdev GPUs
-    assert [t.id for t in gpu.offered_types()] == ["nvidia-471", "nvidia-472", "nvidia-474"]
+    assert gpu.framework == pci.MDEV and {vf.framework for vf in gpu.vfs} == {pci.MDEV}
+    assert [t.id for t in gpu.offered_types()] == ["nvidia-471", "nvidia-472", "nvidia-474",
+                                                   "nvidia-475", "nvidia-476", "nvidia-699"]
     assert host.gpu("0000:41:00.5") is gpu and gpu.function("0000:41:00.5").index == 1
-    assert host.addresses() == ["0000:41:00.0"] + [f"0000:41:00.{n}" for n in range(4, 8)]
+    assert host.addresses() == ["0000:41:00.0"] + vfs
 
 
 def test_vendor_specific_vfio_types_come_from_creatable_vgpu_types(root):
     l40s_host(root)
-    gpu = pci.discover().gpus[0]
-    assert gpu.framework == pci.VFIO
-    vf = gpu.vfs[0]
+    l40s, h200 = pci.discover().gpus
+    assert (l40s.framework, h200.framework) == (pci.VFIO, pci.VFIO)
+    vf = l40s.vfs[0]
     assert [(t.id, t.name) for t in vf.types] == [
+        ("nvidia-1134", "NVIDIA L40S-2B"), ("nvidia-1136", "NVIDIA L40S-4Q"),
         ("nvidia-1139", "NVIDIA L40S-12Q"), ("nvidia-1140", "NVIDIA L40S-16Q"),
-        ("nvidia-1141", "NVIDIA L40S-24Q")]
-    assert vf.current_type == 0
+        ("nvidia-1141", "NVIDIA L40S-24Q"), ("nvidia-1142", "NVIDIA L40S-48Q")]
+    assert vf.current_type == 0 and vf.framework == pci.VFIO
+    # A VF's device id is its own, not its GPU's.
+    assert (l40s.device_id, vf.device_id, h200.device_id, h200.vfs[0].device_id) == (
+        "0x26b9", "0x26ba", "0x233b", "0x233c")
+    assert (len(l40s.vfs), l40s.sriov_totalvfs, len(h200.vfs)) == (16, 32, 8)
     assert not os.path.exists(root / "sys/class/mdev_bus")
 
 
@@ -120,8 +130,8 @@ def test_each_vf_keeps_its_own_available_instances(root):
     used = {**A100_TYPES, "nvidia-474": replace(A100_TYPES["nvidia-474"], available=0)}
     host.add_vf("0000:41:00.0", 1, "0000:41:00.5", mdev_types=used)
     first, second = pci.discover().gpus[0].vfs
-    assert [(t.id, t.available_instances) for t in first.types] == [
+    assert [(t.id, t.available_instances) for t in first.types][:3] == [
         ("nvidia-471", 10), ("nvidia-472", 8), ("nvidia-474", 4)]
-    assert [(t.id, t.available_instances) for t in second.types] == [
+    assert [(t.id, t.available_instances) for t in second.types][:3] == [
         ("nvidia-471", 10), ("nvidia-472", 8), ("nvidia-474", 0)]
     assert second.types[2].name == "GRID A100-10C" and second.types[2].max_instances == 4

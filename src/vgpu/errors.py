@@ -40,3 +40,11 @@ class GuestsRunningError(VgpuError):
         self.guests = list(guests)
         names = ", ".join(f"{g.name} ({g.instance_uuid})" for g in self.guests)
         super().__init__(f"{len(self.guests)} running guest(s) use vGPUs: {names}")
+
+
+class SriovError(VgpuError):
+    """Virtual functions could not be enabled, or the boot unit not installed."""
+
+
+class VfTypeError(VgpuError):
+    """A vGPU type could not be written to (or released from) a virtual function."""

@@ -1,14 +1,18 @@
 """Parse and validate the ``vgpu-device-mappings`` option. Pure: data in, data out.
 
-The option is YAML (or JSON), e.g. ``{'nvidia-108': ['0000:c1:00.0']}``. It is
+The option is YAML (or JSON), e.g. ``{'nvidia-108': ['0000:c1:00.0']}``,
+``{L40S-12Q: all}`` or ``{'GRID A100-20C': ['41:00.0']}``. Keys are type ids,
+profile names or the driver's names for them, resolved per GPU by
+:mod:`vgpu.plan`; values are PCI addresses or ``all``. It is
 parsed with every scalar kept as a string (so ``0000:04:00.0`` never becomes
 a YAML 1.1 sexagesimal number), without aliases, tags that build objects or
 duplicate keys, and within a size bound; then checked against a JSON Schema
 kept beside this module; then against the host and the OpenStack release.
 
-Everything that reaches nova.conf has passed both the schema and a
-``fullmatch`` here, so no type id or address can carry a newline, ``]``,
-``,``, ``=`` or anything else that would start another setting.
+Everything the option brings has passed both the schema and a ``fullmatch``
+here, so no key or address can carry a newline, ``]``, ``,``, ``=`` or
+anything else that would start another setting; what reaches nova.conf is
+built from sysfs and checked again by :mod:`vgpu.novaconf`.
 """
 
 import hashlib
@@ -23,6 +27,9 @@ MAX_BYTES = 64 * 1024
 MAX_DEPTH = 8
 
 _TYPE = re.compile(r"nvidia-(0|[1-9][0-9]{0,5})")
+_NAME = re.compile(r"(?:(?:GRID|NVIDIA) )?[A-Za-z0-9]+(?: [A-Za-z0-9]+)*(?:-[0-9]+)?-[0-9]+[A-Za-z]{1,3}",
+                   re.IGNORECASE)
+ALL = "all"
 _ADDRESS = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7])")
 
 Mapping_ = Dict[str, Tuple[str, ...]]
@@ -30,10 +37,12 @@ Mapping_ = Dict[str, Tuple[str, ...]]
 
 @dataclass(frozen=True)
 class Validation:
-    """The normalised mapping (type -> sorted addresses), or the reasons it is refused."""
+    """The normalised mapping (key -> sorted addresses, or ``("all",)``), or the reasons
+    it is refused; ``plan`` once checked against a host."""
 
     mapping: Mapping[str, Tuple[str, ...]]
     errors: Tuple[str, ...] = ()
+    plan: Optional[object] = None  # vgpu.plan.Plan
 
     @property
     def ok(self) -> bool:
@@ -94,57 +103,28 @@ def check_schema(data) -> List[str]:
 
 
 def normalise(data) -> Mapping_:
-    """Schema-valid data -> {type: sorted unique normalised addresses}, types sorted."""
+    """Schema-valid data -> {key: sorted unique normalised addresses, or ("all",)}.
+
+    Type ids come first in numeric order, then names in the order written.
+    """
     mapping: Mapping_ = {}
-    for vgpu_type in sorted(data, key=_type_number):
-        if not _TYPE.fullmatch(vgpu_type):
-            raise ValueError(f"type {quote(vgpu_type)} is not a vGPU type id like nvidia-108")
-        mapping[vgpu_type] = tuple(sorted({normalise_address(a) for a in data[vgpu_type]}))
+    for key in sorted(data, key=_type_number):
+        if not (_TYPE.fullmatch(key) or _NAME.fullmatch(key)):
+            raise ValueError(f"type {quote(key)} is not a vGPU type id like nvidia-108 "
+                             "or a profile name like A100-20C")
+        value = data[key]
+        if value == ALL:
+            mapping[key] = (ALL,)
+        else:
+            mapping[key] = tuple(sorted({normalise_address(a) for a in value}))
     return mapping
 
 
-def check_host(mapping: Mapping_, host, release=None) -> List[str]:
-    """What the host or the OpenStack release cannot serve; empty when all is well.
+def check_host(mapping: Mapping_, host, release=None, offered=None) -> List[str]:
+    """What the host or the OpenStack release cannot serve; empty when all is well."""
+    from . import plan
 
-    A physical GPU serves one type, whether it is mapped by its own address or
-    through its SR-IOV virtual functions, and no more VFs than the type fits.
-    """
-    errors = []
-    if release is not None and not release.multiple_types and len(mapping) > 1:
-        errors.append(f"{release} supports one vGPU type; {len(mapping)} are mapped "
-                      f"({', '.join(mapping)})")
-    owner: Dict[str, Tuple[str, str]] = {}  # physical GPU -> (type, address that claimed it)
-    vfs_per_gpu: Dict[Tuple[str, str], int] = {}
-    for vgpu_type, addresses in mapping.items():
-        for address in addresses:
-            gpu = host.gpu(address)
-            if gpu is None:
-                errors.append(f"{vgpu_type}: {address} is not an NVIDIA GPU on this host "
-                              f"(found: {_summary(host.addresses())})")
-                continue
-            claimed = owner.setdefault(gpu.address, (vgpu_type, address))
-            if claimed[0] != vgpu_type:
-                via = "" if address == gpu.address else f" (through {address})"
-                errors.append(f"GPU {gpu.address}{via} is mapped to both {claimed[0]} "
-                              f"and {vgpu_type}")
-                continue
-            problems = _check_function(vgpu_type, address, gpu)
-            errors.extend(problems)
-            if not problems and address != gpu.address:
-                vfs_per_gpu[(vgpu_type, gpu.address)] = vfs_per_gpu.get((vgpu_type, gpu.address), 0) + 1
-    for (vgpu_type, pf), count in vfs_per_gpu.items():
-        fits = _max_instances(host.gpu(pf), vgpu_type)
-        if fits is not None and count > fits:
-            errors.append(f"{vgpu_type}: {count} virtual functions of GPU {pf} are mapped but "
-                          f"the type fits {fits} per GPU")
-    return errors
-
-
-def _max_instances(gpu, vgpu_type: str) -> Optional[int]:
-    for offered in gpu.offered_types():
-        if offered.id == vgpu_type:
-            return offered.max_instances
-    return None
+    return list(plan.build(mapping, host, release, offered).errors)
 
 
 def check_text(text: Optional[str]) -> Validation:
@@ -162,12 +142,15 @@ def check_text(text: Optional[str]) -> Validation:
         return Validation({}, (str(error),))
 
 
-def against_host(checked: Validation, host, release=None) -> Validation:
-    """``checked`` (from check_text) with the host's and the release's objections added."""
+def against_host(checked: Validation, host, release=None, offered=None) -> Validation:
+    """``checked`` (from check_text) resolved on the host into a plan; the host's and
+    the release's objections become its errors. ``offered``: learnt types per GPU."""
     if not checked.ok:
         return checked
-    errors = check_host(checked.mapping, host, release)
-    return Validation(checked.mapping, tuple(errors))
+    from . import plan
+
+    built = plan.build(checked.mapping, host, release, offered)
+    return Validation(checked.mapping, built.errors, built)
 
 
 def validate(text: Optional[str], host=None, release=None) -> Validation:
@@ -205,34 +188,8 @@ def summary(mapping: Mapping[str, Tuple[str, ...]]) -> str:
     A type without addresses (Queens to Train, which ignore them) serves every
     GPU that offers it.
     """
-    return ", ".join(f"{t} on {len(a)}" if a else f"{t} on every GPU offering it"
+    return ", ".join(f"{t} on {len(a)}" if a and a != (ALL,) else f"{t} on every GPU offering it"
                      for t, a in mapping.items())
-
-
-def _check_function(vgpu_type: str, address: str, gpu) -> List[str]:
-    function = gpu.function(address)
-    offered = function.types
-    if function is gpu and not offered and any(vf.types for vf in gpu.vfs):
-        vfs = [vf.address for vf in gpu.vfs if vf.types]
-        return [f"{vgpu_type}: {address} is an SR-IOV GPU whose virtual functions offer "
-                f"the vGPU types: map those ({_summary(vfs)})"]
-    if not offered:
-        return []  # the driver exposes no types yet: nothing to check against
-    if offered[0].framework != "mdev":
-        return [f"{vgpu_type}: {address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO "
-                f"framework, which this charm version does not configure yet"]
-    if vgpu_type not in {t.id for t in offered}:
-        return [f"{vgpu_type}: {address} ({gpu.model}) does not offer {vgpu_type}; "
-                f"it offers {_summary([t.id for t in offered])}"]
-    return []
-
-
-def _summary(items, limit: int = 4) -> str:
-    items = list(items)
-    if not items:
-        return "none"
-    shown = ", ".join(items[:limit])
-    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
 
 
 def _type_number(vgpu_type: str):
@@ -244,19 +201,22 @@ def _describe(error, schema) -> str:
     path = list(error.absolute_path)
     where = list(error.relative_schema_path)
     if "propertyNames" in where:
-        return f"type {quote(error.instance)} is not a vGPU type id like nvidia-108"
+        return (f"type {quote(error.instance)} is not a vGPU type id like nvidia-108 "
+                "or a profile name like A100-20C")
     if not path:
         if error.validator == "maxProperties":
             return f"maps {len(error.instance)} vGPU types; at most {schema['maxProperties']}"
         return ("vgpu-device-mappings must map vGPU types to lists of PCI addresses, "
                 "like {nvidia-108: ['0000:c1:00.0']}")
-    vgpu_type = quote(path[0]) if not _TYPE.fullmatch(str(path[0])) else path[0]
+    plain = _TYPE.fullmatch(str(path[0])) or _NAME.fullmatch(str(path[0]))
+    vgpu_type = path[0] if plain else quote(path[0])
     if len(path) == 1:
         if error.validator == "minItems":
             return f"{vgpu_type}: lists no PCI address"
         if error.validator == "maxItems":
             return f"{vgpu_type}: lists more than {error.validator_value} addresses"
-        return f"{vgpu_type}: expected a list of PCI addresses, got {quote(error.instance)}"
+        return f'{vgpu_type}: expected a list of PCI addresses or "all", got {quote(error.instance)}'
+
     return f"{vgpu_type}: {quote(error.instance)} is not a PCI address like 0000:c1:00.0"
 
 

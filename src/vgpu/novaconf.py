@@ -10,6 +10,7 @@ relation data, so nova-compute never restarts for nothing.
 """
 
 import json
+import re
 from typing import Dict, Iterable, List, Mapping, Tuple
 
 from . import releases
@@ -19,6 +20,18 @@ NOVA_CONF = "/etc/nova/nova.conf"
 PACKAGES_RELEASE_KEY = "queens"
 
 Sections = Dict[str, List[List[str]]]
+
+NVIDIA_VENDOR = "10de"
+# What may reach nova.conf, key by key: built from sysfs and the release, never
+# from the option's text, and checked once more here (the principal renders
+# ``key = value`` unescaped).
+_SAFE = {
+    "section": re.compile(r"devices|pci|(?:mdev|vgpu)_nvidia-[0-9]{1,6}"),
+    "type": re.compile(r"nvidia-[0-9]{1,6}"),
+    "address": re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]"),
+    "product_id": re.compile(r"[0-9a-f]{4}"),
+    "resource_class": re.compile(r"CUSTOM_[A-Z0-9_]{1,200}"),
+}
 
 
 def sections(mapping: Mapping[str, Tuple[str, ...]], release) -> Sections:
@@ -36,6 +49,87 @@ def sections(mapping: Mapping[str, Tuple[str, ...]], release) -> Sections:
     for vgpu_type in types:
         out[f"{prefix}{vgpu_type}"] = [["device_addresses", ",".join(mapping[vgpu_type])]]
     return out
+
+
+def plan_sections(plan, release, mdev_class: bool = False,
+                  keep_placement_reporting: bool = False) -> Sections:
+    """nova.conf sections for a :class:`vgpu.plan.Plan` in ``release``'s spelling.
+
+    mdev types become ``[devices]`` and ``[mdev_<type>]`` (with ``mdev_class =
+    CUSTOM_VGPU_<PROFILE>`` when ``mdev_class`` is on, Xena onwards); VFs on the
+    vendor-specific VFIO framework become one ``[pci] device_spec`` each, with
+    ``report_in_placement = True``. ``keep_placement_reporting``: this unit
+    published ``report_in_placement`` before; Nova refuses to start once it is
+    turned off after devices were reported, so it stays.
+    """
+    out = sections(plan.mdev_mapping(), release)
+    if mdev_class and release.config_format == releases.MDEV_GROUPS:
+        for vgpu_type, name in plan.mdev_names().items():
+            out[f"mdev_{vgpu_type}"].append(["mdev_class", resource_class(name)])
+    specs = [["device_spec", device_spec(a)] for a in plan.vfio()]
+    if specs or keep_placement_reporting:
+        out["pci"] = specs + [["report_in_placement", "True"]]
+    check(out)
+    return out
+
+
+def resource_class(name: str) -> str:
+    from .plan import resource_class as rc
+
+    return rc(name)
+
+
+def device_spec(assignment) -> str:
+    """One ``[pci] device_spec`` value: the VF by vendor, product and address, unmanaged."""
+    spec = {
+        "vendor_id": NVIDIA_VENDOR,
+        "product_id": assignment.product_id,
+        "address": assignment.address,
+        "managed": "no",
+        "resource_class": assignment.resource_class,
+    }
+    for field in ("address", "product_id", "resource_class"):
+        _checked(field, spec[field])
+    return json.dumps(spec, sort_keys=True)
+
+
+def check(config_sections: Sections) -> None:
+    """Raise ValueError unless every section and value is one this module builds."""
+    for section, pairs in config_sections.items():
+        _checked("section", section)
+        for key, value in pairs:
+            if key in ("enabled_mdev_types", "enabled_vgpu_types"):
+                for item in value.split(","):
+                    _checked("type", item)
+            elif key == "device_addresses":
+                for item in value.split(","):
+                    _checked("address", item)
+            elif key == "mdev_class":
+                _checked("resource_class", value)
+            elif key == "report_in_placement":
+                if value != "True":
+                    raise ValueError(f"unexpected report_in_placement {value!r}")
+            elif key == "device_spec":
+                spec = json.loads(value)
+                if set(spec) != {"vendor_id", "product_id", "address", "managed", "resource_class"} \
+                        or spec["vendor_id"] != NVIDIA_VENDOR or spec["managed"] != "no" \
+                        or "\n" in value:
+                    raise ValueError(f"unexpected device_spec {value!r}")
+                for field in ("address", "product_id", "resource_class"):
+                    _checked(field, spec[field])
+            else:
+                raise ValueError(f"unexpected setting {key!r} in [{section}]")
+
+
+def _checked(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not _SAFE[kind].fullmatch(value):
+        raise ValueError(f"refusing {kind} {value!r} for nova.conf")
+    return value
+
+
+def reports_in_placement(config_sections: Sections) -> bool:
+    """Whether these (published) sections turn on ``[pci] report_in_placement``."""
+    return ["report_in_placement", "True"] in [list(p) for p in config_sections.get("pci", [])]
 
 
 def relation_data(config_sections: Sections, services: Iterable[str] = (),
@@ -60,7 +154,10 @@ def sections_from_relation(data: Mapping[str, str]) -> Sections:
 
 
 def mapping_from_sections(config_sections: Sections) -> Dict[str, Tuple[str, ...]]:
-    """Recover ``{type: addresses}`` from published sections (for status messages)."""
+    """Recover ``{type: addresses}`` from published sections (for status messages).
+
+    VFs published as ``[pci] device_spec`` count under their resource class.
+    """
     devices = dict(tuple(pair) for pair in config_sections.get("devices", []))
     types = (devices.get("enabled_mdev_types") or devices.get("enabled_vgpu_types") or "")
     out = {}
@@ -68,6 +165,17 @@ def mapping_from_sections(config_sections: Sections) -> Dict[str, Tuple[str, ...
         pairs = dict(tuple(p) for p in (config_sections.get(f"mdev_{vgpu_type}")
                                         or config_sections.get(f"vgpu_{vgpu_type}") or []))
         out[vgpu_type] = tuple(filter(None, pairs.get("device_addresses", "").split(",")))
+    by_class: Dict[str, List[str]] = {}
+    for pair in config_sections.get("pci", []):
+        if pair[0] != "device_spec":
+            continue
+        try:
+            spec = json.loads(pair[1])
+            by_class.setdefault(str(spec["resource_class"]), []).append(str(spec["address"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    for cls in sorted(by_class):
+        out[cls] = tuple(sorted(by_class[cls]))
     return out
 
 

@@ -50,7 +50,16 @@ class VgpuType:
 
     @property
     def framebuffer_mb(self) -> Optional[int]:
-        return _megabytes(dict(self.properties).get("framebuffer"))
+        """From the mdev description; on VFIO from the profile name (``L40S-12Q``: 12 GB)."""
+        described = _megabytes(dict(self.properties).get("framebuffer"))
+        if described is not None:
+            return described
+        named = self.profile
+        return named.framebuffer_gb * 1024 if named is not None else None
+
+    @property
+    def profile(self) -> Optional["Profile"]:
+        return profile(self.name)
 
     @property
     def max_instances(self) -> Optional[int]:
@@ -66,6 +75,8 @@ class VirtualFunction:
     driver: Optional[str]
     types: Tuple[VgpuType, ...] = ()
     current_type: Optional[int] = None  # VFIO framework: 0 or None = none
+    device_id: str = ""  # the VF's own PCI device id (differs from its GPU's)
+    framework: Optional[str] = None  # mdev, vfio, or None (neither is exposed yet)
 
 
 @dataclass(frozen=True)
@@ -88,10 +99,23 @@ class Gpu:
 
     @property
     def framework(self) -> Optional[str]:
-        """mdev, vfio, or None while the driver exposes no types."""
-        for vgpu_type in self.offered_types():
-            return vgpu_type.framework
+        """mdev, vfio, or None while the driver exposes neither.
+
+        SR-IOV GPUs are judged by their VFs' sysfs (``mdev_supported_types/``
+        or ``nvidia/current_vgpu_type``), never by model: a full VFIO GPU lists
+        no creatable type but is still VFIO. Before its VFs exist, None.
+        """
+        if self.types:
+            return self.types[0].framework
+        for vf in self.vfs:
+            if vf.framework:
+                return vf.framework
         return None
+
+    @property
+    def vfs_missing(self) -> bool:
+        """An SR-IOV GPU whose virtual functions are not enabled (after a reboot)."""
+        return self.sriov and not self.vfs
 
     def offered_types(self) -> Tuple[VgpuType, ...]:
         """Types of the GPU itself, else the union over its VFs, by id."""
@@ -202,12 +226,20 @@ def _virtual_functions(entry) -> Tuple[VirtualFunction, ...]:
             continue
         vf_entry = entry / link
         current = _int(_read(vf_entry / "nvidia" / "current_vgpu_type"))
+        types = _mdev_types(vf_entry, known)
+        if types or os.path.isdir(vf_entry / "mdev_supported_types"):
+            framework: Optional[str] = MDEV
+        else:
+            framework = VFIO if current is not None else None
+            types = _vfio_types(vf_entry) if current is not None else ()
         vfs.append(VirtualFunction(
             address=address,
             index=index,
             driver=_link_name(vf_entry / "driver"),
-            types=_mdev_types(vf_entry, known) or _vfio_types(vf_entry),
+            types=types,
             current_type=current,
+            device_id=_read(vf_entry / "device") or "",
+            framework=framework,
         ))
     return tuple(sorted(vfs, key=lambda vf: vf.index))
 
@@ -239,15 +271,51 @@ def _mdev_types(entry, known: Optional[Dict[int, VgpuType]] = None) -> Tuple[Vgp
 
 
 def _vfio_types(entry) -> Tuple[VgpuType, ...]:
-    text = _read(entry / "nvidia" / "creatable_vgpu_types")
-    if not text:
-        return ()
+    return parse_creatable(_read(entry / "nvidia" / "creatable_vgpu_types") or "")
+
+
+def parse_creatable(text: str) -> Tuple[VgpuType, ...]:
+    """``nvidia/creatable_vgpu_types`` (``ID    : vGPU Name`` rows) as types, by id."""
     types = []
     for line in text.splitlines():
         match = _TYPE_ROW.match(line)
         if match:
             types.append(VgpuType(number=int(match.group(1)), name=match.group(2), framework=VFIO))
     return tuple(sorted(types, key=lambda t: t.number))
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a vGPU type's name says: ``GRID A100-20C`` is model A100, 20 GB, series C."""
+
+    name: str  # without the driver's GRID/NVIDIA prefix: A100-20C
+    model: str
+    framebuffer_gb: int
+    series: str  # Q, B, A, C (and e.g. CME on MIG-backed media profiles)
+    mig: bool  # MIG-backed (A100-4-20C: 4 compute slices); not configured by this charm
+
+
+_PREFIX = re.compile(r"(?:GRID|NVIDIA) ", re.IGNORECASE)
+_PROFILE = re.compile(r"(?P<model>[A-Za-z0-9]+(?: [A-Za-z0-9]+)*?)(?:-(?P<slices>[0-9]+))?"
+                      r"-(?P<fb>[0-9]+)(?P<series>[A-Za-z]{1,3})")
+
+
+def profile_name(name: str) -> str:
+    """``GRID A100-20C`` / ``NVIDIA L40S-12Q`` -> ``A100-20C`` / ``L40S-12Q``."""
+    name = " ".join(name.split())
+    match = _PREFIX.match(name)
+    return name[match.end():] if match else name
+
+
+def profile(name: str) -> Optional[Profile]:
+    """The profile a type name describes, or None if it does not read like one."""
+    short = profile_name(name)
+    match = _PROFILE.fullmatch(short)
+    if not match:
+        return None
+    series = match.group("series").upper()
+    return Profile(name=short, model=match.group("model"), framebuffer_gb=int(match.group("fb")),
+                   series=series, mig=match.group("slices") is not None or series.endswith("ME"))
 
 
 def parse_description(text: str) -> Tuple[Tuple[str, str], ...]:

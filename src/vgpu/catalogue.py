@@ -1,0 +1,109 @@
+"""What each GPU model's vendor-specific VFIO types are called, learnt while VFs were free.
+
+On NVIDIA's vendor-specific VFIO framework a VF's ``nvidia/creatable_vgpu_types``
+lists only what can still be created beside its siblings: once a GPU is full
+it lists nothing, and the type a VF holds may appear in no list at all. So the
+id <-> name table is learnt whenever a list shows it, and kept.
+
+Where it lives: a JSON file under the host root,
+``/var/lib/nova-compute-nvidia-vgpu/vgpu-types.json``, keyed by the GPU's PCI
+device id and the loaded driver version (type ids change between driver
+releases). It is learnt knowledge about the host's hardware and driver, not
+charm state: it stays with the host (a charm refresh or a redeploy of the
+unit finds it again), an operator can read it, and ``remove`` deletes it.
+Writing it is skipped when nothing new was learnt, so update-status reads one
+small file and writes none.
+"""
+
+import json
+import logging
+import os
+import tempfile
+from typing import Dict, Mapping, Optional, Tuple
+
+from . import hostroot, pci
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = "var/lib/nova-compute-nvidia-vgpu"
+FILE = f"{STATE_DIR}/vgpu-types.json"
+
+Table = Dict[str, Dict[str, str]]  # "<device id> <driver version>" -> {"<type id>": name}
+
+
+def key(gpu: pci.Gpu, driver_version: Optional[str]) -> str:
+    return f"{gpu.device_id} {driver_version or 'unknown'}"
+
+
+def load() -> Table:
+    """The learnt table; empty when missing or unreadable (it is relearnt)."""
+    try:
+        data = json.loads(hostroot.path(FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: {str(n): str(v) for n, v in t.items()} for k, t in data.items()
+            if isinstance(t, dict)}
+
+
+def learn(host: pci.Host, driver_version: Optional[str], table: Optional[Table] = None) -> Table:
+    """The table with every type the host's VFIO GPUs list now; saved when it grew."""
+    table = load() if table is None else table
+    grown = {k: dict(v) for k, v in table.items()}
+    for gpu in host.gpus:
+        if gpu.framework != pci.VFIO:
+            continue
+        known = grown.setdefault(key(gpu, driver_version), {})
+        for vf in gpu.vfs:
+            for vgpu_type in vf.types:
+                known[str(vgpu_type.number)] = vgpu_type.name
+        if not known:
+            del grown[key(gpu, driver_version)]
+    if grown != table:
+        save(grown)
+    return grown
+
+
+def save(table: Mapping[str, Mapping[str, str]]) -> None:
+    target = hostroot.path(FILE)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(table, handle, sort_keys=True, indent=1)
+            handle.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    log.info("learnt vGPU types saved to %s", target)
+
+
+def forget() -> None:
+    """Delete the learnt table (charm removal)."""
+    try:
+        hostroot.path(FILE).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def offered(host: pci.Host, driver_version: Optional[str],
+            table: Table) -> Dict[str, Tuple[pci.VgpuType, ...]]:
+    """Per GPU address, every type it offers: mdev types as sysfs lists them; on VFIO
+    GPUs the learnt table joined with what the VFs list now, by id."""
+    out: Dict[str, Tuple[pci.VgpuType, ...]] = {}
+    for gpu in host.gpus:
+        if gpu.framework != pci.VFIO:
+            out[gpu.address] = gpu.offered_types()
+            continue
+        seen = {n: pci.VgpuType(number=int(n), name=name, framework=pci.VFIO)
+                for n, name in table.get(key(gpu, driver_version), {}).items() if n.isdigit()}
+        for vgpu_type in gpu.offered_types():
+            seen[str(vgpu_type.number)] = vgpu_type
+        out[gpu.address] = tuple(sorted(seen.values(), key=lambda t: t.number))
+    return out

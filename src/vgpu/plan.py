@@ -1,0 +1,290 @@
+"""Which PCI function gets which vGPU type: one plan for both NVIDIA frameworks. Pure.
+
+The checked option maps selectors to GPUs: a type id (``nvidia-1139``), a
+profile name (``L40S-12Q``) or the driver's name for it (``NVIDIA L40S-12Q``),
+each resolved on every GPU it names; the value is a list of addresses or
+``all`` (every NVIDIA GPU on the host that offers it). The plan then says,
+function by function, what Nova gets:
+
+* mediated devices on a GPU without SR-IOV (V100): the GPU itself;
+* mediated devices on SR-IOV VFs (A100): a GPU named by its own address
+  expands to its first ``max_instance`` VFs in ``virtfn`` order; a VF
+  address is taken as given;
+* vendor-specific VFIO (L40S, H100, H200): the first VFs that the profile
+  fits (the GPU's largest profile's framebuffer over this one's), or the VFs
+  given. The charm writes the type to each (see :mod:`vgpu.vfio`) and Nova
+  takes them as PCI devices.
+
+A GPU takes one profile; MIG-backed profiles and mixed-size mode are refused.
+"""
+
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import pci
+
+ALL = "all"
+_TYPE_ID = re.compile(r"nvidia-([0-9]+)")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One PCI function Nova gets, with the type it serves."""
+
+    gpu: str  # the physical GPU's address
+    address: str  # the function Nova gets: the GPU itself or one of its VFs
+    number: int  # vGPU type id
+    name: str  # the driver's name for it, e.g. NVIDIA L40S-12Q
+    framework: str
+    product_id: str = ""  # the function's PCI device id, 4 hex digits (VFIO)
+
+    @property
+    def type_id(self) -> str:
+        return f"nvidia-{self.number}"
+
+    @property
+    def resource_class(self) -> str:
+        return resource_class(self.name)
+
+
+@dataclass(frozen=True)
+class Plan:
+    assignments: Tuple[Assignment, ...] = ()
+    errors: Tuple[str, ...] = ()
+    notes: Tuple[str, ...] = ()  # e.g. a key of value `all` that no GPU here offers
+    missing_vfs: Tuple[str, ...] = ()  # SR-IOV GPUs whose VFs are not enabled yet
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def mdev_mapping(self) -> Dict[str, Tuple[str, ...]]:
+        """``{type id: sorted addresses}`` for the mdev framework, types by number."""
+        out: Dict[int, set] = {}
+        for a in self.assignments:
+            if a.framework == pci.MDEV:
+                out.setdefault(a.number, set()).add(a.address)
+        return {f"nvidia-{n}": tuple(sorted(out[n])) for n in sorted(out)}
+
+    def mdev_names(self) -> Dict[str, str]:
+        return {a.type_id: a.name for a in self.assignments if a.framework == pci.MDEV}
+
+    def vfio(self) -> Tuple[Assignment, ...]:
+        """VFIO assignments in address order."""
+        return tuple(sorted((a for a in self.assignments if a.framework == pci.VFIO),
+                            key=lambda a: a.address))
+
+
+def resource_class(name: str) -> str:
+    """``NVIDIA L40S-12Q`` -> ``CUSTOM_VGPU_L40S_12Q`` (already in Placement's normal form)."""
+    short = pci.profile_name(name)
+    return "CUSTOM_VGPU_" + re.sub(r"[^A-Z0-9]", "_", short.upper())
+
+
+def flavor_property(vgpu_type: pci.VgpuType, framework: Optional[str], mdev_class: bool) -> str:
+    """The flavor extra spec that asks for one vGPU of this type."""
+    if framework == pci.VFIO:
+        return f"pci_passthrough:alias={alias_name(vgpu_type.name)}:1"
+    if mdev_class:
+        return f"resources:{resource_class(vgpu_type.name)}=1"
+    return "resources:VGPU=1"
+
+
+def alias_name(name: str) -> str:
+    """``NVIDIA L40S-12Q`` -> ``vgpu-l40s-12q`` (a [pci] alias name)."""
+    return "vgpu-" + re.sub(r"[^a-z0-9]+", "-", pci.profile_name(name).lower()).strip("-")
+
+
+def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
+          offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]] = None) -> Plan:
+    """The plan for a checked mapping on ``host``; ``offered`` adds learnt VFIO types per GPU."""
+    offered = dict(offered or {})
+    errors: List[str] = []
+    notes: List[str] = []
+    missing: List[str] = []
+    chosen: Dict[str, Tuple[pci.VgpuType, str, str]] = {}  # GPU -> (type, key, address)
+    whole: Dict[str, bool] = {}
+    explicit: Dict[str, List[str]] = {}
+
+    def types_of(gpu: pci.Gpu) -> Tuple[pci.VgpuType, ...]:
+        return offered.get(gpu.address) or gpu.offered_types()
+
+    def claim(key: str, gpu: pci.Gpu, address: str) -> None:
+        vgpu_type, problem = _resolve(key, gpu, types_of(gpu))
+        if problem:
+            errors.append(problem)
+            return
+        held = chosen.setdefault(gpu.address, (vgpu_type, key, address))
+        if held[0].number != vgpu_type.number:
+            via = "" if address == gpu.address else f" (through {address})"
+            mixed = "; a GPU takes one profile (mixed-size mode is not supported)" \
+                if gpu.framework == pci.VFIO else ""
+            errors.append(f"GPU {gpu.address}{via} is mapped to both {held[1]} and {key}{mixed}")
+            return
+        if address == gpu.address:
+            whole[gpu.address] = True
+        else:
+            explicit.setdefault(gpu.address, []).append(address)
+
+    for key, addresses in mapping.items():
+        if tuple(addresses) == (ALL,):
+            found = False
+            for gpu in host.gpus:
+                if gpu.vfs_missing:
+                    missing.append(gpu.address)
+                    continue
+                vgpu_type, problem = _resolve(key, gpu, types_of(gpu))
+                if vgpu_type is not None and not problem:
+                    claim(key, gpu, gpu.address)
+                    found = True
+                elif vgpu_type is not None:
+                    errors.append(problem)  # e.g. MIG-backed: say so rather than skip
+                    found = True
+            if not found:
+                notes.append(f"{key}: no GPU on this host offers it, nothing published for it")
+            continue
+        for address in addresses:
+            gpu = host.gpu(address)
+            if gpu is None:
+                errors.append(f"{key}: {address} is not an NVIDIA GPU on this host "
+                              f"(found: {_summary(host.addresses())})")
+            elif gpu.vfs_missing:
+                missing.append(gpu.address)
+            else:
+                claim(key, gpu, address)
+
+    assignments: List[Assignment] = []
+    for gpu in host.gpus:
+        if gpu.address not in chosen:
+            continue
+        vgpu_type, key, _ = chosen[gpu.address]
+        made, problems = _functions(gpu, vgpu_type, key, whole.get(gpu.address, False),
+                                    explicit.get(gpu.address, []), types_of(gpu), release)
+        errors.extend(problems)
+        assignments.extend(made)
+
+    numbers = {a.number for a in assignments if a.framework == pci.MDEV}
+    if release is not None and not release.multiple_types and len(numbers) > 1:
+        listed = ", ".join(f"nvidia-{n}" for n in sorted(numbers))
+        errors.insert(0, f"{release} supports one vGPU type; {len(numbers)} are mapped ({listed})")
+    classes: Dict[str, set] = {}
+    for a in assignments:
+        classes.setdefault(a.resource_class, set()).add(pci.profile_name(a.name))
+    for cls, names in sorted(classes.items()):
+        if len(names) > 1:
+            errors.append(f"profiles {', '.join(sorted(names))} would share Placement's resource "
+                          f"class {cls}")
+    return Plan(assignments=tuple(sorted(assignments, key=lambda a: a.address)),
+                errors=tuple(dict.fromkeys(errors)), notes=tuple(notes),
+                missing_vfs=tuple(sorted(set(missing))))
+
+
+def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
+    """(type, problem): the type ``key`` names on ``gpu``. A type is returned with a
+    problem when it exists but cannot be used (MIG-backed)."""
+    where = f"{gpu.address} ({gpu.model})"
+    match = _TYPE_ID.fullmatch(key)
+    if match:
+        number = int(match.group(1))
+        found = [t for t in types if t.number == number]
+        if not found and not types and gpu.framework in (None, pci.MDEV) and not gpu.sriov:
+            # The driver exposes no types yet: take the id as given (mdev GPU).
+            return pci.VgpuType(number=number, name=key, framework=pci.MDEV), None
+        if not found:
+            return None, (f"{key}: {where} does not offer {key}; it offers "
+                          f"{_summary([t.id for t in types])}")
+    else:
+        wanted = " ".join(key.split()).upper()
+        short = pci.profile_name(wanted)
+        prefixed = short != wanted
+        found = [t for t in types
+                 if (" ".join(t.name.split()).upper() == wanted if prefixed
+                     else pci.profile_name(t.name).upper() == short)]
+        if not found:
+            shown = [pci.profile_name(t.name) for t in types]
+            return None, (f"{key}: {where} offers no vGPU type of that name; it offers "
+                          f"{_summary(shown)}" if types else
+                          f"{key}: {where} offers no vGPU types yet (is the vGPU host driver "
+                          "loaded?)")
+        if len(found) > 1:
+            return None, (f"{key}: names {len(found)} types on {where}: "
+                          f"{_summary([f'{t.id} ({t.name})' for t in found])}; use the type id")
+    vgpu_type = found[0]
+    named = vgpu_type.profile
+    if named is not None and named.mig:
+        return vgpu_type, (f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {where} is MIG-backed; "
+                           "this charm configures time-sliced profiles only")
+    return vgpu_type, None
+
+
+def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
+               explicit: List[str], types: Sequence[pci.VgpuType], release):
+    """The assignments for one GPU, or the problems that prevent them."""
+    framework = gpu.framework or vgpu_type.framework
+    if framework == pci.MDEV and gpu.types:
+        # Mediated devices on the GPU itself (no SR-IOV): the GPU is the parent.
+        if explicit:
+            return [], [f"{key}: {explicit[0]} is not a vGPU parent of GPU {gpu.address}"]
+        return [Assignment(gpu.address, gpu.address, vgpu_type.number, vgpu_type.name, pci.MDEV,
+                           _hex4(gpu.device_id))], []
+    if framework == pci.MDEV and not gpu.vfs:
+        return [Assignment(gpu.address, gpu.address, vgpu_type.number, vgpu_type.name, pci.MDEV,
+                           _hex4(gpu.device_id))], []
+    problems: List[str] = []
+    if framework == pci.VFIO and release is not None and not release.managed_no:
+        return [], [f"GPU {gpu.address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO "
+                    f"framework, which needs Nova 31 (2025.1 epoxy) or later; this host runs "
+                    f"{release}"]
+    fits = _fits(gpu, vgpu_type, types, framework)
+    chosen_vfs: List[pci.VirtualFunction] = []
+    if whole:
+        chosen_vfs = list(gpu.vfs[:fits])
+    for address in explicit:
+        vf = gpu.function(address)
+        if vf not in chosen_vfs:
+            chosen_vfs.append(vf)
+    if framework == pci.MDEV:
+        for vf in chosen_vfs:
+            if vf.types and vgpu_type.number not in {t.number for t in vf.types}:
+                problems.append(f"{key}: {vf.address} ({gpu.model}) does not offer "
+                                f"{vgpu_type.id}; it offers {_summary([t.id for t in vf.types])}")
+    if len(chosen_vfs) > fits:
+        problems.append(f"{key if key.startswith('nvidia-') else vgpu_type.id}: "
+                        f"{len(chosen_vfs)} virtual functions of GPU {gpu.address} are mapped "
+                        f"but the type fits {fits} per GPU")
+    if problems:
+        return [], problems
+    return [Assignment(gpu.address, vf.address, vgpu_type.number, vgpu_type.name, framework,
+                       _hex4(vf.device_id)) for vf in sorted(chosen_vfs, key=lambda v: v.index)], []
+
+
+def _fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, types: Sequence[pci.VgpuType],
+          framework: Optional[str]) -> int:
+    """How many vGPUs of the type one GPU holds, at most one per VF."""
+    count = len(gpu.vfs)
+    if framework == pci.MDEV:
+        for t in types:
+            if t.number == vgpu_type.number and t.max_instances is not None:
+                return min(count, t.max_instances)
+        return count
+    # VFIO: the whole framebuffer is the GPU's largest time-sliced profile (48 GB for
+    # L40S-48Q); the largest of the type's own series is smaller for B and A profiles.
+    own = vgpu_type.profile
+    sizes = [p.framebuffer_gb for p in (t.profile for t in types) if p is not None and not p.mig]
+    if own is None or not sizes or own.framebuffer_gb <= 0:
+        return count
+    return min(count, max(sizes) // own.framebuffer_gb)
+
+
+def _hex4(device_id: str) -> str:
+    text = (device_id or "").lower()
+    return text[2:] if text.startswith("0x") else text
+
+
+def _summary(items, limit: int = 4) -> str:
+    items = list(items)
+    if not items:
+        return "none"
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"

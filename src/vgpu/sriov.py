@@ -1,0 +1,114 @@
+"""SR-IOV virtual functions: enabled now, and again at every boot by a systemd unit.
+
+VFs do not survive a reboot or a driver reload. NVIDIA's
+``/usr/lib/nvidia/sriov-manage -e <GPU address>`` creates them; the charm runs
+it for every SR-IOV GPU that has none, on every reconcile. The unit
+``nvidia-vgpu-vfs.service`` (rendered from ``templates/``) does the same at
+boot, after the vGPU manager and before nova-compute and libvirt, and writes
+the vendor-specific VFIO types of the plan to their VFs again.
+"""
+
+import logging
+import subprocess
+from pathlib import Path
+from string import Template
+from typing import Iterable, List
+
+from . import hostroot, kernel, pci
+from .errors import SriovError
+
+log = logging.getLogger(__name__)
+
+SRIOV_MANAGE = "usr/lib/nvidia/sriov-manage"
+UNIT = "nvidia-vgpu-vfs.service"
+UNIT_FILE = f"etc/systemd/system/{UNIT}"
+TEMPLATE = kernel.CHARM_ROOT / "templates" / UNIT
+TIMEOUT = 300
+SYSTEMCTL_TIMEOUT = 60
+
+
+def enable(addresses: Iterable[str]) -> List[str]:
+    """Run ``sriov-manage -e`` for each GPU; returns the failures, one line each."""
+    tool = hostroot.path(SRIOV_MANAGE)
+    failures = []
+    for address in addresses:
+        if not tool.exists():
+            failures.append(f"/{SRIOV_MANAGE} not found (is the vGPU host driver installed?)")
+            break
+        try:
+            out = subprocess.run([str(tool), "-e", address], capture_output=True, text=True,
+                                 errors="replace", timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            failures.append(f"sriov-manage -e {address} timed out after {TIMEOUT}s")
+            continue
+        except OSError as error:
+            failures.append(f"sriov-manage -e {address} could not run: {error.strerror or error}")
+            continue
+        if out.returncode != 0:
+            lines = [ln.strip() for ln in (out.stderr or out.stdout).splitlines() if ln.strip()]
+            failures.append(f"sriov-manage -e {address} failed: "
+                            f"{lines[-1][:120] if lines else f'exit status {out.returncode}'}")
+        else:
+            log.info("enabled the virtual functions of %s", address)
+    return failures
+
+
+def render_unit(host: pci.Host, plan=None) -> str:
+    """The unit's text: enable every SR-IOV GPU's VFs, then write the plan's VFIO types."""
+    lines = [f"ExecStart=/{SRIOV_MANAGE} -e {gpu.address}" for gpu in host.gpus if gpu.sriov]
+    for assignment in (plan.vfio() if plan is not None else ()):
+        target = f"/sys/bus/pci/devices/{assignment.address}/nvidia/current_vgpu_type"
+        lines.append(f"ExecStart=/bin/sh -c 'echo {assignment.number} > {target}'")
+    return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
+        charm=kernel.CHARM, exec_lines="\n".join(lines))
+
+
+def unit_path() -> Path:
+    return hostroot.path(UNIT_FILE)
+
+
+def ensure_unit(content: str) -> bool:
+    """Install and enable the unit when its text changed; True when it did."""
+    target = unit_path()
+    try:
+        previous = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        previous = None
+    except OSError as error:
+        raise SriovError(f"cannot read /{UNIT_FILE}: {error.strerror or error}") from None
+    if previous == content:
+        return False
+    try:
+        kernel._write(target, content)
+    except OSError as error:
+        raise SriovError(f"cannot write /{UNIT_FILE}: {error.strerror or error}") from None
+    _systemctl("daemon-reload")
+    _systemctl("enable", UNIT)
+    log.info("installed and enabled %s", UNIT)
+    return True
+
+
+def remove_unit() -> bool:
+    """Stop, disable and delete the unit (charm removal); True when there was one."""
+    target = unit_path()
+    if not target.exists():
+        return False
+    _systemctl("stop", UNIT)
+    _systemctl("disable", UNIT)
+    target.unlink()
+    _systemctl("daemon-reload")
+    return True
+
+
+def _systemctl(*args: str) -> None:
+    try:
+        out = subprocess.run(["systemctl", *args], capture_output=True, text=True, errors="replace",
+                             timeout=SYSTEMCTL_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise SriovError(f"systemctl {' '.join(args)} timed out") from None
+    except OSError as error:
+        raise SriovError(f"systemctl {' '.join(args)} could not run: {error.strerror}") from None
+    if out.returncode != 0:
+        lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip()]
+        raise SriovError(f"systemctl {' '.join(args)} failed: "
+                         f"{lines[0][:120] if lines else f'exit status {out.returncode}'}")

@@ -1,0 +1,97 @@
+"""Give VFs their vGPU types on NVIDIA's vendor-specific VFIO framework.
+
+Each VF of an L40S, H100 or H200 holds at most one vGPU: its type id is
+written to ``nvidia/current_vgpu_type`` (``0`` releases it). What a VF can
+take depends on its siblings, so ``nvidia/creatable_vgpu_types`` is read
+again right before each write, and the file is read back afterwards.
+
+The charm owns the types of every VFIO GPU on its host: VFs the plan does
+not name are released. Nothing is changed while a running guest holds a VF
+whose type would change (libvirt's status XML, :mod:`vgpu.guests`).
+"""
+
+import logging
+from typing import Dict, List, Tuple
+
+from . import hostroot, pci
+from .errors import VfTypeError
+
+log = logging.getLogger(__name__)
+
+PCI_DEVICES = pci.PCI_DEVICES
+
+
+def desired(plan, host: pci.Host) -> Dict[str, Tuple[int, int]]:
+    """``{VF address: (current type, wanted type)}`` for every VFIO VF that must change."""
+    wanted = {a.address: a.number for a in plan.vfio()}
+    out: Dict[str, Tuple[int, int]] = {}
+    for gpu in host.gpus:
+        if gpu.framework != pci.VFIO:
+            continue
+        for vf in gpu.vfs:
+            current = vf.current_type or 0
+            target = wanted.get(vf.address, 0)
+            if current != target:
+                out[vf.address] = (current, target)
+    return out
+
+
+def ensure_types(plan, host: pci.Host) -> List[str]:
+    """Write the plan's types to the VFs, releasing the others first; returns what was done.
+
+    Raises GuestsRunningError (changing nothing) when running guests hold VFs
+    that would change, VfTypeError when a VF refuses a type.
+    """
+    changes = desired(plan, host)
+    if not changes:
+        return []
+    from . import guests  # XML parsing only when something is to change
+
+    guests.ensure_no_guests(changes)
+    done = []
+    for address, (current, target) in sorted(changes.items(), key=lambda c: _order(host, c[0])):
+        if current and current != target:
+            _write(address, 0)
+            done.append(f"{address}: released nvidia-{current}")
+    for address, (_, target) in sorted(changes.items(), key=lambda c: _order(host, c[0])):
+        if not target:
+            continue
+        creatable = pci.parse_creatable(_read(address, "creatable_vgpu_types"))
+        if target not in {t.number for t in creatable}:
+            listed = ", ".join(t.id for t in creatable) or "nothing"
+            raise VfTypeError(f"VF {address} cannot take nvidia-{target} now: it lists {listed}")
+        _write(address, target)
+        done.append(f"{address}: nvidia-{target}")
+    for line in done:
+        log.info("vGPU type %s", line)
+    return done
+
+
+def _order(host: pci.Host, address: str):
+    gpu = host.gpu(address)
+    vf = gpu.function(address) if gpu else None
+    return (gpu.address if gpu else address, getattr(vf, "index", 0))
+
+
+def _path(address: str, name: str):
+    return hostroot.path(PCI_DEVICES, address, "nvidia", name)
+
+
+def _read(address: str, name: str) -> str:
+    try:
+        return _path(address, name).read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        raise VfTypeError(f"cannot read {name} of VF {address}: {error.strerror or error}") from None
+
+
+def _write(address: str, number: int) -> None:
+    try:
+        with open(_path(address, "current_vgpu_type"), "w", encoding="ascii") as handle:
+            handle.write(f"{number}\n")
+    except OSError as error:
+        what = f"nvidia-{number}" if number else "0 (release)"
+        raise VfTypeError(f"writing {what} to VF {address} failed: "
+                          f"{error.strerror or error}") from None
+    back = _read(address, "current_vgpu_type").strip()
+    if back != str(number):
+        raise VfTypeError(f"VF {address} holds {back or 'nothing'} after writing {number}")

@@ -1,0 +1,310 @@
+"""SR-IOV GPUs through the charm (ops.testing), on both NVIDIA frameworks.
+
+Hosts: an A100 with 16 VFs offering mdev types; an L40S plus an H200 on the
+vendor-specific VFIO framework (the fixture's kernel model shrinks each VF's
+creatable_vgpu_types as siblings take types); and both after a reboot, with no
+VFs until the stand-in sriov-manage creates them. Checked: the relation data
+as nova-compute renders it, the current_vgpu_type files, the systemd unit,
+the sriov-manage and systemctl calls.
+"""
+
+import json
+
+import pytest
+from ops import testing
+
+from charm import NovaComputeNvidiaVgpuCharm
+from unit_tests import debs, principal
+from unit_tests.fakehost import a100_host, l40s_host
+from unit_tests.libvirt import running_guest
+from unit_tests.test_charm import install_driver, nova_conf, ours, relation, state
+from vgpu import catalogue, sriov
+
+MGR = "nvidia-vgpu-mgr"
+L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory):
+    return debs.host_driver(tmp_path_factory.mktemp("debs"))
+
+
+@pytest.fixture
+def ctx():
+    return testing.Context(NovaComputeNvidiaVgpuCharm)
+
+
+def vfs(pf: str, count: int, first: int = 0):
+    return [f"{pf[:-4]}{(4 + n) // 8:02x}.{(4 + n) % 8}" for n in range(first, first + count)]
+
+
+def current(root, address: str) -> int:
+    return int((root / f"sys/bus/pci/devices/{address}/nvidia/current_vgpu_type").read_text())
+
+
+def types_of(root, pf: str, count: int):
+    return [current(root, a) for a in vfs(pf, count)]
+
+
+def ready(host, root, tools, deb):
+    """The driver installed (real dpkg), its daemon up, the stand-in sriov-manage in place."""
+    install_driver(root, deb)
+    host.install_sriov_manage()
+    tools.set_active(MGR)
+    tools.set_active("nvidia-vgpud")
+    return host
+
+
+def again(out, config=None):
+    """The next hook, with what the last one left."""
+    return testing.State(config=config if config is not None else dict(out.config),
+                         relations=out.relations, resources=out.resources,
+                         stored_states=out.stored_states)
+
+
+@pytest.fixture
+def vfio(root, tools, deb):
+    return ready(l40s_host(root), root, tools, deb)
+
+
+MAPPING = "{L40S-12Q: all, 'NVIDIA H200X-35C': ['c1:00.0']}"
+
+
+# -- vendor-specific VFIO -------------------------------------------------------------
+
+def test_vfio_types_are_written_and_published_as_pci_devices(ctx, vfio, root, tools, deb):
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (1 H200 NVL, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4")
+    # 48 GB / 12 GB: four L40S VFs hold L40S-12Q, in virtfn order; the rest stay free.
+    assert types_of(root, L40S, 6) == [1139, 1139, 1139, 1139, 0, 0]
+    assert types_of(root, H200, 5) == [1282, 1282, 1282, 1282, 0]
+    specs = [json.loads(v) for k, v in principal.nova_context(ours(out))["sections"]["pci"]
+             if k == "device_spec"]
+    assert specs[0] == {"vendor_id": "10de", "product_id": "26ba", "address": "0000:81:00.4",
+                        "managed": "no", "resource_class": "CUSTOM_VGPU_L40S_12Q"}
+    assert [s["address"] for s in specs] == vfs(L40S, 4) + vfs(H200, 4)
+    assert {s["product_id"] for s in specs[4:]} == {"233c"}
+    conf = nova_conf(out)
+    assert conf.count("device_spec = ") == 8
+    assert conf.endswith("report_in_placement = True\n")
+    assert "[devices]" not in conf
+    # The boot unit brings the VFs and their types back after a reboot.
+    unit = sriov.unit_path().read_text()
+    assert f"ExecStart=/usr/lib/nvidia/sriov-manage -e {L40S}\n" in unit
+    assert f"ExecStart=/usr/lib/nvidia/sriov-manage -e {H200}\n" in unit
+    assert ("ExecStart=/bin/sh -c 'echo 1139 > /sys/bus/pci/devices/0000:81:00.4/nvidia/"
+            "current_vgpu_type'") in unit
+    assert unit.count("echo 1282 >") == 4
+    assert "Before=nova-compute.service libvirtd.service" in unit
+    assert "After=nvidia-vgpu-mgr.service" in unit
+    assert ["systemctl daemon-reload", f"systemctl enable {sriov.UNIT}"] == [
+        c for c in tools.calls() if c.startswith(("systemctl daemon", "systemctl enable"))]
+    # What was learnt while the VFs were free.
+    learnt = json.loads((root / catalogue.FILE).read_text())
+    assert learnt["0x26b9 570.158.02"]["1139"] == "NVIDIA L40S-12Q"
+
+
+def test_a_full_gpu_stays_served_on_later_hooks_without_writing(ctx, vfio, root, tools, deb):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    calls = len(tools.calls())
+    unit = sriov.unit_path().stat().st_mtime_ns
+    out = ctx.run(ctx.on.update_status(), again(first))
+    # The L40S lists nothing creatable now; the learnt names still resolve L40S-12Q.
+    assert (root / f"sys/bus/pci/devices/{vfs(L40S, 1, 5)[0]}/nvidia/creatable_vgpu_types"
+            ).read_text() == "ID    : vGPU Name\n"
+    assert ours(out) == ours(first)
+    assert out.unit_status == first.unit_status
+    assert sriov.unit_path().stat().st_mtime_ns == unit
+    assert [c for c in tools.calls()[calls:] if not c.startswith("systemctl is-")] == []
+
+
+def test_a_new_profile_releases_the_vfs_first_then_fills_them_again(ctx, vfio, root, deb):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    # 24Q fits twice; it was only creatable once the four 12Q VFs were released.
+    assert types_of(root, L40S, 5) == [1141, 1141, 0, 0, 0]
+    assert types_of(root, H200, 5) == [0, 0, 0, 0, 0]  # no longer mapped: released
+    assert [json.loads(v)["resource_class"] for k, v in
+            principal.nova_context(ours(out))["sections"]["pci"] if k == "device_spec"] == \
+        ["CUSTOM_VGPU_L40S_24Q"] * 2
+
+
+def test_vfs_held_outside_the_plan_are_released_before_the_writes(ctx, vfio, root, deb):
+    first = ctx.run(ctx.on.update_status(), state(resource=deb))  # learns the free lists
+    # Someone gave the last L40S VF a 24Q by hand: VF 0 now lists only 24Q.
+    (root / f"sys/bus/pci/devices/{vfs(L40S, 1, 15)[0]}/nvidia/current_vgpu_type").write_text("1141\n")
+    assert "1139" not in (root / "sys/bus/pci/devices/0000:81:00.4/nvidia/creatable_vgpu_types"
+                          ).read_text()
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-12Q: ['81:00.4']}"}))
+    assert current(root, vfs(L40S, 1, 15)[0]) == 0
+    assert current(root, "0000:81:00.4") == 1139
+    assert out.unit_status.name == "active"
+
+
+def test_a_type_never_seen_free_is_not_guessed(ctx, vfio, root, deb):
+    (root / f"sys/bus/pci/devices/{vfs(L40S, 1, 15)[0]}/nvidia/current_vgpu_type").write_text("1141\n")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: ['81:00.4']}"},
+                                                 resource=deb))
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings: L40S-12Q: 0000:81:00.0 (L40S) offers no vGPU type of that name; "
+        "it offers L40S-24Q")
+    assert current(root, "0000:81:00.4") == 0
+
+
+def test_the_driver_refusing_a_type_blocks_and_publishes_nothing(ctx, vfio, root, deb):
+    vfio.vfio_model(L40S).refuse.add("0000:81:00.5")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                 resource=deb))
+    assert out.unit_status == testing.BlockedStatus(
+        "VF 0000:81:00.5 holds 0 after writing 1139; retrying on the next hook")
+    assert "subordinate_configuration" not in ours(out)
+
+
+def test_running_guests_on_vfs_block_a_change_and_nothing_changes(ctx, vfio, root, deb):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    running_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
+                  pci_address="0000:81:00.5")
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings not applied, no VF changed: 1 running guest(s) use vGPUs: "
+        "instance-0000002a (0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1); move them or restore the mapping")
+    assert types_of(root, L40S, 5) == [1139, 1139, 1139, 1139, 0]
+    assert types_of(root, H200, 4) == [1282] * 4
+    assert ours(out) == ours(first)
+    # A guest on a VF whose type stays does not stop other changes.
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-12Q: all}"}))
+    assert out.unit_status.name == "active"
+    assert types_of(root, H200, 4) == [0] * 4
+
+
+def test_vfio_gpus_on_nova_before_epoxy_block_naming_the_gpu_and_release(ctx, vfio, root, deb):
+    vfio.nova("3:30.1.0-0ubuntu1")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings: GPU 0000:81:00.0 (L40S) uses NVIDIA's vendor-specific VFIO "
+        "framework, which needs Nova 31 (2025.1 epoxy) or later; this host runs 2024.2 dalmatian "
+        "(Nova 30) (+1 more)")
+    assert types_of(root, L40S, 4) == [0] * 4
+    assert "subordinate_configuration" not in ours(out)
+
+
+def test_placement_reporting_stays_on_once_published(ctx, vfio, root, deb):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": ""}))
+    # Nova refuses to start when reporting is turned off after devices were reported.
+    assert nova_conf(out) == "[pci]\nreport_in_placement = True\n"
+    assert types_of(root, L40S, 4) == [0] * 4
+
+
+def test_a_hostile_device_id_in_sysfs_never_reaches_nova_conf(ctx, vfio, root, deb):
+    (root / "sys/bus/pci/devices/0000:81:00.4/device").write_text("0x26ba\n[DEFAULT]\ndebug=1\n")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                 resource=deb))
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith("not publishing: refusing product_id")
+    assert "subordinate_configuration" not in ours(out)
+
+
+def test_list_vgpu_types_gives_the_flavor_property_and_the_pci_alias(ctx, vfio, deb):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    ctx.run(ctx.on.action("list-vgpu-types"), again(first))
+    l40s = ctx.action_results["gpus"]["gpu-0"]
+    entry = l40s["types"]["nvidia-1139"]  # listed although the full GPU offers nothing now
+    assert entry["flavor-property"] == "pci_passthrough:alias=vgpu-l40s-12q:1"
+    assert json.loads(entry["pci-alias"]) == {
+        "name": "vgpu-l40s-12q", "device_type": "type-VF", "vendor_id": "10de",
+        "product_id": "26ba", "resource_class": "CUSTOM_VGPU_L40S_12Q"}
+
+
+def test_remove_stops_and_deletes_the_boot_unit(ctx, vfio, root, tools, deb):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    ctx.run(ctx.on.remove(), again(first))
+    assert not sriov.unit_path().exists()
+    assert not (root / catalogue.FILE).exists()
+    assert [c for c in tools.calls() if sriov.UNIT in c or "daemon-reload" in c][-3:] == [
+        f"systemctl stop {sriov.UNIT}", f"systemctl disable {sriov.UNIT}", "systemctl daemon-reload"]
+
+
+# -- after a reboot: no VFs until sriov-manage -----------------------------------------
+
+def test_after_a_reboot_the_charm_enables_the_vfs_and_writes_the_types(ctx, root, tools, deb):
+    host = ready(l40s_host(root, enabled=False), root, tools, deb)
+    assert not (root / f"sys/bus/pci/devices/{L40S}/virtfn0").exists()
+    out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert [c for c in tools.calls() if c.startswith("sriov-manage")] == [
+        f"sriov-manage -e {L40S}", f"sriov-manage -e {H200}"]
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert out.unit_status.name == "active"
+    assert nova_conf(out).count("device_spec") == 8
+    assert host.recipes.exists()
+
+
+def test_a_gpu_whose_vfs_stay_missing_is_named_and_nothing_is_published(ctx, root, tools, deb):
+    host = ready(l40s_host(root, enabled=False), root, tools, deb)
+    host.fail_sriov_manage(H200)
+    out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert out.unit_status == testing.BlockedStatus(
+        "no virtual functions on SR-IOV GPU 0000:c1:00.0 (H200 NVL) after sriov-manage -e: "
+        "sriov-manage -e 0000:c1:00.0 failed: Enabling VFs on 0000:c1:00.0 failed: "
+        "Input/output error")
+    assert "subordinate_configuration" not in ours(out)
+    assert types_of(root, L40S, 4) == [0] * 4  # nothing half-applied
+
+
+# -- mediated devices on VFs (A100) ------------------------------------------------------
+
+@pytest.fixture
+def a100(root, tools, deb):
+    return ready(a100_host(root), root, tools, deb)
+
+
+def test_a100_gpu_address_expands_to_the_first_vfs_the_type_fits(ctx, a100, tools, deb):
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{GRID A100-10C: ['41:00.0']}"}, resource=deb))
+    assert out.unit_status == testing.ActiveStatus("1 GPU (A100 PCIe 40GB), nvidia-474 on 4")
+    assert nova_conf(out) == (
+        "[devices]\nenabled_mdev_types = nvidia-474\n[mdev_nvidia-474]\n"
+        "device_addresses = 0000:41:00.4,0000:41:00.5,0000:41:00.6,0000:41:00.7\n")
+    unit = sriov.unit_path().read_text()
+    assert "ExecStart=/usr/lib/nvidia/sriov-manage -e 0000:41:00.0\n" in unit
+    assert "current_vgpu_type" not in unit
+    assert not [c for c in tools.calls() if c.startswith("sriov-manage")]  # VFs were there
+
+
+def test_mdev_class_per_profile_is_opt_in(ctx, a100, deb):
+    config = {"vgpu-device-mappings": "{A100-20C: all}"}
+    out = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
+    assert "mdev_class" not in nova_conf(out)
+    out = ctx.run(ctx.on.config_changed(), state({**config, "mdev-class-per-profile": True},
+                                                 resource=deb))
+    assert nova_conf(out) == (
+        "[devices]\nenabled_mdev_types = nvidia-475\n[mdev_nvidia-475]\n"
+        "device_addresses = 0000:41:00.4,0000:41:00.5\nmdev_class = CUSTOM_VGPU_A100_20C\n")
+    ctx.run(ctx.on.action("list-vgpu-types"), again(out))
+    assert ctx.action_results["gpus"]["gpu-0"]["types"]["nvidia-475"]["flavor-property"] == \
+        "resources:CUSTOM_VGPU_A100_20C=1"
+
+
+def test_a100_after_a_reboot_gets_its_vfs_back(ctx, root, tools, deb):
+    ready(a100_host(root, enabled=False), root, tools, deb)
+    out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": "{A100-20C: all}"}, resource=deb))
+    assert [c for c in tools.calls() if c.startswith("sriov-manage")] == [
+        "sriov-manage -e 0000:41:00.0"]
+    assert "device_addresses = 0000:41:00.4,0000:41:00.5" in nova_conf(out)
+
+
+def test_all_with_no_gpu_offering_it_is_a_note_not_a_block(ctx, a100, deb):
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{A100-20C: all, L40S-12Q: all}"}, resource=deb))
+    assert out.unit_status == testing.ActiveStatus(
+        "1 GPU (A100 PCIe 40GB), nvidia-475 on 2; L40S-12Q: no GPU on this host offers it, "
+        "nothing published for it")
+
+
+def test_relation_fixture_is_the_default_one():
+    assert relation().endpoint == "nova-vgpu"

@@ -1,0 +1,142 @@
+"""The [pci] entries the charm publishes, under Nova's own rules.
+
+Nova itself is too heavy for the unit-test environment (about 400 MB and
+2.5 minutes to install, 9 s to import), so:
+
+* nova.conf is parsed by oslo.config, the library Nova reads it with, with
+  Nova's option definitions for ``[pci]`` (``device_spec`` is a MultiStrOpt
+  whose old name is ``passthrough_whitelist``; ``report_in_placement`` a
+  BoolOpt), on a file rendered the way charm-nova-compute renders it: its
+  own ``[pci]`` first, then each subordinate section;
+* resource classes are normalised by os-resource-classes, the library Nova's
+  ``pci_placement_translator`` uses;
+* the rest of ``nova/pci/devspec.py`` (hex ids up to ffff, a single full
+  address, ``managed`` as yes/no/true/false) and of
+  ``pci_placement_translator`` (one resource class per PF) is replicated
+  below, from Nova 34's source;
+* where Nova is importable (``pip install nova``), the entries also go
+  through Nova's real ``PciDeviceSpec`` and ``_normalize_resource_class``.
+"""
+
+import json
+import re
+
+import os_resource_classes
+import pytest
+from oslo_config import cfg
+
+from unit_tests import principal
+from unit_tests.fakehost import l40s_host
+from vgpu import mappings, novaconf, pci, plan, releases
+
+EPOXY = releases.from_major(31)
+MAPPING = "{L40S-12Q: all, H200X-35C: all}"
+
+# charm-nova-compute's own [pci] (templates/yoga/nova.conf, used by every later
+# release), with a NIC passed through by its pci-passthrough-whitelist option.
+PRINCIPAL_PCI = """[DEFAULT]
+debug = False
+
+[pci]
+passthrough_whitelist = {"vendor_id": "15b3", "product_id": "101e", "physical_network": "physnet1"}
+alias = {"name": "nic", "vendor_id": "15b3", "product_id": "101e", "device_type": "type-VF"}
+
+[vnc]
+enabled = False
+
+"""
+
+
+def published(root):
+    l40s_host(root)
+    checked = mappings.check_text(MAPPING)
+    built = plan.build(checked.mapping, pci.discover(), EPOXY)
+    assert built.ok, built.errors
+    data = novaconf.relation_data(novaconf.plan_sections(built, EPOXY))
+    return built, principal.nova_context(data)
+
+
+def oslo_conf(path):
+    """nova.conf as Nova's [pci] options read it."""
+    conf = cfg.ConfigOpts()
+    conf.register_opts([
+        cfg.MultiStrOpt("device_spec", default=[], deprecated_opts=[
+            cfg.DeprecatedOpt("passthrough_whitelist", group="pci"),
+            cfg.DeprecatedOpt("pci_passthrough_whitelist", group="DEFAULT")]),
+        cfg.MultiStrOpt("alias", default=[]),
+        cfg.BoolOpt("report_in_placement", default=False),
+    ], group="pci")
+    conf(args=[], default_config_files=[str(path)])
+    return conf
+
+
+def nova_devspec(text):
+    """nova.pci.devspec.PciDeviceSpec's checks on one JSON entry, replicated."""
+    spec = json.loads(text)
+    assert isinstance(spec, dict)
+    tags = dict(spec)
+    for key in ("vendor_id", "product_id"):
+        value = tags.pop(key).strip()
+        assert int(value, 16) <= 0xFFFF, key            # _set_pci_dev_info
+    address = tags.pop("address")
+    assert re.fullmatch(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", address)  # single
+    assert tags.pop("managed").lower() in ("yes", "no", "true", "false")  # bool_from_string strict
+    rc = tags.pop("resource_class")
+    assert "devname" not in spec  # refused with report_in_placement
+    assert tags == {}, f"unknown tags {tags}"
+    return rc
+
+
+def placement_class(rc):
+    """pci_placement_translator._normalize_resource_class."""
+    if rc not in os_resource_classes.STANDARDS and not os_resource_classes.is_custom(rc):
+        rc = os_resource_classes.normalize_name(rc)
+    return rc
+
+
+def test_the_charms_pci_entries_hold_beside_the_principals_own(root, tmp_path):
+    built, context = published(root)
+    conf_path = tmp_path / "nova.conf"
+    conf_path.write_text(PRINCIPAL_PCI + principal.render_nova_conf(context))
+    assert conf_path.read_text().count("[pci]") == 2
+    conf = oslo_conf(conf_path)
+    specs = conf.pci.device_spec
+    assert any("15b3" in s for s in specs), specs  # the principal's NIC is still there
+    ours = [s for s in specs if '"10de"' in s]
+    assert [json.loads(s)["address"] for s in ours] == [a.address for a in built.vfio()]
+    assert len(ours) == 8
+    assert conf.pci.report_in_placement is True
+    assert conf.pci.alias == [
+        '{"name": "nic", "vendor_id": "15b3", "product_id": "101e", "device_type": "type-VF"}']
+
+
+def test_every_entry_passes_novas_device_spec_rules_and_keeps_its_class(root):
+    built, context = published(root)
+    entries = [v for k, v in context["sections"]["pci"] if k == "device_spec"]
+    per_pf = {}
+    for text, assignment in zip(entries, built.vfio()):
+        rc = nova_devspec(text)
+        assert placement_class(rc) == rc  # already normalised: what the flavor asks for
+        per_pf.setdefault(assignment.gpu, set()).add(rc)
+    # PlacementPciMixedResourceClassException: one class per PF.
+    assert per_pf == {"0000:81:00.0": {"CUSTOM_VGPU_L40S_12Q"},
+                      "0000:c1:00.0": {"CUSTOM_VGPU_H200X_35C"}}
+
+
+@pytest.mark.parametrize("name", ["L40S-12Q", "vgpu-1139", "H200X-1-18C", "RTX PRO 6000 DC-4Q"])
+def test_class_names_are_what_placement_normalises_them_to(name):
+    rc = plan.resource_class(name)
+    assert placement_class(rc) == rc
+    assert os_resource_classes.normalize_name(f"VGPU {name}") == rc
+
+
+def test_nova_itself_accepts_the_entries_where_it_is_installed(root):
+    devspec = pytest.importorskip("nova.pci.devspec")
+    translator = pytest.importorskip("nova.compute.pci_placement_translator")
+    _, context = published(root)
+    for key, text in context["sections"]["pci"]:
+        if key == "device_spec":
+            spec = devspec.PciDeviceSpec(json.loads(text))
+            assert spec.get_tags()["managed"] == "false"
+            rc = spec.get_tags()["resource_class"]
+            assert translator._normalize_resource_class(rc) == rc

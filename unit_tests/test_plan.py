@@ -1,0 +1,159 @@
+"""The plan: which function gets which type, for both NVIDIA frameworks, on fixture hosts."""
+
+import pytest
+
+from unit_tests.fakehost import A100_TYPES, FakeHost, MdevType, a100_host, l40s_host, v100_host
+from vgpu import catalogue, mappings, pci, plan, releases
+
+CARACAL = releases.from_major(29)
+EPOXY = releases.from_major(31)
+
+
+def build(text, release=CARACAL, offered=None):
+    checked = mappings.check_text(text)
+    assert checked.ok, checked.errors
+    return plan.build(checked.mapping, pci.discover(), release, offered)
+
+
+def vfs(pf: str, count: int, first: int = 4):
+    return tuple(f"{pf[:-4]}{(first + n) // 8:02x}.{(first + n) % 8}" for n in range(count))
+
+
+# -- selectors -----------------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["nvidia-474", "A100-10C", "GRID A100-10C", "grid a100-10c"])
+def test_a_type_id_a_profile_and_the_drivers_name_select_the_same_type(root, key):
+    a100_host(root)
+    built = build(f"{{'{key}': ['41:00.0']}}")
+    assert built.errors == ()
+    # A100-10C fits 4 on a 40 GB A100: its first four VFs, in virtfn order.
+    assert built.mdev_mapping() == {"nvidia-474": vfs("0000:41:00.0", 4)}
+
+
+def test_a_vf_address_is_taken_as_given(root):
+    a100_host(root)
+    assert build("{A100-20C: ['41:01.1']}").mdev_mapping() == {"nvidia-475": ("0000:41:01.1",)}
+
+
+def test_all_selects_every_gpu_offering_the_profile(root):
+    a100_host(root, gpus=2)
+    built = build("{A100-20C: all}")
+    assert built.mdev_mapping() == {"nvidia-475": vfs("0000:41:00.0", 2) + vfs("0000:61:00.0", 2)}
+    assert built.notes == ()
+
+
+def test_all_on_a_host_without_such_a_gpu_publishes_nothing_and_says_so(root):
+    v100_host(root)
+    built = build("{L40S-12Q: all, nvidia-108: all}")
+    assert built.errors == ()
+    assert built.notes == ("L40S-12Q: no GPU on this host offers it, nothing published for it",)
+    assert built.mdev_mapping() == {"nvidia-108": ("0000:c1:00.0", "0000:e1:00.0")}
+
+
+def test_a_name_that_matches_nothing_is_named_with_what_the_gpu_offers(root):
+    v100_host(root)
+    assert build("{A100-20C: [c1:00.0]}").errors == (
+        "A100-20C: 0000:c1:00.0 (Tesla V100 PCIe 16GB) offers no vGPU type of that name; it "
+        "offers V100-1Q, V100-2Q, V100-4Q, V100-8Q and 1 more",)
+
+
+def test_a_name_that_matches_two_types_is_refused_and_the_full_name_picks_one(root):
+    host = FakeHost(root)
+    host.add_gpu("0000:c1:00.0", mdev_types={"nvidia-475": MdevType("GRID A100-20C", 20480, 2),
+                                             "nvidia-480": MdevType("NVIDIA A100-20C", 20480, 2)})
+    assert build("{A100-20C: [c1:00.0]}").errors == (
+        "A100-20C: names 2 types on 0000:c1:00.0 (NVIDIA 0x1db4): nvidia-475 (GRID A100-20C), "
+        "nvidia-480 (NVIDIA A100-20C); use the type id",)
+    assert build("{NVIDIA A100-20C: [c1:00.0]}").mdev_mapping() == {"nvidia-480": ("0000:c1:00.0",)}
+
+
+def test_mig_backed_profiles_are_refused_clearly(root):
+    a100_host(root)
+    for text in ("{A100-4-20C: ['41:00.0']}", "{nvidia-699: all}"):
+        assert build(text).errors == (
+            f"{'A100-4-20C' if 'A100' in text else 'nvidia-699'}: GRID A100-4-20C (nvidia-699) on "
+            "0000:41:00.0 (A100 PCIe 40GB) is MIG-backed; this charm configures time-sliced "
+            "profiles only",)
+
+
+def test_one_gpu_takes_one_profile(root):
+    l40s_host(root)
+    assert build("{L40S-12Q: [81:00.0], L40S-24Q: [81:00.6]}", EPOXY).errors == (
+        "GPU 0000:81:00.0 (through 0000:81:00.6) is mapped to both L40S-12Q and L40S-24Q; a GPU "
+        "takes one profile (mixed-size mode is not supported)",)
+
+
+def test_more_vfs_than_the_type_fits_are_refused_at_the_boundary(root):
+    a100_host(root)
+    four, five = vfs("0000:41:00.0", 4), vfs("0000:41:00.0", 5)
+    assert build(f"{{nvidia-474: {list(four)}}}").ok
+    assert build(f"{{nvidia-474: {list(five)}}}").errors == (
+        "nvidia-474: 5 virtual functions of GPU 0000:41:00.0 are mapped but the type fits 4 per GPU",)
+
+
+# -- vendor-specific VFIO ----------------------------------------------------------
+
+@pytest.mark.parametrize("key,gpu,count", [
+    ("L40S-12Q", "0000:81:00.0", 4),    # 48 / 12
+    ("L40S-16Q", "0000:81:00.0", 3),
+    ("L40S-48Q", "0000:81:00.0", 1),
+    ("L40S-2B", "0000:81:00.0", 16),    # 48 / 2 = 24 (the whole framebuffer, not the B
+                                        # series' largest), capped by the 16 VFs enabled
+    ("H200X-35C", "0000:c1:00.0", 4),   # 141 // 35
+    ("H200X-18C", "0000:c1:00.0", 7),
+])
+def test_vfio_profiles_get_as_many_vfs_as_the_framebuffer_fits(root, key, gpu, count):
+    l40s_host(root)
+    built = build(f"{{{key}: all}}", EPOXY)
+    assert built.errors == ()
+    assert [a.address for a in built.vfio()] == list(vfs(gpu, count))
+    first = built.vfio()[0]
+    assert first.product_id == ("26ba" if gpu == "0000:81:00.0" else "233c")
+    assert first.resource_class == "CUSTOM_VGPU_" + key.replace("-", "_")
+
+
+def test_a_full_vfio_gpu_is_resolved_from_the_learnt_catalogue(root):
+    host = l40s_host(root)
+    table = catalogue.learn(pci.discover(), "570.158.02")
+    for vf in vfs("0000:81:00.0", 4):
+        (root / f"sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type").write_text("1139\n")
+    found = pci.discover()
+    assert found.gpus[0].offered_types() == ()  # full: no VF lists anything
+    assert host.vfio_model("0000:81:00.0").total == 48
+    offered = catalogue.offered(found, "570.158.02", table)
+    checked = mappings.check_text("{L40S-12Q: all}")
+    assert [a.address for a in plan.build(checked.mapping, found, EPOXY, offered).vfio()] == \
+        list(vfs("0000:81:00.0", 4))
+    # Without what was learnt, the name cannot be resolved on the full GPU.
+    assert plan.build(checked.mapping, found, EPOXY).notes == (
+        "L40S-12Q: no GPU on this host offers it, nothing published for it",)
+
+
+def test_resource_classes_are_distinct_per_profile_after_normalising():
+    names = ["NVIDIA L40S-12Q", "NVIDIA L40S-24Q", "GRID A100-20C", "NVIDIA H200X-35C",
+             "GRID A100-2-10C"]
+    classes = [plan.resource_class(n) for n in names]
+    assert classes == ["CUSTOM_VGPU_L40S_12Q", "CUSTOM_VGPU_L40S_24Q", "CUSTOM_VGPU_A100_20C",
+                       "CUSTOM_VGPU_H200X_35C", "CUSTOM_VGPU_A100_2_10C"]
+    assert len(set(classes)) == len(classes)
+
+
+def test_profiles_that_would_collide_in_placement_are_refused(root):
+    host = FakeHost(root)
+    host.add_gpu("0000:c1:00.0", mdev_types={"nvidia-1": MdevType("GRID X-8Q", 8192, 2)})
+    host.add_gpu("0000:e1:00.0", mdev_types={"nvidia-2": MdevType("GRID X 8Q", 8192, 2)})
+    built = plan.build({"nvidia-1": ("0000:c1:00.0",), "nvidia-2": ("0000:e1:00.0",)},
+                       pci.discover(), CARACAL)
+    assert built.errors == ("profiles X 8Q, X-8Q would share Placement's resource class "
+                            "CUSTOM_VGPU_X_8Q",)
+
+
+def test_gpus_without_vfs_yet_are_named_not_guessed(root):
+    a100_host(root, enabled=False)
+    built = build("{A100-20C: all}")
+    assert built.missing_vfs == ("0000:41:00.0",)
+    assert built.assignments == ()
+
+
+def test_a100_types_fixture_is_the_40gb_card():
+    assert A100_TYPES["nvidia-474"].max_instance == 4
