@@ -162,7 +162,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _ensure_vfs(self) -> None:
         """Enable the VFs of SR-IOV GPUs that have none (after a reboot, a driver reload)."""
         host = self._host()
-        if host.driver is None or not host.driver.installed:
+        if host.driver is None or not host.driver.installed or self._stored.paused:
             return
         missing = [gpu.address for gpu in host.host.gpus if gpu.vfs_missing]
         if not missing:
@@ -223,6 +223,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
         from vgpu import vfio
 
+        if self._stored.paused and vfio.desired(plan, self._host().host):
+            return False  # the vGPU manager is stopped: VF types wait for resume
         try:
             done = vfio.ensure_types(plan, self._host().host)
         except GuestsRunningError as error:

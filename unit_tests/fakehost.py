@@ -103,9 +103,10 @@ class VfioModel:
         self.types = dict(types)
         self.total = max(_gb(n) for n in self.types.values() if not _mig(n))
         self.refuse: set = set()  # VF addresses whose writes the driver refuses (reads back 0)
+        self.hidden: set = set()  # VF addresses that list nothing creatable (and refuse all)
 
-    def creatable(self, own: int, siblings: Iterable[int]) -> Dict[int, str]:
-        if own:
+    def creatable(self, own: int, siblings: Iterable[int], vf: str = "") -> Dict[int, str]:
+        if own or vf in self.hidden:
             return {}
         held = [t for t in siblings if t]
         sizes = {_gb(self.types[t]) for t in held if t in self.types}
@@ -156,13 +157,14 @@ def _vfio_kernel(event, args):
         own = _current(vf_dir)
         nvidia = os.path.join(vf_dir, "nvidia")
         if name == "current_vgpu_type":
-            if own and (own not in model.creatable(0, others)
+            if own and (own not in model.creatable(0, others, os.path.basename(vf_dir))
                         or os.path.basename(vf_dir) in model.refuse):
                 with open(os.path.join(nvidia, "current_vgpu_type"), "w") as handle:
                     handle.write("0\n")
             return
         rows = ["ID    : vGPU Name"] + [f"{n:<6}: {t}" for n, t in
-                                         sorted(model.creatable(own, others).items())]
+                                         sorted(model.creatable(own, others,
+                                                                os.path.basename(vf_dir)).items())]
         with open(os.path.join(nvidia, "creatable_vgpu_types"), "w") as handle:
             handle.write("\n".join(rows) + "\n")
     finally:

@@ -163,6 +163,18 @@ def test_the_driver_refusing_a_type_blocks_and_publishes_nothing(ctx, vfio, root
     assert "subordinate_configuration" not in ours(out)
 
 
+def test_each_vf_list_is_read_again_right_before_its_write(ctx, vfio, root, deb):
+    # The driver lists nothing on VF 2 (say, a VF it keeps for itself): the charm sees that
+    # right before writing, and stops with what the VF lists instead of a failed write.
+    vfio.vfio_model(L40S).hidden.add("0000:81:00.6")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                 resource=deb))
+    assert out.unit_status == testing.BlockedStatus(
+        "VF 0000:81:00.6 cannot take nvidia-1139 now: it lists nothing; retrying on the next hook")
+    assert types_of(root, L40S, 4) == [1139, 1139, 0, 0]
+    assert "subordinate_configuration" not in ours(out)
+
+
 def test_running_guests_on_vfs_block_a_change_and_nothing_changes(ctx, vfio, root, deb):
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     running_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
@@ -308,3 +320,17 @@ def test_all_with_no_gpu_offering_it_is_a_note_not_a_block(ctx, a100, deb):
 
 def test_relation_fixture_is_the_default_one():
     assert relation().endpoint == "nova-vgpu"
+
+
+def test_a_paused_unit_leaves_vf_types_alone_until_resume(ctx, vfio, root, tools, deb):
+    for unit in (MGR, "nvidia-vgpud"):
+        tools.set_active(unit, False)
+    config = {"vgpu-device-mappings": "{L40S-12Q: all}"}
+    out = ctx.run(ctx.on.config_changed(), state(config, resource=deb, paused=True))
+    assert out.unit_status.message.startswith("paused: ")
+    assert types_of(root, L40S, 4) == [0] * 4
+    assert "subordinate_configuration" not in ours(out)
+    out = ctx.run(ctx.on.action("resume"), out)
+    out = ctx.run(ctx.on.config_changed(), again(out))
+    assert types_of(root, L40S, 4) == [1139] * 4
+    assert out.unit_status.name == "active"
