@@ -334,3 +334,46 @@ def test_a_paused_unit_leaves_vf_types_alone_until_resume(ctx, vfio, root, tools
     out = ctx.run(ctx.on.config_changed(), again(out))
     assert types_of(root, L40S, 4) == [1139] * 4
     assert out.unit_status.name == "active"
+
+
+LIGHT = """
+import sys
+from pathlib import Path
+from ops import testing
+from charm import NovaComputeNvidiaVgpuCharm
+from unit_tests.fakehost import l40s_host
+from vgpu import mappings
+root = Path(sys.argv[1])
+l40s_host(root)
+for n in range(4, 8):
+    (root / f"sys/bus/pci/devices/0000:81:00.{n}/nvidia/current_vgpu_type").write_text("1139")
+text = "{nvidia-1139: ['81:00.0']}"
+ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+stored = testing.StoredState(owner_path="NovaComputeNvidiaVgpuCharm", name="_stored", content={
+    "paused": False, "checked": {"key": mappings.fingerprint(text),
+                                 "mapping": {"nvidia-1139": ["0000:81:00.0"]}, "errors": []}})
+placeholder = root.parent / "empty.deb"
+placeholder.write_text("")
+out = ctx.run(ctx.on.update_status(), testing.State(
+    config={"vgpu-device-mappings": text}, relations=[testing.SubordinateRelation("nova-vgpu")],
+    stored_states={stored},
+    resources={testing.Resource(name="nvidia-vgpu-software", path=placeholder)}))
+print(out.unit_status.name, sorted(m for m in ("jsonschema", "vgpu.guests") if m in sys.modules))
+"""
+
+
+def test_update_status_on_a_served_vfio_host_stays_light(root, tmp_path, tools):
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "light.py"
+    script.write_text(LIGHT)
+    host = tmp_path / "light-host"
+    host.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), VGPU_HOST_ROOT=str(host))
+    result = subprocess.run([sys.executable, str(script), str(host)], env=env,
+                            capture_output=True, text=True, check=True)
+    # No driver installed here (blocked for the resource), but no schema or XML parsing
+    # (ops.testing itself imports PyYAML, so yaml is not checked here).
+    assert result.stdout.split()[-1] == "[]", result.stdout + result.stderr
+    assert not [c for c in tools.calls() if not c.startswith("systemctl is-")]

@@ -157,3 +157,18 @@ def test_gpus_without_vfs_yet_are_named_not_guessed(root):
 
 def test_a100_types_fixture_is_the_40gb_card():
     assert A100_TYPES["nvidia-474"].max_instance == 4
+
+
+def test_a_held_type_never_seen_free_resolves_by_id_to_the_vfs_that_hold_it(root):
+    l40s_host(root)
+    for vf in vfs("0000:81:00.0", 4):
+        (root / f"sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type").write_text("1139\n")
+    found = pci.discover()
+    offered = catalogue.offered(found, "570.158.02", {})  # nothing learnt
+    checked = mappings.check_text("{nvidia-1139: ['81:00.0'], nvidia-1283: ['c1:00.0']}")
+    built = plan.build(checked.mapping, found, EPOXY, offered)
+    assert [a.address for a in built.vfio()] == list(vfs("0000:81:00.0", 4)) + \
+        list(vfs("0000:c1:00.0", 2))  # the H200 is free: 141 // 70
+    checked = mappings.check_text("{nvidia-1142: ['81:00.0']}")
+    assert plan.build(checked.mapping, found, EPOXY, offered).errors == (
+        "nvidia-1142: 0000:81:00.0 (L40S) does not offer nvidia-1142; it offers nvidia-1139",)

@@ -105,5 +105,9 @@ def offered(host: pci.Host, driver_version: Optional[str],
                 for n, name in table.get(key(gpu, driver_version), {}).items() if n.isdigit()}
         for vgpu_type in gpu.offered_types():
             seen[str(vgpu_type.number)] = vgpu_type
+        for vf in gpu.vfs:  # a type a VF holds is one the GPU offers, named or not
+            if vf.current_type and str(vf.current_type) not in seen:
+                seen[str(vf.current_type)] = pci.VgpuType(
+                    number=vf.current_type, name=f"nvidia-{vf.current_type}", framework=pci.VFIO)
         out[gpu.address] = tuple(sorted(seen.values(), key=lambda t: t.number))
     return out

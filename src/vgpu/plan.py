@@ -184,6 +184,9 @@ def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
     """(type, problem): the type ``key`` names on ``gpu``. A type is returned with a
     problem when it exists but cannot be used (MIG-backed)."""
     where = f"{gpu.address} ({gpu.model})"
+    if not types and gpu.vfs and gpu.framework is None:
+        return None, (f"{key}: the virtual functions of GPU {where} offer no vGPU types (are "
+                      "they bound to the nvidia driver, nvidia-vgpu-mgr running?)")
     match = _TYPE_ID.fullmatch(key)
     if match:
         number = int(match.group(1))
@@ -237,6 +240,10 @@ def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
                     f"framework, which needs Nova 31 (2025.1 epoxy) or later; this host runs "
                     f"{release}"]
     fits = _fits(gpu, vgpu_type, types, framework)
+    if fits < 0:
+        return [], [f"{key}: cannot tell how many VFs of GPU {gpu.address} ({gpu.model}) "
+                    f"{vgpu_type.id} fits: its name was never listed while VFs were free; "
+                    "release its VFs (write 0 to nvidia/current_vgpu_type) to let the charm learn it"]
     chosen_vfs: List[pci.VirtualFunction] = []
     if whole:
         chosen_vfs = list(gpu.vfs[:fits])
@@ -270,10 +277,11 @@ def _fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, types: Sequence[pci.VgpuType],
         return count
     # VFIO: the whole framebuffer is the GPU's largest time-sliced profile (48 GB for
     # L40S-48Q); the largest of the type's own series is smaller for B and A profiles.
+    # A type known only by the id a VF holds: as many VFs as hold it now, else unknown (-1).
     own = vgpu_type.profile
     sizes = [p.framebuffer_gb for p in (t.profile for t in types) if p is not None and not p.mig]
     if own is None or not sizes or own.framebuffer_gb <= 0:
-        return count
+        return sum(1 for vf in gpu.vfs if vf.current_type == vgpu_type.number) or -1
     return min(count, max(sizes) // own.framebuffer_gb)
 
 

@@ -1,0 +1,95 @@
+"""VFs at every boot: sriov-manage, the systemd unit, the learnt VFIO type names."""
+
+import json
+
+from unit_tests.fakehost import FakeHost, a100_host, l40s_host
+from vgpu import catalogue, mappings, pci, plan, releases, sriov
+
+
+def test_sriov_manage_creates_the_vfs_and_its_calls_are_recorded(root, tools):
+    host = a100_host(root, enabled=False)
+    host.install_sriov_manage()
+    assert pci.discover().gpus[0].vfs_missing
+    assert sriov.enable(["0000:41:00.0"]) == []
+    gpu = pci.discover().gpus[0]
+    assert len(gpu.vfs) == 16 and not gpu.vfs_missing and gpu.framework == pci.MDEV
+    assert tools.calls() == ["sriov-manage -e 0000:41:00.0"]
+
+
+def test_sriov_manage_failures_are_one_line_each(root, tools):
+    host = l40s_host(root, enabled=False)
+    assert sriov.enable(["0000:81:00.0"]) == [
+        "/usr/lib/nvidia/sriov-manage not found (is the vGPU host driver installed?)"]
+    host.install_sriov_manage()
+    host.fail_sriov_manage("0000:c1:00.0")
+    assert sriov.enable(["0000:81:00.0", "0000:c1:00.0"]) == [
+        "sriov-manage -e 0000:c1:00.0 failed: Enabling VFs on 0000:c1:00.0 failed: "
+        "Input/output error"]
+    (root / sriov.SRIOV_MANAGE).chmod(0o644)
+    assert sriov.enable(["0000:c1:00.0"])[0].startswith(
+        "sriov-manage -e 0000:c1:00.0 could not run: Permission denied")
+
+
+def test_the_unit_enables_every_sriov_gpu_and_rewrites_only_vfio_types(root):
+    host = l40s_host(root)
+    host.add_gpu("0000:e1:00.0")  # a V100: no SR-IOV, not in the unit
+    found = pci.discover()
+    epoxy = releases.from_major(31)
+    built = plan.build(mappings.check_text("{L40S-24Q: all}").mapping, found, epoxy)
+    unit = sriov.render_unit(found, built)
+    execs = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert execs == [
+        "ExecStart=/usr/lib/nvidia/sriov-manage -e 0000:81:00.0",
+        "ExecStart=/usr/lib/nvidia/sriov-manage -e 0000:c1:00.0",
+        "ExecStart=/bin/sh -c 'echo 1141 > /sys/bus/pci/devices/0000:81:00.4/nvidia/current_vgpu_type'",
+        "ExecStart=/bin/sh -c 'echo 1141 > /sys/bus/pci/devices/0000:81:00.5/nvidia/current_vgpu_type'",
+    ]
+    for line in ("Type=oneshot", "RemainAfterExit=yes", "WantedBy=multi-user.target",
+                 "After=nvidia-vgpu-mgr.service nvidia-vgpud.service",
+                 "Before=nova-compute.service libvirtd.service"):
+        assert line in unit.splitlines()
+
+
+def test_the_unit_is_written_and_enabled_only_when_it_changes(root, tools):
+    assert sriov.ensure_unit("[Unit]\n") is True
+    assert sriov.ensure_unit("[Unit]\n") is False
+    assert tools.calls() == ["systemctl daemon-reload", f"systemctl enable {sriov.UNIT}"]
+    assert (root / "etc/systemd/system/nvidia-vgpu-vfs.service").read_text() == "[Unit]\n"
+    assert sriov.remove_unit() is True and sriov.remove_unit() is False
+    assert tools.calls()[2:] == [f"systemctl stop {sriov.UNIT}", f"systemctl disable {sriov.UNIT}",
+                                 "systemctl daemon-reload"]
+
+
+def test_type_names_are_learnt_per_model_and_driver_version(root):
+    l40s_host(root)
+    found = pci.discover()
+    table = catalogue.learn(found, "570.158.02")
+    assert table["0x26b9 570.158.02"]["1142"] == "NVIDIA L40S-48Q"
+    assert table["0x233b 570.158.02"]["1284"] == "NVIDIA H200X-141C"
+    saved = json.loads((root / catalogue.FILE).read_text())
+    assert saved == table
+    # Another driver release may number types differently: learnt separately, the old kept.
+    again = catalogue.learn(found, "580.65.05")
+    assert set(again) == {"0x26b9 570.158.02", "0x233b 570.158.02",
+                          "0x26b9 580.65.05", "0x233b 580.65.05"}
+    catalogue.forget()
+    assert catalogue.load() == {}
+
+
+def test_an_unreadable_catalogue_is_relearnt(root):
+    l40s_host(root)
+    path = root / catalogue.FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{not json")
+    assert catalogue.load() == {}
+    assert "0x26b9 x" in catalogue.learn(pci.discover(), "x")
+
+
+def test_vfs_that_offer_nothing_are_named(root):
+    host = FakeHost(root)
+    host.add_gpu("0000:41:00.0", device="0x20f1", totalvfs=16)
+    host.add_vf("0000:41:00.0", 0, "0000:41:00.4", driver="vfio-pci")
+    built = plan.build({"nvidia-474": ("0000:41:00.0",)}, pci.discover(), releases.from_major(29))
+    assert built.errors == (
+        "nvidia-474: the virtual functions of GPU 0000:41:00.0 (NVIDIA 0x20f1) offer no vGPU types "
+        "(are they bound to the nvidia driver, nvidia-vgpu-mgr running?)",)
