@@ -120,13 +120,6 @@ def normalise(data) -> Mapping_:
     return mapping
 
 
-def check_host(mapping: Mapping_, host, release=None, offered=None) -> List[str]:
-    """What the host or the OpenStack release cannot serve; empty when all is well."""
-    from . import plan
-
-    return list(plan.build(mapping, host, release, offered).errors)
-
-
 def check_text(text: Optional[str]) -> Validation:
     """Parse, schema-check and normalise the option: everything that needs no host."""
     try:
