@@ -172,3 +172,36 @@ def test_a_held_type_never_seen_free_resolves_by_id_to_the_vfs_that_hold_it(root
     checked = mappings.check_text("{nvidia-1142: ['81:00.0']}")
     assert plan.build(checked.mapping, found, EPOXY, offered).errors == (
         "nvidia-1142: 0000:81:00.0 (L40S) does not offer nvidia-1142; it offers nvidia-1139",)
+
+
+@pytest.mark.parametrize("major,expected", [
+    (23, "[vgpu_nvidia-475]\ndevice_addresses = 0000:41:00.4,0000:41:00.5\n"),
+    (24, "[mdev_nvidia-475]\ndevice_addresses = 0000:41:00.4,0000:41:00.5\n"
+         "mdev_class = CUSTOM_VGPU_A100_20C\n"),
+])
+def test_mdev_class_is_set_from_xena_on_only(root, major, expected):
+    from unit_tests import principal
+    from vgpu import novaconf
+    a100_host(root)
+    release = releases.from_major(major)
+    built = build("{A100-20C: all}", release)
+    sections = novaconf.plan_sections(built, release, mdev_class=True)
+    conf = principal.render_nova_conf(principal.nova_context(novaconf.relation_data(sections)))
+    assert conf.endswith(expected)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("address", "0000:81:00.4\n[DEFAULT]"), ("address", "0000:81:00.4,0000:81:00.5"),
+    ("product_id", "26ba\ndebug"), ("product_id", "26bax"),
+    ("framework", pci.MDEV),  # the same hostile-free assignment, but as an mdev with a bad address
+])
+def test_nothing_but_what_novaconf_builds_can_be_published(field, value):
+    from vgpu import novaconf
+    fields = {"gpu": "0000:81:00.0", "address": "0000:81:00.4", "number": 1139,
+              "name": "NVIDIA L40S-12Q", "framework": pci.VFIO, "product_id": "26ba"}
+    fields[field] = value
+    if field == "framework":
+        fields["address"] = "0000:81:00.4,0000:82:00.4"
+    with pytest.raises(ValueError):
+        novaconf.plan_sections(plan.Plan(assignments=(plan.Assignment(**fields),)),
+                               releases.from_major(31))

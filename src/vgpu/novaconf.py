@@ -62,6 +62,8 @@ def plan_sections(plan, release, mdev_class: bool = False,
     published ``report_in_placement`` before; Nova refuses to start once it is
     turned off after devices were reported, so it stays.
     """
+    for assignment in plan.assignments:  # one by one: a comma would split a joined list
+        _checked("address", assignment.address)
     out = sections(plan.mdev_mapping(), release)
     if mdev_class and release.config_format == releases.MDEV_GROUPS:
         for vgpu_type, name in plan.mdev_names().items():

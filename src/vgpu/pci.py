@@ -75,7 +75,7 @@ class VirtualFunction:
     driver: Optional[str]
     types: Tuple[VgpuType, ...] = ()
     current_type: Optional[int] = None  # VFIO framework: 0 or None = none
-    device_id: str = ""  # the VF's own PCI device id (differs from its GPU's)
+    device_id: str = ""  # VFIO VFs: the VF's own PCI device id (differs from its GPU's)
     framework: Optional[str] = None  # mdev, vfio, or None (neither is exposed yet)
 
 
@@ -238,7 +238,8 @@ def _virtual_functions(entry) -> Tuple[VirtualFunction, ...]:
             driver=_link_name(vf_entry / "driver"),
             types=types,
             current_type=current,
-            device_id=_read(vf_entry / "device") or "",
+            # Nova's device_spec needs it on VFIO only: mdev hosts skip the read.
+            device_id=(_read(vf_entry / "device") or "") if framework == VFIO else "",
             framework=framework,
         ))
     return tuple(sorted(vfs, key=lambda vf: vf.index))
