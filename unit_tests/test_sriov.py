@@ -93,3 +93,12 @@ def test_vfs_that_offer_nothing_are_named(root):
     assert built.errors == (
         "nvidia-474: the virtual functions of GPU 0000:41:00.0 (NVIDIA 0x20f1) offer no vGPU types "
         "(are they bound to the nvidia driver, nvidia-vgpu-mgr running?)",)
+
+
+def test_a_catalogue_that_cannot_be_saved_is_only_logged(root, caplog):
+    l40s_host(root)
+    (root / "var/lib").mkdir(parents=True, exist_ok=True)
+    (root / catalogue.STATE_DIR).write_text("a file where a directory belongs")
+    table = catalogue.learn(pci.discover(), "570.158.02")
+    assert table["0x26b9 570.158.02"]["1139"] == "NVIDIA L40S-12Q"  # still used in this hook
+    assert "cannot save learnt vGPU types" in caplog.text

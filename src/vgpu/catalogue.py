@@ -17,11 +17,9 @@ small file and writes none.
 
 import json
 import logging
-import os
-import tempfile
 from typing import Dict, Mapping, Optional, Tuple
 
-from . import hostroot, pci
+from . import files, hostroot, pci
 
 log = logging.getLogger(__name__)
 
@@ -66,21 +64,13 @@ def learn(host: pci.Host, driver_version: Optional[str], table: Optional[Table] 
 
 
 def save(table: Mapping[str, Mapping[str, str]]) -> None:
+    """Write the table; a host that refuses it only loses what was learnt (logged)."""
     target = hostroot.path(FILE)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(table, handle, sort_keys=True, indent=1)
-            handle.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+        files.write_atomic(target, json.dumps(table, sort_keys=True, indent=1) + "\n")
+    except OSError as error:
+        log.warning("cannot save learnt vGPU types to %s: %s", target, error.strerror or error)
+        return
     log.info("learnt vGPU types saved to %s", target)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from string import Template
 from typing import Iterable, List
 
-from . import hostroot, kernel, pci
+from . import files, hostroot, kernel, pci
 from .errors import SriovError
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def ensure_unit(content: str) -> bool:
     if previous == content:
         return False
     try:
-        kernel._write(target, content)
+        files.write_atomic(target, content)
     except OSError as error:
         raise SriovError(f"cannot write /{UNIT_FILE}: {error.strerror or error}") from None
     _systemctl("daemon-reload")

@@ -1,0 +1,24 @@
+"""Replacing host files whole: a reader sees the old content or the new, never half."""
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(target: Path, content: str, mode: int = 0o644) -> None:
+    """Replace ``target`` with ``content`` through a temporary file in its own directory."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
