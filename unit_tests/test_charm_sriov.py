@@ -126,6 +126,9 @@ def test_a_new_profile_releases_the_vfs_first_then_fills_them_again(ctx, vfio, r
     # 24Q fits twice; it was only creatable once the four 12Q VFs were released.
     assert types_of(root, L40S, 5) == [1141, 1141, 0, 0, 0]
     assert types_of(root, H200, 5) == [0, 0, 0, 0, 0]  # no longer mapped: released
+    unit = sriov.unit_path().read_text()  # the next boot brings back the new plan
+    assert (unit.count("echo 1141 >"), unit.count("echo 1139 >"), unit.count("echo 1282 >")) == \
+        (2, 0, 0)
     assert [json.loads(v)["resource_class"] for k, v in
             principal.nova_context(ours(out))["sections"]["pci"] if k == "device_spec"] == \
         ["CUSTOM_VGPU_L40S_24Q"] * 2
