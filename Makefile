@@ -37,7 +37,7 @@ requirements:
 	mv requirements.txt.new requirements.txt
 
 # What charmcraft pack installs, replayed without Rust or a C compiler, then the
-# charm imported from it; --control shows the python plugin's way failing.
+# charm imported from it; --control shows rpds-py failing to build from source there.
 pack-check: $(VENV)/.ready
 	$(PY) tools/check_pack.py --control $(ARGS)
 

@@ -23,9 +23,9 @@ python plugin: craft-parts' python plugin with ``PIP_NO_BINARY=:all:``). Then:
    binary-allowed pins as wheels for that platform and the others as source
    releases accepted by that Python: a missing arm64 or cp310 wheel fails here.
 
-``--control`` also replays the same requirements the way charmcraft's python
-plugin would (everything from source) and expects it to fail for want of Rust:
-proof that this check notices.
+``--control`` also builds the binary-allowed pins (rpds-py) from source, as the
+python plugin (``PIP_NO_BINARY=:all:``) or the part without its exception
+would, and expects that to fail for want of Rust: proof that this check notices.
 
     make pack-check          # or: .venv/bin/python tools/check_pack.py [--control] [--keep DIR]
 
@@ -263,7 +263,7 @@ def install(plan: Plan, python: str, run: Runner, work: Path) -> Tuple[Path, Lis
         run([python, "-m", "venv", helper])
         pip = [helper / "bin" / "python", "-m", "pip", f"--python={venv / 'bin' / 'python'}"]
     version = run([*pip, "--version"]).split()[1]
-    if tuple(int(p) for p in re.findall(r"\d+", version)[:2]) < MINIMUM_PIP:
+    if plan.venv_pip and tuple(int(p) for p in re.findall(r"\d+", version)[:2]) < MINIMUM_PIP:
         run([*pip, "install", "--force-reinstall", "--no-binary=pip", KNOWN_GOOD_PIP])
     reports = []
     for number, step in enumerate(plan.steps):
@@ -462,25 +462,47 @@ def check_platforms(plan: Plan, config: dict, pip: List[str], run: Runner, work:
     return lines
 
 
-# --- the control: what the python plugin would do ----------------------------------------------
+# --- the control: the same part without its binary exceptions ---------------------------------
 
 def control(plan: Plan, python: str, work: Path) -> str:
-    """Replay the same requirements as charmcraft's python plugin; it must fail for want of Rust."""
-    reqs = [f"--requirement={r}" for r in plan.requirements]
-    python_plan = Plan("python", plan.requirements, [], [["install", "--no-deps", *reqs], ["check"]],
-                       {"PIP_NO_BINARY": ":all:"}, venv_pip=False)
+    """Build the binary-allowed pins from source, as the part would without its exceptions.
+
+    This is what charmcraft's python plugin (``PIP_NO_BINARY=:all:``) or an
+    empty ``charm-binary-python-packages`` would do with them. It must fail
+    for want of Rust: proof that this check's PATH leaves no way to build them.
+    """
+    if not plan.binary:
+        raise CheckFailed("--control needs a part with charm-binary-python-packages")
+    wanted = {canonicalize_name(b) for b in plan.binary}
+    lines = []
+    for path in plan.requirements:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            match = LINE_NAME.match(line.strip())
+            if match and canonicalize_name(match.group(0)) in wanted:
+                lines.append(line.strip())
     work.mkdir()
+    requirements = work / "binary-allowed.txt"
+    requirements.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    step = ["install", "--no-deps", f"--no-binary={','.join(plan.binary)}", f"--requirement={requirements}"]
+    source_plan = Plan("charm", [requirements], [], [step], {}, venv_pip=True)
     log = work / "pip.log"
     run = Runner(work, log)
+    print(f"control: {', '.join(lines)} from source")
     try:
-        install(python_plan, python, run, work)
+        site, reports = install(source_plan, python, run, work)
     except CheckFailed:
         text = log.read_text(encoding="utf-8", errors="replace")
-        if re.search(r"rust|cargo", text, re.IGNORECASE):
-            lines = [ln.strip() for ln in text.splitlines() if re.search(r"rust|cargo", ln, re.IGNORECASE)]
-            return lines[0][:160]
+        hits = [ln.strip() for ln in text.splitlines() if re.search(r"rust|cargo", ln, re.IGNORECASE)]
+        missing = [ln for ln in hits if re.search(r"not found|not installed|can.?t find", ln, re.I)]
+        if hits:
+            return (missing or hits)[0][:160]
         raise CheckFailed(f"the control failed, but not for want of Rust: see {log}") from None
-    raise CheckFailed("the control (python plugin, all from source) installed without Rust: "
+    # Built after all (a build backend fetched its own Rust): the main check rejects that too.
+    try:
+        check_reports(source_plan, reports, site)
+    except CheckFailed as error:
+        return f"built, and rejected: {error}"
+    raise CheckFailed(f"the control built {', '.join(plan.binary)} from source without Rust: "
                       "this check could not tell a Rust build from a pure one")
 
 
@@ -492,7 +514,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--python", default="python3",
                         help="the interpreter charmcraft's build would use (default: python3 on PATH)")
     parser.add_argument("--control", action="store_true",
-                        help="also show that the python plugin's all-source install fails without Rust")
+                        help="also show that the binary-allowed packages fail to build from source here")
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temporary dir)")
     args = parser.parse_args(argv)
 
@@ -533,7 +555,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.control:
             step = time.monotonic()
             why = control(plan, python, work / "control")
-            print(f"control: the python plugin's all-source install fails without Rust "
+            print(f"control: fails without its binary exception, for want of Rust "
                   f"({time.monotonic() - step:.0f}s): {why}")
     except CheckFailed as error:
         print(f"check-pack: FAILED: {error}\n(logs kept in {work})", file=sys.stderr)
