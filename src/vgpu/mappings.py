@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from .pci import MDEV
+from .text import quote
+
 SCHEMA_FILE = Path(__file__).with_name("vgpu-device-mappings.schema.json")
 MAX_BYTES = 64 * 1024
 MAX_DEPTH = 8
@@ -38,12 +41,6 @@ class Validation:
     @property
     def ok(self) -> bool:
         return not self.errors
-
-
-def quote(value, limit: int = 40) -> str:
-    """A value as it may appear in a one-line status: JSON-escaped and bounded."""
-    text = json.dumps(value if isinstance(value, str) else str(value))
-    return text if len(text) <= limit else text[: limit - 4] + '..."'
 
 
 def normalise_address(text: str) -> str:
@@ -218,7 +215,7 @@ def _check_function(vgpu_type: str, address: str, gpu) -> List[str]:
                 f"the vGPU types: map those ({_summary(vfs)})"]
     if not offered:
         return []  # the driver exposes no types yet: nothing to check against
-    if offered[0].framework != "mdev":
+    if offered[0].framework != MDEV:
         return [f"{vgpu_type}: {address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO "
                 f"framework, which this charm version does not configure yet"]
     if vgpu_type not in {t.id for t in offered}:
