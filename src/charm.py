@@ -295,13 +295,13 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
-        from vgpu import report
+        from vgpu import report, table
 
         host = self._host().host
-        event.set_results({
+        event.set_results(table.fit({
             "gpus": report.gpu_results(host),
             "table": report.types_table(host),
-        })
+        }, depth=4, what="types"))
 
     def _guard_guests(self, force: bool) -> None:
         from vgpu import guests  # XML parsing: actions only, not every hook
