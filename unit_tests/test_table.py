@@ -52,15 +52,15 @@ def test_render_caps_bytes_even_with_wide_rows():
 def test_fit_keeps_small_results_as_they_are():
     results = {"gpus": {"gpu-0": {"address": "0000:c1:00.0", "types": {
         "nvidia-108": {"id": "nvidia-108", "name": "GRID V100-8Q"}}}}, "table": "T"}
-    assert table.fit(results, depth=4) == results
-    assert table.fit({"gpus": {}, "table": "none"}, depth=4) == {"gpus": {}, "table": "none"}
+    assert table.fit(results, depth=4, records="gpus") == results
+    assert table.fit({"gpus": {}, "table": "none"}, depth=4, records="gpus") == {"gpus": {}, "table": "none"}
 
 
 def test_fit_drops_whole_records_from_the_end_and_says_so():
     types = {f"nvidia-{n}": {"id": f"nvidia-{n}", "name": f"GRID X-{n}Q", "max-instances": "4"}
              for n in range(3000)}
     results = {"table": "T", "gpus": {"gpu-0": {"address": "0000:c1:00.0", "types": types}}}
-    out = table.fit(results, depth=4, what="types")
+    out = table.fit(results, depth=4, records="gpus", what="types")
     kept = out["gpus"]["gpu-0"]["types"]
     assert 0 < len(kept) < 3000
     assert list(kept) == list(types)[:len(kept)]
@@ -71,7 +71,7 @@ def test_fit_drops_whole_records_from_the_end_and_says_so():
 
 
 def test_fit_cuts_a_huge_single_value():
-    out = table.fit({"table": "x" * 200_000}, depth=2)
+    out = table.fit({"table": "x" * 200_000}, depth=2, records="rows")
     assert len(out["table"].encode()) <= table.MAX_VALUE_BYTES
     exec_with(out)
 

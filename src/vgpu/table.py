@@ -49,46 +49,47 @@ def render(header: Sequence[str], rows: Sequence[Sequence[str]], *, what: str = 
         shown = shown[:min(len(shown) - 1, int(len(shown) * ratio))]
 
 
-def fit(results: Dict[str, object], *, depth: int, what: str = "entries",
+def fit(results: Dict[str, object], *, depth: int, records: str, what: str = "entries",
         budget: int = MAX_RESULTS_BYTES) -> Dict[str, object]:
     """``results`` with whole records dropped from the end until they fit ``budget``.
 
-    A record is everything under one key path ``depth`` levels deep (e.g.
-    ``gpus.gpu-0.types.nvidia-105`` at depth 4), or a shallower leaf on its
-    own. Top-level strings (a table) are kept and counted first. When
-    anything is dropped, a ``truncated`` key says how many records of how
-    many are shown. Long values are cut to ``MAX_VALUE_BYTES``.
+    ``records`` names the top-level key that holds the list (``gpus``,
+    ``vgpus``); a record is everything under one key path ``depth`` levels
+    deep (``gpus.gpu-0.types.nvidia-105`` at depth 4), or a shallower leaf
+    (a GPU's address) on its own. Everything else (a summary, totals, the
+    table) takes its room first, in order; records fill what is left, in
+    order. When anything is dropped, a ``truncated`` key says how many
+    records of how many are shown. Long values are cut to ``MAX_VALUE_BYTES``.
     """
-    leaves = [(path, _value(value)) for path, value in flatten(results)]
     groups: List[Tuple[tuple, List[Tuple[tuple, object]]]] = []
-    for path, value in leaves:
+    for path, value in flatten(results):
         key = path[:min(depth, len(path) - 1)] if len(path) > 1 else path
+        if path[0] != records:
+            key = path[:2]  # totals and such: one entry each
         if groups and groups[-1][0] == key:
-            groups[-1][1].append((path, value))
+            groups[-1][1].append((path, _value(value)))
         else:
-            groups.append((key, [(path, value)]))
-    note_room = 300  # the truncated note itself
-    used = note_room + sum(_size(p, v) for key, group in groups if len(key) == 1 for p, v in group)
+            groups.append((key, [(path, _value(value))]))
+    used = 300  # room for the truncated note itself
     kept: List[int] = []
-    full = True
-    for index, (key, group) in enumerate(groups):
-        if len(key) == 1:
-            kept.append(index)
-            continue
-        size = sum(_size(p, v) for p, v in group)
-        if not full or used + size > budget:
-            full = False
+    order = ([i for i, g in enumerate(groups) if g[0][0] != records]
+             + [i for i, g in enumerate(groups) if g[0][0] == records])
+    full = False
+    for index in order:
+        size = sum(_size(p, v) for p, v in groups[index][1])
+        if full or used + size > budget:
+            full = True
             continue
         used += size
         kept.append(index)
     out: Dict[str, object] = {}
-    for index in kept:
+    for index in sorted(kept):
         for path, value in groups[index][1]:
             _put(out, path, value)
-    records = [i for i, (key, _) in enumerate(groups) if len(key) == depth]
-    shown = len([i for i in records if i in set(kept)])
+    counted = [i for i, (key, _) in enumerate(groups) if key[0] == records and len(key) == depth]
+    shown = len(set(counted) & set(kept))
     if len(kept) < len(groups):
-        out[TRUNCATED_KEY] = (f"{shown} of {len(records)} {what} shown in the nested results; "
+        out[TRUNCATED_KEY] = (f"{shown} of {len(counted)} {what} shown in the nested results; "
                               "the rest left out to stay within what Juju's action-set accepts")
     return out
 
