@@ -147,6 +147,18 @@ def test_hostile_names_stay_one_bounded_line(root):
     assert len(use.project_name) <= 255
 
 
+def test_hostile_type_names_never_break_action_set(root):
+    v100 = v100_host(root)
+    v100.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_A)
+    (root / "sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types/nvidia-108/name").write_bytes(
+        b"GRID\x00 V100-8Q\xff\n[x]")
+    running_guest(root, "instance-00000001", VM_1, mdev_uuid=MDEV_A)
+    results = usage.results(usage.in_use(pci.discover()))
+    argv = ["true"] + [f"{'.'.join(p)}={v}" for p, v in table.flatten(results) if v != {}]
+    subprocess.run(argv, check=True)
+    assert "\x00" not in results["table"]
+
+
 # -- the action -----------------------------------------------------------------------------
 
 def test_vgpu_usage_action(v100_guests, tools, tmp_path):

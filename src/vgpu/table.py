@@ -122,6 +122,7 @@ def _value(value):
     if value == {}:
         return {}
     text = "" if value is None else (value if isinstance(value, str) else str(value))
+    text = text.replace("\x00", "?")  # a NUL cannot be passed as a command-line argument
     if len(text.encode()) > MAX_VALUE_BYTES:
         text = text.encode()[:MAX_VALUE_BYTES - 3].decode(errors="ignore") + "..."
     return text
@@ -135,7 +136,8 @@ def _put(tree: Dict[str, object], path: tuple, value) -> None:
 
 def _cell(value) -> str:
     text = "-" if value is None else str(value)
-    # One line per row, whatever a host file held.
+    # One printable line per row, whatever a host file held.
+    text = "".join(c if c.isprintable() or c.isspace() else "?" for c in text)
     return " ".join(text.split()) or "-"
 
 

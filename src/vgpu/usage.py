@@ -162,7 +162,7 @@ def _vfio_use(host: pci.Host, domain: guests.Domain, address: str) -> Optional[V
     number = getattr(function, "current_type", None)
     if function is gpu or not number:
         return None  # a whole GPU passed through, or a VF without a vGPU type
-    name = vfio_type_name(gpu, number)
+    name = guests._text(vfio_type_name(gpu, number)) or None
     profile = profile_of(name or "")
     return _use(domain, address=address, gpu=gpu.address, framework=pci.VFIO,
                 type_id=f"nvidia-{number}", profile=profile or f"nvidia-{number}",
@@ -340,6 +340,7 @@ def _created_mdevs() -> Dict[str, Tuple[str, str]]:
 def _read(path) -> Optional[str]:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return " ".join(handle.read().split())[:255] or None
+            text = "".join(c if c.isprintable() else " " for c in handle.read())
+            return " ".join(text.split())[:255] or None
     except OSError:
         return None
