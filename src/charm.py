@@ -56,6 +56,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             framework.observe(event, self._reconcile)
         framework.observe(on.collect_unit_status, self._on_collect_status)
         framework.observe(on.list_vgpu_types_action, self._on_list_vgpu_types)
+        framework.observe(on.vgpu_usage_action, self._on_vgpu_usage)
         framework.observe(on.pause_action, self._on_pause)
         framework.observe(on.resume_action, self._on_resume)
         framework.observe(on.upgrade_action, self._on_upgrade)
@@ -242,13 +243,15 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             out.append(ops.BlockedStatus(
                 f"relate to nova-compute: juju integrate nova-compute:{RELATION} "
                 f"{self.app.name}:{RELATION}"))
-        # What the operator typed comes first: host states follow from it or wait.
-        validation = self._mapping()
-        if not validation.ok:
-            out.append(ops.BlockedStatus(self._mapping_message(validation)))
+        # A prerequisite of the host comes first: with the IOMMU off an SR-IOV GPU has
+        # no VFs, so any mapping error about them would send the operator the wrong way.
         iommu = host.iommu_problem()
         if iommu:
             out.append(ops.BlockedStatus(iommu))
+        # Then what the operator typed: other host states follow from it or wait.
+        validation = self._mapping()
+        if not validation.ok:
+            out.append(ops.BlockedStatus(self._mapping_message(validation)))
         notes: List[str] = []
         out.extend(self._driver_statuses(notes))
         out.append(ops.ActiveStatus("; ".join([self._serving_message()] + notes)))
@@ -338,23 +341,40 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         count = len(host.gpus)
         head = f"{count} GPU{'s' if count != 1 else ''} {gpus}" if count else "no NVIDIA GPU (forced)"
         served = self._published_mapping()
-        if not served:
-            return f"{head}, no vGPU type mapped: set {OPTION}"
-        return f"{head}, {mappings.summary(served)}"
+        text = (f"{head}, {mappings.summary(served)}" if served
+                else f"{head}, no vGPU type mapped: set {OPTION}")
+        capacity = self._capacity(served)
+        return f"{text}; {capacity}" if capacity else text
+
+    def _capacity(self, served: Dict[str, tuple]) -> str:
+        """``nvidia-108: 1 used, 3 free`` per published or assigned type ('' if none)."""
+        from vgpu import usage  # reads libvirt's XML only when there is something to count
+
+        return usage.capacity_text(usage.capacity(self._host().host, served))
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
-        from vgpu import report
+        from vgpu import report, table
 
         try:
             host = self._host().host
         except HostReadError as error:
             event.fail(str(error))
             return
-        event.set_results({
+        event.set_results(table.fit({
             "gpus": report.gpu_results(host),
             "table": report.types_table(host),
-        })
+        }, depth=4, records="gpus", what="types"))
+
+    def _on_vgpu_usage(self, event: ops.ActionEvent) -> None:
+        from vgpu import usage  # XML parsing: actions only
+
+        try:
+            host = self._host().host
+        except HostReadError as error:
+            event.fail(str(error))
+            return
+        event.set_results(usage.results(usage.in_use(host)))
 
     def _guard_guests(self, force: bool) -> None:
         from vgpu import guests  # XML parsing: actions only, not every hook

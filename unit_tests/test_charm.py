@@ -236,7 +236,8 @@ def test_mapping_reaches_nova_conf(ctx, ready):
     mapping = "{nvidia-108: ['c1:00.0'], nvidia-109: ['00000000:E1:00.0']}"
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": mapping}, resource=ready))
     assert out.unit_status == testing.ActiveStatus(
-        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1")
+        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1; "
+        "nvidia-108: 0 used, 2 free; nvidia-109: 0 used, 1 free")
     assert nova_conf(out) == (
         "[devices]\nenabled_mdev_types = nvidia-108,nvidia-109\n"
         "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n"
@@ -264,7 +265,8 @@ def test_option_names_follow_the_installed_nova(ctx, ready, v100, nova, expected
                   state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
     assert nova_conf(out) == expected
     # Queens to Train ignore device addresses: the type serves every GPU offering it.
-    served = "nvidia-108 on 1" if "device_addresses" in expected else "nvidia-108 on every GPU offering it"
+    served = ("nvidia-108 on 1; nvidia-108: 0 used, 2 free" if "device_addresses" in expected
+              else "nvidia-108 on every GPU offering it; nvidia-108: 0 used, 4 free")
     assert out.unit_status == testing.ActiveStatus(f"2 GPUs (Tesla V100 PCIe 16GB), {served}")
 
 
@@ -599,7 +601,9 @@ def test_sriov_gpu_serves_types_through_its_virtual_functions(ctx, root, tools, 
     tools.set_active(VGPUD)
     out = ctx.run(ctx.on.config_changed(), state(
         {"vgpu-device-mappings": "{nvidia-474: ['41:00.4', '41:00.5']}"}, resource=packages["old"]))
-    assert out.unit_status == testing.ActiveStatus("1 GPU (A100 PCIe 80GB), nvidia-474 on 2")
+    # Each VF holds one vGPU on the mdev framework.
+    assert out.unit_status == testing.ActiveStatus(
+        "1 GPU (A100 PCIe 80GB), nvidia-474 on 2; nvidia-474: 0 used, 2 free")
     assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-474\n"
                               "[mdev_nvidia-474]\ndevice_addresses = 0000:41:00.4,0000:41:00.5\n")
 
@@ -611,8 +615,8 @@ def test_sriov_gpu_without_iommu_tells_the_operator_what_to_set(ctx, root, tools
     install_driver(root, packages["old"])
     out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
     assert out.unit_status == testing.BlockedStatus(
-        "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: enable VT-d/AMD-Vi in firmware "
-        "(Intel: also intel_iommu=on iommu=pt on the kernel command line), reboot")
+        "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: add intel_iommu=on iommu=pt (Intel) "
+        "or amd_iommu=on (AMD) to the kernel command line, enable VT-d/AMD-Vi in firmware, reboot")
 
 
 def test_a_paused_unit_stays_paused_through_other_hooks(ctx, ready, tools):

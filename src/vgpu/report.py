@@ -2,6 +2,7 @@
 
 from typing import Dict, List
 
+from . import table
 from .pci import Host
 
 
@@ -40,7 +41,7 @@ def gpu_results(host: Host) -> Dict[str, dict]:
 
 
 def types_table(host: Host) -> str:
-    """A fixed-width table, one row per GPU and type."""
+    """A fixed-width table, one row per GPU and type, bounded (see ``table.render``)."""
     if not host.gpus:
         return "no NVIDIA GPU on this host"
     rows: List[List[str]] = [["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE"]]
@@ -55,8 +56,7 @@ def types_table(host: Host) -> str:
                 f"{fb} MiB" if fb is not None else "-",
                 _text(vgpu_type.max_instances), _text(_available(gpu, vgpu_type)),
             ])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    return table.render(rows[0], rows[1:], what="types")
 
 
 def _available(gpu, vgpu_type):
