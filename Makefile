@@ -1,11 +1,12 @@
 # make demo   the charm on a bundled sample GPU host, without Juju
 # make test   the unit tests (what CI runs)
 # make lint   ruff; make bench   hook costs
+# make pack-check   replay charmcraft's dependency install without Rust or a C compiler
 PYTHON ?= python3
 VENV ?= .venv
 PY = $(VENV)/bin/python
 
-.PHONY: demo test bench lint requirements clean
+.PHONY: demo test bench lint requirements pack-check clean
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +27,19 @@ bench: $(VENV)/.ready
 	$(PY) tools/bench.py $(ARGS)
 
 # Pin the run-time dependencies (pyproject.toml) for charmcraft; needs uv.
+# Written beside requirements.txt and moved over it only when uv succeeded.
 requirements:
-	{ echo "# The charm's run-time dependencies with theirs, pinned for charmcraft's python plugin."; \
+	@command -v uv >/dev/null 2>&1 || { echo "make requirements needs uv (pip install uv); requirements.txt left as it is" >&2; exit 1; }
+	{ echo "# The charm's run-time dependencies with theirs, pinned for charmcraft's charm plugin."; \
 	  echo "# Generated from pyproject.toml by: make requirements"; \
 	  uv pip compile pyproject.toml --universal --python-version 3.10 --no-header --no-annotate; \
-	} > requirements.txt
+	} > requirements.txt.new || { rm -f requirements.txt.new; exit 1; }
+	mv requirements.txt.new requirements.txt
+
+# What charmcraft pack installs, replayed without Rust or a C compiler, then the
+# charm imported from it; --control shows rpds-py failing to build from source there.
+pack-check: $(VENV)/.ready
+	$(PY) tools/check_pack.py --control $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.charm
+	rm -rf $(VENV) build *.charm parts stage prime requirements.txt.new

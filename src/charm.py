@@ -15,9 +15,12 @@ from typing import Dict, List, Optional
 
 import ops
 
-from vgpu import catalogue, dpkg, driver, facts, kernel, mappings, novaconf, pci, services, sriov
+from vgpu import (
+    RESOURCE, catalogue, dpkg, driver, facts, kernel, mappings, novaconf, pci, services, sriov, text,
+)
 from vgpu.errors import (
     GuestsRunningError,
+    HostReadError,
     InstallError,
     ResourceInvalidError,
     ResourceMissingError,
@@ -30,7 +33,6 @@ from vgpu.errors import (
 logger = logging.getLogger(__name__)
 
 RELATION = "nova-vgpu"
-RESOURCE = "nvidia-vgpu-software"
 OPTION = "vgpu-device-mappings"
 MDEV_CLASS = "mdev-class-per-profile"
 
@@ -43,9 +45,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def __init__(self, framework: ops.Framework):
         super().__init__(framework)
         # Operator intent, not a host fact: services stay stopped until resume.
-        # ``checked`` keeps the host-independent check of the option's text, keyed
-        # by its fingerprint, so update-status needs neither PyYAML nor jsonschema.
-        self._stored.set_default(paused=False, checked={})
+        # ``masked`` is what this charm masked (pause), so resume and remove undo
+        # exactly that. ``checked`` keeps the host-independent check of the
+        # option's text, keyed by its fingerprint, so update-status needs
+        # neither PyYAML nor jsonschema.
+        self._stored.set_default(paused=False, masked=[], checked={})
         self._facts: Optional[facts.Facts] = None
         self._validation: Optional[mappings.Validation] = None
         self._package: Optional[driver.DebInfo] = None
@@ -58,6 +62,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             framework.observe(event, self._reconcile)
         framework.observe(on.collect_unit_status, self._on_collect_status)
         framework.observe(on.list_vgpu_types_action, self._on_list_vgpu_types)
+        framework.observe(on.vgpu_usage_action, self._on_vgpu_usage)
         framework.observe(on.pause_action, self._on_pause)
         framework.observe(on.resume_action, self._on_resume)
         framework.observe(on.upgrade_action, self._on_upgrade)
@@ -111,17 +116,23 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- reconcile ----------------------------------------------------------
     def _reconcile(self, _event: ops.EventBase) -> None:
-        if self._wants_driver():
-            self._ensure_driver()
-        self._ensure_vfs()
-        if self._stored.paused and self._resumed_elsewhere():
-            logger.info("the vGPU services run again (nova-compute's resume?): no longer paused")
-            self._stored.paused = False
-        self._publish()
+        try:
+            if self._wants_driver():
+                self._ensure_driver()
+            self._ensure_vfs()
+            if self._stored.paused and self._resumed_elsewhere():
+                logger.info("the vGPU services run again (nova-compute's resume?): no longer paused")
+                self._stored.paused = False
+                self._stored.masked = []
+            self._publish()
+        except HostReadError as error:
+            # Nothing is published from a host that could not be read: the last data stays.
+            logger.error("%s", error)
+            self._problems.append(ops.BlockedStatus(str(error)))
 
     def _resumed_elsewhere(self) -> bool:
         """A paused unit whose daemons run again was resumed by someone else."""
-        daemons = [n for n in self._vgpu_services() if n in driver.DAEMONS]
+        daemons = self._daemons()
         try:
             return bool(daemons) and all(services.active(daemons).values())
         except ServiceError:
@@ -177,7 +188,17 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return (package.package, package.version) == (installed.name, installed.version)
 
     def _vgpu_services(self) -> List[str]:
+        """Every vGPU service the installed driver ships: the status checks them all."""
         return list(self._host().services)
+
+    def _daemons(self) -> List[str]:
+        """The driver's daemons: what is published in ``services``, and all that pause stops.
+
+        nova-compute checks, pauses and resumes the published units; the charm
+        acts on the same ones, so neither leaves the other's work half done.
+        nvidia-vgpud prepares the GPUs and exits, so it is neither listed nor paused.
+        """
+        return [name for name in self._host().services if name in driver.DAEMONS]
 
     def _publish(self) -> None:
         """Send nova-compute the vGPU sections, services and packages, when they changed.
@@ -206,9 +227,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                     self._problems.append(ops.BlockedStatus(f"not publishing: {error}"))
                     ok = False
             self._ensure_boot_unit(plan if ok else None)
+        elif self._published_mapping():
+            # Every mapped GPU seems gone (a driver reload, a bad read): keep what
+            # nova-compute has rather than empty its config; the status says so.
+            sections = None
         # Only daemons: nova-compute reports any listed service that is not running.
-        daemons = [name for name in self._vgpu_services() if name in driver.DAEMONS]
-        data = novaconf.relation_data(sections or {}, services=daemons,
+        data = novaconf.relation_data(sections or {}, services=self._daemons(),
                                       packages=[package.name] if installed else [])
         if sections is None:
             del data["subordinate_configuration"]
@@ -262,12 +286,29 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- status -------------------------------------------------------------
     def _on_collect_status(self, event: ops.CollectStatusEvent) -> None:
-        for status in self._statuses():
+        try:
+            statuses = self._statuses()
+        except HostReadError as error:
+            statuses = [*self._problems, ops.BlockedStatus(str(error))]
+        for status in statuses:
             event.add_status(status)
+
+    def _missing_gpus(self) -> List[str]:
+        """Published addresses whose GPU discovery no longer finds (all of them when none is found)."""
+        host = self._host().host
+        return sorted({address for addresses in self._published_mapping().values()
+                       for address in addresses if host.gpu(address) is None})
 
     def _statuses(self) -> List[ops.StatusBase]:
         host = self._host()
         out = list(self._problems)
+        kept = self._published_mapping() if not host.host.gpus else {}
+        if kept:
+            missing = self._missing_gpus()
+            gone = f" ({text.listing(missing)} missing)" if missing else ""
+            out.append(ops.ActiveStatus(
+                f"no NVIDIA GPU found now{gone}: driver reloading? keeping {mappings.summary(kept)}"))
+            return out
         if not host.host.gpus and not self.config.get("force-install-nvidia-vgpu"):
             out.append(ops.ActiveStatus("no NVIDIA GPU on this host: nothing to do"))
             return out
@@ -280,13 +321,15 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             out.append(ops.BlockedStatus(
                 f"relate to nova-compute: juju integrate nova-compute:{RELATION} "
                 f"{self.app.name}:{RELATION}"))
-        # What the operator typed comes first: host states follow from it or wait.
-        validation = self._mapping()
-        if not validation.ok:
-            out.append(ops.BlockedStatus(self._mapping_message(validation)))
+        # A prerequisite of the host comes first: with the IOMMU off an SR-IOV GPU has
+        # no VFs, so any mapping error about them would send the operator the wrong way.
         iommu = host.iommu_problem()
         if iommu:
             out.append(ops.BlockedStatus(iommu))
+        # Then what the operator typed: other host states follow from it or wait.
+        validation = self._mapping()
+        if not validation.ok:
+            out.append(ops.BlockedStatus(self._mapping_message(validation)))
         notes: List[str] = []
         out.extend(self._vf_statuses(validation, notes))
         out.extend(self._driver_statuses(notes))
@@ -332,8 +375,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 f"{then}"))
             return out
         if attached is not None:
-            order = dpkg.compare_versions(attached.version, installed.version)
-            if order > 0 or (order == 0 and attached.package != installed.name):
+            try:
+                order: Optional[int] = dpkg.compare_versions(attached.version, installed.version)
+            except (ValueError, VgpuError) as error:
+                notes.append(f"cannot compare the attached driver's version: {error}")
+                order = None
+            if order is None:
+                pass
+            elif order > 0 or (order == 0 and attached.package != installed.name):
                 notes.append(f"driver {installed.version} installed, {attached.version} attached: "
                              "run the upgrade action")
             elif order < 0:
@@ -351,7 +400,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except ServiceError as error:
             out.append(ops.BlockedStatus(str(error)))
             down = masked = []
-        if down and masked == down:
+        ours = [name for name in masked if name in self._stored.masked]
+        if ours:
+            out.append(ops.BlockedStatus(
+                f"{', '.join(ours)} left stopped and masked by this charm's pause that failed: "
+                "run the resume action"))
+        elif down and masked == down:
             out.append(ops.MaintenanceStatus(
                 f"{', '.join(down)} stopped and masked outside this charm (nova-compute's pause?): "
                 "resume it there"))
@@ -383,23 +437,44 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         count = len(host.gpus)
         head = f"{count} GPU{'s' if count != 1 else ''} {gpus}" if count else "no NVIDIA GPU (forced)"
         served = self._published_mapping()
-        if not served:
-            return f"{head}, no vGPU type mapped: set {OPTION}"
-        return f"{head}, {mappings.summary(served)}"
+        text = (f"{head}, {mappings.summary(served)}" if served
+                else f"{head}, no vGPU type mapped: set {OPTION}")
+        capacity = self._capacity(served)
+        return f"{text}; {capacity}" if capacity else text
+
+    def _capacity(self, served: Dict[str, tuple]) -> str:
+        """``nvidia-108: 1 used, 3 free`` per published or assigned type ('' if none)."""
+        from vgpu import usage  # reads libvirt's XML only when there is something to count
+
+        return usage.capacity_text(usage.capacity(self._host().host, served))
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
-        from vgpu import report
+        from vgpu import report, table
 
-        facts_ = self._host()
+        try:
+            facts_ = self._host()
+        except HostReadError as error:
+            event.fail(str(error))
+            return
         host = facts_.host
-        table = catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
-        offered = catalogue.offered(host, facts_.loaded_driver_version, table)
-        event.set_results({
+        learnt = catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
+        offered = catalogue.offered(host, facts_.loaded_driver_version, learnt)
+        event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered,
                                        mdev_class=bool(self.config.get(MDEV_CLASS))),
             "table": report.types_table(host, offered),
-        })
+        }, depth=4, records="gpus", what="types"))
+
+    def _on_vgpu_usage(self, event: ops.ActionEvent) -> None:
+        from vgpu import usage  # XML parsing: actions only
+
+        try:
+            host = self._host().host
+        except HostReadError as error:
+            event.fail(str(error))
+            return
+        event.set_results(usage.results(usage.in_use(host)))
 
     def _guard_guests(self, force: bool) -> None:
         from vgpu import guests  # XML parsing: actions only, not every hook
@@ -407,38 +482,72 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         guests.ensure_no_guests(set(self._host().host.addresses()), force=force)
 
     def _on_pause(self, event: ops.ActionEvent) -> None:
-        names = self._vgpu_services()
+        try:
+            names = self._daemons()
+        except HostReadError as error:
+            event.fail(f"not paused: {error}")
+            return
         if not names:
             event.fail("not paused: the vGPU host driver is not installed, so no service runs")
             return
         try:
             self._guard_guests(bool(event.params.get("force")))
-            services.stop_and_disable(names)
-        except (GuestsRunningError, ServiceError) as error:
+            services.pause(names)
+        except (GuestsRunningError, HostReadError) as error:
+            event.fail(f"not paused: {error}")
+            return
+        except ServiceError as error:
+            # pause undid what it did; should some of that have failed, remember it as ours.
+            try:
+                self._stored.masked = services.masked(names)
+            except ServiceError:
+                self._stored.masked = names
             event.fail(f"not paused: {error}")
             return
         self._stored.paused = True
-        event.set_results({"stopped": ", ".join(names) or "none"})
+        self._stored.masked = names
+        event.set_results({"stopped": ", ".join(names)})
+
+    def _masked_by_us(self) -> List[str]:
+        """What this charm masked; a pause by an older version of it masked every service."""
+        if self._stored.masked:
+            return list(self._stored.masked)
+        return self._vgpu_services() if self._stored.paused else []
 
     def _on_resume(self, event: ops.ActionEvent) -> None:
-        names = self._vgpu_services()
         try:
-            services.enable_and_start(names)
+            wanted = set(self._daemons()) | set(self._masked_by_us())
+        except HostReadError as error:
+            event.fail(f"not resumed: {error}")
+            return
+        names = [n for n in driver.SERVICES if n in wanted] + sorted(wanted - set(driver.SERVICES))
+        try:
+            services.resume(names)
         except ServiceError as error:
             event.fail(f"not resumed: {error}")
             return
         self._stored.paused = False
+        self._stored.masked = []
         event.set_results({"started": ", ".join(names) or "none"})
 
     def _on_upgrade(self, event: ops.ActionEvent) -> None:
-        if not self._wants_driver():
+        try:
+            wanted = self._wants_driver()
+        except HostReadError as error:
+            event.fail(f"not upgraded: {error}")
+            return
+        if not wanted:
             event.fail("not upgraded: no NVIDIA GPU on this host, so no vGPU driver belongs here")
             return
         before = self._host().driver
         try:
             package = self._attached()
             if before is not None and before.installed:
-                order = dpkg.compare_versions(package.version, before.version)
+                try:
+                    order = dpkg.compare_versions(package.version, before.version)
+                except ValueError as error:
+                    raise ResourceInvalidError(f"cannot compare {package.version} with "
+                                               f"{before.version}: {error}") from None
                 if order == 0 and package.package == before.name:
                     event.set_results(self._upgrade_results(package, before, "already installed"))
                     return
@@ -462,7 +571,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         finally:
             # Whatever dpkg did, the status and nova-compute get dpkg's answer now.
             self._refresh()
-            self._publish()
+            try:
+                self._publish()
+            except HostReadError as error:
+                logger.error("%s", error)
         event.set_results(self._upgrade_results(package, before, "installed"))
 
     def _upgrade_results(self, package: driver.DebInfo, before, done: str) -> dict:
@@ -488,12 +600,13 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             catalogue.forget()
         except (VgpuError, OSError) as error:
             logger.warning("could not remove %s: %s", sriov.UNIT, error)
-        if self._stored.paused:
-            # pause masked the driver's services; leave them as the package set them up.
-            try:
-                services.enable_and_start(self._vgpu_services())
-            except ServiceError as error:
-                logger.warning("could not unmask the vGPU services: %s", error)
+        # Whatever this charm masked is unmasked and started, as the package set them up.
+        try:
+            masked = self._masked_by_us()
+            if masked:
+                services.resume(masked)
+        except (HostReadError, ServiceError) as error:
+            logger.warning("could not unmask the vGPU services: %s", error)
         logger.info("the vGPU host driver package stays installed; purge it by hand if wanted")
 
 

@@ -477,3 +477,19 @@ def build(kind: str, root, **kwargs) -> FakeHost:
 __all__: Sequence[str] = ("FakeHost", "MdevType", "VfioModel", "v100_host", "a100_host",
                           "l40s_host", "empty_host", "build", "V100_TYPES", "A100_TYPES",
                           "L40S_TYPES", "H200_TYPES")
+
+
+def assign_vfio_type(host: FakeHost, vf_address: str, number: int,
+                     creatable: Optional[Mapping[int, str]] = None) -> Path:
+    """Give a VF on the vendor-specific VFIO framework a vGPU type, as the driver shows it.
+
+    ``current_vgpu_type`` holds the id; ``creatable_vgpu_types`` then lists only
+    what still fits (``creatable``; empty by default: a VF holding a type
+    offers nothing more, and a full GPU lists nothing anywhere).
+    """
+    nvidia = (host.bus / vf_address).resolve() / "nvidia"
+    nvidia.mkdir(exist_ok=True)
+    (nvidia / "current_vgpu_type").write_text(f"{number}\n")
+    rows = ["ID    : vGPU Name"] + [f"{n:<6}: {name}" for n, name in sorted((creatable or {}).items())]
+    (nvidia / "creatable_vgpu_types").write_text("\n".join(rows) + "\n")
+    return nvidia

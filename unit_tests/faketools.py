@@ -1,8 +1,10 @@
 """Stand-ins for the host tools that need a real systemd or initramfs.
 
-``systemctl`` records each call and answers ``is-active`` from a state
-directory; ``update-initramfs`` records its call. dpkg and dpkg-deb are
-always the real ones.
+One fake ``systemctl`` for every test: it records each call, answers
+``is-active`` and ``is-enabled`` from a state directory, changes that state
+on start/stop/mask/..., and fails a verb for a unit on request.
+``update-initramfs`` records its call. dpkg and dpkg-deb are always the
+real ones.
 """
 
 import os
@@ -10,30 +12,57 @@ import stat
 from pathlib import Path
 
 FAKE_SYSTEMCTL = """#!/bin/sh
-# Records each call; answers is-active from $FAKE_STATE/<unit> (missing: inactive).
+# Records each call. State: $FAKE_STATE/<unit> (ActiveState, missing: inactive),
+# $FAKE_STATE/<unit>.enabled (missing: enabled). $FAKE_STATE/<unit>.fail-<verb> makes
+# that verb fail for that unit; $FAKE_STATE/no-bus makes every call fail as without D-Bus.
 echo "systemctl $*" >> "$FAKE_LOG"
+if [ -e "$FAKE_STATE/no-bus" ]; then
+  echo "Failed to connect to bus: No such file or directory" >&2; exit 1
+fi
 verb="$1"; shift
+for unit in "$@"; do
+  if [ -e "$FAKE_STATE/$unit.fail-$verb" ]; then
+    echo "Failed to $verb $unit.service: Unit $unit.service not loaded." >&2
+    echo "See system logs and 'systemctl status $unit.service' for details." >&2
+    exit 5
+  fi
+done
 case "$verb" in
   is-active)
     rc=0
     for unit in "$@"; do
-      if [ -f "$FAKE_STATE/$unit" ]; then cat "$FAKE_STATE/$unit"; else echo inactive; rc=3; fi
+      if [ -f "$FAKE_STATE/$unit" ]; then state=$(cat "$FAKE_STATE/$unit"); else state=inactive; fi
+      echo "$state"; [ "$state" = active ] || rc=3
     done
     exit $rc ;;
   start|restart)
     for unit in "$@"; do
-      if [ -f "$FAKE_STATE/$unit.fails" ]; then echo "Job for $unit failed." >&2; exit 1; fi
+      if [ "$(cat "$FAKE_STATE/$unit.enabled" 2>/dev/null)" = masked ]; then
+        echo "Failed to start $unit.service: Unit $unit.service is masked." >&2; exit 1
+      fi
       echo active > "$FAKE_STATE/$unit"
     done ;;
   stop)
     for unit in "$@"; do echo inactive > "$FAKE_STATE/$unit"; done ;;
   is-enabled)
+    rc=0
     for unit in "$@"; do
-      if [ -f "$FAKE_STATE/$unit.enabled" ]; then cat "$FAKE_STATE/$unit.enabled"; else echo enabled; fi
-    done ;;
+      word=enabled
+      [ -f "$FAKE_STATE/$unit.enabled" ] && word=$(cat "$FAKE_STATE/$unit.enabled")
+      echo "$word"; [ "$word" = enabled ] || rc=1
+    done
+    exit $rc ;;
   mask|unmask|enable|disable)
     case "$verb" in mask) word=masked ;; disable) word=disabled ;; *) word=enabled ;; esac
-    for unit in "$@"; do echo "$word" > "$FAKE_STATE/$unit.enabled"; done ;;
+    for unit in "$@"; do
+      if [ "$verb" = enable ] && [ "$(cat "$FAKE_STATE/$unit.enabled" 2>/dev/null)" = masked ]; then
+        echo "Failed to enable unit: Unit file $unit.service is masked." >&2; exit 1
+      fi
+      if [ "$verb" = unmask ] && [ "$(cat "$FAKE_STATE/$unit.enabled" 2>/dev/null)" != masked ]; then
+        continue
+      fi
+      echo "$word" > "$FAKE_STATE/$unit.enabled"
+    done ;;
 esac
 exit 0
 """
@@ -69,8 +98,21 @@ class Tools:
         """What ``systemctl is-active`` answers for ``unit``: active, inactive, failed, ..."""
         (self.state / unit).write_text(state + "\n")
 
+    def enabled(self, unit: str) -> str:
+        """What ``systemctl is-enabled`` answers for ``unit``: enabled, disabled, masked."""
+        path = self.state / f"{unit}.enabled"
+        return path.read_text().strip() if path.exists() else "enabled"
+
+    def fail(self, verb: str, unit: str) -> None:
+        """``systemctl <verb> <unit>`` fails from now on."""
+        (self.state / f"{unit}.fail-{verb}").touch()
+
     def fail_start(self, unit: str) -> None:
-        (self.state / f"{unit}.fails").touch()
+        self.fail("start", unit)
+
+    def no_bus(self) -> None:
+        """Every systemctl call fails as it does without D-Bus."""
+        (self.state / "no-bus").touch()
 
     def environ(self) -> dict:
         """The variables that put these tools first on PATH."""

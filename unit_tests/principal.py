@@ -10,17 +10,37 @@ relation-get, and the principal's metadata) answer from the test's data.
 """
 
 import json
+import sys
 from contextlib import contextmanager
 from typing import Mapping
 from unittest import mock
 
 import charmhelpers.osplatform
 
-# charmhelpers.core.host refuses Debian (this machine, CI); nova-compute runs on Ubuntu.
-charmhelpers.osplatform.get_platform = lambda: "ubuntu"
 
-from charmhelpers.contrib.openstack import context as ch_context  # noqa: E402
-from charmhelpers.contrib.openstack import utils as ch_utils  # noqa: E402
+def _ubuntu() -> str:
+    return "ubuntu"
+
+
+def _import_as_on_ubuntu():
+    """Import charmhelpers' OpenStack helpers as nova-compute does, on Ubuntu.
+
+    charmhelpers.core.host refuses Debian (this machine, CI) at import time.
+    ``get_platform`` answers "ubuntu" only while importing; afterwards it is
+    charmhelpers' own again, in osplatform and in every module that took a
+    copy of it, so no other test runs under the stand-in.
+    """
+    original = charmhelpers.osplatform.get_platform
+    with mock.patch.object(charmhelpers.osplatform, "get_platform", _ubuntu):
+        from charmhelpers.contrib.openstack import context, utils
+    for module in list(sys.modules.values()):
+        if (getattr(module, "__name__", "").startswith("charmhelpers")
+                and getattr(module, "get_platform", None) is _ubuntu):
+            module.get_platform = original
+    return context, utils
+
+
+ch_context, ch_utils = _import_as_on_ubuntu()
 
 RID = "nova-vgpu:7"
 UNIT = "nova-compute-nvidia-vgpu/0"

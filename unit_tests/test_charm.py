@@ -152,7 +152,7 @@ def test_force_install_switch_installs_without_gpus(ctx, root, tools, packages):
     ("empty", "is empty: juju attach-resource nova-compute-nvidia-vgpu "
               "nvidia-vgpu-software=./nvidia-vgpu-ubuntu-<branch>_<version>_"),
     ("garbage", "is not a Debian package"),
-    ("guest", "is the vGPU guest driver 'nvidia-linux-grid-570', which belongs in VMs"),
+    ("guest", 'is the vGPU guest driver "nvidia-linux-grid-570", which belongs in VMs'),
 ])
 def test_missing_or_wrong_resource_blocks_and_installs_nothing(ctx, v100, root, packages,
                                                                resource, message):
@@ -166,7 +166,7 @@ def test_a_package_named_like_the_driver_without_the_vgpu_manager_is_refused(ctx
                                                                             packages):
     out = ctx.run(ctx.on.install(), state(resource=packages["hollow"]))
     assert out.unit_status == testing.BlockedStatus(
-        "nvidia-vgpu-software 'nvidia-vgpu-ubuntu-570' ships no nvidia-vgpu-mgr.service; "
+        'nvidia-vgpu-software "nvidia-vgpu-ubuntu-570" ships no nvidia-vgpu-mgr.service; '
         "need NVIDIA's vGPU Manager package nvidia-vgpu-ubuntu-<branch>")
     assert debs.dpkg_query(root) == ""
 
@@ -236,7 +236,8 @@ def test_mapping_reaches_nova_conf(ctx, ready):
     mapping = "{nvidia-108: ['c1:00.0'], nvidia-109: ['00000000:E1:00.0']}"
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": mapping}, resource=ready))
     assert out.unit_status == testing.ActiveStatus(
-        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1")
+        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1; "
+        "nvidia-108: 0 used, 2 free; nvidia-109: 0 used, 1 free")
     assert nova_conf(out) == (
         "[devices]\nenabled_mdev_types = nvidia-108,nvidia-109\n"
         "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n"
@@ -264,7 +265,8 @@ def test_option_names_follow_the_installed_nova(ctx, ready, v100, nova, expected
                   state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
     assert nova_conf(out) == expected
     # Queens to Train ignore device addresses: the type serves every GPU offering it.
-    served = "nvidia-108 on 1" if "device_addresses" in expected else "nvidia-108 on every GPU offering it"
+    served = ("nvidia-108 on 1; nvidia-108: 0 used, 2 free" if "device_addresses" in expected
+              else "nvidia-108 on every GPU offering it; nvidia-108: 0 used, 4 free")
     assert out.unit_status == testing.ActiveStatus(f"2 GPUs (Tesla V100 PCIe 16GB), {served}")
 
 
@@ -379,18 +381,22 @@ def test_list_vgpu_types_without_gpus(ctx, root, tools):
 
 
 def test_pause_stops_services_and_stays_paused_until_resume(ctx, ready, tools):
-    out = ctx.run(ctx.on.action("pause"), state(resource=ready))
-    assert ctx.action_results == {"stopped": f"{MGR}, {VGPUD}"}
-    assert [c for c in tools.calls() if not c.startswith("systemctl is-active")] == [
-        f"systemctl stop {MGR}", f"systemctl disable {MGR}", f"systemctl mask {MGR}",
-        f"systemctl stop {VGPUD}", f"systemctl disable {VGPUD}", f"systemctl mask {VGPUD}"]
+    published = ctx.run(ctx.on.config_changed(), state(resource=ready))
+    tools.log.write_text("")
+    out = ctx.run(ctx.on.action("pause"), published)
+    # What pause stops is what nova-compute was given in ``services``: the daemon.
+    assert ctx.action_results == {"stopped": MGR}
+    assert principal.services(ours(out)) == {MGR}
+    assert [c for c in tools.calls() if not c.startswith("systemctl is-")] == [
+        f"systemctl stop {MGR}", f"systemctl disable {MGR}", f"systemctl mask {MGR}"]
     paused = testing.MaintenanceStatus("paused: vGPU services stopped; run the resume action to start them")
     assert out.unit_status == paused
     out = ctx.run(ctx.on.update_status(), out)
     assert out.unit_status == paused
     out = ctx.run(ctx.on.action("resume"), out)
-    assert ctx.action_results == {"started": f"{MGR}, {VGPUD}"}
-    assert f"systemctl start {VGPUD}" in tools.calls()
+    assert ctx.action_results == {"started": MGR}
+    assert f"systemctl start {MGR}" in tools.calls()
+    assert (tools.enabled(MGR), tools.enabled(VGPUD)) == ("enabled", "enabled")
     assert out.unit_status.name == "active"
 
 
@@ -537,6 +543,7 @@ def test_every_event_on_a_host_without_gpus_sets_the_same_status(ctx, root, tool
 # -- update-status stays light -------------------------------------------------------
 
 LIGHT = """
+import json
 import sys
 from ops import testing
 from charm import NovaComputeNvidiaVgpuCharm
@@ -549,11 +556,15 @@ stored = testing.StoredState(owner_path="NovaComputeNvidiaVgpuCharm", name="_sto
 rel = testing.SubordinateRelation("nova-vgpu")
 out = ctx.run(ctx.on.update_status(), testing.State(config=config, relations=[rel],
     stored_states={stored}, resources={testing.Resource(name="nvidia-vgpu-software", path=sys.argv[1])}))
-print(out.unit_status.name, "jsonschema" in sys.modules)
+kept = out.get_stored_state("_stored", owner_path="NovaComputeNvidiaVgpuCharm").content
+print(json.dumps({"status": out.unit_status.name, "jsonschema": "jsonschema" in sys.modules,
+                  "stored": {k: kept[k] for k in ("paused", "checked")},
+                  "same": kept["checked"] == dict(stored.content["checked"])}))
 """
 
 
-def test_update_status_reuses_the_checked_option_and_never_imports_jsonschema(ready, tmp_path):
+def test_update_status_reuses_the_checked_option_and_never_imports_jsonschema(ready, tmp_path,
+                                                                             tools):
     import subprocess
     import sys
     script = tmp_path / "light.py"
@@ -561,7 +572,14 @@ def test_update_status_reuses_the_checked_option_and_never_imports_jsonschema(re
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run([sys.executable, str(script), str(ready)], env=env,
                             capture_output=True, text=True, check=True)
-    assert result.stdout.split() == ["active", "False"]
+    answer = json.loads(result.stdout.splitlines()[-1])
+    assert (answer["status"], answer["jsonschema"]) == ("active", False)
+    # The stored check was reused as it was, not redone nor rewritten; still not paused.
+    assert answer["same"] and answer["stored"]["paused"] is False
+    assert answer["stored"]["checked"]["mapping"] == {"nvidia-108": ["0000:c1:00.0"]}
+    # Both vGPU services were checked, in one systemctl call.
+    assert [c for c in tools.calls() if c.startswith("systemctl")] == [
+        f"systemctl is-active {MGR} {VGPUD}"]
 
 
 def test_a_changed_option_is_checked_again(ctx, ready):
@@ -584,7 +602,9 @@ def test_sriov_gpu_serves_types_through_its_virtual_functions(ctx, root, tools, 
     tools.set_active(VGPUD)
     out = ctx.run(ctx.on.config_changed(), state(
         {"vgpu-device-mappings": "{nvidia-474: ['41:00.4', '41:00.5']}"}, resource=packages["old"]))
-    assert out.unit_status == testing.ActiveStatus("1 GPU (A100 PCIe 40GB), nvidia-474 on 2")
+    # Each VF holds one vGPU on the mdev framework.
+    assert out.unit_status == testing.ActiveStatus(
+        "1 GPU (A100 PCIe 40GB), nvidia-474 on 2; nvidia-474: 0 used, 2 free")
     assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-474\n"
                               "[mdev_nvidia-474]\ndevice_addresses = 0000:41:00.4,0000:41:00.5\n")
 
@@ -596,8 +616,8 @@ def test_sriov_gpu_without_iommu_tells_the_operator_what_to_set(ctx, root, tools
     install_driver(root, packages["old"])
     out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
     assert out.unit_status == testing.BlockedStatus(
-        "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: enable VT-d/AMD-Vi in firmware "
-        "(Intel: also intel_iommu=on iommu=pt on the kernel command line), reboot")
+        "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: add intel_iommu=on iommu=pt (Intel) "
+        "or amd_iommu=on (AMD) to the kernel command line, enable VT-d/AMD-Vi in firmware, reboot")
 
 
 def test_a_paused_unit_stays_paused_through_other_hooks(ctx, ready, tools):
@@ -669,3 +689,194 @@ def test_relation_values_are_canonical_json(ctx, ready):
         {"vgpu-device-mappings": "{nvidia-99: [e1:00.0], nvidia-108: [c1:00.0]}"}, resource=ready))
     for value in ours(out).values():
         assert value == json.dumps(json.loads(value), sort_keys=True, separators=(",", ":"))
+
+
+# -- pause and resume act on the same units as nova-compute ---------------------------
+
+def nova_compute_resumes(out, tools):
+    """nova-compute's resume action: charmhelpers' service_resume of the published services."""
+    for unit in sorted(principal.services(ours(out))):
+        for verb in ("unmask", "enable", "start"):
+            subprocess.run(["systemctl", verb, unit], check=True)
+
+
+def test_after_nova_computes_resume_nothing_stays_masked(ctx, ready, tools):
+    out = ctx.run(ctx.on.config_changed(), state(resource=ready))
+    out = ctx.run(ctx.on.action("pause"), out)
+    assert out.unit_status.name == "maintenance"
+    nova_compute_resumes(out, tools)
+    out = ctx.run(ctx.on.update_status(), out)
+    assert out.unit_status.name == "active"
+    assert (tools.enabled(MGR), tools.enabled(VGPUD)) == ("enabled", "enabled")
+    ctx.run(ctx.on.remove(), out)
+    assert (tools.enabled(MGR), tools.enabled(VGPUD)) == ("enabled", "enabled")
+
+
+def test_a_pause_that_fails_halfway_is_rolled_back_and_nova_compute_is_not_blamed(ctx, ready, tools):
+    tools.fail("mask", MGR)
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("pause"), state(resource=ready))
+    assert failure.value.message.startswith(f"not paused: systemctl mask {MGR} failed: ")
+    assert failure.value.message.endswith("what it had done was undone")
+    assert tools.enabled(MGR) == "enabled"
+    assert failure.value.state.unit_status.name == "active"
+    out = ctx.run(ctx.on.update_status(), failure.value.state)
+    assert out.unit_status.name == "active"
+
+
+def test_units_a_failed_pause_left_masked_are_the_charms_to_undo(ctx, ready, tools):
+    tools.fail("stop", MGR)
+    (tools.state / f"{MGR}.enabled").write_text("masked\n")  # masked, and the undo cannot help it
+    tools.fail("unmask", MGR)
+    tools.set_active(MGR, False)
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("pause"), state(resource=ready))
+    # This charm tried to pause: it does not send the operator to nova-compute.
+    out = ctx.run(ctx.on.update_status(), failure.value.state)
+    assert out.unit_status == testing.BlockedStatus(
+        f"{MGR} left stopped and masked by this charm's pause that failed: run the resume action")
+
+
+def test_remove_unmasks_what_the_charm_masked(ctx, ready, tools):
+    out = ctx.run(ctx.on.action("pause"), state(resource=ready))
+    assert tools.enabled(MGR) == "masked"
+    ctx.run(ctx.on.remove(), out)
+    assert tools.enabled(MGR) == "enabled"
+    assert f"systemctl unmask {MGR}" in tools.calls()
+
+
+# -- host state the charm must not misread ---------------------------------------------
+
+def half_configured(root, version):
+    """dpkg killed while configuring ``version``: its journal says so; status does not yet."""
+    (root / "var/lib/dpkg/updates/0000").write_text(
+        f"Package: {debs.HOST}\nStatus: install ok half-configured\nArchitecture: {debs.machine_arch()}\n"
+        f"Version: {version}\nMaintainer: Test <test@example.com>\nDescription: test\n")
+
+
+def test_a_driver_dpkg_left_half_configured_in_its_journal_is_not_taken_as_installed(
+        ctx, v100, root, tools, packages):
+    install_driver(root, packages["old"])
+    half_configured(root, debs.NEW)
+    assert debs.dpkg_query(root) == f"install ok half-configured {debs.NEW}"
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["empty"]))
+    assert out.unit_status == testing.BlockedStatus(
+        f"nvidia-vgpu-ubuntu-570 {debs.NEW} is half-configured: dpkg did not finish; "
+        "retrying on the next hook")
+    assert principal.services(ours(out)) == set()
+    # The next hook with that package attached finishes it.
+    v100.loaded_driver(debs.NEW)
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["new"]))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.NEW}"
+    assert out.unit_status.name == "active"
+
+
+def test_a_held_dpkg_lock_blocks_with_dpkgs_cause_first(ctx, v100, root, packages):
+    import fcntl
+    (root / "var/lib/dpkg/lock-frontend").touch()
+    with open(root / "var/lib/dpkg/lock-frontend", "w") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        out = ctx.run(ctx.on.install(), state(resource=packages["old"]))
+    message = out.unit_status.message
+    assert message.startswith("dpkg did not install nvidia-vgpu-ubuntu-570 570.158.02: ")
+    assert "lock" in message.split(": ", 1)[1].split(";")[0]
+    assert message.endswith("; retrying on the next hook") and len(message) < 300
+    assert "wiki" not in message
+
+
+def test_versions_with_a_colon_after_the_epoch_are_compared(ctx, v100, root, tools, tmp_path):
+    install_driver(root, debs.host_driver(tmp_path, version="1:570.158:02-1"))
+    v100.loaded_driver("570.158:02")
+    out = ctx.run(ctx.on.update_status(),
+                  state(resource=debs.host_driver(tmp_path, version="1:570.158:02-2")))
+    assert out.unit_status.message.endswith(
+        "driver 1:570.158:02-1 installed, 1:570.158:02-2 attached: run the upgrade action")
+
+
+def test_a_loaded_module_must_match_the_installed_version_exactly(ctx, ready, v100):
+    v100.loaded_driver("570.158.0")  # a prefix of 570.158.02
+    out = ctx.run(ctx.on.update_status(), state(resource=ready))
+    assert out.unit_status == testing.BlockedStatus(
+        "reboot required: NVIDIA driver 570.158.0 is loaded, 570.158.02 installed")
+
+
+def test_when_every_gpu_vanishes_the_sections_stay_and_the_status_names_them(ctx, ready, root):
+    config = {"vgpu-device-mappings": "{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}"}
+    good = ctx.run(ctx.on.config_changed(), state(config, resource=ready))
+    before = ours(good)
+    for address in ("0000:c1:00.0", "0000:e1:00.0"):  # a driver reload, a bad read
+        (root / "sys/bus/pci/devices" / address).unlink()
+    out = ctx.run(ctx.on.update_status(), testing.State(
+        config=config, relations=good.relations, resources=good.resources,
+        stored_states=good.stored_states))
+    assert ours(out) == before
+    assert out.unit_status == testing.ActiveStatus(
+        "no NVIDIA GPU found now (0000:c1:00.0, 0000:e1:00.0 missing): driver reloading? "
+        "keeping nvidia-108 on 1, nvidia-109 on 1")
+
+
+def test_hostile_bytes_in_host_files_never_reach_the_status_or_results(ctx, ready, v100, root):
+    gpu = (root / "sys/bus/pci/devices/0000:c1:00.0").resolve()
+    (gpu / "device").write_bytes(b"0x1db4\x00\xff\n")
+    (gpu / "mdev_supported_types/nvidia-108/name").write_bytes(b"GRID V100-8Q\x00\x1b[2J\n")
+    v100.loaded_driver("570.158.02\x00")
+    (root / "proc/cmdline").write_bytes(b"BOOT_IMAGE=/vmlinuz\x00\xff ro\n")
+    out = ctx.run(ctx.on.update_status(), state({"vgpu-device-mappings": "{nvidia-108: [e1:00.0]}"},
+                                                resource=ready))
+    message = out.unit_status.message
+    assert message.isprintable() and "\x00" not in message
+    assert all("\x00" not in v and v.isprintable() for v in ours(out).values())
+    ctx.run(ctx.on.action("list-vgpu-types"), state(resource=ready))
+    assert "\x00" not in json.dumps(ctx.action_results) and "\x1b" not in json.dumps(ctx.action_results)
+
+
+def loop(path):
+    """Make ``path`` a symlink to itself: reading it fails with ELOOP, even as root."""
+    import shutil
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+    path.symlink_to(path.name)
+
+
+def test_an_unreadable_pci_device_list_blocks_naming_it_and_keeps_the_sections(ctx, ready, root):
+    config = {"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}
+    good = ctx.run(ctx.on.config_changed(), state(config, resource=ready))
+    before = ours(good)
+    (root / "sys/bus/pci/devices").rename(root / "sys/bus/pci/devices.saved")
+    loop(root / "sys/bus/pci/devices")
+    out = ctx.run(ctx.on.update_status(), testing.State(
+        config=config, relations=good.relations, resources=good.resources,
+        stored_states=good.stored_states))
+    assert out.unit_status == testing.BlockedStatus(
+        "cannot read /sys/bus/pci/devices: Too many levels of symbolic links")
+    assert ours(out) == before
+    with pytest.raises(testing.ActionFailed, match="cannot read /sys/bus/pci/devices"):
+        ctx.run(ctx.on.action("list-vgpu-types"), state(resource=ready))
+
+
+def test_an_unreadable_dpkg_status_blocks_naming_it(ctx, v100, root, packages):
+    (root / "var/lib/dpkg/status").unlink()
+    (root / "var/lib/dpkg/status").mkdir()
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus("cannot read /var/lib/dpkg/status: Is a directory")
+
+
+def test_an_unreadable_driver_file_list_blocks_naming_it(ctx, ready, root):
+    listed = root / "var/lib/dpkg/info/nvidia-vgpu-ubuntu-570.list"
+    loop(listed)
+    out = ctx.run(ctx.on.update_status(), state(resource=ready))
+    assert out.unit_status == testing.BlockedStatus(
+        "cannot read /var/lib/dpkg/info/nvidia-vgpu-ubuntu-570.list: Too many levels of symbolic links")
+
+
+def test_an_unreadable_mdev_type_list_lets_no_unverified_type_through(ctx, ready, root):
+    types = (root / "sys/bus/pci/devices/0000:c1:00.0").resolve() / "mdev_supported_types"
+    loop(types)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-999: [c1:00.0]}"},
+                                                 resource=ready))
+    assert out.unit_status == testing.BlockedStatus(
+        "cannot read /sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types: "
+        "Too many levels of symbolic links")
+    assert "nvidia-999" not in nova_conf(out)

@@ -75,7 +75,8 @@ MAPPING = "{L40S-12Q: all, 'NVIDIA H200X-35C': ['c1:00.0']}"
 def test_vfio_types_are_written_and_published_as_pci_devices(ctx, vfio, root, tools, deb):
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert out.unit_status == testing.ActiveStatus(
-        "2 GPUs (1 H200 NVL, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4")
+        "2 GPUs (1 H200 NVL, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4; "
+        "CUSTOM_VGPU_H200X_35C: 0 used, 4 free; CUSTOM_VGPU_L40S_12Q: 0 used, 4 free")
     # 48 GB / 12 GB: four L40S VFs hold L40S-12Q, in virtfn order; the rest stay free.
     assert types_of(root, L40S, 6) == [1139, 1139, 1139, 1139, 0, 0]
     assert types_of(root, H200, 5) == [1282, 1282, 1282, 1282, 0]
@@ -281,7 +282,8 @@ def a100(root, tools, deb):
 def test_a100_gpu_address_expands_to_the_first_vfs_the_type_fits(ctx, a100, tools, deb):
     out = ctx.run(ctx.on.config_changed(),
                   state({"vgpu-device-mappings": "{GRID A100-10C: ['41:00.0']}"}, resource=deb))
-    assert out.unit_status == testing.ActiveStatus("1 GPU (A100 PCIe 40GB), nvidia-474 on 4")
+    assert out.unit_status == testing.ActiveStatus(
+        "1 GPU (A100 PCIe 40GB), nvidia-474 on 4; nvidia-474: 0 used, 4 free")
     assert nova_conf(out) == (
         "[devices]\nenabled_mdev_types = nvidia-474\n[mdev_nvidia-474]\n"
         "device_addresses = 0000:41:00.4,0000:41:00.5,0000:41:00.6,0000:41:00.7\n")
@@ -317,7 +319,8 @@ def test_all_with_no_gpu_offering_it_is_a_note_not_a_block(ctx, a100, deb):
     out = ctx.run(ctx.on.config_changed(),
                   state({"vgpu-device-mappings": "{A100-20C: all, L40S-12Q: all}"}, resource=deb))
     assert out.unit_status == testing.ActiveStatus(
-        "1 GPU (A100 PCIe 40GB), nvidia-475 on 2; L40S-12Q: no GPU on this host offers it, "
+        "1 GPU (A100 PCIe 40GB), nvidia-475 on 2; nvidia-475: 0 used, 2 free; "
+        "L40S-12Q: no GPU on this host offers it, "
         "nothing published for it")
 
 
@@ -361,7 +364,7 @@ out = ctx.run(ctx.on.update_status(), testing.State(
     config={"vgpu-device-mappings": text}, relations=[testing.SubordinateRelation("nova-vgpu")],
     stored_states={stored},
     resources={testing.Resource(name="nvidia-vgpu-software", path=placeholder)}))
-print(out.unit_status.name, sorted(m for m in ("jsonschema", "vgpu.guests") if m in sys.modules))
+print(out.unit_status.name, sorted(m for m in ("jsonschema", "xml.etree.ElementTree") if m in sys.modules))
 """
 
 

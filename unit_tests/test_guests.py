@@ -121,3 +121,23 @@ def test_ensure_no_guests_passes_when_only_unrelated_guests_run(qemu):
     for name in ("instance-0000002a.xml", "instance-0000002b.xml"):
         (qemu / name).unlink()
     assert guests.ensure_no_guests(NVIDIA_VFS) == []
+
+
+def test_domains_reads_running_and_defined_guests_once_each(root, caplog):
+    from unit_tests.libvirt import PROJECT_ID, PROJECT_NAME, defined_guest, running_guest
+    running_guest(root, "instance-00000001", MDEV_GUEST, mdev_uuid=MDEV_UUID)  # + its definition
+    defined_guest(root, "instance-00000002", VF_GUEST, pci_address="0000:c1:00.4",
+                  project_id="ab" * 16, project_name="globex")
+    defined_guest(root, "instance-00000003", NIC_GUEST)  # no hostdev: not even parsed
+    (root / "etc/libvirt/qemu/instance-00000004.xml").write_text(
+        '<!DOCTYPE d [<!ENTITY x "x">]><domain><devices><hostdev/></devices></domain>')
+    found = guests.domains()
+    assert [(d.name, d.state, d.mdevs, d.pci) for d in found] == [
+        ("instance-00000001", "running", (MDEV_UUID,), ()),
+        ("instance-00000002", "shut off", (), ("0000:c1:00.4",))]
+    assert (found[0].uuid, found[0].project_id, found[0].project_name, found[0].nova_name,
+            found[0].flavor, found[0].user_name) == (
+        MDEV_GUEST, PROJECT_ID, PROJECT_NAME, "vm-instance-00000001", "vgpu.large", "alice")
+    assert found[1].project_name == "globex"
+    assert guests.held_devices() == ({MDEV_UUID}, {"0000:c1:00.4"})
+    assert "instance-00000004.xml: DOCTYPE or ENTITY" in caplog.text

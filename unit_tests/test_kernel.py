@@ -79,7 +79,7 @@ def test_edited_file_is_restored(root, initramfs):
 
 def test_failed_refresh_undoes_the_write_so_a_retry_repeats_it(root, initramfs):
     initramfs.fail.touch()
-    with pytest.raises(InstallError, match="^update-initramfs -u failed: E: mkinitramfs failure cpio 141$"):
+    with pytest.raises(InstallError, match="^update-initramfs -u failed: mkinitramfs failure cpio 141$"):
         kernel.ensure_nouveau_blacklisted()
     assert not (root / TARGET).exists()
 
@@ -164,6 +164,11 @@ def test_reboot_reasons(modules, installed, reasons):
     ("570.158.02", "570.158.02", []),
     ("570.172.08", "570.158.02", ["NVIDIA driver 570.158.02 is loaded, 570.172.08 installed"]),
     ("570.172.08", None, []),          # version unknown: nothing to compare
+    # the whole upstream version must match, not a prefix of it
+    ("570.158.02", "570.158.0", ["NVIDIA driver 570.158.0 is loaded, 570.158.02 installed"]),
+    ("570.158.02", "570.158", ["NVIDIA driver 570.158 is loaded, 570.158.02 installed"]),
+    # an epoch or a Debian revision is not part of the module's version
+    ("1:570.158.02-0ubuntu1", "570.158.02", []),
 ])
 def test_a_loaded_driver_of_another_version_needs_a_reboot(installed, loaded, reasons):
     modules = {"nvidia", "nvidia_vgpu_vfio"}
@@ -183,3 +188,35 @@ def test_an_unwritable_modprobe_dir_is_an_install_error_not_a_crash(root, tmp_pa
     (root / "etc/modprobe.d").write_text("a file where a directory belongs")
     with pytest.raises(InstallError, match=r"^cannot write /etc/modprobe.d/nvidia-vgpu-blacklist-nouveau"):
         kernel.ensure_nouveau_blacklisted()
+
+
+@pytest.mark.parametrize("raw", [b"570.158.02\x00evil\n", b"570.\xff\xfe158\n"])
+def test_hostile_bytes_in_the_module_version_never_raise_nor_pass_through(root, raw):
+    (root / "sys/module/nvidia").mkdir(parents=True)
+    (root / "sys/module/nvidia/version").write_bytes(raw)
+    version = kernel.loaded_driver_version()
+    assert version.isprintable() and "\x00" not in version
+    assert "\ufffd" in version
+
+
+def test_an_unreadable_module_version_reads_as_unknown(root):
+    (root / "sys/module/nvidia/version").mkdir(parents=True)  # a directory where the file belongs
+    assert kernel.loaded_driver_version() is None
+
+
+def test_a_blacklist_file_with_hostile_bytes_is_rewritten(root, initramfs):
+    (root / TARGET).parent.mkdir(parents=True)
+    (root / TARGET).write_bytes(b"blacklist nouveau\x00\xff\n")
+    assert kernel.ensure_nouveau_blacklisted() is True
+    assert (root / TARGET).read_text() == kernel.render_blacklist()
+
+
+def test_a_blacklist_path_that_cannot_be_read_is_an_install_error(root, initramfs):
+    (root / TARGET).mkdir(parents=True)  # a directory where the file belongs
+    with pytest.raises(InstallError, match=r"^cannot read /etc/modprobe.d/nvidia-vgpu-blacklist"):
+        kernel.ensure_nouveau_blacklisted()
+    assert initramfs() == []
+
+
+def test_update_initramfs_gets_a_bounded_time():
+    assert kernel.INITRAMFS_TIMEOUT <= 300

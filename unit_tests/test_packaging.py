@@ -39,7 +39,7 @@ def test_every_run_time_dependency_is_pinned_within_its_range():
 
 def test_charmcraft_installs_the_pins_and_the_metadata_names_the_resource():
     charmcraft = yaml.safe_load((ROOT / "charmcraft.yaml").read_text())
-    assert charmcraft["parts"]["charm"]["python-requirements"] == ["requirements.txt"]
+    assert charmcraft["parts"]["charm"]["charm-requirements"] == ["requirements.txt"]
     assert set(charmcraft["platforms"]) == {f"ubuntu@{v}:{a}" for v in ("22.04", "24.04")
                                             for a in ("amd64", "arm64")}
     metadata = yaml.safe_load((ROOT / "metadata.yaml").read_text())

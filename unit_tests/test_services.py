@@ -1,128 +1,151 @@
-"""vgpu.services with a fake systemctl on PATH that records its calls."""
-
-import os
+"""vgpu.services with the fake systemctl (unit_tests/faketools.py) on PATH."""
 
 import pytest
 
 from vgpu import services
 from vgpu.errors import ServiceError
 
-FAKE = """#!/bin/sh
-# Record the call; answer is-active from state, fail verbs listed in fail.
-echo "$*" >> {d}/calls
-verb=$1; shift
-if [ "$verb" = is-active ]; then
-    [ -e {d}/garble ] && {{ echo "Failed to connect to bus: No such file or directory" >&2; exit 1; }}
-    rc=0
-    for unit in "$@"; do
-        state=$(sed -n "s/^$unit //p" {d}/state)
-        echo "${{state:-inactive}}"
-        [ "$state" = active ] || rc=3
-    done
-    exit $rc
-fi
-if grep -qx "$verb $1" {d}/fail 2>/dev/null; then
-    echo "Failed to $verb $1.service: Unit $1.service not loaded." >&2
-    echo "See system logs for details." >&2
-    exit 5
-fi
-exit 0
-"""
+MGR = "nvidia-vgpu-mgr"
+VGPUD = "nvidia-vgpud"
 
 
-@pytest.fixture
-def systemctl(tmp_path, monkeypatch):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    script = bindir / "systemctl"
-    script.write_text(FAKE.format(d=tmp_path))
-    script.chmod(0o755)
-    (tmp_path / "state").write_text("")
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    return tmp_path
+def changes(tools):
+    """The calls that change a unit (no queries), without the leading "systemctl"."""
+    return [c.split(" ", 1)[1] for c in tools.calls()
+            if c.startswith("systemctl ") and not c.startswith("systemctl is-")]
 
 
-def calls(d):
-    return (d / "calls").read_text().splitlines() if (d / "calls").exists() else []
+def test_active_asks_once_and_parses_each_line(tools):
+    tools.set_state(MGR, "active")
+    tools.set_state(VGPUD, "failed")
+    answer = services.active([MGR, VGPUD, "nova-compute"])
+    assert answer == {MGR: True, VGPUD: False, "nova-compute": False}
+    assert tools.calls() == [f"systemctl is-active {MGR} {VGPUD} nova-compute"]
 
 
-def test_active_asks_once_and_parses_each_line(systemctl):
-    (systemctl / "state").write_text("nvidia-vgpu-mgr active\nnvidia-vgpud failed\n")
-    answer = services.active(["nvidia-vgpu-mgr", "nvidia-vgpud", "nova-compute"])
-    assert answer == {"nvidia-vgpu-mgr": True, "nvidia-vgpud": False, "nova-compute": False}
-    assert calls(systemctl) == ["is-active nvidia-vgpu-mgr nvidia-vgpud nova-compute"]
-
-
-@pytest.mark.parametrize("state,down", [
-    ("nvidia-vgpu-mgr active\nnvidia-vgpud inactive\n", []),
-    ("nvidia-vgpu-mgr activating\nnvidia-vgpud active\n", ["nvidia-vgpu-mgr"]),
-    ("nvidia-vgpu-mgr active\nnvidia-vgpud failed\n", ["nvidia-vgpud"]),
-    ("", ["nvidia-vgpu-mgr"]),  # unknown units read inactive
+@pytest.mark.parametrize("mgr,vgpud,down", [
+    ("active", "inactive", []),
+    ("activating", "active", [MGR]),
+    ("active", "failed", [VGPUD]),
+    (None, None, [MGR]),  # unknown units read inactive
 ])
-def test_down_means_a_daemon_not_active_or_any_unit_failed(systemctl, state, down):
-    (systemctl / "state").write_text(state)
-    assert services.down(["nvidia-vgpu-mgr", "nvidia-vgpud"], daemons=["nvidia-vgpu-mgr"]) == down
+def test_down_means_a_daemon_not_active_or_any_unit_failed(tools, mgr, vgpud, down):
+    for unit, state in ((MGR, mgr), (VGPUD, vgpud)):
+        if state:
+            tools.set_state(unit, state)
+    assert services.down([MGR, VGPUD], daemons=[MGR]) == down
 
 
-def test_active_all_up(systemctl):
-    (systemctl / "state").write_text("nvidia-vgpu-mgr active\nnvidia-vgpud active\n")
-    assert services.active(("nvidia-vgpu-mgr", "nvidia-vgpud")) == {
-        "nvidia-vgpu-mgr": True, "nvidia-vgpud": True}
-
-
-def test_active_of_nothing_runs_nothing(systemctl):
+def test_active_of_nothing_runs_nothing(tools):
     assert services.active([]) == {}
-    assert calls(systemctl) == []
+    assert services.masked([]) == []
+    assert tools.calls() == []
 
 
-def test_active_without_an_answer_per_unit_is_an_error(systemctl):
-    (systemctl / "garble").touch()
-    with pytest.raises(ServiceError, match="^systemctl is-active nvidia-vgpu-mgr failed: "
-                                           "Failed to connect to bus: No such file or directory$"):
-        services.active(["nvidia-vgpu-mgr"])
+def test_active_without_an_answer_per_unit_is_an_error(tools):
+    tools.no_bus()
+    with pytest.raises(ServiceError, match=f"^systemctl is-active {MGR} failed: ") as error:
+        services.active([MGR])
+    assert "\n" not in str(error.value)
 
 
-def test_stop_and_disable_sequence(systemctl):
-    services.stop_and_disable(["nvidia-vgpud", "nvidia-vgpu-mgr"])
-    assert calls(systemctl) == [
-        "stop nvidia-vgpud", "disable nvidia-vgpud", "mask nvidia-vgpud",
-        "stop nvidia-vgpu-mgr", "disable nvidia-vgpu-mgr", "mask nvidia-vgpu-mgr",
+def test_masked_reads_is_enabled(tools):
+    (tools.state / f"{VGPUD}.enabled").write_text("masked\n")
+    assert services.masked([MGR, VGPUD]) == [VGPUD]
+
+
+def test_pause_sequence(tools):
+    services.pause([VGPUD, MGR])
+    assert changes(tools) == [
+        f"stop {VGPUD}", f"disable {VGPUD}", f"mask {VGPUD}",
+        f"stop {MGR}", f"disable {MGR}", f"mask {MGR}",
+    ]
+    assert tools.enabled(MGR) == tools.enabled(VGPUD) == "masked"
+
+
+def test_resume_sequence(tools):
+    services.resume((MGR, VGPUD))
+    assert changes(tools) == [
+        f"unmask {MGR}", f"enable {MGR}", f"start {MGR}",
+        f"unmask {VGPUD}", f"enable {VGPUD}", f"start {VGPUD}",
     ]
 
 
-def test_enable_and_start_sequence(systemctl):
-    services.enable_and_start(("nvidia-vgpu-mgr", "nvidia-vgpud"))
-    assert calls(systemctl) == [
-        "unmask nvidia-vgpu-mgr", "enable nvidia-vgpu-mgr", "start nvidia-vgpu-mgr",
-        "unmask nvidia-vgpud", "enable nvidia-vgpud", "start nvidia-vgpud",
-    ]
-
-
-def test_failure_names_unit_and_stops_there(systemctl):
-    (systemctl / "fail").write_text("start nvidia-vgpu-mgr\n")
+def test_a_failure_names_its_unit_and_stops_there(tools):
+    tools.fail("start", MGR)
     with pytest.raises(ServiceError) as e:
-        services.enable_and_start(["nvidia-vgpu-mgr", "nvidia-vgpud"])
-    assert str(e.value) == ("systemctl start nvidia-vgpu-mgr failed: Failed to start "
-                            "nvidia-vgpu-mgr.service: Unit nvidia-vgpu-mgr.service not loaded.")
-    assert calls(systemctl) == ["unmask nvidia-vgpu-mgr", "enable nvidia-vgpu-mgr", "start nvidia-vgpu-mgr"]
+        services.resume([MGR, VGPUD])
+    message = str(e.value)
+    assert message.startswith(f"systemctl start {MGR} failed: ")
+    # the cause, not systemctl's advice that follows it
+    assert "not loaded" in message and "See system logs" not in message
+    assert changes(tools) == [f"unmask {MGR}", f"enable {MGR}", f"start {MGR}"]
 
 
-def test_stop_failure(systemctl):
-    (systemctl / "fail").write_text("disable nvidia-vgpud\n")
-    with pytest.raises(ServiceError, match="^systemctl disable nvidia-vgpud failed: Failed to disable"):
-        services.stop_and_disable(["nvidia-vgpu-mgr", "nvidia-vgpud"])
-    assert calls(systemctl)[-1] == "disable nvidia-vgpud"
-    assert "mask nvidia-vgpud" not in calls(systemctl)
+def test_a_pause_that_fails_halfway_undoes_what_it_did(tools):
+    tools.set_active(MGR)
+    tools.set_active(VGPUD)
+    tools.fail("mask", VGPUD)
+    with pytest.raises(ServiceError, match=f"^systemctl mask {VGPUD} failed: .*; what it had "
+                                           "done was undone$"):
+        services.pause([MGR, VGPUD])
+    assert changes(tools) == [
+        f"stop {MGR}", f"disable {MGR}", f"mask {MGR}", f"stop {VGPUD}", f"disable {VGPUD}",
+        f"mask {VGPUD}",
+        # undone in reverse
+        f"enable {VGPUD}", f"start {VGPUD}", f"unmask {MGR}", f"enable {MGR}", f"start {MGR}"]
+    assert services.active([MGR, VGPUD]) == {MGR: True, VGPUD: True}
+    assert services.masked([MGR, VGPUD]) == []
+
+
+def test_undoing_a_pause_starts_only_what_ran_before(tools):
+    tools.set_active(MGR)
+    tools.set_active(VGPUD, False)
+    tools.fail("disable", VGPUD)
+    with pytest.raises(ServiceError):
+        services.pause([MGR, VGPUD])
+    assert f"start {VGPUD}" not in changes(tools)
+    assert services.active([MGR, VGPUD]) == {MGR: True, VGPUD: False}
+
+
+def test_a_pause_whose_undo_fails_says_what_is_left(tools):
+    tools.set_active(MGR)
+    tools.fail("stop", VGPUD)
+    tools.fail("unmask", MGR)
+    with pytest.raises(ServiceError) as e:
+        services.pause([MGR, VGPUD])
+    # a masked unit can be neither enabled nor started: the rest of the undo fails with it
+    assert str(e.value).startswith(f"systemctl stop {VGPUD} failed: ")
+    assert str(e.value).endswith(f"; could not undo: mask {MGR}, disable {MGR}, stop {MGR}")
+    assert services.masked([MGR, VGPUD]) == [MGR]
+
+
+def test_unmask_enables_without_starting(tools):
+    (tools.state / f"{MGR}.enabled").write_text("masked\n")
+    services.unmask([MGR])
+    assert changes(tools) == [f"unmask {MGR}", f"enable {MGR}"]
+    assert tools.enabled(MGR) == "enabled"
 
 
 def test_missing_systemctl(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(ServiceError, match="^systemctl is-active nvidia-vgpu-mgr could not run"):
-        services.active(["nvidia-vgpu-mgr"])
+    with pytest.raises(ServiceError, match=f"^systemctl is-active {MGR} could not run"):
+        services.active([MGR])
+
+
+def test_a_status_query_gets_seconds_not_minutes():
+    assert services.QUERY_TIMEOUT <= 15
+
+
+def test_a_hung_query_is_stopped_within_its_timeout(tools, monkeypatch):
+    (tools.bin / "systemctl").write_text("#!/bin/sh\nsleep 30\n")
+    monkeypatch.setattr(services, "QUERY_TIMEOUT", 1)
+    with pytest.raises(ServiceError, match=f"^systemctl is-active {MGR} timed out after 1s"):
+        services.active([MGR])
 
 
 @pytest.mark.parametrize("name", ["--now", "-f", "a b", "x;reboot", ""])
-def test_option_like_names_are_refused(systemctl, name):
+def test_option_like_names_are_refused(tools, name):
     with pytest.raises(ValueError):
-        services.stop_and_disable([name])
-    assert calls(systemctl) == []
+        services.pause([name])
+    assert tools.calls() == []

@@ -4,3 +4,7 @@ Nothing in this package imports ``ops``: each module reads or changes the host
 under one root (see :mod:`vgpu.hostroot`) and returns plain data, so the charm
 stays thin and every module can be tested on a fixture tree.
 """
+
+# Defined once; status messages, the attach hint and the files the charm writes use them.
+APP = "nova-compute-nvidia-vgpu"
+RESOURCE = "nvidia-vgpu-software"

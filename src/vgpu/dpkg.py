@@ -1,16 +1,30 @@
-"""What dpkg says is installed, read from its database under the host root.
+"""What dpkg says is installed, read from its database under the host root the way dpkg reads it.
 
-One read of ``var/lib/dpkg/status`` per call; only the stanzas asked for are
-kept, so the update-status path stays cheap on hosts with thousands of
-packages. What is installed is always dpkg's answer, never a stored copy.
+dpkg keeps its state in ``var/lib/dpkg/status`` plus a journal: each change
+is first written to a numbered file in ``var/lib/dpkg/updates/`` (``0000``,
+``0001``, ...) and folded into ``status`` only at the next checkpoint. A dpkg
+killed mid-upgrade leaves the journal saying ``half-configured`` while
+``status`` still says ``installed``. So, as dpkg and ``dpkg-query`` do, the
+journal files whose names are all digits are applied in order after
+``status``, each stanza replacing the record of its package (of its
+package and architecture for ``Multi-Arch: same`` packages, which dpkg
+keeps one instance of per architecture). This happens in Python (no process per hook), and is checked
+against ``dpkg-query --admindir`` in the tests.
+
+Only the stanzas asked for are kept, so the update-status path stays cheap
+on hosts with thousands of packages. What is installed is always dpkg's
+answer, never a stored copy. Versions are ordered by dpkg itself
+(``dpkg --compare-versions``), run only when two versions differ.
 """
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
-from . import hostroot
+from . import hostroot, run, text
 
 STATUS = "var/lib/dpkg/status"
+UPDATES = "var/lib/dpkg/updates"
+COMPARE_TIMEOUT = 10
 
 
 @dataclass(frozen=True)
@@ -36,36 +50,23 @@ class Package:
         return self.state not in ("not-installed", "config-files", "unknown")
 
 
-def admindir() -> str:
-    return str(hostroot.path("var/lib/dpkg"))
-
-
 def packages(names: Iterable[str] = (), prefixes: Iterable[str] = ()) -> Dict[str, Package]:
-    """Packages whose name is in ``names`` or starts with one of ``prefixes``."""
+    """Packages whose name is in ``names`` or starts with one of ``prefixes``, journal applied.
+
+    Raises HostReadError when the status file or a journal file exists but
+    cannot be read.
+    """
     names = frozenset(names)
-    prefixes = tuple(prefixes)
+    prefixes = tuple(prefixes) or ("\0",)
+    records: Dict[Tuple[str, str], Package] = {}
+    for source in _sources():
+        content = hostroot.read_text(source)
+        for pkg, same in _stanzas(content or "", names, prefixes):
+            records[(pkg.name, pkg.architecture if same else "")] = pkg
     found: Dict[str, Package] = {}
-    try:
-        text = hostroot.path(STATUS).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return found
-    for stanza in text.split("\n\n"):
-        if not stanza.startswith("Package: "):
-            stanza = stanza.lstrip("\n")
-            if not stanza.startswith("Package: "):
-                continue
-        name = stanza[len("Package: "):stanza.find("\n") if "\n" in stanza else None].strip()
-        if name not in names and not name.startswith(prefixes or ("\0",)):
-            continue
-        fields = _fields(stanza)
-        pkg = Package(
-            name=name,
-            version=fields.get("Version", ""),
-            architecture=fields.get("Architecture", ""),
-            status=fields.get("Status", ""),
-        )
-        if pkg.present:
-            found[name] = pkg
+    for pkg in records.values():
+        if pkg.present and (pkg.name not in found or not found[pkg.name].installed):
+            found[pkg.name] = pkg
     return found
 
 
@@ -74,47 +75,68 @@ def package(name: str) -> Optional[Package]:
 
 
 def compare_versions(a: str, b: str) -> int:
-    """-1, 0 or 1 as Debian version ``a`` sorts before, with or after ``b`` (as dpkg does)."""
-    ea, ua, ra = _split_version(a)
-    eb, ub, rb = _split_version(b)
-    return (ea > eb) - (ea < eb) or _compare_part(ua, ub) or _compare_part(ra, rb)
+    """-1, 0 or 1 as Debian version ``a`` sorts before, with or after ``b``, as dpkg orders them.
 
-
-def _split_version(version: str):
-    epoch, _, rest = version.strip().rpartition(":") if ":" in version else ("0", "", version.strip())
-    upstream, _, revision = rest.rpartition("-") if "-" in rest else (rest, "", "0")
-    return int(epoch or 0), upstream, revision
-
-
-def _order(char: str) -> int:
-    if char == "~":
-        return -1
-    if char.isalpha():
-        return ord(char)
-    return ord(char) + 256
-
-
-def _compare_part(a: str, b: str) -> int:
-    """dpkg's verrevcmp: alternate non-digit runs (with ~ first) and numeric runs."""
-    i = j = 0
-    while i < len(a) or j < len(b):
-        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
-            ca = _order(a[i]) if i < len(a) and not a[i].isdigit() else 0
-            cb = _order(b[j]) if j < len(b) and not b[j].isdigit() else 0
-            if ca != cb:
-                return (ca > cb) - (ca < cb)
-            i += 1
-            j += 1
-        na = nb = 0
-        while i < len(a) and a[i].isdigit():
-            na = na * 10 + int(a[i])
-            i += 1
-        while j < len(b) and b[j].isdigit():
-            nb = nb * 10 + int(b[j])
-            j += 1
-        if na != nb:
-            return (na > nb) - (na < nb)
+    Equal strings need no process; otherwise ``dpkg --compare-versions``
+    decides. Raises ValueError, with dpkg's reason, for a version dpkg
+    refuses, and CommandError when dpkg cannot be run.
+    """
+    if a == b:
+        return 0
+    for version in (a, b):
+        if not (version[:1].isascii() and version[:1].isdigit()):
+            # dpkg would warn, or take a leading "-" for one of its options
+            raise ValueError(f"version {text.quote(version)} does not start with a digit")
+    for op, answer in (("lt", -1), ("gt", 1)):
+        result = run.run(["dpkg", "--compare-versions", a, op, b], COMPARE_TIMEOUT, check=False,
+                         what="dpkg --compare-versions")
+        if result.returncode == 0:
+            return answer
+        if result.returncode != 1:
+            raise ValueError(text.cause(result.stderr) or f"cannot compare {a} with {b}")
     return 0
+
+
+def upstream(version: str) -> str:
+    """The upstream part of a Debian version: no epoch (``1:``), no revision (``-1ubuntu1``)."""
+    version = version.strip()
+    epoch, colon, rest = version.partition(":")
+    if colon and epoch.isdigit():
+        version = rest
+    head, hyphen, _revision = version.rpartition("-")
+    return head if hyphen else version
+
+
+def _sources() -> Iterator:
+    """``status``, then the journal files in the order dpkg applies them."""
+    yield hostroot.path(STATUS)
+    updates = hostroot.path(UPDATES)
+    entries = hostroot.listdir(updates) or []
+    # dpkg takes only names made of digits (it writes others, like tmp.i, first).
+    journal = sorted((n for n in entries if n.isascii() and n.isdigit()), key=lambda n: (len(n), n))
+    for name in journal:
+        yield updates / name
+
+
+def _stanzas(content: str, names: frozenset,
+             prefixes: Tuple[str, ...]) -> Iterator[Tuple[Package, bool]]:
+    """(package, whether it is Multi-Arch: same) for each wanted stanza."""
+    for stanza in content.split("\n\n"):
+        stanza = stanza.strip("\n")
+        first, _, _ = stanza.partition("\n")
+        key, colon, value = first.partition(":")
+        if not colon or key.strip().lower() != "package":
+            fields = _fields(stanza)  # Package is not first: rare, read the whole stanza
+            name = fields.get("package", "")
+        else:
+            name = value.strip()
+            fields = None
+        if not name or (name not in names and not name.startswith(prefixes)):
+            continue
+        fields = fields if fields is not None else _fields(stanza)
+        yield (Package(name=name, version=fields.get("version", ""),
+                       architecture=fields.get("architecture", ""), status=fields.get("status", "")),
+               fields.get("multi-arch") == "same")
 
 
 def _fields(stanza: str) -> Dict[str, str]:
@@ -123,5 +145,6 @@ def _fields(stanza: str) -> Dict[str, str]:
         if line[:1] in (" ", "\t") or ":" not in line:
             continue
         key, _, value = line.partition(":")
-        fields[key] = value.strip()
+        fields[key.strip().lower()] = value.strip()
     return fields
+

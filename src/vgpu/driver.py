@@ -9,23 +9,35 @@ read from its database under the host root; nothing is remembered elsewhere.
 
 Architecture: a kernel driver is built for one architecture, so the package's
 ``Architecture`` must equal ``dpkg --print-architecture``; ``all`` is refused.
+
+Commands run through :mod:`vgpu.run`: each in a session of its own, whose
+whole process group is ended when it runs out of time, so no maintainer
+script outlives the hook. Two dpkg never run at once: dpkg and apt-get take
+dpkg's own locks (``lock-frontend``, ``lock``), and a second one fails at
+once with that cause, which the unit shows first; the next hook retries, and
+reinstalling the same package finishes one that dpkg left half-configured.
+
+Worst case of an install hook: dpkg --print-architecture 10 s, two dpkg-deb
+reads 60 s each, then dpkg --remove, dpkg --install and apt-get -f install
+together at most INSTALL_BUDGET (720 s), then update-initramfs 240 s
+(:mod:`vgpu.kernel`), plus a few seconds of systemctl queries: under 19
+minutes in all.
 """
 
 import logging
 import os
 import re
-import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
 
-from . import dpkg, hostroot
-from .errors import InstallError, ResourceInvalidError, ResourceMissingError
+from . import APP, RESOURCE, dpkg, hostroot, run
+from .errors import CommandError, InstallError, ResourceInvalidError, ResourceMissingError
+from .text import quote
 
 log = logging.getLogger(__name__)
 
-RESOURCE = "nvidia-vgpu-software"
-APP = "nova-compute-nvidia-vgpu"
 PREFIX = "nvidia-vgpu-ubuntu-"
 HOST_PACKAGE = re.compile(r"nvidia-vgpu-ubuntu-(\d+)")
 GUEST_PACKAGE = re.compile(r"nvidia-linux-grid-(\d+)")
@@ -35,9 +47,11 @@ SERVICES = ("nvidia-vgpu-mgr", "nvidia-vgpud")
 DAEMONS = ("nvidia-vgpu-mgr",)
 _UNIT_DIRS = ("lib/systemd/system/", "usr/lib/systemd/system/")
 
-INSPECT_TIMEOUT = 120
-DPKG_TIMEOUT = 1800  # the driver's postinst may build kernel modules
-APT_TIMEOUT = 1800
+ARCH_TIMEOUT = 10
+INSPECT_TIMEOUT = 60  # dpkg-deb --field, and --contents (decompresses the whole package)
+# dpkg --remove, dpkg --install and apt-get -f install share this budget: the
+# driver's postinst may build kernel modules (DKMS) and refresh the initramfs.
+INSTALL_BUDGET = 720
 
 
 @dataclass(frozen=True)
@@ -54,11 +68,9 @@ class DebInfo:
 def machine_architecture() -> str:
     """This machine's dpkg architecture (``amd64``, ``arm64``, ...)."""
     try:
-        out = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
-                             check=True, timeout=INSPECT_TIMEOUT)
-    except (OSError, subprocess.SubprocessError) as error:
-        raise ResourceInvalidError(
-            f"cannot check {RESOURCE}: dpkg --print-architecture failed ({error})") from None
+        out = run.run(["dpkg", "--print-architecture"], ARCH_TIMEOUT, what="dpkg --print-architecture")
+    except CommandError as error:
+        raise ResourceInvalidError(f"cannot check {RESOURCE}: {error}") from None
     return out.stdout.strip()
 
 
@@ -92,17 +104,17 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> Deb
     guest = GUEST_PACKAGE.fullmatch(name)
     if guest:
         raise ResourceInvalidError(
-            f"{RESOURCE} is the vGPU guest driver {_q(name)}, which belongs in VMs; "
+            f"{RESOURCE} is the vGPU guest driver {quote(name)}, which belongs in VMs; "
             f"need the host driver {PREFIX}{guest.group(1)}")
     host = HOST_PACKAGE.fullmatch(name)
     if not host:
-        raise ResourceInvalidError(f"{RESOURCE} is package {_q(name)}; {need}")
+        raise ResourceInvalidError(f"{RESOURCE} is package {quote(name)}; {need}")
     if deb_arch != arch:
         raise ResourceInvalidError(
-            f"{RESOURCE} {_q(name)} is for architecture {_q(deb_arch)}; "
-            f"this machine needs {_q(arch)}")
+            f"{RESOURCE} {quote(name)} is for architecture {quote(deb_arch)}; "
+            f"this machine needs {quote(arch)}")
     if not version:
-        raise ResourceInvalidError(f"{RESOURCE} {_q(name)} has no version; {need}")
+        raise ResourceInvalidError(f"{RESOURCE} {quote(name)} has no version; {need}")
     return DebInfo(package=name, version=version, architecture=deb_arch,
                    branch=host.group(1), path=path)
 
@@ -117,7 +129,7 @@ def shipped_services(info: DebInfo) -> Tuple[str, ...]:
     services = _services_in(_deb_paths(info.path, need))
     if SERVICES[0] not in services:
         raise ResourceInvalidError(
-            f"{RESOURCE} {_q(info.package)} ships no {SERVICES[0]}.service; {need}")
+            f"{RESOURCE} {quote(info.package)} ships no {SERVICES[0]}.service; {need}")
     return services
 
 
@@ -148,27 +160,28 @@ def install(info: DebInfo) -> None:
     shipped_services(info)
     root = hostroot.root().absolute()
     dpkg_cmd = ["dpkg", f"--root={root}", f"--admindir={root / 'var/lib/dpkg'}"]
-    # LC_ALL=C: dpkg's messages are matched ("dependency problems") and shown.
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    deadline = time.monotonic() + INSTALL_BUDGET
     # Another branch (nvidia-vgpu-ubuntu-550 -> -570) ships the same files
     # under another name: dpkg would refuse to overwrite them, so it goes first.
     others = sorted(p.name for p in dpkg.packages(prefixes=[PREFIX]).values()
                     if p.name != info.package and HOST_PACKAGE.fullmatch(p.name) and p.present)
     if others:
         log.info("removing %s before installing %s", ", ".join(others), info.package)
-        reason = _run(dpkg_cmd + ["--remove", *others], env, DPKG_TIMEOUT)
-        if reason:
+        failure = _run(dpkg_cmd + ["--remove", *others], env, deadline)
+        if failure:
             raise InstallError(f"dpkg could not remove {', '.join(others)} to install "
-                               f"{info.package}: {reason}")
+                               f"{info.package}: {failure.cause}")
     log.info("installing %s %s from %s", info.package, info.version, info.path)
-    reason = _run(dpkg_cmd + ["--force-confdef", "--force-confold", "--install", str(info.path)],
-                  env, DPKG_TIMEOUT)
-    if reason and "dependency problems" in reason and hostroot.is_real_root():
+    failure = _run(dpkg_cmd + ["--force-confdef", "--force-confold", "--install", str(info.path)],
+                   env, deadline)
+    if failure and _dependency_problems(failure) and hostroot.is_real_root():
         log.info("dpkg reported dependency problems; running apt-get -f install")
         apt = ["apt-get", "--fix-broken", "install", "--yes",
                "--option=Dpkg::Options::=--force-confdef",
                "--option=Dpkg::Options::=--force-confold"]
-        reason = _run(apt, env, APT_TIMEOUT) or reason
+        failure = _run(apt, env, deadline) or failure
+    reason = failure.cause if failure else ""
 
     pkg = dpkg.package(info.package)
     if pkg and pkg.installed and pkg.version == info.version:
@@ -185,27 +198,20 @@ def install(info: DebInfo) -> None:
 
 
 def services_of(pkg_name: str) -> Tuple[str, ...]:
-    """The vGPU services the installed ``pkg_name`` ships, from dpkg's file list."""
+    """The vGPU services the installed ``pkg_name`` ships, from dpkg's file list.
+
+    Raises HostReadError when the list exists but cannot be read.
+    """
     info = hostroot.path("var/lib/dpkg/info")
     lists = [info / f"{pkg_name}.list"] + sorted(info.glob(f"{_glob_escape(pkg_name)}:*.list"))
     for lst in lists:
-        try:
-            text = lst.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            continue
-        return _services_in(line.lstrip("/") for line in text.splitlines())
+        content = hostroot.read_text(lst)
+        if content is not None:
+            return _services_in(line.lstrip("/") for line in content.splitlines())
     return ()
 
 
 # -- helpers -------------------------------------------------------------------
-
-def _q(value: str, limit: int = 48) -> str:
-    """A value quoted for a one-line status message: printable and short."""
-    text = "".join(c if c.isprintable() else "?" for c in str(value))
-    if len(text) > limit:
-        text = text[:limit - 3] + "..."
-    return repr(text)
-
 
 def _glob_escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
@@ -215,17 +221,11 @@ def _dpkg_deb(option: str, path: Path, fields: List[str], need: str) -> str:
     """``dpkg-deb <option> <deb> [fields]``'s output; ResourceInvalidError if it fails."""
     cmd = ["dpkg-deb", option, str(path.absolute()), *fields]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
-                             timeout=INSPECT_TIMEOUT, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise ResourceInvalidError(
-            f"{RESOURCE} could not be read in {INSPECT_TIMEOUT}s; {need}") from None
-    except OSError as error:
-        raise ResourceInvalidError(f"cannot check {RESOURCE}: dpkg-deb: {error.strerror}") from None
-    if out.returncode != 0:
-        log.info("%s failed: %s", " ".join(cmd), out.stderr.strip())
-        raise ResourceInvalidError(f"{RESOURCE} is not a Debian package; {need}")
-    return out.stdout
+        return run.run(cmd, INSPECT_TIMEOUT, what=f"dpkg-deb {option}").stdout
+    except CommandError as error:
+        if error.returncode is None:  # could not run, or ran out of time
+            raise ResourceInvalidError(f"cannot check {RESOURCE}: {error}") from None
+        raise ResourceInvalidError(f"{RESOURCE} is not a Debian package; {need}") from None
 
 
 def _deb_fields(path: Path, need: str) -> Dict[str, str]:
@@ -255,30 +255,18 @@ def _services_in(paths) -> Tuple[str, ...]:
     return tuple(s for s in SERVICES if s in names)
 
 
-def _run(cmd: List[str], env: Dict[str, str], timeout: int) -> str:
-    """Run ``cmd``; return "" on success, else one short line saying why not."""
+def _run(cmd: List[str], env: Dict[str, str], deadline: float) -> Optional[CommandError]:
+    """Run ``cmd`` within what is left of the install budget; the CommandError if it failed."""
+    left = deadline - time.monotonic()
+    if left < 1:
+        return CommandError(f"{cmd[0]} not run", f"no time left of the {INSTALL_BUDGET}s install budget")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
-                             env=env, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return f"{cmd[0]} timed out after {timeout}s"
-    except OSError as e:
-        return f"{cmd[0]} could not run: {e.strerror}"
-    if out.returncode == 0:
-        return ""
-    log.warning("%s failed (%d): %s", cmd[0], out.returncode, out.stderr.strip())
-    return _last_line(out.stderr) or f"{cmd[0]} exited with status {out.returncode}"
+        run.run(cmd, int(left), env=env)
+    except CommandError as error:
+        return error
+    return None
 
 
-def _last_line(stderr: str, limit: int = 120) -> str:
-    """The last meaningful stderr line: dpkg's summary that follows is dropped."""
-    lines = []
-    for line in stderr.splitlines():
-        if line.startswith("Errors were encountered while processing"):
-            break
-        if line.strip():
-            lines.append(line.strip())
-    if not lines:
-        return ""
-    text = "".join(c if c.isprintable() else "?" for c in lines[-1])
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+def _dependency_problems(failure: CommandError) -> bool:
+    """dpkg unpacked the package but could not configure it for want of dependencies."""
+    return "dependency problems" in failure.stderr

@@ -5,6 +5,20 @@ class VgpuError(Exception):
     """Base of every error the host modules raise on purpose."""
 
 
+class HostReadError(VgpuError):
+    """A host path exists but cannot be read (permissions, a loop, a directory for a file)."""
+
+
+class CommandError(VgpuError):
+    """A host command could not run, ran out of time or failed. ``str()`` says why, cause first."""
+
+    def __init__(self, message: str, cause: str, returncode=None, stderr: str = ""):
+        super().__init__(message)
+        self.cause = cause  # the reason alone, without the command's name when it failed
+        self.returncode = returncode
+        self.stderr = stderr
+
+
 class UnsupportedReleaseError(VgpuError):
     """The installed Nova is too old, or its version cannot be read."""
 

@@ -45,8 +45,9 @@ class Facts:
         sriov = [gpu.address for gpu in self.host.gpus if gpu.sriov]
         if not sriov or self.iommu:
             return None
-        return (f"IOMMU is off but SR-IOV GPU {sriov[0]} needs it: enable VT-d/AMD-Vi in "
-                "firmware (Intel: also intel_iommu=on iommu=pt on the kernel command line), reboot")
+        return (f"IOMMU is off but SR-IOV GPU {sriov[0]} needs it: add intel_iommu=on iommu=pt "
+                "(Intel) or amd_iommu=on (AMD) to the kernel command line, enable VT-d/AMD-Vi "
+                "in firmware, reboot")
 
     def reboot_reasons(self) -> List[str]:
         """Why the host needs a reboot for the installed driver to work."""

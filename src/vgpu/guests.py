@@ -6,24 +6,41 @@ mdev hostdev, or a PCI hostdev whose source is one of the NVIDIA GPUs or VFs
 given (the vendor-specific VFIO framework passes VFs as PCI devices). The
 domain ``<uuid>`` is the Nova instance uuid.
 
+``domains`` reads more for the usage report and the capacity count: every
+domain libvirt knows, running (status XML) or only defined
+(``/etc/libvirt/qemu``: Nova defines each instance persistently, so a
+shut-off instance keeps its vGPU there), with the mdevs and PCI devices it
+holds and the owner Nova wrote into ``<metadata><nova:instance>``:
+``<nova:owner><nova:project uuid="...">name</nova:project>``. Nova's
+namespace is ``http://openstack.org/xmlns/libvirt/nova/1.1`` (``1.0``
+before); any version is read.
+
 Files that cannot be read or parsed are logged and skipped; files with a
 DOCTYPE or ENTITY declaration are skipped unparsed (no entity expansion).
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import re
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import hostroot
 from .errors import GuestsRunningError
 
+if TYPE_CHECKING:  # parsing XML is imported only when a file has something to parse
+    import xml.etree.ElementTree as ET
+
 log = logging.getLogger(__name__)
 
 STATUS_DIR = "run/libvirt/qemu"
+DEFINED_DIR = "etc/libvirt/qemu"
+NOVA_NS = "http://openstack.org/xmlns/libvirt/nova/"
+RUNNING = "running"
+SHUT_OFF = "shut off"
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,57 @@ def running_vgpu_guests(pci_addresses: Iterable[str]) -> List[Guest]:
     return sorted(guests, key=lambda g: g.name)
 
 
+@dataclass(frozen=True)
+class Domain:
+    """A libvirt domain holding host devices, with what Nova says about it."""
+
+    name: str
+    uuid: str
+    state: str  # RUNNING or SHUT_OFF
+    mdevs: Tuple[str, ...] = ()  # mdev uuids
+    pci: Tuple[str, ...] = ()  # PCI addresses (dddd:bb:dd.f) passed through
+    nova_name: str = ""  # the instance's display name
+    flavor: str = ""
+    project_id: str = ""
+    project_name: str = ""
+    user_name: str = ""
+
+
+def domains() -> List[Domain]:
+    """Domains that hold an mdev or a PCI device: running ones, then shut-off ones.
+
+    A domain both running and defined is read from its status XML only.
+    Files without a ``<hostdev`` are not parsed at all (update-status reads
+    these to count capacity).
+    """
+    out: Dict[str, Domain] = {}
+    for directory, state in ((STATUS_DIR, RUNNING), (DEFINED_DIR, SHUT_OFF)):
+        for path in sorted(hostroot.path(directory).glob("*.xml")):
+            domain = _domain(path, require="<hostdev")
+            if domain is None:
+                continue
+            uuid = (domain.findtext("uuid") or "").strip().lower()
+            name = (domain.findtext("name") or path.stem).strip()
+            key = uuid or name
+            if key in out:
+                continue
+            mdevs, pci = _devices(domain)
+            if mdevs or pci:
+                out[key] = Domain(name=name, uuid=uuid, state=state, mdevs=mdevs, pci=pci,
+                                  **_nova_metadata(domain))
+    return list(out.values())
+
+
+def held_devices() -> Tuple[Set[str], Set[str]]:
+    """(mdev uuids, PCI addresses) that any running or defined domain holds."""
+    mdevs: Set[str] = set()
+    pci: Set[str] = set()
+    for domain in domains():
+        mdevs.update(domain.mdevs)
+        pci.update(domain.pci)
+    return mdevs, pci
+
+
 def ensure_no_guests(pci_addresses: Iterable[str], force: bool = False) -> List[Guest]:
     """Raise GuestsRunningError if guests hold vGPUs, unless ``force``; return them."""
     guests = running_vgpu_guests(pci_addresses)
@@ -62,16 +130,23 @@ def ensure_no_guests(pci_addresses: Iterable[str], force: bool = False) -> List[
     return guests
 
 
-def _domain(path: Path) -> Optional[ET.Element]:
-    """The ``<domain>`` element of a status or domain XML file, or None."""
+def _domain(path: Path, require: str = "") -> Optional[ET.Element]:
+    """The ``<domain>`` element of a status or domain XML file, or None.
+
+    A file whose text lacks ``require`` is skipped unparsed.
+    """
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         log.warning("cannot read %s: %s", path, e)
         return None
+    if require and require not in text:
+        return None
     if "<!DOCTYPE" in text.upper() or "<!ENTITY" in text.upper():
         log.warning("skipping %s: DOCTYPE or ENTITY declarations are not accepted", path)
         return None
+    import xml.etree.ElementTree as ET
+
     try:
         root = ET.fromstring(text)
     except ET.ParseError as e:
@@ -106,6 +181,55 @@ def _vgpus(domain: ET.Element, wanted: Set[str]) -> Tuple[str, ...]:
             if pci and pci in wanted:
                 found.append(pci)
     return tuple(found)
+
+
+def _devices(domain: ET.Element) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(mdev uuids, PCI addresses) of the domain's subsystem hostdevs, in order."""
+    mdevs: List[str] = []
+    pci: List[str] = []
+    for hostdev in domain.findall("./devices/hostdev"):
+        if hostdev.get("mode", "subsystem") != "subsystem":
+            continue
+        address = hostdev.find("./source/address")
+        if address is None:
+            continue
+        kind = hostdev.get("type")
+        if kind == "mdev" and address.get("uuid"):
+            mdevs.append(address.get("uuid", "").strip().lower())
+        elif kind == "pci":
+            found = _pci(address)
+            if found:
+                pci.append(found)
+    return tuple(mdevs), tuple(pci)
+
+
+def _nova_metadata(domain: ET.Element) -> Dict[str, str]:
+    """Instance name, flavor and owner from ``<metadata><nova:instance>``; empty if absent."""
+    out = {"nova_name": "", "flavor": "", "project_id": "", "project_name": "", "user_name": ""}
+    metadata = domain.find("metadata")
+    if metadata is None:
+        return out
+    for instance in metadata:
+        namespace, _, local = instance.tag.rpartition("}")
+        if local != "instance" or not namespace.lstrip("{").startswith(NOVA_NS):
+            continue
+        ns = namespace + "}"
+        out["nova_name"] = _text(instance.findtext(f"{ns}name"))
+        flavor = instance.find(f"{ns}flavor")
+        out["flavor"] = _text(flavor.get("name") if flavor is not None else "")
+        project = instance.find(f"{ns}owner/{ns}project")
+        if project is not None:
+            out["project_id"] = _text(project.get("uuid")).lower()
+            out["project_name"] = _text(project.text)
+        out["user_name"] = _text(instance.findtext(f"{ns}owner/{ns}user"))
+        break
+    return out
+
+
+def _text(value: Optional[str], limit: int = 255) -> str:
+    """One line of printable text, bounded (names reach action results)."""
+    text = " ".join("".join(c if c.isprintable() else " " for c in (value or "")).split())
+    return text[:limit]
 
 
 def _mdev_parent(uuid: str) -> Optional[str]:

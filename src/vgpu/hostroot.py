@@ -1,13 +1,25 @@
-"""The one root under which every host path is read or written.
+"""The one root under which every host path is read or written, and the one way to read it.
 
 ``VGPU_HOST_ROOT`` (default ``/``) lets tests and the sample-host demo point
 the charm at a directory tree shaped like a real host: sysfs at
 ``<root>/sys``, dpkg's database at ``<root>/var/lib/dpkg``, ``/proc`` at
 ``<root>/proc`` and ``/etc`` at ``<root>/etc``.
+
+Host text is read with :func:`read_text`, which decides once what a file's
+bytes may become: invalid UTF-8 and NUL or other control bytes turn into
+U+FFFD, so nothing read from the host can break a status line or reach the
+relation raw. A path that does not exist reads as None; one that exists but
+cannot be read (permissions, a symlink loop, a directory where a file
+belongs) raises HostReadError naming it, never a bare OSError.
 """
 
+import errno
 import os
 from pathlib import Path
+from typing import List, Optional, Union
+
+from . import text
+from .errors import HostReadError
 
 ENV = "VGPU_HOST_ROOT"
 
@@ -25,3 +37,40 @@ def is_real_root() -> bool:
 def path(*parts: str) -> Path:
     """A host path under the root: ``path("sys/bus/pci/devices")``."""
     return root().joinpath(*(str(p).lstrip("/") for p in parts))
+
+
+def shown(where: Union[str, Path]) -> str:
+    """``where`` as the host sees it (``/var/lib/dpkg/status``), for messages."""
+    where = Path(where)
+    try:
+        return "/" + str(where.relative_to(root()))
+    except ValueError:
+        return str(where)
+
+
+def unreadable(where: Union[str, Path], error: OSError) -> HostReadError:
+    """The HostReadError for ``error`` on ``where``, naming the host path."""
+    return HostReadError(f"cannot read {text.one_line(shown(where), 100)}: "
+                         f"{error.strerror or type(error).__name__}")
+
+
+def read_text(where: Union[str, Path]) -> Optional[str]:
+    """A host file's text, cleaned (see the module doc); None when it does not exist."""
+    try:
+        with open(where, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ENOTDIR):  # it, or a folder above it, is not there
+            return None
+        raise unreadable(where, error) from None
+    return text.decode(data)
+
+
+def listdir(where: Union[str, Path]) -> Optional[List[str]]:
+    """A host directory's entries; None when it does not exist; HostReadError if unreadable."""
+    try:
+        return os.listdir(where)
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            return None
+        raise unreadable(where, error) from None

@@ -8,25 +8,24 @@ charm and written to ``<root>/etc/modprobe.d/``; every change is followed by
 away is part of preparing the host for the driver.
 """
 
+import errno
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from string import Template
 from typing import FrozenSet, Iterable, List, Optional
 
-from . import hostroot
-from .errors import InstallError
+from . import APP, dpkg, hostroot, run
+from .errors import CommandError, HostReadError, InstallError
 
 log = logging.getLogger(__name__)
 
-CHARM = "nova-compute-nvidia-vgpu"
 CHARM_ROOT = Path(__file__).resolve().parents[2]  # src/vgpu/kernel.py -> charm root
 TEMPLATE = CHARM_ROOT / "templates" / "blacklist-nouveau.conf"
 BLACKLIST = "etc/modprobe.d/nvidia-vgpu-blacklist-nouveau.conf"
-INITRAMFS_TIMEOUT = 600
+INITRAMFS_TIMEOUT = 240
 
 
 def blacklist_path() -> Path:
@@ -36,7 +35,7 @@ def blacklist_path() -> Path:
 
 def render_blacklist() -> str:
     """The blacklist file's content."""
-    return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(charm=CHARM)
+    return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(charm=APP)
 
 
 def ensure_nouveau_blacklisted() -> bool:
@@ -49,6 +48,8 @@ def ensure_nouveau_blacklisted() -> bool:
     """
     try:
         return _ensure_blacklisted()
+    except HostReadError as error:
+        raise InstallError(str(error)) from None
     except OSError as error:
         raise InstallError(f"cannot write /{BLACKLIST}: {error.strerror or error}") from None
 
@@ -56,10 +57,7 @@ def ensure_nouveau_blacklisted() -> bool:
 def _ensure_blacklisted() -> bool:
     target = blacklist_path()
     content = render_blacklist()
-    try:
-        previous: Optional[str] = target.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        previous = None
+    previous = hostroot.read_text(target)
     if previous == content:
         return False
     _write(target, content)
@@ -79,15 +77,16 @@ def remove_blacklist() -> bool:
     """Delete the blacklist (charm removal); refresh the initramfs if it existed."""
     try:
         return _remove_blacklist()
+    except HostReadError as error:
+        raise InstallError(str(error)) from None
     except OSError as error:
         raise InstallError(f"cannot remove /{BLACKLIST}: {error.strerror or error}") from None
 
 
 def _remove_blacklist() -> bool:
     target = blacklist_path()
-    try:
-        previous = target.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    previous = hostroot.read_text(target)
+    if previous is None:
         return False
     target.unlink()
     try:
@@ -105,23 +104,17 @@ def update_initramfs() -> None:
     if exe is None:
         raise InstallError("update-initramfs not found; install initramfs-tools")
     try:
-        out = subprocess.run([exe, "-u"], capture_output=True, text=True, errors="replace",
-                             timeout=INITRAMFS_TIMEOUT, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise InstallError(f"update-initramfs -u timed out after {INITRAMFS_TIMEOUT}s") from None
-    except OSError as error:
-        raise InstallError(f"update-initramfs -u could not run: {error.strerror}") from None
-    if out.returncode != 0:
-        lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip()]
-        why = lines[-1][:120] if lines else f"exit status {out.returncode}"
-        raise InstallError(f"update-initramfs -u failed: {why}")
+        run.run([exe, "-u"], INITRAMFS_TIMEOUT, what="update-initramfs -u")
+    except CommandError as error:
+        raise InstallError(str(error)) from None
 
 
 def loaded_modules() -> FrozenSet[str]:
     """Names of the loaded kernel modules (``<root>/proc/modules``); empty if unreadable."""
     try:
-        text = hostroot.path("proc/modules").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        text = hostroot.read_text(hostroot.path("proc/modules")) or ""
+    except HostReadError as error:
+        log.warning("%s", error)
         return frozenset()
     return frozenset(line.split()[0] for line in text.splitlines() if line.strip())
 
@@ -138,9 +131,11 @@ def iommu_enabled() -> bool:
 def loaded_driver_version() -> Optional[str]:
     """Version of the loaded ``nvidia`` module (``<root>/sys/module/nvidia/version``)."""
     try:
-        return hostroot.path("sys/module/nvidia/version").read_text().strip() or None
-    except OSError:
+        version = hostroot.read_text(hostroot.path("sys/module/nvidia/version"))
+    except HostReadError as error:
+        log.warning("%s", error)
         return None
+    return (version or "").strip() or None
 
 
 def reboot_reasons(modules: Optional[Iterable[str]] = None,
@@ -151,7 +146,8 @@ def reboot_reasons(modules: Optional[Iterable[str]] = None,
 
     Pure given ``modules`` (read from ``/proc/modules`` only when None). A
     loaded ``nvidia`` module older or newer than the installed package (after
-    an upgrade) also needs a reboot.
+    an upgrade) also needs a reboot: the module's version must equal the
+    package's upstream version exactly (``570.158.0`` is not ``570.158.02``).
     """
     loaded = {m.replace("-", "_") for m in (loaded_modules() if modules is None else modules)}
     reasons = []
@@ -160,13 +156,15 @@ def reboot_reasons(modules: Optional[Iterable[str]] = None,
     if driver_installed and "nvidia_vgpu_vfio" not in loaded:
         reasons.append("nvidia_vgpu_vfio is not loaded")
     elif (driver_installed and installed_version and loaded_version
-          and not installed_version.startswith(loaded_version)):
+          and dpkg.upstream(installed_version) != loaded_version):
         reasons.append(f"NVIDIA driver {loaded_version} is loaded, {installed_version} installed")
     return reasons
 
 
 def _write(target: Path, content: str) -> None:
     """Replace ``target`` atomically with ``content``, mode 0644."""
+    if target.parent.exists() and not target.parent.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from .text import quote
+
 SCHEMA_FILE = Path(__file__).with_name("vgpu-device-mappings.schema.json")
 MAX_BYTES = 64 * 1024
 MAX_DEPTH = 8
@@ -47,12 +49,6 @@ class Validation:
     @property
     def ok(self) -> bool:
         return not self.errors
-
-
-def quote(value, limit: int = 40) -> str:
-    """A value as it may appear in a one-line status: JSON-escaped and bounded."""
-    text = json.dumps(value if isinstance(value, str) else str(value))
-    return text if len(text) <= limit else text[: limit - 4] + '..."'
 
 
 def normalise_address(text: str) -> str:

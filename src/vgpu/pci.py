@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from . import hostroot
+from . import hostroot, text
 
 NVIDIA_VENDOR = "0x10de"
 # PCI class: 0x0300xx VGA compatible controller, 0x0302xx 3D controller.
@@ -170,10 +170,10 @@ class Host:
 def discover() -> Host:
     """Read the host's PCI devices once and return its NVIDIA GPUs."""
     devices = hostroot.path(PCI_DEVICES)
-    try:
-        names = sorted(os.listdir(devices))
-    except FileNotFoundError:
+    listed = hostroot.listdir(devices)  # HostReadError when it cannot be read
+    if listed is None:
         return Host()
+    names = sorted(listed)
     nvidia: Dict[str, str] = {}
     ignored = []
     for name in names:
@@ -248,10 +248,8 @@ def _virtual_functions(entry) -> Tuple[VirtualFunction, ...]:
 def _mdev_types(entry, known: Optional[Dict[int, VgpuType]] = None) -> Tuple[VgpuType, ...]:
     """Types under ``mdev_supported_types``; ``known`` shares definitions between VFs."""
     base = entry / "mdev_supported_types"
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return ()
+    # Unreadable is not "no types": HostReadError, so no type passes unverified.
+    names = hostroot.listdir(base) or ()
     known = {} if known is None else known
     types = []
     for name in names:
@@ -359,17 +357,15 @@ def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
                     if ident in wanted:
                         name = name.strip()
                         bracket = re.search(r"\[(.+)\]", name)
-                        found[f"0x{ident}"] = bracket.group(1) if bracket else name
+                        found[f"0x{ident}"] = text.one_line(bracket.group(1) if bracket else name)
         return found
     return found
 
 
 def _read(path) -> Optional[str]:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
+    """A sysfs attribute, cleaned and stripped; None if absent; HostReadError if unreadable."""
+    content = hostroot.read_text(path)
+    return None if content is None else content.strip()
 
 
 def _link_name(path) -> Optional[str]:

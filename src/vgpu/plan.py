@@ -24,6 +24,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import pci
 
+CLASS_PREFIX = "CUSTOM_VGPU_"  # the Placement resource class of a profile: CUSTOM_VGPU_L40S_12Q
+
 ALL = "all"
 _TYPE_ID = re.compile(r"nvidia-([0-9]+)")
 
@@ -79,7 +81,7 @@ class Plan:
 def resource_class(name: str) -> str:
     """``NVIDIA L40S-12Q`` -> ``CUSTOM_VGPU_L40S_12Q`` (already in Placement's normal form)."""
     short = pci.profile_name(name)
-    return "CUSTOM_VGPU_" + re.sub(r"[^A-Z0-9]", "_", short.upper())
+    return CLASS_PREFIX + re.sub(r"[^A-Z0-9]", "_", short.upper())
 
 
 def flavor_property(vgpu_type: pci.VgpuType, framework: Optional[str], mdev_class: bool) -> str:

@@ -3,6 +3,7 @@
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from . import table
 from .pci import VFIO, Host, VgpuType
 
 
@@ -57,7 +58,7 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
 
 
 def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None) -> str:
-    """A fixed-width table, one row per GPU and type (``offered``: learnt types too)."""
+    """A fixed-width table, one row per GPU and type (``offered``: learnt types too), bounded."""
     if not host.gpus:
         return "no NVIDIA GPU on this host"
     rows: List[List[str]] = [["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE"]]
@@ -73,8 +74,7 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                 f"{fb} MiB" if fb is not None else "-",
                 _text(vgpu_type.max_instances), _text(_available(gpu, vgpu_type)),
             ])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    return table.render(rows[0], rows[1:], what="types")
 
 
 def _available(gpu, vgpu_type):

@@ -1,37 +1,35 @@
-"""The vGPU systemd services, driven with ``systemctl``.
+"""The vGPU systemd services, driven with ``systemctl`` through :mod:`vgpu.run`.
 
-``stop_and_disable`` mirrors charmhelpers' ``service_pause`` (stop, disable,
-mask) and ``enable_and_start`` its ``service_resume`` (unmask, enable,
-start), one unit at a time so that a failure names its unit.
+``pause`` mirrors charmhelpers' ``service_pause`` (stop, disable, mask) and
+``resume`` its ``service_resume`` (unmask, enable, start), one unit at a time
+so that a failure names its unit. A pause that fails halfway undoes what it
+did, so the host is left as it was found.
+
+Queries get seconds (update-status runs them on every host every few
+minutes); stopping and starting gets longer, since stopping
+nvidia-vgpu-mgr waits for its GPUs.
 """
 
 import logging
 import re
-import subprocess
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Tuple
 
-from .errors import ServiceError
+from . import run, text
+from .errors import CommandError, ServiceError
 
 log = logging.getLogger(__name__)
 
-QUERY_TIMEOUT = 60
-CHANGE_TIMEOUT = 300  # stopping nvidia-vgpu-mgr can take a while
+QUERY_TIMEOUT = 10
+SWITCH_TIMEOUT = 30   # enable, disable, mask, unmask: unit files only
+CHANGE_TIMEOUT = 120  # stop, start
 _UNIT = re.compile(r"[A-Za-z0-9:_.@\\][A-Za-z0-9:_.@\\-]*")
 _ACTIVE = ("active", "reloading")
+_UNDO = {"stop": "start", "disable": "enable", "mask": "unmask"}
 
 
 def states(names: Iterable[str]) -> Dict[str, str]:
     """Each unit's ActiveState word (active, inactive, failed, ...), from one call."""
-    names = _checked(names)
-    if not names:
-        return {}
-    # is-active exits non-zero when any unit is not active: that is an answer.
-    out = _systemctl(["is-active", *names], QUERY_TIMEOUT, names[0], check=False)
-    words = out.stdout.split()
-    if len(words) != len(names):
-        why = _one_line(out.stderr) or f"{len(words)} answers for {len(names)} units"
-        raise ServiceError(f"systemctl is-active {' '.join(names)} failed: {why}")
-    return dict(zip(names, words))
+    return dict(zip(*_query("is-active", names)))
 
 
 def active(names: Iterable[str]) -> Dict[str, bool]:
@@ -52,50 +50,84 @@ def down(names: Iterable[str], daemons: Iterable[str]) -> List[str]:
 
 def masked(names: Iterable[str]) -> List[str]:
     """The units ``systemctl is-enabled`` calls masked (as a pause leaves them)."""
+    units, words = _query("is-enabled", names)
+    return [name for name, word in zip(units, words) if word.startswith("masked")]
+
+
+def pause(names: Iterable[str]) -> None:
+    """Stop, disable and mask each unit (like charmhelpers' service_pause).
+
+    When a step fails, the steps already done are undone in reverse order
+    and ServiceError is raised; its message says whether that worked.
+    """
     names = _checked(names)
-    if not names:
-        return []
-    out = _systemctl(["is-enabled", *names], QUERY_TIMEOUT, names[0], check=False)
-    words = out.stdout.split()
-    if len(words) != len(names):
-        why = _one_line(out.stderr) or f"{len(words)} answers for {len(names)} units"
-        raise ServiceError(f"systemctl is-enabled {' '.join(names)} failed: {why}")
-    return [name for name, word in zip(names, words) if word.startswith("masked")]
+    was_active = active(names) if names else {}
+    done: List[Tuple[str, str]] = []
+    try:
+        for name in names:
+            for verb in ("stop", "disable", "mask"):
+                _change(verb, name)
+                done.append((verb, name))
+    except ServiceError as error:
+        left = _undo(done, was_active)
+        outcome = (f"; could not undo: {', '.join(left)}" if left
+                   else "; what it had done was undone")
+        raise ServiceError(f"{error}{outcome}") from None
 
 
-def stop_and_disable(names: Iterable[str]) -> None:
-    """Stop, disable and mask each unit (like charmhelpers' service_pause)."""
-    for name in _checked(names):
-        for verb in ("stop", "disable", "mask"):
-            _change(verb, name)
-
-
-def enable_and_start(names: Iterable[str]) -> None:
+def resume(names: Iterable[str]) -> None:
     """Unmask, enable and start each unit (like charmhelpers' service_resume)."""
     for name in _checked(names):
         for verb in ("unmask", "enable", "start"):
             _change(verb, name)
 
 
+def unmask(names: Iterable[str]) -> None:
+    """Unmask and enable each unit, starting none (the charm's removal)."""
+    for name in _checked(names):
+        for verb in ("unmask", "enable"):
+            _change(verb, name)
+
+
+def _undo(done: List[Tuple[str, str]], was_active: Dict[str, bool]) -> List[str]:
+    """Reverse ``done`` (a unit is started again only if it ran before); what failed to reverse."""
+    left = []
+    for verb, name in reversed(done):
+        if verb == "stop" and not was_active.get(name):
+            continue
+        try:
+            _change(_UNDO[verb], name)
+        except ServiceError as error:
+            log.error("could not undo systemctl %s %s: %s", verb, name, error)
+            left.append(f"{verb} {name}")
+    return left
+
+
 def _change(verb: str, name: str) -> None:
-    timeout = CHANGE_TIMEOUT if verb in ("stop", "start") else QUERY_TIMEOUT
+    timeout = CHANGE_TIMEOUT if verb in ("stop", "start") else SWITCH_TIMEOUT
     log.info("systemctl %s %s", verb, name)
-    _systemctl([verb, name], timeout, name, check=True)
-
-
-def _systemctl(args: List[str], timeout: int, unit: str, check: bool) -> subprocess.CompletedProcess:
-    cmd = ["systemctl", *args]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
-                             timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise ServiceError(f"systemctl {args[0]} {unit} timed out after {timeout}s") from None
-    except OSError as e:
-        raise ServiceError(f"systemctl {args[0]} {unit} could not run: {e.strerror}") from e
-    if check and out.returncode != 0:
-        why = _one_line(out.stderr) or f"exit status {out.returncode}"
-        raise ServiceError(f"systemctl {args[0]} {unit} failed: {why}")
-    return out
+        run.run(["systemctl", verb, name], timeout, what=f"systemctl {verb} {name}")
+    except CommandError as error:
+        raise ServiceError(str(error)) from None
+
+
+def _query(verb: str, names: Iterable[str]) -> Tuple[List[str], List[str]]:
+    """(units, one answer word per unit) from one ``systemctl <verb>`` call."""
+    names = _checked(names)
+    if not names:
+        return [], []
+    what = f"systemctl {verb} {' '.join(names)}"
+    # is-active and is-enabled exit non-zero when a unit is not active/enabled: still an answer.
+    try:
+        out = run.run(["systemctl", verb, *names], QUERY_TIMEOUT, check=False, what=what)
+    except CommandError as error:
+        raise ServiceError(str(error)) from None
+    words = out.stdout.split()
+    if len(words) != len(names):
+        why = text.cause(out.stderr) or f"{len(words)} answers for {len(names)} units"
+        raise ServiceError(f"{what} failed: {why}")
+    return names, words
 
 
 def _checked(names: Iterable[str]) -> List[str]:
@@ -105,12 +137,3 @@ def _checked(names: Iterable[str]) -> List[str]:
         if not _UNIT.fullmatch(name):
             raise ValueError(f"not a systemd unit name: {name!r}")
     return names
-
-
-def _one_line(text: str, limit: int = 120) -> str:
-    """systemctl's first stderr line ("Failed to stop x.service: ..."), printable, short."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return ""
-    line = "".join(c if c.isprintable() else "?" for c in lines[0])
-    return line if len(line) <= limit else line[:limit - 3] + "..."

@@ -14,7 +14,7 @@ from pathlib import Path
 from string import Template
 from typing import Iterable, List
 
-from . import files, hostroot, kernel, pci
+from . import APP, files, hostroot, kernel, pci
 from .errors import SriovError
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def render_unit(host: pci.Host, plan=None) -> str:
         target = f"/sys/bus/pci/devices/{assignment.address}/nvidia/current_vgpu_type"
         lines.append(f"ExecStart=/bin/sh -c 'echo {assignment.number} > {target}'")
     return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
-        charm=kernel.CHARM, exec_lines="\n".join(lines))
+        charm=APP, exec_lines="\n".join(lines))
 
 
 def unit_path() -> Path:

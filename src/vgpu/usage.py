@@ -1,0 +1,345 @@
+"""Who holds which vGPU on this host, and how many are left per type.
+
+Two readers of the same facts:
+
+* ``in_use`` (the ``vgpu-usage`` action): one ``VgpuUse`` per vGPU a guest
+  holds, with the Nova instance, its project (from Nova's metadata in the
+  libvirt XML), the GPU or VF, the type, the profile, its framebuffer and
+  the NVIDIA licence edition the profile needs;
+* ``capacity`` (the active status line): per type, vGPUs in use and free.
+
+How a vGPU is recognised:
+
+* mediated devices: a ``hostdev`` of type ``mdev`` names an mdev uuid;
+  ``sys/bus/mdev/devices/<uuid>`` links to the device under its parent (a
+  GPU or VF) and its ``mdev_type`` links to ``mdev_supported_types/<type>``,
+  whose ``name`` and ``description`` give the profile and framebuffer;
+* vendor-specific VFIO: a ``hostdev`` of type ``pci`` whose address is an
+  NVIDIA VF holding a type (``nvidia/current_vgpu_type`` not 0).
+
+Capacity, decided here and documented in the README:
+
+* "used" counts vGPUs held by a guest libvirt knows, running or shut off:
+  Nova keeps a shut-off instance's vGPU (its mdev or VF) and its Placement
+  allocation, so it is not free. ``vgpu-usage`` shows the state, and its
+  licence totals count running guests only, since licences are checked out
+  by running guests;
+* mdev "free" is what the parent can still create (``available_instances``)
+  plus created mdevs no guest holds (Nova reuses those);
+* VFIO: each VF holding a type is one vGPU; free unless a guest holds it.
+"""
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from . import guests, hostroot, pci, plan
+
+MDEV_BUS = "sys/bus/mdev/devices"
+
+EDITIONS = {
+    "Q": "RTX Virtual Workstation",
+    "B": "Virtual PC",
+    "A": "Virtual Applications",
+    "C": "Virtual Compute Server",
+}
+_PROFILE = re.compile(r"(?:.*\s)?(\S+-([0-9]+)([A-Z]))\s*\Z")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+
+
+@dataclass(frozen=True)
+class VgpuUse:
+    """One vGPU a guest holds."""
+
+    instance_uuid: str
+    domain: str
+    state: str  # guests.RUNNING or guests.SHUT_OFF
+    instance_name: str
+    project_id: str
+    project_name: str
+    address: str  # the GPU or VF that hosts the vGPU
+    gpu: str  # its physical GPU
+    framework: str  # pci.MDEV or pci.VFIO
+    type_id: str  # nvidia-<n>
+    profile: str  # V100-8Q, L40S-12Q; the type id when the name is unknown
+    name_known: bool
+    framebuffer_mb: Optional[int]
+    edition: str  # EDITIONS value, or "unknown"
+    mdev_uuid: str = ""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    type_id: str
+    used: int
+    free: int
+
+
+# -- names -----------------------------------------------------------------------------
+
+def profile_of(name: str) -> Optional[str]:
+    """``GRID V100-8Q`` / ``NVIDIA L40S-12Q`` -> ``V100-8Q`` / ``L40S-12Q``; else None."""
+    match = _PROFILE.match(name or "")
+    return match.group(1) if match else None
+
+
+def edition_of(profile: str) -> str:
+    """The licence edition a profile needs, from its series letter (``-12Q`` -> Q)."""
+    match = _PROFILE.match(profile or "")
+    return EDITIONS.get(match.group(3), "unknown") if match else "unknown"
+
+
+def framebuffer_of(profile: str) -> Optional[int]:
+    """MiB from the profile name: the number is the framebuffer in GB (``L40S-12Q`` -> 12288)."""
+    match = _PROFILE.match(profile or "")
+    return int(match.group(2)) * 1024 if match else None
+
+
+def vfio_type_name(gpu: pci.Gpu, number: int) -> Optional[str]:
+    """The driver's name of VFIO type ``number`` on ``gpu``, or None when unknown.
+
+    Today only ``creatable_vgpu_types`` lists names, and a full GPU lists
+    none, so the VF's siblings are searched too. This is the one place to
+    point at a catalogue of ids and names per GPU model.
+    """
+    for function in (gpu,) + tuple(gpu.vfs):
+        for vgpu_type in function.types:
+            if vgpu_type.number == number and vgpu_type.framework == pci.VFIO:
+                return vgpu_type.name
+    return None
+
+
+# -- the usage report --------------------------------------------------------------------
+
+def in_use(host: pci.Host, domains: Optional[Sequence[guests.Domain]] = None) -> List[VgpuUse]:
+    """Every vGPU held by a guest on this host, running guests first, then by domain name."""
+    domains = guests.domains() if domains is None else domains
+    out: List[VgpuUse] = []
+    for domain in domains:
+        for uuid in domain.mdevs:
+            use = _mdev_use(host, domain, uuid)
+            if use is not None:
+                out.append(use)
+        for address in domain.pci:
+            use = _vfio_use(host, domain, address)
+            if use is not None:
+                out.append(use)
+    return sorted(out, key=lambda u: (u.state != guests.RUNNING, u.domain, u.address))
+
+
+def _use(domain: guests.Domain, **fields) -> VgpuUse:
+    return VgpuUse(instance_uuid=domain.uuid, domain=domain.name, state=domain.state,
+                   instance_name=domain.nova_name, project_id=domain.project_id,
+                   project_name=domain.project_name, **fields)
+
+
+def _mdev_use(host: pci.Host, domain: guests.Domain, uuid: str) -> Optional[VgpuUse]:
+    found = mdev_device(uuid)
+    if found is None:
+        return None
+    parent, type_id, type_dir = found
+    gpu = host.gpu(parent)
+    if gpu is None:
+        return None  # another vendor's mdev (Intel GVT-g)
+    name = _read(os.path.join(type_dir, "name"))
+    number = int(type_id.rpartition("-")[2]) if type_id.rpartition("-")[2].isdigit() else 0
+    definition = pci.VgpuType(number=number, name=name or type_id, framework=pci.MDEV,
+                              properties=pci.parse_description(
+                                  _read(os.path.join(type_dir, "description")) or ""))
+    profile = profile_of(name or "")
+    framebuffer = definition.framebuffer_mb or framebuffer_of(profile or "")
+    return _use(domain, address=parent, gpu=gpu.address, framework=pci.MDEV, type_id=type_id,
+                profile=profile or name or type_id, name_known=bool(name),
+                framebuffer_mb=framebuffer, edition=edition_of(profile or ""), mdev_uuid=uuid)
+
+
+def _vfio_use(host: pci.Host, domain: guests.Domain, address: str) -> Optional[VgpuUse]:
+    gpu = host.gpu(address)
+    if gpu is None:
+        return None
+    function = gpu.function(address)
+    number = getattr(function, "current_type", None)
+    if function is gpu or not number:
+        return None  # a whole GPU passed through, or a VF without a vGPU type
+    name = guests._text(vfio_type_name(gpu, number)) or None
+    profile = profile_of(name or "")
+    return _use(domain, address=address, gpu=gpu.address, framework=pci.VFIO,
+                type_id=f"nvidia-{number}", profile=profile or f"nvidia-{number}",
+                name_known=bool(name), framebuffer_mb=framebuffer_of(profile or ""),
+                edition=edition_of(profile or ""))
+
+
+def mdev_device(uuid: str) -> Optional[Tuple[str, str, str]]:
+    """(parent address, type id, type directory) of a created mdev, or None if absent."""
+    if not _UUID.match(uuid):
+        return None
+    entry = hostroot.path(MDEV_BUS, uuid)
+    try:
+        device = os.path.realpath(entry, strict=True)
+        type_dir = os.path.realpath(os.path.join(device, "mdev_type"), strict=True)
+    except OSError:
+        return None
+    return os.path.basename(os.path.dirname(device)), os.path.basename(type_dir), type_dir
+
+
+# -- totals ---------------------------------------------------------------------------------
+
+def totals(uses: Iterable[VgpuUse]) -> Tuple[Dict[str, int], Dict[Tuple[str, str], int]]:
+    """Running vGPUs per licence edition and per (project id, project name)."""
+    editions: Dict[str, int] = {}
+    projects: Dict[Tuple[str, str], int] = {}
+    for use in uses:
+        if use.state != guests.RUNNING:
+            continue
+        editions[use.edition] = editions.get(use.edition, 0) + 1
+        key = (use.project_id or "unknown", use.project_name or "unknown")
+        projects[key] = projects.get(key, 0) + 1
+    return editions, projects
+
+
+def results(uses: Sequence[VgpuUse]) -> Dict[str, object]:
+    """The vgpu-usage action's results: summary, totals, per vGPU, and a table.
+
+    Juju result keys allow only lowercase letters, digits and hyphens, so
+    names and ids are values under numbered keys.
+    """
+    from . import table
+
+    editions, projects = totals(uses)
+    running = sum(editions.values())
+    out: Dict[str, object] = {
+        "summary": _summary(uses, running, editions),
+        "editions": {_slug(name): str(count) for name, count in sorted(editions.items())},
+        "projects": {f"project-{n}": {"id": pid, "name": pname, "running-vgpus": str(count)}
+                     for n, ((pid, pname), count) in enumerate(
+                         sorted(projects.items(), key=lambda item: (-item[1], item[0][1])))},
+        "vgpus": {f"vgpu-{n}": _entry(use) for n, use in enumerate(uses)},
+    }
+    rows = [[u.project_name or u.project_id or "unknown", u.instance_uuid, u.domain, u.state,
+             u.address, u.type_id, u.profile + ("" if u.name_known else "?"),
+             f"{u.framebuffer_mb} MiB" if u.framebuffer_mb else "-", u.edition] for u in uses]
+    out["table"] = (table.render(["PROJECT", "INSTANCE", "DOMAIN", "STATE", "ADDRESS", "TYPE",
+                                  "PROFILE", "FRAMEBUFFER", "EDITION"], rows, what="vGPUs")
+                    if uses else "no vGPU in use on this host")
+    return table.fit(out, depth=2, records="vgpus", what="vGPUs")
+
+
+def _entry(use: VgpuUse) -> Dict[str, str]:
+    entry = {
+        "instance": use.instance_uuid or "unknown",
+        "domain": use.domain,
+        "state": use.state,
+        "name": use.instance_name or "unknown",
+        "project-id": use.project_id or "unknown",
+        "project": use.project_name or "unknown",
+        "address": use.address,
+        "gpu": use.gpu,
+        "framework": use.framework,
+        "type": use.type_id,
+        "profile": use.profile if use.name_known else f"{use.profile} (name unknown)",
+        "framebuffer-mb": str(use.framebuffer_mb) if use.framebuffer_mb else "unknown",
+        "edition": use.edition,
+    }
+    if use.mdev_uuid:
+        entry["mdev"] = use.mdev_uuid
+    return entry
+
+
+def _summary(uses: Sequence[VgpuUse], running: int, editions: Mapping[str, int]) -> str:
+    if not uses:
+        return "no vGPU in use on this host"
+    stopped = len(uses) - running
+    parts = ", ".join(f"{count} {name}" for name, count in sorted(editions.items()))
+    text = f"{running} vGPU{'s' if running != 1 else ''} in running guests"
+    text += f" ({parts})" if parts else ""
+    if stopped:
+        text += f"; {stopped} held by shut-off instances (not licensed while off)"
+    return text
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+# -- capacity for the status line ----------------------------------------------------------
+
+def capacity(host: pci.Host, mapping: Mapping[str, Tuple[str, ...]]) -> List[Capacity]:
+    """vGPUs used and free per published type or (VFIO) resource class.
+
+    ``mapping`` is what nova-compute was given (``{type: addresses}``, VFIO VFs
+    under their ``CUSTOM_VGPU_*`` class); a type without addresses (Queens to
+    Train) counts every function offering it.
+    Reads ``sys/bus/mdev/devices`` and the libvirt XML only when there is
+    something to count.
+    """
+    if not mapping:
+        return []
+    held_mdevs, held_pci = guests.held_devices()
+    created = None
+    out: List[Capacity] = []
+    for key, addresses in mapping.items():
+        if key.startswith(plan.CLASS_PREFIX):
+            # VFs published as PCI devices (vendor-specific VFIO): one vGPU each.
+            used = len([a for a in addresses if a in held_pci])
+            out.append(Capacity(key, used, len(addresses) - used))
+            continue
+        if created is None:
+            created = _created_mdevs()
+        functions = _functions_offering(host, key, addresses)
+        # On SR-IOV GPUs each VF holds at most one vGPU, whatever its type says.
+        free = sum(min(t.available_instances or 0, 1 if is_vf else 1 << 30)
+                   for _, t, is_vf in functions)
+        places = {address for address, _, _ in functions}
+        used = 0
+        for uuid, (parent, mdev_type) in created.items():
+            if mdev_type == key and parent in places:
+                if uuid in held_mdevs:
+                    used += 1
+                else:
+                    free += 1  # created but idle: Nova hands it out again
+        out.append(Capacity(key, used, free))
+    return out
+
+
+def capacity_text(entries: Sequence[Capacity], limit: int = 3) -> str:
+    """``nvidia-108: 1 used, 3 free; nvidia-109: 0 used, 1 free`` (at most ``limit``)."""
+    parts = [f"{c.type_id}: {c.used} used, {c.free} free" for c in entries[:limit]]
+    if len(entries) > limit:
+        parts.append(f"+{len(entries) - limit} more types (vgpu-usage)")
+    return "; ".join(parts)
+
+
+def _functions_offering(host: pci.Host, type_id: str, addresses: Tuple[str, ...]):
+    out = []
+    for gpu in host.gpus:
+        for function in (gpu,) + tuple(gpu.vfs):
+            if addresses and function.address not in addresses:
+                continue
+            for vgpu_type in function.types:
+                if vgpu_type.id == type_id and vgpu_type.framework == pci.MDEV:
+                    out.append((function.address, vgpu_type, function is not gpu))
+    return out
+
+
+def _created_mdevs() -> Dict[str, Tuple[str, str]]:
+    """{mdev uuid: (parent address, type id)} from one listing of sys/bus/mdev/devices."""
+    try:
+        names = os.listdir(hostroot.path(MDEV_BUS))
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        found = mdev_device(name.lower())
+        if found is not None:
+            out[name.lower()] = found[:2]
+    return out
+
+
+def _read(path) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = "".join(c if c.isprintable() else " " for c in handle.read())
+            return " ".join(text.split())[:255] or None
+    except OSError:
+        return None

@@ -1,0 +1,62 @@
+"""vgpu.run: every host command is bounded in time and leaves nothing running behind it."""
+
+import os
+import time
+
+import pytest
+
+from vgpu import run
+from vgpu.errors import CommandError
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_command_that_runs_too_long_is_ended_with_everything_it_started(tmp_path):
+    pidfile = tmp_path / "child"
+    started = time.monotonic()
+    with pytest.raises(CommandError, match=r"^sh timed out after 1s and was stopped$"):
+        run.run(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; sleep 300"], 1)
+    assert time.monotonic() - started < 1 + 2 * run.GRACE
+    assert not running(int(pidfile.read_text()))
+
+
+def test_a_command_ignoring_sigterm_is_killed(tmp_path):
+    pidfile = tmp_path / "child"
+    with pytest.raises(CommandError, match="timed out"):
+        run.run(["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile}; wait"], 1)
+    assert not running(int(pidfile.read_text()))
+
+
+def test_a_command_runs_in_a_session_of_its_own():
+    out = run.run(["sh", "-c", "cat /proc/self/stat"], 5).stdout
+    fields = out.rsplit(")", 1)[1].split()
+    session = int(fields[4])
+    assert session != os.getsid(0)
+
+
+def test_failure_says_the_cause_first_on_one_line():
+    with pytest.raises(CommandError) as error:
+        run.run(["sh", "-c", "echo 'E: it broke' >&2; echo 'N: more' >&2; exit 3"], 5, what="tool")
+    assert str(error.value) == "tool failed: it broke"
+    assert error.value.cause == "it broke" and error.value.returncode == 3
+
+
+def test_unchecked_failure_returns_the_answer():
+    result = run.run(["sh", "-c", "echo inactive; exit 3"], 5, check=False)
+    assert (result.returncode, result.stdout) == (3, "inactive\n")
+
+
+def test_a_missing_program_is_an_error_not_an_oserror(tmp_path):
+    with pytest.raises(CommandError, match="^nope could not run: No such file or directory$"):
+        run.run([str(tmp_path / "nope")], 5)
+
+
+def test_output_with_hostile_bytes_is_cleaned():
+    out = run.run(["printf", "a\\000b\\377c"], 5).stdout
+    assert "\x00" not in out and out.isprintable()

@@ -1,0 +1,297 @@
+"""vGPU usage, licence editions and capacity (vgpu.usage, the vgpu-usage action, the status line).
+
+Guests are libvirt XML files as libvirt writes them (status XML of running
+guests in run/libvirt/qemu, definitions in etc/libvirt/qemu) with Nova's
+metadata; vGPUs are sysfs-shaped mdevs and VFs holding a type.
+"""
+
+import subprocess
+
+import pytest
+from ops import testing
+
+from charm import NovaComputeNvidiaVgpuCharm
+from unit_tests import debs, libvirt
+from unit_tests.fakehost import (
+    L40S_TYPES,
+    a100_host,
+    assign_vfio_type,
+    l40s_host,
+    v100_host,
+)
+from unit_tests.libvirt import PROJECT_ID, PROJECT_NAME, defined_guest, running_guest
+from vgpu import guests, pci, table, usage
+
+MGR = "nvidia-vgpu-mgr"
+VGPUD = "nvidia-vgpud"
+MDEV_A = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
+MDEV_B = "1c8b1f3d-7a3e-4c4d-8c2f-5b9c2f04d3e2"
+MDEV_IDLE = "2d9c2a4e-8b4f-4d5e-9d3a-6cad3015e4f3"
+INTEL_MDEV = "9e0c7f3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
+VM_1 = "11111111-1111-4111-8111-111111111111"
+VM_2 = "22222222-2222-4222-8222-222222222222"
+VM_3 = "33333333-3333-4333-8333-333333333333"
+OTHER_PROJECT = "0a0b0c0d0e0f40818283848586878889"
+GUESTS = 1500
+
+
+@pytest.fixture
+def v100_guests(root):
+    """Two V100s: a running guest on an nvidia-108 mdev, a shut-off one on nvidia-109,
+    an idle nvidia-108 mdev, and an Intel GVT-g guest that is not ours."""
+    host = v100_host(root)
+    host.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_A)
+    host.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_IDLE)
+    host.add_mdev("0000:e1:00.0", "nvidia-109", MDEV_B)
+    host.add_mdev("0000:00:02.0", "i915-GVTg_V5_4", INTEL_MDEV)
+    (root / "sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types/nvidia-108/"
+     "available_instances").write_text("0\n")
+    (root / "sys/bus/pci/devices/0000:e1:00.0/mdev_supported_types/nvidia-109/"
+     "available_instances").write_text("0\n")
+    running_guest(root, "instance-0000002a", VM_1, mdev_uuid=MDEV_A)
+    defined_guest(root, "instance-0000002b", VM_2, mdev_uuid=MDEV_B,
+                  project_id=OTHER_PROJECT, project_name="globex")
+    running_guest(root, "instance-0000002c", VM_3, mdev_uuid=INTEL_MDEV)
+    return host
+
+
+def test_mdev_vgpus_with_project_profile_and_edition(v100_guests):
+    uses = usage.in_use(pci.discover())
+    assert [(u.domain, u.state) for u in uses] == [
+        ("instance-0000002a", "running"), ("instance-0000002b", "shut off")]
+    first = uses[0]
+    assert first == usage.VgpuUse(
+        instance_uuid=VM_1, domain="instance-0000002a", state="running",
+        instance_name="vm-instance-0000002a", project_id=PROJECT_ID, project_name=PROJECT_NAME,
+        address="0000:c1:00.0", gpu="0000:c1:00.0", framework="mdev", type_id="nvidia-108",
+        profile="V100-8Q", name_known=True, framebuffer_mb=8192,
+        edition="RTX Virtual Workstation", mdev_uuid=MDEV_A)
+    assert (uses[1].project_name, uses[1].type_id, uses[1].framebuffer_mb) == (
+        "globex", "nvidia-109", 16384)
+
+
+def test_totals_count_running_guests_per_edition_and_project(v100_guests):
+    editions, projects = usage.totals(usage.in_use(pci.discover()))
+    assert editions == {"RTX Virtual Workstation": 1}
+    assert projects == {(PROJECT_ID, PROJECT_NAME): 1}
+
+
+def test_vfio_vf_holding_a_type_is_a_vgpu_named_through_its_siblings(root):
+    host = l40s_host(root)
+    # 0000:81:00.4 holds L40S-12Q; its siblings still list what fits beside it.
+    assign_vfio_type(host, "0000:81:00.4", 1139)
+    for address in ("0000:81:00.5", "0000:81:00.6", "0000:81:00.7"):
+        assign_vfio_type(host, address, 0, creatable={1139: L40S_TYPES[1139]})
+    running_guest(root, "instance-00000040", VM_1, pci_address="0000:81:00.4")
+    running_guest(root, "instance-00000041", VM_2, pci_address="0000:81:00.5")  # VF without type
+    (use,) = usage.in_use(pci.discover())
+    assert (use.address, use.gpu, use.framework, use.type_id, use.profile, use.name_known,
+            use.framebuffer_mb, use.edition) == (
+        "0000:81:00.4", "0000:81:00.0", "vfio", "nvidia-1139", "L40S-12Q", True, 12288,
+        "RTX Virtual Workstation")
+
+
+def test_a_full_gpu_lists_no_names_so_the_type_stays_an_id(root):
+    host = l40s_host(root)
+    for address in ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6", "0000:81:00.7"):
+        assign_vfio_type(host, address, 1141)  # 4 x 24Q would not fit; names gone everywhere
+    running_guest(root, "instance-00000040", VM_1, pci_address="0000:81:00.6")
+    (use,) = usage.in_use(pci.discover())
+    assert (use.type_id, use.profile, use.name_known, use.edition, use.framebuffer_mb) == (
+        "nvidia-1141", "nvidia-1141", False, "unknown", None)
+    results = usage.results([use])
+    assert results["vgpus"]["vgpu-0"]["profile"] == "nvidia-1141 (name unknown)"
+    assert "nvidia-1141?" in results["table"]
+
+
+@pytest.mark.parametrize("name,profile,edition,mb", [
+    ("GRID V100-8Q", "V100-8Q", "RTX Virtual Workstation", 8192),
+    ("NVIDIA L40S-12Q", "L40S-12Q", "RTX Virtual Workstation", 12288),
+    ("GRID A100-20C", "A100-20C", "Virtual Compute Server", 20480),
+    ("NVIDIA A16-2B", "A16-2B", "Virtual PC", 2048),
+    ("NVIDIA L4-4A", "L4-4A", "Virtual Applications", 4096),
+    ("GRID T4-1Z", "T4-1Z", "unknown", 1024),
+    ("mystery", None, "unknown", None),
+])
+def test_profiles_editions_and_framebuffers_from_names(name, profile, edition, mb):
+    assert usage.profile_of(name) == profile
+    assert usage.edition_of(profile or "") == edition
+    assert usage.framebuffer_of(profile or "") == mb
+
+
+def test_older_nova_namespace_and_missing_metadata(root):
+    v100 = v100_host(root)
+    v100.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_A)
+    v100.add_mdev("0000:e1:00.0", "nvidia-109", MDEV_B)
+    path = running_guest(root, "instance-00000001", VM_1, mdev_uuid=MDEV_A)
+    path.write_text(path.read_text().replace("libvirt/nova/1.1", "libvirt/nova/1.0"))
+    bare = running_guest(root, "instance-00000002", VM_2, mdev_uuid=MDEV_B)
+    text = bare.read_text()
+    bare.write_text(text[:text.index("<metadata>")] + text[text.index("</metadata>") + 11:])
+    found = {d.name: d for d in guests.domains()}
+    assert (found["instance-00000001"].project_id, found["instance-00000001"].project_name) == (
+        PROJECT_ID, PROJECT_NAME)
+    assert found["instance-00000002"].project_name == ""
+    entry = usage.results(usage.in_use(pci.discover()))["vgpus"]["vgpu-1"]
+    assert (entry["domain"], entry["project"], entry["project-id"]) == (
+        "instance-00000002", "unknown", "unknown")
+
+
+def test_hostile_names_stay_one_bounded_line(root):
+    v100 = v100_host(root)
+    v100.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_A)
+    running_guest(root, "instance-00000001", VM_1, mdev_uuid=MDEV_A,
+                  project_name="evil\u2028name\n[DEFAULT]\t" + "x" * 1000)
+    (use,) = usage.in_use(pci.discover())
+    assert use.project_name.startswith("evil name [DEFAULT] xxx")
+    assert len(use.project_name) <= 255
+
+
+def test_hostile_type_names_never_break_action_set(root):
+    v100 = v100_host(root)
+    v100.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_A)
+    (root / "sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types/nvidia-108/name").write_bytes(
+        b"GRID\x00 V100-8Q\xff\n[x]")
+    running_guest(root, "instance-00000001", VM_1, mdev_uuid=MDEV_A)
+    results = usage.results(usage.in_use(pci.discover()))
+    argv = ["true"] + [f"{'.'.join(p)}={v}" for p, v in table.flatten(results) if v != {}]
+    subprocess.run(argv, check=True)
+    assert "\x00" not in results["table"]
+
+
+# -- the action -----------------------------------------------------------------------------
+
+def test_vgpu_usage_action(v100_guests, tools, tmp_path):
+    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+    resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
+    ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
+    results = ctx.action_results
+    assert results["summary"] == ("1 vGPU in running guests (1 RTX Virtual Workstation); "
+                                  "1 held by shut-off instances (not licensed while off)")
+    assert results["editions"] == {"rtx-virtual-workstation": "1"}
+    assert results["projects"] == {"project-0": {"id": PROJECT_ID, "name": PROJECT_NAME,
+                                                 "running-vgpus": "1"}}
+    assert results["vgpus"]["vgpu-0"] == {
+        "instance": VM_1, "domain": "instance-0000002a", "state": "running",
+        "name": "vm-instance-0000002a", "project-id": PROJECT_ID, "project": PROJECT_NAME,
+        "address": "0000:c1:00.0", "gpu": "0000:c1:00.0", "framework": "mdev",
+        "type": "nvidia-108", "profile": "V100-8Q", "framebuffer-mb": "8192",
+        "edition": "RTX Virtual Workstation", "mdev": MDEV_A}
+    assert sorted(results["vgpus"]) == ["vgpu-0", "vgpu-1"]
+    lines = results["table"].splitlines()
+    assert lines[0].split() == ["PROJECT", "INSTANCE", "DOMAIN", "STATE", "ADDRESS", "TYPE",
+                                "PROFILE", "FRAMEBUFFER", "EDITION"]
+    assert lines[1].split()[:4] == [PROJECT_NAME, VM_1, "instance-0000002a", "running"]
+    assert "truncated" not in results
+
+
+def test_vgpu_usage_on_an_idle_host(root, tools, tmp_path):
+    v100_host(root)
+    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+    resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
+    ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
+    assert ctx.action_results == {"summary": "no vGPU in use on this host", "editions": {},
+                                  "projects": {}, "vgpus": {},
+                                  "table": "no vGPU in use on this host"}
+
+
+def test_thousands_of_guests_stay_within_action_set(root, tools, tmp_path):
+    """A big host with small profiles: 1,500 guests, each on its own mdev."""
+    host = v100_host(root)
+    qemu = root / "run/libvirt/qemu"
+    qemu.mkdir(parents=True)
+    for n in range(GUESTS):
+        uuid = f"{n:08x}-0000-4000-8000-{n:012x}"
+        host.add_mdev("0000:c1:00.0", "nvidia-105", uuid)
+        (qemu / f"instance-{n:08x}.xml").write_text(libvirt.status(
+            f"instance-{n:08x}", f"{n:08x}-1111-4111-8111-{n:012x}", libvirt.hostdevs(uuid),
+            project_id=f"{n % 40:032x}", project_name=f"tenant-{n % 40}"))
+    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+    resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
+    ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
+    results = ctx.action_results
+    assert table.action_set_bytes(results) <= table.MAX_RESULTS_BYTES
+    argv = ["true"] + [f"{'.'.join(p)}={v}" for p, v in table.flatten(results) if v != {}]
+    subprocess.run(argv, check=True)  # the kernel accepts them as action-set's arguments
+    assert results["summary"].startswith("1500 vGPUs in running guests (1500 RTX Virtual")
+    assert len(results["projects"]) == 40  # totals come first and are never dropped
+    assert sum(int(p["running-vgpus"]) for p in results["projects"].values()) == GUESTS
+    shown = len(results["vgpus"])
+    assert 0 < shown < GUESTS
+    assert results["truncated"].startswith(f"{shown} of {GUESTS} vGPUs shown")
+    lines = results["table"].splitlines()
+    rows = len(lines) - 2  # the header and the summary line
+    assert 0 < rows <= table.MAX_ROWS
+    assert len(results["table"].encode()) <= table.MAX_TABLE_BYTES
+    assert lines[-1] == f"... and {GUESTS - rows} more vGPUs; see the nested results"
+
+
+# -- capacity in the status line --------------------------------------------------------------
+
+def test_capacity_counts_held_mdevs_as_used_and_idle_ones_as_free(v100_guests):
+    mapping = {"nvidia-108": ("0000:c1:00.0",), "nvidia-109": ("0000:e1:00.0",)}
+    found = usage.capacity(pci.discover(), mapping)
+    # c1: one mdev held by a running guest, one idle (Nova reuses it), none creatable;
+    # e1: its one nvidia-109 is held by a shut-off instance, which keeps it.
+    assert found == [usage.Capacity("nvidia-108", 1, 1), usage.Capacity("nvidia-109", 1, 0)]
+    assert usage.capacity_text(found) == "nvidia-108: 1 used, 1 free; nvidia-109: 1 used, 0 free"
+
+
+def test_capacity_of_vfio_vfs_holding_a_type(root):
+    host = l40s_host(root)
+    for address in ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6"):
+        assign_vfio_type(host, address, 1139)
+    running_guest(root, "instance-00000040", VM_1, pci_address="0000:81:00.5")
+    # VFs count under the resource class they are published with; a guest holds one.
+    published = {"CUSTOM_VGPU_L40S_12Q": ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6")}
+    assert usage.capacity(pci.discover(), published) == [
+        usage.Capacity("CUSTOM_VGPU_L40S_12Q", 1, 2)]
+    # A VF holding a type that nova-compute was not given offers Nova nothing.
+    assert usage.capacity(pci.discover(), {}) == []
+
+
+def test_capacity_text_is_bounded():
+    entries = [usage.Capacity(f"nvidia-{n}", 0, 1) for n in range(9)]
+    assert usage.capacity_text(entries) == (
+        "nvidia-0: 0 used, 1 free; nvidia-1: 0 used, 1 free; nvidia-2: 0 used, 1 free; "
+        "+6 more types (vgpu-usage)")
+
+
+def test_status_line_shows_capacity_per_type(v100_guests, root, tools, packages):
+    from vgpu import driver
+    driver.install(driver.inspect_deb(packages))
+    tools.set_active(MGR)
+    tools.set_active(VGPUD)
+    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+    rel = testing.SubordinateRelation("nova-vgpu", remote_app_name="nova-compute")
+    out = ctx.run(ctx.on.config_changed(), testing.State(
+        config={"vgpu-device-mappings": "{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}"},
+        relations=[rel], resources={testing.Resource(name="nvidia-vgpu-software", path=packages)}))
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1; "
+        "nvidia-108: 1 used, 1 free; nvidia-109: 1 used, 0 free")
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    return debs.host_driver(tmp_path_factory.mktemp("debs"))
+
+
+# -- prerequisites come first -------------------------------------------------------------------
+
+def test_iommu_off_is_the_status_not_a_mapping_error_about_missing_vfs(root, tools, packages):
+    """After a reboot without the IOMMU an A100 has no VFs: say what to fix first."""
+    host = a100_host(root)
+    (root / "sys/kernel/iommu_groups").rename(root / "iommu_groups_off")
+    for index in range(4):  # no IOMMU, no VFs
+        (host.bus / "0000:41:00.0").resolve().joinpath(f"virtfn{index}").unlink()
+    from vgpu import driver
+    driver.install(driver.inspect_deb(packages))
+    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+    rel = testing.SubordinateRelation("nova-vgpu", remote_app_name="nova-compute")
+    out = ctx.run(ctx.on.config_changed(), testing.State(
+        config={"vgpu-device-mappings": "{nvidia-474: ['41:00.4', '41:00.5']}"},
+        relations=[rel], resources={testing.Resource(name="nvidia-vgpu-software", path=packages)}))
+    assert out.unit_status == testing.BlockedStatus(
+        "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: add intel_iommu=on iommu=pt (Intel) "
+        "or amd_iommu=on (AMD) to the kernel command line, enable VT-d/AMD-Vi in firmware, reboot")
