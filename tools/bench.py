@@ -26,6 +26,7 @@ L40S-like).
 """
 
 import argparse
+import compileall
 import json
 import os
 import pickle
@@ -153,7 +154,7 @@ def prime(root: Path, framework: str, gpus: int, package: Path, work: Path) -> d
 
 # -- running hooks in fresh processes -------------------------------------------
 
-def hook(src: Path, event: str, state: Path, root: Path, count: bool = False) -> dict:
+def hook(src: Path, event: str, state: Path, root: Path, count: bool = False, mode: str = "") -> dict:
     spec = state.with_suffix(f".{src.parent.name}.{event.replace(':', '_')}.spec")
     if not spec.exists():
         data = pickle.loads(state.read_bytes())
@@ -162,7 +163,8 @@ def hook(src: Path, event: str, state: Path, root: Path, count: bool = False) ->
     env.pop("PYTHONPATH", None)
     args = [sys.executable, str(TOOLS / "benchhook.py"), str(spec)]
     spawn = time.perf_counter()
-    out = subprocess.run(args + [repr(spawn)] + (["count"] if count else []),
+    mode = mode or ("count" if count else "time")
+    out = subprocess.run(args + [repr(spawn), mode],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise SystemExit(f"hook {event} ({src}) failed:\n{out.stderr[-3000:]}")
@@ -285,12 +287,15 @@ def scaling(args, work, package, bases, bare_src, charm_src, floor: list) -> Non
             specs = prime(root, framework, gpus, package, work)
             times, walls = [], []
             for r in range(args.scale_repeat):
-                result = hook(charm_src, "update_status", specs["steady"], root)
+                # The first sample also counts (after its timed run, warm, in the same process).
+                result = hook(charm_src, "update_status", specs["steady"], root,
+                              mode="time+count" if r == 0 else "time")
+                if r == 0:
+                    count = result
                 times.append(result["cpu"])
                 walls.append(result["total"])
                 if r % 2 == 0:
                     floor.append(hook(bare_src, "update_status", specs["steady"], root))
-            count = hook(charm_src, "update_status", specs["steady"], root, count=True)
             procs = sum(count["processes"].values()) + sum(count["tools"].values())
             note = "" if specs["status"].startswith("active") else f"  ({specs['status'][:70]})"
             rows.append((label, gpus, vfs, size, count, procs, statistics.median(times),
@@ -437,11 +442,14 @@ def main() -> int:
             tools.set_active(unit)
         package = debs.host_driver(work)
         bases = installed_bases(work, package)
+        # Bytecode, as a unit has it after its first hook (PYTHONDONTWRITEBYTECODE may be set here).
+        compileall.compile_dir(str(REPO / "src"), quiet=1)
         if args.profile:
             profile(work, package, bases)
             return 0
         bare_src = write_bare(work / "bare")
         charm_src = REPO / "src"
+        compileall.compile_dir(str(bare_src), quiet=1)
         floor = headline(args, work, package, bases, bare_src, charm_src)
         if not args.no_scaling:
             scaling(args, work, package, bases, bare_src, charm_src, floor)
