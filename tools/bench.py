@@ -1,46 +1,354 @@
 #!/usr/bin/env python3
-"""What an update-status hook costs, next to the floor of ops itself. Prints figures.
+"""What a hook costs, next to the floor of ops itself. Prints figures; asserts nothing.
 
-update-status runs every few minutes on every compute host, so its path must
-stay light. This measures, on sample hosts built like real ones:
+Each sample is a hook as Juju pays for it: a fresh Python process that
+imports the charm module, then runs one event (tools/benchhook.py, through
+ops.testing's Context.run; importing ops.testing is not counted). The floor
+is a bare ops charm with the same metadata.yaml, config.yaml and
+actions.yaml, observing the same events with empty handlers, measured the
+same way in the same run, interleaved with the charm's samples. A hook's
+cost is: process start + import of the charm module + Context.run
+(framework set-up, the handlers, collect-status, commit).
 
-* the import cost of the charm against ``import ops`` alone (fresh processes);
-* one read of the host (sysfs through sys/bus/pci/devices, dpkg's status
-  file, /proc/modules) on a small host and on a large one (8 GPUs with 16
-  VFs each, 300 other PCI functions, 3,000 installed packages);
-* validating vgpu-device-mappings, lazy imports (PyYAML, jsonschema) included;
-* a whole update-status dispatch through ops.testing, and its peak memory.
+On a generated host with 8 SR-IOV A100-like GPUs, 16 VFs each, 6 types and
+32 VFs mapped (state carried over from a previous hook), it prints medians
+and ratios for update-status, config-changed (unchanged and with a new
+mapping) and list-vgpu-types; the processes each hook starts (programs, and
+Juju hook tools that are processes under real Juju: config-get, status-set,
+resource-get, juju-log, ...), what it reads of the host, and its peak memory.
+Then a scaling table of update-status over hosts with 1 to 16 GPUs of 16 and
+32 VFs, on both NVIDIA frameworks (mdev types on VFs, A100-like; VFIO,
+L40S-like).
 
-    make bench            # or: .venv/bin/python tools/bench.py --repeat 50
+    make bench                 # about 3 minutes on 2 busy cores
+    make bench ARGS=--quick    # fewer samples and hosts
+    make bench ARGS=--profile  # python -X importtime and cProfile of the handlers
 """
 
 import argparse
+import compileall
+import json
 import os
+import pickle
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO)]
+TOOLS = Path(__file__).resolve().parent
+sys.path[:0] = [str(REPO / "src"), str(REPO), str(TOOLS)]
 
-from unit_tests.fakehost import FakeHost, MdevType, v100_host  # noqa: E402
+import benchhosts  # noqa: E402
+from unit_tests import debs  # noqa: E402
+from unit_tests.faketools import Tools  # noqa: E402
 
-MAPPING = "{nvidia-108: ['0000:c1:00.0'], nvidia-109: ['0000:e1:00.0']}"
+TARGETS = {"update-status": 1.25, "config-changed, unchanged": 1.4}
+CASES = (  # label, event, state
+    ("update-status", "update_status", "steady"),
+    ("config-changed, unchanged", "config_changed", "steady"),
+    ("config-changed, new mapping", "config_changed", "remapped"),
+    ("list-vgpu-types", "action:list-vgpu-types", "steady"),
+)
+SERVICES = ("nvidia-vgpu-mgr", "nvidia-vgpud")
 
 
-def fresh(code: str, repeat: int) -> float:
-    """Median wall time (ms) of ``python -c code`` in a fresh interpreter."""
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{REPO}", PYTHONDONTWRITEBYTECODE="")
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True, env=env)
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+# -- the bare charm -------------------------------------------------------------
+
+BARE = '''\
+"""The floor: ops with this charm's metadata, the same events observed, empty handlers."""
+
+import ops
+
+
+class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
+    def __init__(self, framework: ops.Framework):
+        super().__init__(framework)
+        on = self.on
+        for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
+                      on.update_status, on["nova-vgpu"].relation_joined,
+                      on["nova-vgpu"].relation_changed, on["juju-info"].relation_joined,
+                      on.remove, on.collect_unit_status):
+            framework.observe(event, self._nothing)
+        for action in ACTIONS:
+            framework.observe(getattr(on, action.replace("-", "_") + "_action"), self._nothing)
+
+    def _nothing(self, _event):
+        pass
+
+
+ACTIONS = %r
+
+if __name__ == "__main__":
+    ops.main(NovaComputeNvidiaVgpuCharm)
+'''
+
+
+def write_bare(directory: Path) -> Path:
+    """A charm dir with our metadata and the bare charm; returns its src/."""
+    import yaml
+
+    (directory / "src").mkdir(parents=True)
+    for name in ("metadata.yaml", "config.yaml", "actions.yaml"):
+        shutil.copy(REPO / name, directory / name)
+    actions = sorted(yaml.safe_load((REPO / "actions.yaml").read_text()))
+    (directory / "src" / "charm.py").write_text(BARE % (actions,))
+    return directory / "src"
+
+
+# -- preparing a host: install the driver and publish a mapping, with the charm --
+
+def installed_bases(work: Path, package: Path) -> dict:
+    """Per framework, a root where the driver package was installed with the charm's own code."""
+    from vgpu import driver
+
+    bases = {}
+    for framework in ("mdev", "vfio"):
+        base = work / f"base-{framework}"
+        benchhosts.base_root(base, framework)
+        os.environ["VGPU_HOST_ROOT"] = str(base)
+        driver.install(driver.inspect_deb(package))
+        bases[framework] = base
+    return bases
+
+
+def prime(root: Path, framework: str, gpus: int, package: Path, work: Path) -> dict:
+    """Run config-changed on the host in this process (driver installed); the states to start from.
+
+    Returns pickled-spec states: ``steady`` (the mapping published, stored
+    state as the charm left it) and ``remapped`` (the same, with a new mapping
+    in the config).
+    """
+    from ops import testing
+
+    from charm import NovaComputeNvidiaVgpuCharm
+
+    os.environ["VGPU_HOST_ROOT"] = str(root)
+    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+    mapping = benchhosts.mapping_text(framework, gpus)
+    state = testing.State(
+        config={"vgpu-device-mappings": mapping},
+        relations=[testing.SubordinateRelation("nova-vgpu", remote_app_name="nova-compute"),
+                   testing.SubordinateRelation("juju-info", remote_app_name="nova-compute")],
+        resources={testing.Resource(name="nvidia-vgpu-software", path=package)})
+    out = ctx.run(ctx.on.config_changed(), state)
+    steady = {
+        "config": {"vgpu-device-mappings": mapping},
+        "local_unit_data": dict(out.get_relations("nova-vgpu")[0].local_unit_data),
+        "resource": str(package),
+        "stored": [(s.owner_path, s.name, s.content) for s in out.stored_states],
+    }
+    remapped = dict(steady, config={"vgpu-device-mappings":
+                                    benchhosts.mapping_text(framework, gpus, remap=True)})
+    specs = {}
+    for name, data in (("steady", steady), ("remapped", remapped)):
+        path = work / f"{root.name}-{name}.pickle"
+        path.write_bytes(pickle.dumps(data))
+        specs[name] = path
+    specs["status"] = f"{out.unit_status.name}: {out.unit_status.message}"
+    return specs
+
+
+# -- running hooks in fresh processes -------------------------------------------
+
+def hook(src: Path, event: str, state: Path, root: Path, count: bool = False, mode: str = "") -> dict:
+    spec = state.with_suffix(f".{src.parent.name}.{event.replace(':', '_')}.spec")
+    if not spec.exists():
+        data = pickle.loads(state.read_bytes())
+        spec.write_bytes(pickle.dumps({"src": str(src), "event": event, "state": data}))
+    env = dict(os.environ, VGPU_HOST_ROOT=str(root), SCENARIO_SKIP_CONSISTENCY_CHECKS="1")
+    env.pop("PYTHONPATH", None)
+    args = [sys.executable, str(TOOLS / "benchhook.py"), str(spec)]
+    spawn = time.perf_counter()
+    mode = mode or ("count" if count else "time")
+    out = subprocess.run(args + [repr(spawn), mode],
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"hook {event} ({src}) failed:\n{out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["total"] = result["start"] + result["import"] + result["run"]
+    result["cpu"] = result["cpu_start"] + result["cpu_import"] + result["cpu_run"]
+    return result
+
+
+def sample(kinds: dict, event: str, state: Path, root: Path, repeat: int) -> dict:
+    """``repeat`` fresh-process hooks of each kind, interleaved (order alternating)."""
+    results = {kind: [] for kind in kinds}
+    names = list(kinds)
+    for r in range(repeat):
+        for kind in (names if r % 2 == 0 else names[::-1]):
+            results[kind].append(hook(kinds[kind], event, state, root))
+    return results
+
+
+def med(results, key="total") -> float:
+    return statistics.median(r[key] for r in results)
+
+
+def processes(count: dict) -> str:
+    programs = count["processes"]
+    tools = count["tools"]
+    n_prog, n_tools = sum(programs.values()), sum(tools.values())
+    prog = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in sorted(programs.items())) or "-"
+    tool = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in sorted(tools.items())) or "-"
+    return f"{n_prog + n_tools:3d} = {n_prog} programs ({prog}) + {n_tools} hook tools ({tool})"
+
+
+# -- the report -------------------------------------------------------------------
+
+def headline(args, work, package, bases, bare_src, charm_src) -> list:
+    """The four hooks on the 8×16 A100-like host; returns the bare update-status samples."""
+    root = work / "a100-8x16"
+    _, size = benchhosts.sriov_host(root, "mdev", 8, 16, installed=bases["mdev"])
+    specs = prime(root, "mdev", 8, package, work)
+    kinds = {"charm": charm_src, "bare": bare_src}
+    print(f"Host: 8 SR-IOV A100-like GPUs × 16 VFs, {size['types']} mdev types, "
+          f"{benchhosts.MAPPED['mdev'][1] * 8} VFs mapped; {size['functions']} PCI functions, "
+          f"{benchhosts.PACKAGES} packages. Status: {specs['status']}")
+    print(f"Each figure: median of {args.repeat} fresh processes, charm and bare interleaved. "
+          "ms = process start + import + Context.run;")
+    print("CPU ms (user + system, programs started included) is steady on a shared machine, wall ms "
+          "is what Juju waits; targets are judged on CPU.")
+    print()
+    header = (f"{'hook':<28} {'charm CPU ms':>12} {'(start+import+run)':>18} {'bare CPU ms':>11} "
+              f"{'(start+import+run)':>18} {'ratio':>6}  {'wall ms charm/bare':>18} {'ratio':>6}  target")
+    print(header)
+    print("-" * len(header))
+    counts = {}
+    floor = []
+    for label, event, state in CASES:
+        results = sample(kinds, event, specs[state], root, args.repeat)
+        if event == "update_status":
+            floor.extend(results["bare"])
+        parts = {k: "+".join(f"{med(v, p):.0f}" for p in ("cpu_start", "cpu_import", "cpu_run"))
+                 for k, v in results.items()}
+        charm, bare = med(results["charm"], "cpu"), med(results["bare"], "cpu")
+        wall_charm, wall_bare = med(results["charm"]), med(results["bare"])
+        target = TARGETS.get(label)
+        verdict = ""
+        if target:
+            verdict = f"≤ {target:.2f}x " + ("met" if charm / bare <= target else "NOT MET")
+        print(f"{label:<28} {charm:12.1f} {parts['charm']:>18} {bare:11.1f} {parts['bare']:>18} "
+              f"{charm / bare:5.2f}x  {f'{wall_charm:.0f}/{wall_bare:.0f}':>18} "
+              f"{wall_charm / wall_bare:5.2f}x  {verdict}")
+        counts[label] = {k: hook(src, event, specs[state], root, count=True)
+                         for k, src in kinds.items()}
+        counts[label]["rss"] = {k: med(v, "maxrss") for k, v in results.items()}
+        counts[label]["handler"] = {k: med(v, "cpu_run") for k, v in results.items()}
+    print()
+    print("Handler alone (Context.run, CPU ms, charm vs bare): " + "; ".join(
+        f"{label} {c['handler']['charm']:.1f} vs {c['handler']['bare']:.1f}"
+        for label, c in counts.items()))
+    print("Not counted above: importing ops.testing, "
+          f"{med([counts[CASES[0][0]]['charm']], 'cpu_testing'):.0f} CPU ms in the counting run.")
+    print()
+    print("Processes started per hook (programs; Juju hook tools, each a process under real Juju)")
+    for label, c in counts.items():
+        print(f"  {label:<28} charm {processes(c['charm'])}")
+        print(f"  {'':<28} bare  {processes(c['bare'])}")
+    print()
+    print("Host reads per hook (under VGPU_HOST_ROOT): files opened, directories listed, "
+          "links read, paths stat'ed")
+    for label, c in counts.items():
+        ch = c["charm"]
+        print(f"  {label:<28} {ch['files']:5d} files, {ch['dirs']:4d} dirs, {ch['links']:4d} links, "
+              f"{ch['stats']:4d} stats; other files opened: {ch['other_files']} "
+              f"(bare: {c['bare']['other_files']})")
+    print()
+    print("Peak memory per hook: tracemalloc peak of Context.run; max RSS of the whole process "
+          "(ops.testing included)")
+    for label, c in counts.items():
+        print(f"  {label:<28} charm {c['charm']['peak_kib']:7.0f} KiB, {c['rss']['charm'] / 1024:5.1f} MiB"
+              f" | bare {c['bare']['peak_kib']:7.0f} KiB, {c['rss']['bare'] / 1024:5.1f} MiB")
+    shutil.rmtree(root)
+    return floor
+
+
+def scaling(args, work, package, bases, bare_src, charm_src, floor: list) -> None:
+    """update-status over host sizes; the bare charm does not read the host, so its samples
+    (fewer, interleaved with the charm's in every row) are pooled into one floor."""
+    rows = []
+    print()
+    print(f"Scaling: update-status, median of {args.scale_repeat} fresh processes per row; "
+          "ratio to the floor pooled over the run;")
+    print("300 other PCI functions on every host. procs: programs + hook tools. files: opens tried.")
+    header = (f"{'framework':<16} {'GPUs×VFs':>8} {'PCI fns':>8} {'GPU fns':>8} {'types':>5} "
+              f"{'files':>6} {'dirs':>5} {'links':>5} {'procs':>5} {'CPU ms':>7} {'ratio':>6} "
+              f"{'wall ms':>7} {'ratio':>6}")
+    print(header)
+    print("-" * len(header))
+    for framework, label in (("mdev", "mdev (A100-like)"), ("vfio", "VFIO (L40S-like)")):
+        for gpus, vfs in benchhosts.sizes(args.quick):
+            root = work / f"{framework}-{gpus}x{vfs}"
+            _, size = benchhosts.sriov_host(root, framework, gpus, vfs, installed=bases[framework])
+            specs = prime(root, framework, gpus, package, work)
+            times, walls = [], []
+            for r in range(args.scale_repeat):
+                # The first sample also counts (after its timed run, warm, in the same process).
+                result = hook(charm_src, "update_status", specs["steady"], root,
+                              mode="time+count" if r == 0 else "time")
+                if r == 0:
+                    count = result
+                times.append(result["cpu"])
+                walls.append(result["total"])
+                if r % 2 == 0:
+                    floor.append(hook(bare_src, "update_status", specs["steady"], root))
+            procs = sum(count["processes"].values()) + sum(count["tools"].values())
+            note = "" if specs["status"].startswith("active") else f"  ({specs['status'][:70]})"
+            rows.append((label, gpus, vfs, size, count, procs, statistics.median(times),
+                         statistics.median(walls), note))
+            shutil.rmtree(root)
+    bare, bare_wall = med(floor, "cpu"), med(floor)
+    for label, gpus, vfs, size, count, procs, charm, wall, note in rows:
+        print(f"{label:<16} {f'{gpus}×{vfs}':>8} {size['functions']:8d} {size['gpu_functions']:8d} "
+              f"{size['types']:5d} {count['files']:6d} {count['dirs']:5d} {count['links']:5d} "
+              f"{procs:5d} {charm:7.1f} {charm / bare:5.2f}x {wall:7.0f} {wall / bare_wall:5.2f}x{note}")
+    print(f"{'floor: bare charm':<16} {'':>8} {'':>8} {'':>8} {'':>5} {'-':>6} {'-':>5} {'-':>5} "
+          f"{'-':>5} {bare:7.1f} {'':6} {bare_wall:7.0f}  ({len(floor)} samples)")
+
+
+# -- profile -------------------------------------------------------------------------
+
+def parts(root: Path, package: Path, steady: dict) -> None:
+    """The pieces of a hook, called directly (warm, no profiler): median ms of 15."""
+    from vgpu import dpkg, driver, facts, kernel, mappings, novaconf, pci, releases, services
+
+    os.environ["VGPU_HOST_ROOT"] = str(root)
+    text = steady["config"]["vgpu-device-mappings"]
+    host = facts.gather()
+    checked = mappings.check_text(text)
+    release = host.supported_release()
+    validation = mappings.against_host(checked, host.host, release)
+    pieces = [
+        ("facts.gather (all host reads)", facts.gather),
+        ("  pci.discover", pci.discover),
+        ("  dpkg.packages (status file, 3000 packages)",
+         lambda: dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[driver.PREFIX])),
+        ("  driver.services_of (dpkg's .list)", lambda: driver.services_of(host.driver.name)),
+        ("  kernel.loaded_modules + iommu + version", lambda: (
+            kernel.loaded_modules(), kernel.iommu_enabled(), kernel.loaded_driver_version())),
+        ("driver.inspect_deb (dpkg --print-architecture + dpkg-deb --field)",
+         lambda: driver.inspect_deb(package)),
+        ("  driver.machine_architecture (dpkg --print-architecture)", driver.machine_architecture),
+        ("services.states (systemctl is-active)", lambda: services.states(driver.SERVICES)),
+        ("kernel.ensure_nouveau_blacklisted (unchanged)", kernel.ensure_nouveau_blacklisted),
+        ("mappings.check_text (warm imports)", lambda: mappings.check_text(text)),
+        ("mappings.against_host", lambda: mappings.against_host(checked, host.host, release)),
+        ("novaconf.sections + relation_data", lambda: novaconf.relation_data(
+            novaconf.sections(validation.mapping, release), services=["nvidia-vgpu-mgr"],
+            packages=[host.driver.name])),
+    ]
+    print()
+    print("The pieces of a hook on the 8×16 host, called directly (warm), median ms of 15 rounds")
+    times = {label: [] for label, _ in pieces}
+    for _ in range(15):  # round-robin, so that load on a shared machine hits all alike
+        for label, fn in pieces:
+            times[label].append(timed(fn, 1))
+    for label, _ in pieces:
+        print(f"  {statistics.median(times[label]):8.2f}  {label}")
 
 
 def timed(fn, repeat: int) -> float:
@@ -52,84 +360,103 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def large_host(root: Path) -> None:
-    host = FakeHost(root)
-    host.pci_ids()
-    types = {f"nvidia-{n}": MdevType(f"GRID A100-{n}C", 4096, 10) for n in range(471, 479)}
-    for g in range(8):
-        pf = f"0000:{0x41 + g:02x}:00.0"
-        host.add_gpu(pf, device="0x20b5", totalvfs=16)
-        for i in range(16):
-            host.add_vf(pf, i, f"0000:{0x41 + g:02x}:{(4 + i) // 8:02x}.{(4 + i) % 8}",
-                        mdev_types=types)
-    for n in range(300):
-        host.add_pci(f"0000:{0x80 + n // 32:02x}:{n % 32:02x}.0", "0x8086", "0x1572", "0x020000")
-    packages = {f"package-{n:04d}": "1.0-1" for n in range(3000)}
-    packages.update({"nova-common": "3:29.0.0-0ubuntu1", "nvidia-vgpu-ubuntu-570": "570.158.02"})
-    host.dpkg_status(packages)
-    host.modules(["nvidia_vgpu_vfio", "nvidia"] + [f"mod{n}" for n in range(150)])
+def lazy_imports() -> None:
+    """What the imports a handler makes on demand cost, after ``import charm``."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    for module in ("jsonschema", "vgpu.report", "vgpu.guests"):
+        out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import charm; import {module}"],
+                             capture_output=True, text=True, env=env, check=True)
+        last = out.stderr.strip().splitlines()[-1]
+        print(f"  after import charm, import {module}: {int(last.split('|')[1])} µs")
+
+
+def profile(work, package, bases) -> None:
+    """python -X importtime of ``import charm``; cProfile of the handlers (8×16 A100 host)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import charm"],
+                         capture_output=True, text=True, env=env, check=True)
+    rows = []
+    for line in out.stderr.splitlines():
+        self_us, _, rest = line[len("import time:"):].partition("|")
+        cumulative, _, name = rest.partition("|")
+        if self_us.strip().isdigit():
+            rows.append((int(self_us), int(cumulative), name.rstrip()))
+    ours = [r for r in rows if r[2].strip().split(".")[0] in ("charm", "vgpu")]
+    print("python -X importtime -c 'import charm' (µs)")
+    print(f"  total {max(r[1] for r in rows)}; ops {next(r[1] for r in rows if r[2].strip() == 'ops')}; "
+          f"charm's own modules (self): {sum(r[0] for r in ours)}")
+    for self_us, cumulative, name in sorted(rows, reverse=True)[:12]:
+        print(f"  self {self_us:7d} cumulative {cumulative:7d}  {name.strip()}")
+    for self_us, cumulative, name in ours:
+        print(f"  ours {self_us:7d} cumulative {cumulative:7d}  {name.strip()}")
+    lazy_imports()
+
+    import cProfile
+    import pstats
+
+    from ops import testing
+
+    from charm import NovaComputeNvidiaVgpuCharm
+
+    root = work / "profile-a100-8x16"
+    benchhosts.sriov_host(root, "mdev", 8, 16, installed=bases["mdev"])
+    specs = prime(root, "mdev", 8, package, work)
+    sys.path.insert(0, str(TOOLS))
+    from benchhook import build_state
+
+    parts(root, package, pickle.loads(specs["steady"].read_bytes()))
+    for label, event, state in CASES[:3]:
+        data = pickle.loads(specs[state].read_bytes())
+        ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+        st = build_state(testing, data)
+        ctx.run(getattr(ctx.on, event)(), st)  # warm: lazy imports done, as a long process would
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(5):
+            ctx.run(getattr(ctx.on, event)(), st)
+        prof.disable()
+        print()
+        print(f"cProfile: {label}, 5 runs (warm), sorted by cumulative time")
+        stats = pstats.Stats(prof, stream=sys.stdout)
+        stats.sort_stats("cumulative").print_stats(r"src/|subprocess.py:\d+\(run\)", 25)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=15)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer samples; scaling over 1, 4 and 16 GPUs only")
+    parser.add_argument("--repeat", type=int, help="samples per hook and kind (default 5, quick 3)")
+    parser.add_argument("--scale-repeat", type=int, help="charm samples per scaling row (default 2, quick 1)")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the scaling table")
+    parser.add_argument("--profile", action="store_true",
+                        help="print python -X importtime and cProfile of the handlers instead")
     args = parser.parse_args()
-    n = args.repeat
+    args.repeat = args.repeat or (3 if args.quick else 5)
+    args.scale_repeat = args.scale_repeat or (1 if args.quick else 2)
+    started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="vgpu-bench-"))
-    small, large = work / "small", work / "large"
-    v100_host(small)
-    large_host(large)
-
-    from vgpu import facts, mappings
-
-    rows = []
-    rows.append(("python -c pass", fresh("pass", n)))
-    rows.append(("import ops", fresh("import ops", n)))
-    rows.append(("import charm (update-status imports)", fresh("import charm", n)))
-    rows.append(("import charm, yaml, jsonschema", fresh("import charm, yaml, jsonschema", n)))
-    for name, root in (("small", small), ("large", large)):
-        os.environ["VGPU_HOST_ROOT"] = str(root)
-        rows.append((f"read the host once ({name})", timed(facts.gather, n * 4)))
-    os.environ["VGPU_HOST_ROOT"] = str(small)
-    host = facts.gather()
-    rows.append(("validate mapping (warm imports)",
-                 timed(lambda: mappings.validate(MAPPING, host.host, host.release()), n * 4)))
-    rows.append(("validate mapping (fresh process, minus import charm)",
-                 fresh("import os, charm; from vgpu import facts, mappings; f = facts.gather();"
-                       f"mappings.validate({MAPPING!r}, f.host, f.release())", n)
-                 - rows[2][1]))
-
-    from ops import testing
-    from charm import NovaComputeNvidiaVgpuCharm
-    from unit_tests.faketools import Tools
-
-    from unit_tests import debs
-    from vgpu import driver
-
-    tools = Tools(work / "tools")
-    os.environ.update(tools.environ())
-    for unit in ("nvidia-vgpu-mgr", "nvidia-vgpud"):
-        tools.set_active(unit)
-    package = debs.host_driver(work)
-    driver.install(driver.inspect_deb(package))
-    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
-    state = testing.State(config={"vgpu-device-mappings": MAPPING},
-                          relations=[testing.SubordinateRelation("nova-vgpu")],
-                          resources={testing.Resource(name="nvidia-vgpu-software", path=package)})
-    rows.append(("update-status through ops.testing (driver installed)",
-                 timed(lambda: ctx.run(ctx.on.update_status(), state), n)))
-    tracemalloc.start()
-    ctx.run(ctx.on.update_status(), state)
-    peak = tracemalloc.get_traced_memory()[1] / 1024
-    tracemalloc.stop()
-
-    width = max(len(r[0]) for r in rows)
-    print(f"{'measure':<{width}}  median ms  (repeat {n})")
-    for label, value in rows:
-        print(f"{label:<{width}}  {value:9.2f}")
-    print(f"{'peak Python memory of one update-status':<{width}}  {peak:9.0f} KiB")
-    import shutil
-    shutil.rmtree(work)
+    try:
+        tools = Tools(work / "tools")
+        os.environ.update(tools.environ())
+        for unit in SERVICES:
+            tools.set_active(unit)
+        package = debs.host_driver(work)
+        bases = installed_bases(work, package)
+        # Bytecode, as a unit has it after its first hook (PYTHONDONTWRITEBYTECODE may be set here).
+        compileall.compile_dir(str(REPO / "src"), quiet=1)
+        if args.profile:
+            profile(work, package, bases)
+            return 0
+        bare_src = write_bare(work / "bare")
+        charm_src = REPO / "src"
+        compileall.compile_dir(str(bare_src), quiet=1)
+        floor = headline(args, work, package, bases, bare_src, charm_src)
+        if not args.no_scaling:
+            scaling(args, work, package, bases, bare_src, charm_src, floor)
+        print()
+        print(f"Targets are printed, never asserted. {time.perf_counter() - started:.0f} s in all.")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -1,0 +1,121 @@
+"""Generated SR-IOV GPU hosts for tools/bench.py, built with unit_tests/fakehost.py.
+
+Two shapes, both with SR-IOV GPUs whose virtual functions offer the types:
+
+* ``mdev``: A100-like (device 0x20b5), every VF has ``mdev_supported_types/``
+  with the same types (on the mediated-device framework each VF holds one
+  vGPU, so ``available_instances`` is 1);
+* ``vfio``: L40S-like (device 0x26b9) on NVIDIA's vendor-specific VFIO
+  framework: every VF has ``nvidia/creatable_vgpu_types`` and
+  ``nvidia/current_vgpu_type``; mapped VFs hold their type. (A real VF's
+  creatable list shrinks as siblings take types; the benchmark keeps the full
+  list so both frameworks offer the same number of types.)
+
+Around the GPUs sit what a compute host also has: other PCI functions (NICs),
+a dpkg database with thousands of packages and Nova, loaded modules, IOMMU
+groups and pci.ids. Only FakeHost's public methods are used.
+"""
+
+import shutil
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from unit_tests.fakehost import FakeHost, MdevType
+
+MDEV_TYPES = {
+    "nvidia-471": MdevType("GRID A100-4C", 4096, 10, available=1),
+    "nvidia-472": MdevType("GRID A100-5C", 5120, 8, available=1),
+    "nvidia-473": MdevType("GRID A100-8C", 8192, 5, available=1),
+    "nvidia-474": MdevType("GRID A100-10C", 10240, 4, available=1),
+    "nvidia-475": MdevType("GRID A100-20C", 20480, 2, available=1),
+    "nvidia-476": MdevType("GRID A100-40C", 40960, 1, available=1),
+}
+VFIO_TYPES = {
+    1136: "NVIDIA L40S-4Q", 1137: "NVIDIA L40S-6Q", 1138: "NVIDIA L40S-8Q",
+    1139: "NVIDIA L40S-12Q", 1140: "NVIDIA L40S-16Q", 1141: "NVIDIA L40S-24Q",
+}
+# (type, VFs mapped per GPU): the steady mapping, and the one a config change brings.
+MAPPED = {"mdev": ("nvidia-474", 4), "vfio": ("nvidia-1139", 4)}
+REMAPPED = {"mdev": ("nvidia-473", 4), "vfio": ("nvidia-1140", 3)}
+NOVA = {"mdev": "3:29.0.0-0ubuntu1", "vfio": "3:31.0.0-0ubuntu1"}  # caracal / epoxy
+DEVICE = {"mdev": "0x20b5", "vfio": "0x26b9"}
+OTHER_FUNCTIONS = 300
+PACKAGES = 3000
+PCI_IDS = """\
+# List of PCI ID's (sample)
+8086  Intel Corporation
+\t1572  Ethernet Controller X710 for 10GbE SFP+
+10de  NVIDIA Corporation
+\t20b5  GA100 [A100 PCIe 80GB]
+\t26b9  AD102GL [L40S]
+"""
+
+
+def _pf(gpu: int) -> str:
+    return f"0000:{0x10 + gpu * 4:02x}:00.0"
+
+
+def _vf(gpu: int, index: int) -> str:
+    devfn = 4 + index  # VFs follow the PF on its bus (function 0 is the PF)
+    return f"0000:{0x10 + gpu * 4:02x}:{devfn // 8:02x}.{devfn % 8}"
+
+
+def mapping_text(framework: str, gpus: int, remap: bool = False) -> str:
+    """vgpu-device-mappings for the host: one type, N VFs of every GPU."""
+    vgpu_type, per_gpu = (REMAPPED if remap else MAPPED)[framework]
+    addresses = [_vf(g, i) for g in range(gpus) for i in range(per_gpu)]
+    return "{%s: [%s]}" % (vgpu_type, ", ".join(f"'{a}'" for a in addresses))
+
+
+def sriov_host(root, framework: str, gpus: int, vfs: int,
+               installed: Optional[Path] = None) -> Tuple[FakeHost, Dict[str, int]]:
+    """Build the host; returns it and its size: PCI functions, GPU functions, types.
+
+    ``installed``: a root of the same framework (see base_root) where the driver
+    was installed with dpkg; its dpkg database and files are copied in, so
+    that dpkg runs once per framework and not once per host.
+    """
+    host = FakeHost(root)
+    host.pci_ids(PCI_IDS)
+    mapped_type, per_gpu = MAPPED[framework]
+    for g in range(gpus):
+        pf = _pf(g)
+        host.add_gpu(pf, device=DEVICE[framework], totalvfs=max(vfs, 16))
+        for i in range(vfs):
+            if framework == "mdev":
+                host.add_vf(pf, i, _vf(g, i), mdev_types=MDEV_TYPES)
+            else:
+                current = int(mapped_type.split("-")[1]) if i < per_gpu else 0
+                host.add_vf(pf, i, _vf(g, i), vfio_types=VFIO_TYPES, current_type=current)
+    for n in range(OTHER_FUNCTIONS):
+        host.add_pci(f"0000:{0x80 + n // 32:02x}:{n % 32:02x}.0", "0x8086", "0x1572", "0x020000",
+                     driver="i40e")
+    if installed is None:
+        packages = {f"package-{n:04d}": "1.0-1" for n in range(PACKAGES)}
+        packages.update({"nova-common": NOVA[framework], "nova-compute": NOVA[framework]})
+        host.dpkg_status(packages)
+    host.modules(["nvidia_vgpu_vfio", "nvidia", "vfio_pci", "vfio"] + [f"mod{n}" for n in range(150)])
+    host.loaded_driver("570.158.02")
+    host.iommu_groups(gpus * (vfs + 1) + OTHER_FUNCTIONS)
+    if installed is not None:
+        for part in ("var/lib/dpkg", "usr", "lib", "etc"):
+            if (installed / part).exists():
+                shutil.copytree(installed / part, Path(root) / part, symlinks=True, dirs_exist_ok=True)
+    types = len(MDEV_TYPES if framework == "mdev" else VFIO_TYPES)
+    return host, {"functions": gpus * (vfs + 1) + OTHER_FUNCTIONS, "gpu_functions": gpus * (vfs + 1),
+                  "types": types}
+
+
+def base_root(root, framework: str) -> FakeHost:
+    """A host without GPUs but with the dpkg database of sriov_host (install the driver there)."""
+    host = FakeHost(root)
+    packages = {f"package-{n:04d}": "1.0-1" for n in range(PACKAGES)}
+    packages.update({"nova-common": NOVA[framework], "nova-compute": NOVA[framework]})
+    host.dpkg_status(packages)
+    return host
+
+
+def sizes(quick: bool) -> List[Tuple[int, int]]:
+    """(GPUs, VFs per GPU) for the scaling table."""
+    gpus = (1, 4, 16) if quick else (1, 2, 4, 8, 16)
+    return [(g, v) for g in gpus for v in (16, 32)]
