@@ -490,7 +490,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except HostReadError as error:
             event.fail(str(error))
             return
-        host = facts_.host
+        try:
+            host = pci.with_available(facts_.host)  # what each function can still create
+        except HostReadError as error:
+            event.fail(str(error))
+            return
         learnt = catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
         offered = catalogue.offered(host, facts_.loaded_driver_version, learnt)
         event.set_results(table.fit({
