@@ -56,14 +56,22 @@ def unreadable(where: Union[str, Path], error: OSError) -> HostReadError:
 
 def read_text(where: Union[str, Path]) -> Optional[str]:
     """A host file's text, cleaned (see the module doc); None when it does not exist."""
+    data = read_bytes(where)
+    return None if data is None else text.decode(data)
+
+
+def read_bytes(where: Union[str, Path]) -> Optional[bytes]:
+    """A host file's raw bytes, for a reader that decodes (``text.decode``) only what it keeps.
+
+    None when it does not exist; HostReadError when it cannot be read.
+    """
     try:
         with open(where, "rb") as handle:
-            data = handle.read()
+            return handle.read()
     except OSError as error:
         if error.errno in (errno.ENOENT, errno.ENOTDIR):  # it, or a folder above it, is not there
             return None
         raise unreadable(where, error) from None
-    return text.decode(data)
 
 
 def listdir(where: Union[str, Path]) -> Optional[List[str]]:
