@@ -72,7 +72,6 @@ class VirtualFunction:
 
     address: str
     index: int
-    driver: Optional[str]
     types: Tuple[VgpuType, ...] = ()
     current_type: Optional[int] = None  # VFIO framework: 0 or None = none
     device_id: str = ""  # VFIO VFs: the VF's own PCI device id (differs from its GPU's)
@@ -175,7 +174,8 @@ def discover() -> Host:
     instances of an mdev type can still be created is read on demand, for
     the functions that matter (:func:`with_available`).
     """
-    devices = hostroot.path(PCI_DEVICES)
+    # Plain strings, not pathlib: joining paths is a good part of reading sysfs' tiny files.
+    devices = str(hostroot.path(PCI_DEVICES))
     listed = hostroot.listdir(devices)  # HostReadError when it cannot be read
     if listed is None:
         return Host()
@@ -183,30 +183,30 @@ def discover() -> Host:
     for name in sorted(listed):
         if not _ADDRESS.match(name):
             continue
-        entry = devices / name
-        if _read(entry / "vendor") != NVIDIA_VENDOR:
+        entry = f"{devices}/{name}"
+        if _read(f"{entry}/vendor") != NVIDIA_VENDOR:
             continue  # NICs, other vendors' mdev parents (Intel GVT-g): not ours
-        if os.path.lexists(entry / "physfn"):
+        if os.path.lexists(f"{entry}/physfn"):
             continue  # a VF: found through its GPU's virtfn links
-        class_code = _read(entry / "class") or ""
+        class_code = _read(f"{entry}/class") or ""
         if class_code[:6] in GPU_CLASSES:
             physical[name] = class_code
 
-    ids = {address: _read(devices / address / "device") or "" for address in physical}
+    ids = {address: _read(f"{devices}/{address}/device") or "" for address in physical}
     names_by_id = model_names(set(ids.values()))
     definitions: Dict[Tuple[str, int], VgpuType] = {}  # (device id, type id) -> its definition
     gpus = []
     for address, class_code in physical.items():
-        entry = devices / address
+        entry = f"{devices}/{address}"
         device_id = ids[address]
         gpus.append(Gpu(
             address=address,
             device_id=device_id,
             model=names_by_id.get(device_id) or f"NVIDIA {device_id}",
-            driver=_link_name(entry / "driver"),
+            driver=_link_name(f"{entry}/driver"),
             class_code=class_code,
-            sriov_totalvfs=_int(_read(entry / "sriov_totalvfs")) or 0,
-            sriov_numvfs=_int(_read(entry / "sriov_numvfs")) or 0,
+            sriov_totalvfs=_int(_read(f"{entry}/sriov_totalvfs")) or 0,
+            sriov_numvfs=_int(_read(f"{entry}/sriov_numvfs")) or 0,
             types=_mdev_types(entry, definitions, device_id),
             vfs=_virtual_functions(entry, definitions, device_id),
         ))
@@ -248,10 +248,10 @@ def _virtual_functions(entry, definitions: Dict[Tuple[str, int], VgpuType],
     decided: Optional[str] = None
     for link in sorted(links, key=lambda n: _int(n[len("virtfn"):]) or 0):
         index = _int(link[len("virtfn"):])
-        address = _link_name(entry / link)
+        address = _link_name(f"{entry}/{link}")
         if index is None or not address:
             continue
-        vf_entry = entry / link
+        vf_entry = f"{entry}/{link}"
         framework: Optional[str] = None
         current: Optional[int] = None
         types: Tuple[VgpuType, ...] = ()
@@ -261,7 +261,7 @@ def _virtual_functions(entry, definitions: Dict[Tuple[str, int], VgpuType],
                 framework = MDEV
                 types = _types_from_names(vf_entry, listed, definitions, device_id)
         if framework is None and decided != MDEV:
-            current = _int(_read(vf_entry / "nvidia" / "current_vgpu_type"))
+            current = _int(_read(f"{vf_entry}/nvidia/current_vgpu_type"))
             if current is not None:
                 framework = VFIO
                 types = _vfio_types(vf_entry)
@@ -269,11 +269,10 @@ def _virtual_functions(entry, definitions: Dict[Tuple[str, int], VgpuType],
         vfs.append(VirtualFunction(
             address=address,
             index=index,
-            driver=_link_name(vf_entry / "driver"),
             types=types,
             current_type=current,
             # Nova's device_spec needs it on VFIO only: mdev hosts skip the read.
-            device_id=(_read(vf_entry / "device") or "") if framework == VFIO else "",
+            device_id=(_read(f"{vf_entry}/device") or "") if framework == VFIO else "",
             framework=framework,
         ))
     return tuple(sorted(vfs, key=lambda vf: vf.index))
@@ -284,7 +283,7 @@ def _mdev_type_names(entry) -> Optional[List[str]]:
 
     Unreadable is not "no types": HostReadError, so no type passes unverified.
     """
-    return hostroot.listdir(entry / "mdev_supported_types")
+    return hostroot.listdir(f"{entry}/mdev_supported_types")
 
 
 def _mdev_types(entry, definitions: Optional[Dict[Tuple[str, int], VgpuType]] = None,
@@ -297,7 +296,7 @@ def _types_from_names(entry, names: Iterable[str],
                       definitions: Optional[Dict[Tuple[str, int], VgpuType]],
                       device_id: str) -> Tuple[VgpuType, ...]:
     """Types from the type directories' names; name and description read once per device id."""
-    base = entry / "mdev_supported_types"
+    base = f"{entry}/mdev_supported_types"
     definitions = {} if definitions is None else definitions
     types = []
     for name in names:
@@ -309,16 +308,16 @@ def _types_from_names(entry, names: Iterable[str],
         if key not in definitions:
             definitions[key] = VgpuType(
                 number=number,
-                name=_read(base / name / "name") or name,
+                name=_read(f"{base}/{name}/name") or name,
                 framework=MDEV,
-                properties=parse_description(_read(base / name / "description") or ""),
+                properties=parse_description(_read(f"{base}/{name}/description") or ""),
             )
         types.append(definitions[key])
     return tuple(sorted(types, key=lambda t: t.number))
 
 
-def _vfio_types(entry) -> Tuple[VgpuType, ...]:
-    return parse_creatable(_read(entry / "nvidia" / "creatable_vgpu_types") or "")
+def _vfio_types(entry: str) -> Tuple[VgpuType, ...]:
+    return parse_creatable(_read(f"{entry}/nvidia/creatable_vgpu_types") or "")
 
 
 def parse_creatable(text: str) -> Tuple[VgpuType, ...]:
