@@ -16,7 +16,7 @@ the VFIO table use the same vGPU type ids.
 import os
 import re
 from dataclasses import dataclass, replace
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from . import hostroot, text
 
@@ -194,7 +194,8 @@ def discover() -> Host:
 
     ids = {address: _read(f"{devices}/{address}/device") or "" for address in physical}
     names_by_id = model_names(set(ids.values()))
-    definitions: Dict[Tuple[str, int], VgpuType] = {}  # (device id, type id) -> its definition
+    # (device id, type id) -> its definition; (device id, directory names) -> the types listed
+    definitions: Dict[tuple, Any] = {}
     gpus = []
     for address, class_code in physical.items():
         entry = f"{devices}/{address}"
@@ -231,11 +232,11 @@ def with_available(host: Host, addresses: Optional[Iterable[str]] = None) -> Hos
 
 def available_instances(address: str, type_id: str) -> Optional[int]:
     """How many more mdevs of ``type_id`` the function at ``address`` can create now."""
-    return _int(_read(hostroot.path(PCI_DEVICES, address, "mdev_supported_types", type_id,
-                                    "available_instances")))
+    return _int(_read(f"{hostroot.path(PCI_DEVICES)}/{address}/mdev_supported_types/{type_id}"
+                      "/available_instances"))
 
 
-def _virtual_functions(entry, definitions: Dict[Tuple[str, int], VgpuType],
+def _virtual_functions(entry, definitions: Dict[tuple, Any],
                        device_id: str) -> Tuple[VirtualFunction, ...]:
     """The GPU's VFs. Its framework is decided by the first VF that shows one: the VFs
     of one GPU share it, so mdev VFs are not probed for ``nvidia/`` files, nor VFIO
@@ -286,18 +287,22 @@ def _mdev_type_names(entry) -> Optional[List[str]]:
     return hostroot.listdir(f"{entry}/mdev_supported_types")
 
 
-def _mdev_types(entry, definitions: Optional[Dict[Tuple[str, int], VgpuType]] = None,
+def _mdev_types(entry, definitions: Optional[Dict[tuple, Any]] = None,
                 device_id: str = "") -> Tuple[VgpuType, ...]:
     """Types under ``mdev_supported_types``; ``definitions`` shares them between functions."""
     return _types_from_names(entry, _mdev_type_names(entry) or (), definitions, device_id)
 
 
 def _types_from_names(entry, names: Iterable[str],
-                      definitions: Optional[Dict[Tuple[str, int], VgpuType]],
+                      definitions: Optional[Dict[tuple, Any]],
                       device_id: str) -> Tuple[VgpuType, ...]:
     """Types from the type directories' names; name and description read once per device id."""
     base = f"{entry}/mdev_supported_types"
     definitions = {} if definitions is None else definitions
+    names = tuple(names)
+    listing = (device_id, names)  # the VFs of one GPU list the same types: sort them once
+    if listing in definitions:
+        return definitions[listing]
     types = []
     for name in names:
         match = _TYPE_DIR.match(name)
@@ -313,7 +318,8 @@ def _types_from_names(entry, names: Iterable[str],
                 properties=parse_description(_read(f"{base}/{name}/description") or ""),
             )
         types.append(definitions[key])
-    return tuple(sorted(types, key=lambda t: t.number))
+    definitions[listing] = tuple(sorted(types, key=lambda t: t.number))
+    return definitions[listing]
 
 
 def _vfio_types(entry: str) -> Tuple[VgpuType, ...]:
