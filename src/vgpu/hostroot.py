@@ -66,15 +66,16 @@ def read_bytes(where: Union[str, Path]) -> Optional[bytes]:
     None when it does not exist; HostReadError when it cannot be read.
     """
     try:
-        # os.open/os.read: a third of open()'s cost for sysfs' many tiny files.
+        # os.open/os.read: a third of open()'s cost for sysfs' many tiny files (which
+        # report 4096 bytes); a large file (dpkg's status) is read in one piece.
         fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            chunks = []
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    return b"".join(chunks)
-                chunks.append(chunk)
+            data = os.read(fd, max(os.fstat(fd).st_size + 1, 65536))
+            chunks = [data]
+            while data:
+                data = os.read(fd, 65536)
+                chunks.append(data)
+            return chunks[0] if len(chunks) == 2 else b"".join(chunks)
         finally:
             os.close(fd)
     except OSError as error:
