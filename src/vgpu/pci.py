@@ -247,6 +247,7 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any],
     except OSError:
         return ()
     decided: Optional[str] = None
+    vf_device: Optional[str] = None  # one VF Device ID per PF (its SR-IOV capability)
     for link in sorted(links, key=lambda n: _int(n[len("virtfn"):]) or 0):
         index = _int(link[len("virtfn"):])
         address = _link_name(f"{entry}/{link}")
@@ -267,13 +268,15 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any],
                 framework = VFIO
                 types = _vfio_types(vf_entry)
         decided = decided or framework
+        if framework == VFIO and vf_device is None:
+            vf_device = _read(f"{vf_entry}/device") or ""
         vfs.append(VirtualFunction(
             address=address,
             index=index,
             types=types,
             current_type=current,
             # Nova's device_spec needs it on VFIO only: mdev hosts skip the read.
-            device_id=(_read(f"{vf_entry}/device") or "") if framework == VFIO else "",
+            device_id=(vf_device or "") if framework == VFIO else "",
             framework=framework,
         ))
     return tuple(sorted(vfs, key=lambda vf: vf.index))
