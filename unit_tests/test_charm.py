@@ -980,3 +980,25 @@ def test_the_upgrade_action_inspects_the_resource_it_installs(ctx, ready, root, 
     assert ctx.action_results["version"] == debs.NEW
     kept = out.get_stored_state("_stored", owner_path="NovaComputeNvidiaVgpuCharm").content
     assert kept["attached"]["version"] == debs.NEW
+
+
+def test_a_changed_mapping_is_republished_on_the_next_steady_hook(ctx, ready, tools):
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    changed = carried(first, config={"vgpu-device-mappings": "{nvidia-109: [e1:00.0]}"})
+    out = ctx.run(ctx.on.update_status(), changed)
+    assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-109\n"
+                              "[mdev_nvidia-109]\ndevice_addresses = 0000:e1:00.0\n")
+
+
+def test_a_gpu_added_or_gone_is_republished_on_the_next_steady_hook(ctx, ready, v100, root):
+    from unit_tests.fakehost import V100_TYPES
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: all}"}, resource=ready))
+    assert "device_addresses = 0000:c1:00.0,0000:e1:00.0\n" in nova_conf(first)
+    v100.add_gpu("0000:a1:00.0", device="0x1db4", class_code="0x030200", mdev_types=V100_TYPES)
+    out = ctx.run(ctx.on.update_status(), carried(first))
+    assert "device_addresses = 0000:a1:00.0,0000:c1:00.0,0000:e1:00.0\n" in nova_conf(out)
+    (root / "sys/bus/pci/devices/0000:c1:00.0").unlink()
+    out = ctx.run(ctx.on.update_status(), carried(out))
+    assert "device_addresses = 0000:a1:00.0,0000:e1:00.0\n" in nova_conf(out)
