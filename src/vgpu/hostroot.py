@@ -39,6 +39,11 @@ def path(*parts: str) -> Path:
     return root().joinpath(*(str(p).lstrip("/") for p in parts))
 
 
+def text_path(*parts: str) -> str:
+    """``path(...)`` as a plain string, for readers of many small files (no pathlib objects)."""
+    return os.path.join(os.environ.get(ENV) or "/", *(str(p).lstrip("/") for p in parts))
+
+
 def shown(where: Union[str, Path]) -> str:
     """``where`` as the host sees it (``/var/lib/dpkg/status``), for messages."""
     where = Path(where)

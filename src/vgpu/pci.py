@@ -175,7 +175,7 @@ def discover() -> Host:
     the functions that matter (:func:`with_available`).
     """
     # Plain strings, not pathlib: joining paths is a good part of reading sysfs' tiny files.
-    devices = str(hostroot.path(PCI_DEVICES))
+    devices = hostroot.text_path(PCI_DEVICES)
     listed = hostroot.listdir(devices)  # HostReadError when it cannot be read
     if listed is None:
         return Host()
@@ -232,8 +232,8 @@ def with_available(host: Host, addresses: Optional[Iterable[str]] = None) -> Hos
 
 def available_instances(address: str, type_id: str) -> Optional[int]:
     """How many more mdevs of ``type_id`` the function at ``address`` can create now."""
-    return _int(_read(f"{hostroot.path(PCI_DEVICES)}/{address}/mdev_supported_types/{type_id}"
-                      "/available_instances"))
+    return _int(_read(hostroot.text_path(PCI_DEVICES, address, "mdev_supported_types", type_id,
+                                         "available_instances")))
 
 
 def _virtual_functions(entry, definitions: Dict[tuple, Any],
