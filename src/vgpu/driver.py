@@ -119,6 +119,11 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> Deb
                    branch=host.group(1), path=path)
 
 
+def same_package(info: DebInfo, installed: dpkg.Package) -> bool:
+    """Whether ``info`` is the very package and version dpkg holds (a retry, not an upgrade)."""
+    return (info.package, info.version) == (installed.name, installed.version)
+
+
 def shipped_services(info: DebInfo) -> Tuple[str, ...]:
     """The vGPU services the package holds, from its file list (decompresses it all).
 
