@@ -50,7 +50,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # option's text, keyed by its fingerprint, so update-status needs
         # neither PyYAML nor jsonschema.
         self._stored.set_default(paused=False, masked=[], checked={})
-        self._facts: Optional[facts.Facts] = None
+        self._gathered: Optional[facts.Facts] = None
         self._validation: Optional[mappings.Validation] = None
         self._package: Optional[driver.DebInfo] = None
         self._problems: List[str] = []  # blocked messages from this dispatch's work
@@ -69,26 +69,26 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.remove, self._on_remove)
 
     # -- reading the host, once per dispatch -------------------------------
-    def _host(self) -> facts.Facts:
-        if self._facts is None:
-            self._facts = facts.gather()
-        return self._facts
+    def _facts(self) -> facts.Facts:
+        if self._gathered is None:
+            self._gathered = facts.gather()
+        return self._gathered
 
     def _refresh(self) -> None:
         """Forget what was read of the host (after changing it); the resource stays."""
-        self._facts = None
+        self._gathered = None
         self._validation = None
 
     def _mapping(self) -> mappings.Validation:
         if self._validation is None:
-            host = self._host()
+            here = self._facts()
             offered = None
-            if any(gpu.framework == pci.VFIO for gpu in host.host.gpus):
-                version = host.loaded_driver_version
-                table = catalogue.learn(host.host, version)
-                offered = catalogue.offered(host.host, version, table)
-            self._validation = mappings.against_host(self._checked_text(), host.host,
-                                                     host.supported_release(), offered)
+            if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
+                version = here.loaded_driver_version
+                table = catalogue.learn(here.pci, version)
+                offered = catalogue.offered(here.pci, version, table)
+            self._validation = mappings.against_host(self._checked_text(), here.pci,
+                                                     here.supported_release(), offered)
         return self._validation
 
     def _checked_text(self) -> mappings.Validation:
@@ -112,7 +112,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return self._package
 
     def _wants_driver(self) -> bool:
-        return bool(self._host().host.gpus) or bool(self.config.get("force-install-nvidia-vgpu"))
+        return bool(self._facts().pci.gpus) or bool(self.config.get("force-install-nvidia-vgpu"))
 
     # -- reconcile ----------------------------------------------------------
     def _reconcile(self, _event: ops.EventBase) -> None:
@@ -139,7 +139,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return False
 
     def _ensure_driver(self) -> None:
-        installed = self._host().driver
+        installed = self._facts().driver
         if installed is None or not installed.installed:
             try:
                 package = self._attached()
@@ -171,10 +171,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     def _ensure_vfs(self) -> None:
         """Enable the VFs of SR-IOV GPUs that have none (after a reboot, a driver reload)."""
-        host = self._host()
-        if host.driver is None or not host.driver.installed or self._stored.paused:
+        here = self._facts()
+        if here.driver is None or not here.driver.installed or self._stored.paused:
             return
-        missing = [gpu.address for gpu in host.host.gpus if gpu.vfs_missing]
+        missing = [gpu.address for gpu in here.pci.gpus if gpu.vfs_missing]
         if not missing:
             return
         failures = sriov.enable(missing)
@@ -184,7 +184,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     def _vgpu_services(self) -> List[str]:
         """Every vGPU service the installed driver ships: the status checks them all."""
-        return list(self._host().services)
+        return list(self._facts().services)
 
     def _daemons(self) -> List[str]:
         """The driver's daemons: what is published in ``services``, and all that pause stops.
@@ -193,7 +193,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         acts on the same ones, so neither leaves the other's work half done.
         nvidia-vgpud prepares the GPUs and exits, so it is neither listed nor paused.
         """
-        return [name for name in self._host().services if name in driver.DAEMONS]
+        return [name for name in self._facts().services if name in driver.DAEMONS]
 
     def _publish(self) -> None:
         """Send nova-compute the vGPU sections, services and packages, when they changed.
@@ -201,14 +201,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         A mapping that fails validation (or a Nova not installed yet) leaves the
         published sections as they are: the last good configuration stays.
         """
-        host = self._host()
-        package = host.driver
+        here = self._facts()
+        package = here.driver
         installed = package is not None and package.installed
         sections: Optional[dict] = {}
         plan = None
-        if host.host.gpus:
+        if here.pci.gpus:
             validation = self._mapping()
-            release = host.supported_release()
+            release = here.supported_release()
             plan = validation.plan
             ok = (validation.ok and release is not None and plan is not None
                   and not plan.missing_vfs and self._give_vfs_types(plan))
@@ -242,10 +242,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
         from vgpu import vfio
 
-        if self._stored.paused and vfio.desired(plan, self._host().host):
+        if self._stored.paused and vfio.desired(plan, self._facts().pci):
             return False  # the vGPU manager is stopped: VF types wait for resume
         try:
-            done = vfio.ensure_types(plan, self._host().host)
+            done = vfio.ensure_types(plan, self._facts().pci)
         except GuestsRunningError as error:
             self._problems.append(
                 f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
@@ -260,15 +260,15 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     def _ensure_boot_unit(self, plan) -> None:
         """The boot-time unit that enables VFs (and rewrites VFIO types) on SR-IOV hosts."""
-        host = self._host()
-        if host.driver is None or not host.driver.installed:
+        here = self._facts()
+        if here.driver is None or not here.driver.installed:
             return
-        if not any(gpu.sriov for gpu in host.host.gpus):
+        if not any(gpu.sriov for gpu in here.pci.gpus):
             return
         if plan is None and sriov.unit_path().exists():
             return  # the plan is not in force: the unit keeps the types last applied
         try:
-            sriov.ensure_unit(sriov.render_unit(host.host, plan))
+            sriov.ensure_unit(sriov.render_unit(here.pci, plan))
         except SriovError as error:
             self._problems.append(f"{sriov.UNIT}: {error}")
 
@@ -293,15 +293,15 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     def _status_inputs(self) -> status.Inputs:
         """Read what the status depends on; the mapping, driver and services only when it matters."""
-        host = self._host()
+        here = self._facts()
         forced = bool(self.config.get("force-install-nvidia-vgpu"))
         published = self._published_mapping()
         inputs = status.Inputs(
-            host=host, app=self.app.name, related=bool(self.model.relations[RELATION]),
+            facts=here, app=self.app.name, related=bool(self.model.relations[RELATION]),
             forced=forced, published=published, problems=tuple(self._problems),
             paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
             vf_failures=dict(self._vf_failures))
-        if not status.checks_host(host, forced, published):
+        if not status.checks_host(here, forced, published):
             return inputs
         validation = self._mapping()
         return dataclasses.replace(inputs, validation=validation, **self._driver_inputs(),
@@ -318,7 +318,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except ResourceInvalidError as error:
             out["attached_invalid"] = str(error)
             return out
-        installed = self._host().driver
+        installed = self._facts().driver
         if installed is not None and installed.installed:
             try:
                 out["order"] = dpkg.compare_versions(attached.version, installed.version)
@@ -328,7 +328,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     def _service_answers(self) -> status.Services:
         """systemctl's word on the driver's services, asked only while they should run."""
-        installed = self._host().driver
+        installed = self._facts().driver
         if installed is None or not installed.installed or self._stored.paused:
             return status.Services()
         try:
@@ -348,20 +348,20 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         """``nvidia-108: 1 used, 3 free`` per published or assigned type ('' if none)."""
         from vgpu import usage  # reads libvirt's XML only when there is something to count
 
-        return usage.capacity_text(usage.capacity(self._host().host, served))
+        return usage.capacity_text(usage.capacity(self._facts().pci, served))
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
         from vgpu import report, table
 
         try:
-            facts_ = self._host()
+            here = self._facts()
         except HostReadError as error:
             event.fail(str(error))
             return
-        host = facts_.host
+        host = here.pci
         learnt = catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
-        offered = catalogue.offered(host, facts_.loaded_driver_version, learnt)
+        offered = catalogue.offered(host, here.loaded_driver_version, learnt)
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered,
                                        mdev_class=bool(self.config.get(MDEV_CLASS))),
@@ -372,7 +372,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         from vgpu import usage  # XML parsing: actions only
 
         try:
-            host = self._host().host
+            host = self._facts().pci
         except HostReadError as error:
             event.fail(str(error))
             return
@@ -381,7 +381,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _guard_guests(self, force: bool) -> None:
         from vgpu import guests  # XML parsing: actions only, not every hook
 
-        guests.ensure_no_guests(set(self._host().host.addresses()), force=force)
+        guests.ensure_no_guests(set(self._facts().pci.addresses()), force=force)
 
     def _on_pause(self, event: ops.ActionEvent) -> None:
         try:
@@ -441,7 +441,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if not wanted:
             event.fail("not upgraded: no NVIDIA GPU on this host, so no vGPU driver belongs here")
             return
-        before = self._host().driver
+        before = self._facts().driver
         try:
             package = self._attached()
             if before is not None and before.installed:
@@ -480,7 +480,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         event.set_results(self._upgrade_results(package, before, "installed"))
 
     def _upgrade_results(self, package: driver.DebInfo, before, done: str) -> dict:
-        reasons = self._host().reboot_reasons()
+        reasons = self._facts().reboot_reasons()
         return {
             "package": package.package,
             "version": package.version,

@@ -318,16 +318,16 @@ def parts(root: Path, package: Path, steady: dict) -> None:
 
     os.environ["VGPU_HOST_ROOT"] = str(root)
     text = steady["config"]["vgpu-device-mappings"]
-    host = facts.gather()
+    gathered = facts.gather()
     checked = mappings.check_text(text)
-    release = host.supported_release()
-    validation = mappings.against_host(checked, host.host, release)
+    release = gathered.supported_release()
+    validation = mappings.against_host(checked, gathered.pci, release)
     pieces = [
         ("facts.gather (all host reads)", facts.gather),
         ("  pci.discover", pci.discover),
         ("  dpkg.packages (status file, 3000 packages)",
          lambda: dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[driver.PREFIX])),
-        ("  driver.services_of (dpkg's .list)", lambda: driver.services_of(host.driver.name)),
+        ("  driver.services_of (dpkg's .list)", lambda: driver.services_of(gathered.driver.name)),
         ("  kernel.loaded_modules + iommu + version", lambda: (
             kernel.loaded_modules(), kernel.iommu_enabled(), kernel.loaded_driver_version())),
         ("driver.inspect_deb (dpkg --print-architecture + dpkg-deb --field)",
@@ -336,10 +336,10 @@ def parts(root: Path, package: Path, steady: dict) -> None:
         ("services.states (systemctl is-active)", lambda: services.states(driver.SERVICES)),
         ("kernel.ensure_nouveau_blacklisted (unchanged)", kernel.ensure_nouveau_blacklisted),
         ("mappings.check_text (warm imports)", lambda: mappings.check_text(text)),
-        ("mappings.against_host", lambda: mappings.against_host(checked, host.host, release)),
+        ("mappings.against_host", lambda: mappings.against_host(checked, gathered.pci, release)),
         ("novaconf.sections + relation_data", lambda: novaconf.relation_data(
             novaconf.sections(validation.mapping, release), services=["nvidia-vgpu-mgr"],
-            packages=[host.driver.name])),
+            packages=[gathered.driver.name])),
     ]
     print()
     print("The pieces of a hook on the 8×16 host, called directly (warm), median ms of 15 rounds")

@@ -30,12 +30,12 @@ def gpu(address=L4, model="L4", sriov=0, vfs=()):
 
 def host(*gpus, driver_package=DRIVER, nova=NOVA, iommu=True):
     packages = {p.name: p for p in (nova, driver_package) if p is not None}
-    return Facts(host=pci.Host(gpus=tuple(gpus)), packages=packages, modules=MODULES,
+    return Facts(pci=pci.Host(gpus=tuple(gpus)), packages=packages, modules=MODULES,
                  loaded_driver_version="550.90.05", iommu=iommu, driver=driver_package)
 
 
 def inputs(facts, **changes):
-    base = status.Inputs(host=facts, app="vgpu", related=True, forced=False, published={},
+    base = status.Inputs(facts=facts, app="vgpu", related=True, forced=False, published={},
                          validation=mappings.Validation(mapping={}, plan=Plan()))
     return replace(base, **changes)
 

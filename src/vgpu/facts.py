@@ -14,7 +14,7 @@ from .errors import UnsupportedReleaseError
 
 @dataclass(frozen=True)
 class Facts:
-    host: pci.Host
+    pci: pci.Host  # what PCI discovery found: the GPUs, their VFs and vGPU types
     packages: Mapping[str, dpkg.Package]
     modules: frozenset
     loaded_driver_version: Optional[str] = None
@@ -42,7 +42,7 @@ class Facts:
 
     def iommu_problem(self) -> Optional[str]:
         """SR-IOV GPUs hand out virtual functions, which need the IOMMU."""
-        sriov = [gpu.address for gpu in self.host.gpus if gpu.sriov]
+        sriov = [gpu.address for gpu in self.pci.gpus if gpu.sriov]
         if not sriov or self.iommu:
             return None
         return (f"IOMMU is off but SR-IOV GPU {sriov[0]} needs it: add intel_iommu=on iommu=pt "
@@ -63,7 +63,7 @@ def gather() -> Facts:
     packages = dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[driver.PREFIX])
     package = driver.installed_driver(packages)
     return Facts(
-        host=pci.discover(),
+        pci=pci.discover(),
         packages=packages,
         modules=kernel.loaded_modules(),
         loaded_driver_version=kernel.loaded_driver_version(),

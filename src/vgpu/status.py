@@ -35,11 +35,11 @@ class Services:
 class Inputs:
     """Everything the status depends on, read before :func:`statuses` is called.
 
-    Only ``host`` to ``problems`` are needed when :func:`checks_host` is False;
+    Only ``facts`` to ``problems`` are needed when :func:`checks_host` is False;
     the rest matters only when it is True.
     """
 
-    host: Facts
+    facts: Facts  # what the host says (devices, packages, modules)
     app: str  # the application's name, for the integrate command
     related: bool  # whether the nova-vgpu relation exists
     forced: bool  # force-install-nvidia-vgpu
@@ -58,61 +58,61 @@ class Inputs:
     vf_failures: Mapping[str, str] = field(default_factory=dict)  # GPU address -> why sriov-manage failed
 
 
-def checks_host(host: Facts, forced: bool, published: Mapping[str, Tuple[str, ...]]) -> bool:
+def checks_host(facts: Facts, forced: bool, published: Mapping[str, Tuple[str, ...]]) -> bool:
     """Whether the status goes past 'nothing to do' or 'keeping': only then do the
     mapping, the driver, the services and the capacity matter (and get read)."""
-    return bool(host.host.gpus) or (forced and not published)
+    return bool(facts.pci.gpus) or (forced and not published)
 
 
-def statuses(facts: Inputs) -> List[Status]:
+def statuses(inputs: Inputs) -> List[Status]:
     """Every status that applies, in order; Juju shows the most severe, the first of equals."""
-    out: List[Status] = [(BLOCKED, problem) for problem in facts.problems]
-    if not checks_host(facts.host, facts.forced, facts.published):
-        out.append(_idle(facts))
+    out: List[Status] = [(BLOCKED, problem) for problem in inputs.problems]
+    if not checks_host(inputs.facts, inputs.forced, inputs.published):
+        out.append(_idle(inputs))
         return out
-    out.extend(_prerequisites(facts))
-    validation = facts.validation
+    out.extend(_prerequisites(inputs))
+    validation = inputs.validation
     if validation is not None and not validation.ok:
-        out.append((BLOCKED, mapping_message(validation, facts.published)))
+        out.append((BLOCKED, mapping_message(validation, inputs.published)))
     notes: List[str] = []
-    out.extend(_vf_statuses(facts))
+    out.extend(_vf_statuses(inputs))
     if validation is not None and validation.plan is not None:
         notes.extend(validation.plan.notes)
-    out.extend(_driver_statuses(facts, notes))
-    out.append((ACTIVE, "; ".join([serving_message(facts)] + notes)))
+    out.extend(_driver_statuses(inputs, notes))
+    out.append((ACTIVE, "; ".join([serving_message(inputs)] + notes)))
     return out
 
 
-def _idle(facts: Inputs) -> Status:
+def _idle(inputs: Inputs) -> Status:
     """No GPU here: the mapping kept for GPUs gone missing, or nothing to do."""
-    if not facts.published:
+    if not inputs.published:
         return ACTIVE, "no NVIDIA GPU on this host: nothing to do"
-    missing = missing_gpus(facts.host, facts.published)
+    missing = missing_gpus(inputs.facts, inputs.published)
     gone = f" ({text.listing(missing)} missing)" if missing else ""
     return ACTIVE, (f"no NVIDIA GPU found now{gone}: driver reloading? "
-                    f"keeping {mappings.summary(facts.published)}")
+                    f"keeping {mappings.summary(inputs.published)}")
 
 
-def missing_gpus(host: Facts, published: Mapping[str, Tuple[str, ...]]) -> List[str]:
+def missing_gpus(facts: Facts, published: Mapping[str, Tuple[str, ...]]) -> List[str]:
     """Published addresses whose GPU discovery no longer finds (all of them when none is found)."""
     return sorted({address for addresses in published.values()
-                   for address in addresses if host.host.gpu(address) is None})
+                   for address in addresses if facts.pci.gpu(address) is None})
 
 
-def _prerequisites(facts: Inputs) -> List[Status]:
+def _prerequisites(inputs: Inputs) -> List[Status]:
     """Nova's release, the relation and the IOMMU: what must be in place before the rest."""
     out: List[Status] = []
-    release_problem = facts.host.release_problem()
+    release_problem = inputs.facts.release_problem()
     if release_problem:
         out.append((BLOCKED, release_problem))
-    elif facts.host.release() is None:
+    elif inputs.facts.release() is None:
         out.append((WAITING, "waiting for nova-compute to install nova-common"))
-    if not facts.related:
+    if not inputs.related:
         out.append((BLOCKED, f"relate to nova-compute: juju integrate nova-compute:{RELATION} "
-                             f"{facts.app}:{RELATION}"))
+                             f"{inputs.app}:{RELATION}"))
     # With the IOMMU off an SR-IOV GPU has no VFs, so any mapping error about
     # them would send the operator the wrong way: this comes before the mapping.
-    iommu = facts.host.iommu_problem()
+    iommu = inputs.facts.iommu_problem()
     if iommu:
         out.append((BLOCKED, iommu))
     return out
@@ -126,53 +126,53 @@ def mapping_message(validation: mappings.Validation, published: Mapping[str, Tup
     return f"{OPTION}: {first}{more}{keeping}"
 
 
-def _vf_statuses(facts: Inputs) -> List[Status]:
+def _vf_statuses(inputs: Inputs) -> List[Status]:
     """SR-IOV GPUs whose VFs are missing once the driver is installed."""
-    installed = facts.host.driver is not None and facts.host.driver.installed
-    missing = [gpu for gpu in facts.host.host.gpus if gpu.vfs_missing]
+    installed = inputs.facts.driver is not None and inputs.facts.driver.installed
+    missing = [gpu for gpu in inputs.facts.pci.gpus if gpu.vfs_missing]
     if not (missing and installed):
         return []
-    why = (facts.vf_failures.get(missing[0].address)
+    why = (inputs.vf_failures.get(missing[0].address)
            or f"check journalctl -u {sriov.UNIT} and -u {driver.DAEMONS[0]}")
     names = text.listing([f"{gpu.address} ({gpu.model})" for gpu in missing], limit=3)
     return [(BLOCKED, f"no virtual functions on SR-IOV GPU {names} after sriov-manage -e: {why}")]
 
 
-def _driver_statuses(facts: Inputs, notes: List[str]) -> List[Status]:
+def _driver_statuses(inputs: Inputs, notes: List[str]) -> List[Status]:
     """Statuses about the host driver; ``notes`` collects remarks for the active message."""
-    installed = facts.host.driver
+    installed = inputs.facts.driver
     out: List[Status] = []
-    if facts.attached_missing and installed is None:
-        out.append((BLOCKED, facts.attached_missing))
-    if facts.attached_invalid:
-        out.append((BLOCKED, facts.attached_invalid))
+    if inputs.attached_missing and installed is None:
+        out.append((BLOCKED, inputs.attached_missing))
+    if inputs.attached_invalid:
+        out.append((BLOCKED, inputs.attached_invalid))
     if installed is None:
         return out
     if not installed.installed:
-        attached = facts.attached
+        attached = inputs.attached
         then = ("retrying on the next hook"
                 if attached is None or driver.same_package(attached, installed)
                 else f"run the upgrade action to install the attached {attached.version}")
         out.append((BLOCKED, f"{installed.name} {installed.version} is {installed.state}: "
                              f"dpkg did not finish; {then}"))
         return out
-    notes.extend(_version_notes(facts))
-    if facts.paused:
+    notes.extend(_version_notes(inputs))
+    if inputs.paused:
         out.append((MAINTENANCE, "paused: vGPU services stopped; run the resume action to start them"))
         return out
-    out.extend((BLOCKED, f"reboot required: {reason}") for reason in facts.host.reboot_reasons())
-    out.extend(_service_statuses(facts))
+    out.extend((BLOCKED, f"reboot required: {reason}") for reason in inputs.facts.reboot_reasons())
+    out.extend(_service_statuses(inputs))
     return out
 
 
-def _version_notes(facts: Inputs) -> List[str]:
+def _version_notes(inputs: Inputs) -> List[str]:
     """How the attached package compares with the installed one, when that asks for action."""
-    attached, installed = facts.attached, facts.host.driver
+    attached, installed = inputs.attached, inputs.facts.driver
     if attached is None or installed is None:
         return []
-    if facts.order_error is not None:
-        return [f"cannot compare the attached driver's version: {facts.order_error}"]
-    order = facts.order
+    if inputs.order_error is not None:
+        return [f"cannot compare the attached driver's version: {inputs.order_error}"]
+    order = inputs.order
     if order is None:
         return []
     if order > 0 or (order == 0 and attached.package != installed.name):
@@ -183,13 +183,13 @@ def _version_notes(facts: Inputs) -> List[str]:
     return []
 
 
-def _service_statuses(facts: Inputs) -> List[Status]:
+def _service_statuses(inputs: Inputs) -> List[Status]:
     """Services down: masked by this charm's failed pause, by someone else, or just not running."""
-    answer = facts.services
+    answer = inputs.services
     if answer.error is not None:
         return [(BLOCKED, answer.error)]
     down, masked = list(answer.down), list(answer.masked)
-    ours = [name for name in masked if name in facts.masked_by_us]
+    ours = [name for name in masked if name in inputs.masked_by_us]
     if ours:
         return [(BLOCKED, f"{', '.join(ours)} left stopped and masked by this charm's pause that "
                           "failed: run the resume action")]
@@ -201,9 +201,9 @@ def _service_statuses(facts: Inputs) -> List[Status]:
     return []
 
 
-def serving_message(facts: Inputs) -> str:
+def serving_message(inputs: Inputs) -> str:
     """``2 GPUs (2 L4), nvidia-108 on 2; nvidia-108: 1 used, 3 free``: what this unit serves."""
-    host = facts.host.host
+    host = inputs.facts.pci
     models = host.models()
     if len(models) == 1:
         gpus = f"({models[0][0]})"
@@ -211,7 +211,7 @@ def serving_message(facts: Inputs) -> str:
         gpus = "(" + ", ".join(f"{n} {m}" for m, n in models) + ")"
     count = len(host.gpus)
     head = f"{count} GPU{'s' if count != 1 else ''} {gpus}" if count else "no NVIDIA GPU (forced)"
-    served = facts.published
+    served = inputs.published
     line = (f"{head}, {mappings.summary(served)}" if served
             else f"{head}, no vGPU type mapped: set {OPTION}")
-    return f"{line}; {facts.capacity}" if facts.capacity else line
+    return f"{line}; {inputs.capacity}" if inputs.capacity else line
