@@ -12,6 +12,7 @@ from ops import testing
 
 from charm import NovaComputeNvidiaVgpuCharm
 from unit_tests import debs, libvirt
+from unit_tests.test_table import action_set_argv, action_set_bytes
 from unit_tests.fakehost import (
     L40S_TYPES,
     a100_host,
@@ -154,8 +155,7 @@ def test_hostile_type_names_never_break_action_set(root):
         b"GRID\x00 V100-8Q\xff\n[x]")
     running_guest(root, "instance-00000001", VM_1, mdev_uuid=MDEV_A)
     results = usage.results(usage.in_use(pci.discover()))
-    argv = ["true"] + [f"{'.'.join(p)}={v}" for p, v in table.flatten(results) if v != {}]
-    subprocess.run(argv, check=True)
+    subprocess.run(action_set_argv(results), check=True)
     assert "\x00" not in results["table"]
 
 
@@ -210,9 +210,8 @@ def test_thousands_of_guests_stay_within_action_set(root, tools, tmp_path):
     resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
     ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
     results = ctx.action_results
-    assert table.action_set_bytes(results) <= table.MAX_RESULTS_BYTES
-    argv = ["true"] + [f"{'.'.join(p)}={v}" for p, v in table.flatten(results) if v != {}]
-    subprocess.run(argv, check=True)  # the kernel accepts them as action-set's arguments
+    assert action_set_bytes(results) <= table.MAX_RESULTS_BYTES
+    subprocess.run(action_set_argv(results), check=True)  # the kernel accepts them as action-set's arguments
     assert results["summary"].startswith("1500 vGPUs in running guests (1500 RTX Virtual")
     assert len(results["projects"]) == 40  # totals come first and are never dropped
     assert sum(int(p["running-vgpus"]) for p in results["projects"].values()) == GUESTS

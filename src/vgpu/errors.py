@@ -23,14 +23,6 @@ class UnsupportedReleaseError(VgpuError):
     """The installed Nova is too old, or its version cannot be read."""
 
 
-class MappingError(VgpuError):
-    """vgpu-device-mappings cannot be used; ``errors`` names each offending entry."""
-
-    def __init__(self, errors):
-        self.errors = list(errors)
-        super().__init__("; ".join(self.errors))
-
-
 class ResourceMissingError(VgpuError):
     """The nvidia-vgpu-software resource is not attached, or is empty."""
 

@@ -142,12 +142,6 @@ def against_host(checked: Validation, host, release=None, offered=None) -> Valid
     return Validation(checked.mapping, built.errors, built)
 
 
-def validate(text: Optional[str], host=None, release=None) -> Validation:
-    """Parse, schema-check, normalise and (given a host) host-check the option."""
-    checked = check_text(text)
-    return checked if host is None else against_host(checked, host, release)
-
-
 def fingerprint(text: Optional[str]) -> str:
     """Identifies the option's text under this very code and schema (for reusing check_text).
 
