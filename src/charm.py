@@ -360,23 +360,28 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(str(error))
             return
         host = here.pci
-        learnt = catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
-        offered = catalogue.offered(host, here.loaded_driver_version, learnt)
+        offered = catalogue.offered(host, here.loaded_driver_version, self._learnt(host))
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered,
                                        mdev_class=bool(self.config.get(MDEV_CLASS))),
             "table": report.types_table(host, offered),
         }, depth=4, records="gpus", what="types"))
 
+    @staticmethod
+    def _learnt(host: pci.Host) -> catalogue.Table:
+        """The VFIO type names learnt while VFs were free; none read on a host without VFIO GPUs."""
+        return catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
+
     def _on_vgpu_usage(self, event: ops.ActionEvent) -> None:
         from vgpu import usage  # XML parsing: actions only
 
         try:
-            host = self._facts().pci
+            here = self._facts()
         except HostReadError as error:
             event.fail(str(error))
             return
-        event.set_results(usage.results(usage.in_use(host)))
+        event.set_results(usage.results(usage.in_use(
+            here.pci, learnt=self._learnt(here.pci), driver_version=here.loaded_driver_version)))
 
     def _guard_guests(self, force: bool) -> None:
         from vgpu import guests  # XML parsing: actions only, not every hook

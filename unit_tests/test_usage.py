@@ -105,6 +105,21 @@ def test_a_full_gpu_lists_no_names_so_the_type_stays_an_id(root):
     assert "nvidia-1141?" in results["table"]
 
 
+def test_vgpu_usage_on_a_full_gpu_names_the_type_learnt_while_it_was_free(root, tools, tmp_path):
+    host = l40s_host(root)
+    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+    resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
+    ctx.run(ctx.on.update_status(), testing.State(resources={resource}))  # the VFs list their types
+    for address in ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6", "0000:81:00.7"):
+        assign_vfio_type(host, address, 1141)  # full: no VF lists a name any more
+    running_guest(root, "instance-00000040", VM_1, pci_address="0000:81:00.6")
+    ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
+    entry = ctx.action_results["vgpus"]["vgpu-0"]
+    assert (entry["address"], entry["type"], entry["profile"], entry["framebuffer-mb"], entry["edition"]) == (
+        "0000:81:00.6", "nvidia-1141", "L40S-24Q", "24576", "RTX Virtual Workstation")
+    assert ctx.action_results["editions"] == {"rtx-virtual-workstation": "1"}
+
+
 @pytest.mark.parametrize("name,profile,edition,mb", [
     ("GRID V100-8Q", "V100-8Q", "RTX Virtual Workstation", 8192),
     ("NVIDIA L40S-12Q", "L40S-12Q", "RTX Virtual Workstation", 12288),

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import hostroot
-from .errors import GuestsRunningError
+from .errors import GuestsRunningError, HostReadError
 
 if TYPE_CHECKING:  # parsing XML is imported only when a file has something to parse
     import xml.etree.ElementTree as ET
@@ -136,10 +136,12 @@ def _domain(path: Path, require: str = "") -> Optional[ET.Element]:
     A file whose text lacks ``require`` is skipped unparsed.
     """
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        log.warning("cannot read %s: %s", path, e)
+        text = hostroot.read_text(path, clean=False)
+    except HostReadError as error:
+        log.warning("%s", error)
         return None
+    if text is None:
+        return None  # gone since it was listed (the guest stopped)
     if require and require not in text:
         return None
     if "<!DOCTYPE" in text.upper() or "<!ENTITY" in text.upper():
