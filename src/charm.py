@@ -17,8 +17,20 @@ from typing import Dict, List, Optional
 import ops
 
 from vgpu import (
-    OPTION, RELATION, RESOURCE, catalogue, dpkg, driver, facts, kernel, mappings, novaconf, pci, services,
-    sriov, status,
+    OPTION,
+    RELATION,
+    RESOURCE,
+    catalogue,
+    dpkg,
+    driver,
+    facts,
+    kernel,
+    mappings,
+    novaconf,
+    pci,
+    services,
+    sriov,
+    status,
 )
 from vgpu.errors import (
     GuestsRunningError,
@@ -43,6 +55,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     _stored = ops.StoredState()
 
     def __init__(self, framework: ops.Framework):
+        """Set stored defaults and route every event to its one handler."""
         super().__init__(framework)
         # Operator intent, not a host fact: services stay stopped until resume.
         # ``masked`` is what this charm masked (pause), so resume and remove undo
@@ -92,7 +105,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return self._validation
 
     def _checked_text(self) -> mappings.Validation:
-        text = self.config.get(OPTION)
+        raw = self.config.get(OPTION)  # a string option: text or unset
+        text = None if raw is None else str(raw)
         key = mappings.fingerprint(text)
         record = self._stored.checked
         if record.get("key") == key:
@@ -202,8 +216,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         published sections as they are: the last good configuration stays.
         """
         here = self._facts()
-        package = here.driver
-        installed = package is not None and package.installed
+        installed = here.driver if here.driver is not None and here.driver.installed else None
         sections: Optional[dict] = {}
         plan = None
         if here.pci.gpus:
@@ -228,7 +241,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             sections = None
         # Only daemons: nova-compute reports any listed service that is not running.
         data = novaconf.relation_data(sections or {}, services=self._daemons(),
-                                      packages=[package.name] if installed else [])
+                                      packages=[installed.name] if installed else [])
         if sections is None:
             del data["subordinate_configuration"]
         for relation in self.model.relations[RELATION]:
@@ -449,19 +462,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         before = self._facts().driver
         try:
             package = self._attached()
-            if before is not None and before.installed:
-                try:
-                    order = dpkg.compare_versions(package.version, before.version)
-                except ValueError as error:
-                    raise ResourceInvalidError(f"cannot compare {package.version} with "
-                                               f"{before.version}: {error}") from None
-                if order == 0 and package.package == before.name:
-                    event.set_results(self._upgrade_results(package, before, "already installed"))
-                    return
-                if order < 0 and not event.params.get("allow-downgrade"):
-                    event.fail(f"not upgraded: attached {package.version} is older than installed "
-                               f"{before.version}; run with allow-downgrade=true to install it")
-                    return
+            if not self._upgrade_wanted(event, package, before):
+                return
             if self._stored.paused:
                 event.fail("not upgraded: the unit is paused and its services masked, which the "
                            "driver's install scripts need; run resume first")
@@ -483,6 +485,27 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             except HostReadError as error:
                 logger.error("%s", error)
         event.set_results(self._upgrade_results(package, before, "installed"))
+
+    def _upgrade_wanted(self, event: ops.ActionEvent, package: driver.DebInfo, before) -> bool:
+        """False when the action ends here: the attached package is installed, or older.
+
+        Raises ResourceInvalidError when dpkg cannot order the two versions.
+        """
+        if before is None or not before.installed:
+            return True
+        try:
+            order = dpkg.compare_versions(package.version, before.version)
+        except ValueError as error:
+            raise ResourceInvalidError(f"cannot compare {package.version} with "
+                                       f"{before.version}: {error}") from None
+        if order == 0 and package.package == before.name:
+            event.set_results(self._upgrade_results(package, before, "already installed"))
+            return False
+        if order < 0 and not event.params.get("allow-downgrade"):
+            event.fail(f"not upgraded: attached {package.version} is older than installed "
+                       f"{before.version}; run with allow-downgrade=true to install it")
+            return False
+        return True
 
     def _upgrade_results(self, package: driver.DebInfo, before, done: str) -> dict:
         reasons = self._facts().reboot_reasons()

@@ -43,6 +43,7 @@ TOOLS = Path(__file__).resolve().parent
 sys.path[:0] = [str(REPO / "src"), str(REPO), str(TOOLS)]
 
 import benchhosts  # noqa: E402
+
 from unit_tests import debs  # noqa: E402
 from unit_tests.faketools import Tools  # noqa: E402
 
@@ -268,8 +269,11 @@ def headline(args, work, package, bases, bare_src, charm_src) -> list:
 
 
 def scaling(args, work, package, bases, bare_src, charm_src, floor: list) -> None:
-    """update-status over host sizes; the bare charm does not read the host, so its samples
-    (fewer, interleaved with the charm's in every row) are pooled into one floor."""
+    """update-status over host sizes, against one floor for the bare charm.
+
+    The bare charm does not read the host, so its samples (fewer, interleaved
+    with the charm's in every row) are pooled into one floor.
+    """
     rows = []
     print()
     print(f"Scaling: update-status, median of {args.scale_repeat} fresh processes per row; "

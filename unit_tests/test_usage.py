@@ -12,7 +12,6 @@ from ops import testing
 
 from charm import NovaComputeNvidiaVgpuCharm
 from unit_tests import debs, libvirt
-from unit_tests.test_table import action_set_argv, action_set_bytes
 from unit_tests.fakehost import (
     L40S_TYPES,
     a100_host,
@@ -21,6 +20,7 @@ from unit_tests.fakehost import (
     v100_host,
 )
 from unit_tests.libvirt import PROJECT_ID, PROJECT_NAME, defined_guest, running_guest
+from unit_tests.test_table import action_set_argv, action_set_bytes
 from vgpu import guests, pci, table, usage
 
 MGR = "nvidia-vgpu-mgr"
@@ -38,8 +38,11 @@ GUESTS = 1500
 
 @pytest.fixture
 def v100_guests(root):
-    """Two V100s: a running guest on an nvidia-108 mdev, a shut-off one on nvidia-109,
-    an idle nvidia-108 mdev, and an Intel GVT-g guest that is not ours."""
+    """Two V100s with guests: ours running and shut off, an idle mdev, one not ours.
+
+    A running guest on an nvidia-108 mdev, a shut-off one on nvidia-109, an
+    idle nvidia-108 mdev, and an Intel GVT-g guest that is not ours.
+    """
     host = v100_host(root)
     host.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_A)
     host.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_IDLE)

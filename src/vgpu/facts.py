@@ -14,6 +14,8 @@ from .errors import UnsupportedReleaseError
 
 @dataclass(frozen=True)
 class Facts:
+    """What one read of the host found; its methods derive answers without reading again."""
+
     pci: pci.Host  # what PCI discovery found: the GPUs, their VFs and vGPU types
     packages: Mapping[str, dpkg.Package]
     modules: frozenset
@@ -30,6 +32,7 @@ class Facts:
         return releases.installed(self.packages)
 
     def release_problem(self) -> Optional[str]:
+        """Why Nova's release cannot be served (too old, unreadable), or None."""
         try:
             self.release()
         except UnsupportedReleaseError as error:
@@ -51,15 +54,15 @@ class Facts:
 
     def reboot_reasons(self) -> List[str]:
         """Why the host needs a reboot for the installed driver to work."""
-        package = self.driver
-        installed = package is not None and package.installed
+        installed = self.driver if self.driver is not None and self.driver.installed else None
         return kernel.reboot_reasons(
-            self.modules, driver_installed=installed,
-            installed_version=package.version if installed else None,
+            self.modules, driver_installed=installed is not None,
+            installed_version=installed.version if installed else None,
             loaded_version=self.loaded_driver_version)
 
 
 def gather() -> Facts:
+    """Read the host once: PCI devices, dpkg's packages, modules, IOMMU, driver services."""
     packages = dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[driver.PREFIX])
     package = driver.installed_driver(packages)
     return Facts(

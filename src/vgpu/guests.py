@@ -45,6 +45,7 @@ SHUT_OFF = "shut off"
 
 @dataclass(frozen=True)
 class Guest:
+    """A libvirt domain that holds vGPUs, as the guard against touching the driver sees it."""
     name: str  # libvirt domain name, e.g. instance-0000002a
     instance_uuid: str  # domain <uuid> = Nova instance uuid
     vgpus: Tuple[str, ...]  # mdev uuids and PCI addresses (dddd:bb:dd.f) it holds
@@ -171,8 +172,8 @@ def _vgpus(domain: ET.Element, wanted: Set[str]) -> Tuple[str, ...]:
         if address is None:
             continue
         kind = hostdev.get("type")
-        if kind == "mdev" and address.get("uuid"):
-            uuid = address.get("uuid").strip().lower()
+        uuid = (address.get("uuid") or "").strip().lower()
+        if kind == "mdev" and uuid:
             parent = _mdev_parent(uuid)
             # An mdev of another vendor's parent (Intel GVT-g) is not a vGPU of ours;
             # one whose parent cannot be found is counted, to be safe.

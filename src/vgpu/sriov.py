@@ -53,6 +53,7 @@ def render_unit(host: pci.Host, plan=None) -> str:
 
 
 def unit_path() -> Path:
+    """Where the boot-time unit lives under the host root."""
     return hostroot.path(UNIT_FILE)
 
 

@@ -59,8 +59,11 @@ class Inputs:
 
 
 def checks_host(facts: Facts, forced: bool, published: Mapping[str, Tuple[str, ...]]) -> bool:
-    """Whether the status goes past 'nothing to do' or 'keeping': only then do the
-    mapping, the driver, the services and the capacity matter (and get read)."""
+    """Whether the status goes past 'nothing to do' or 'keeping'.
+
+    Only then do the mapping, the driver, the services and the capacity
+    matter (and get read).
+    """
     return bool(facts.pci.gpus) or (forced and not published)
 
 

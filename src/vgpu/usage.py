@@ -72,6 +72,7 @@ class VgpuUse:
 
 @dataclass(frozen=True)
 class Capacity:
+    """How many vGPUs of one published type are held and how many more fit."""
     type_id: str
     used: int
     free: int
