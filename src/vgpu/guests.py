@@ -26,7 +26,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from . import hostroot
 from .errors import GuestsRunningError, HostReadError
@@ -165,6 +165,27 @@ def _domain(path: Path, require: str = "") -> Optional[ET.Element]:
 
 def _vgpus(domain: ET.Element, wanted: Set[str]) -> Tuple[str, ...]:
     found = []
+    for kind, value in _hostdevs(domain):
+        if kind == "mdev":
+            parent = _mdev_parent(value)
+            # An mdev of another vendor's parent (Intel GVT-g) is not a vGPU of ours;
+            # one whose parent cannot be found is counted, to be safe.
+            if parent is None or parent in wanted:
+                found.append(value)
+        elif value in wanted:
+            found.append(value)
+    return tuple(found)
+
+
+def _devices(domain: ET.Element) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(mdev uuids, PCI addresses) of the domain's subsystem hostdevs, in order."""
+    pairs = list(_hostdevs(domain))
+    return (tuple(value for kind, value in pairs if kind == "mdev"),
+            tuple(value for kind, value in pairs if kind == "pci"))
+
+
+def _hostdevs(domain: ET.Element) -> Iterator[Tuple[str, str]]:
+    """``("mdev", uuid)`` or ``("pci", address)`` per subsystem hostdev of the domain, in order."""
     for hostdev in domain.findall("./devices/hostdev"):
         if hostdev.get("mode", "subsystem") != "subsystem":
             continue
@@ -174,36 +195,11 @@ def _vgpus(domain: ET.Element, wanted: Set[str]) -> Tuple[str, ...]:
         kind = hostdev.get("type")
         uuid = (address.get("uuid") or "").strip().lower()
         if kind == "mdev" and uuid:
-            parent = _mdev_parent(uuid)
-            # An mdev of another vendor's parent (Intel GVT-g) is not a vGPU of ours;
-            # one whose parent cannot be found is counted, to be safe.
-            if parent is None or parent in wanted:
-                found.append(uuid)
-        elif kind == "pci":
-            pci = _pci(address)
-            if pci and pci in wanted:
-                found.append(pci)
-    return tuple(found)
-
-
-def _devices(domain: ET.Element) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """(mdev uuids, PCI addresses) of the domain's subsystem hostdevs, in order."""
-    mdevs: List[str] = []
-    pci: List[str] = []
-    for hostdev in domain.findall("./devices/hostdev"):
-        if hostdev.get("mode", "subsystem") != "subsystem":
-            continue
-        address = hostdev.find("./source/address")
-        if address is None:
-            continue
-        kind = hostdev.get("type")
-        if kind == "mdev" and address.get("uuid"):
-            mdevs.append(address.get("uuid", "").strip().lower())
+            yield "mdev", uuid
         elif kind == "pci":
             found = _pci(address)
             if found:
-                pci.append(found)
-    return tuple(mdevs), tuple(pci)
+                yield "pci", found
 
 
 def _nova_metadata(domain: ET.Element) -> Dict[str, str]:
