@@ -13,7 +13,7 @@ from pathlib import Path
 from string import Template
 from typing import Iterable, List
 
-from . import APP, files, hostroot, kernel, pci, run, services
+from . import APP, files, hostroot, kernel, pci, run, services, text
 from .errors import CommandError, ServiceError, SriovError
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,15 @@ def enable(addresses: Iterable[str]) -> List[str]:
         if not tool.exists():
             failures.append(f"/{SRIOV_MANAGE} not found (is the vGPU host driver installed?)")
             break
+        what = f"sriov-manage -e {address}"
         try:
-            run.run([str(tool), "-e", address], TIMEOUT, what=f"sriov-manage -e {address}")
-        except CommandError as error:
+            out = run.run([str(tool), "-e", address], TIMEOUT, check=False, what=what)
+        except CommandError as error:  # could not run, or ran out of time
             failures.append(str(error))
+            continue
+        if out.returncode != 0:  # the script may say why on either stream
+            why = text.cause(out.stderr or out.stdout) or f"exit status {out.returncode}"
+            failures.append(f"{what} failed: {why}")
         else:
             log.info("enabled the virtual functions of %s", address)
     return failures
