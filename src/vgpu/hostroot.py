@@ -59,10 +59,19 @@ def unreadable(where: Union[str, Path], error: OSError) -> HostReadError:
                          f"{error.strerror or type(error).__name__}")
 
 
-def read_text(where: Union[str, Path]) -> Optional[str]:
-    """A host file's text, cleaned (see the module doc); None when it does not exist."""
+def read_text(where: Union[str, Path], *, clean: bool = True) -> Optional[str]:
+    """A host file's text, cleaned (see the module doc); None when it does not exist.
+
+    ``clean=False`` keeps every character that decodes (invalid UTF-8 still
+    becomes U+FFFD), for a parser that cleans each value it takes out: a
+    control character in libvirt's XML must reach the XML parser as it is.
+    """
     data = read_bytes(where)
-    return None if data is None else text.decode(data)
+    if data is None:
+        return None
+    if not clean:
+        return data.decode("utf-8", errors="replace")
+    return text.decode(data)
 
 
 def read_bytes(where: Union[str, Path]) -> Optional[bytes]:

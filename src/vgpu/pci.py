@@ -46,6 +46,7 @@ class VgpuType:
 
     @property
     def id(self) -> str:
+        """The type as Nova names it: ``nvidia-<number>``."""
         return f"nvidia-{self.number}"
 
     @property
@@ -59,10 +60,12 @@ class VgpuType:
 
     @property
     def profile(self) -> Optional["Profile"]:
+        """The NVIDIA profile its name spells (``L40S-12Q``), or None for a name that is not one."""
         return profile(self.name)
 
     @property
     def max_instances(self) -> Optional[int]:
+        """How many of this type one GPU holds, from the description's ``max_instance``."""
         return _int(dict(self.properties).get("max_instance"))
 
 
@@ -94,6 +97,7 @@ class Gpu:
 
     @property
     def sriov(self) -> bool:
+        """Whether the GPU offers SR-IOV virtual functions (its vGPUs then live on VFs)."""
         return self.sriov_totalvfs > 0
 
     @property
@@ -143,6 +147,7 @@ class Host:
     gpus: Tuple[Gpu, ...] = ()
 
     def gpu(self, address: str) -> Optional[Gpu]:
+        """The GPU at ``address``, or whose VF is at ``address``; None when neither is here."""
         for gpu in self.gpus:
             if gpu.function(address) is not None:
                 return gpu
@@ -238,9 +243,12 @@ def available_instances(address: str, type_id: str) -> Optional[int]:
 
 def _virtual_functions(entry, definitions: Dict[tuple, Any],
                        device_id: str) -> Tuple[VirtualFunction, ...]:
-    """The GPU's VFs. Its framework is decided by the first VF that shows one: the VFs
-    of one GPU share it, so mdev VFs are not probed for ``nvidia/`` files, nor VFIO
-    VFs for ``mdev_supported_types/``."""
+    """The GPU's VFs, each with its framework and type ids.
+
+    The first VF that shows a framework decides it for its GPU: the VFs of one
+    GPU share it, so mdev VFs are not probed for ``nvidia/`` files, nor VFIO
+    VFs for ``mdev_supported_types/``.
+    """
     vfs = []
     try:
         links = [n for n in os.listdir(entry) if n.startswith("virtfn")]

@@ -9,13 +9,12 @@ the vendor-specific VFIO types of the plan to their VFs again.
 """
 
 import logging
-import subprocess
 from pathlib import Path
 from string import Template
 from typing import Iterable, List
 
-from . import APP, files, hostroot, kernel, pci
-from .errors import SriovError
+from . import APP, files, hostroot, kernel, pci, run, services, text
+from .errors import CommandError, ServiceError, SriovError
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +23,6 @@ UNIT = "nvidia-vgpu-vfs.service"
 UNIT_FILE = f"etc/systemd/system/{UNIT}"
 TEMPLATE = kernel.CHARM_ROOT / "templates" / UNIT
 TIMEOUT = 300
-SYSTEMCTL_TIMEOUT = 60
 
 
 def enable(addresses: Iterable[str]) -> List[str]:
@@ -35,19 +33,15 @@ def enable(addresses: Iterable[str]) -> List[str]:
         if not tool.exists():
             failures.append(f"/{SRIOV_MANAGE} not found (is the vGPU host driver installed?)")
             break
+        what = f"sriov-manage -e {address}"
         try:
-            out = subprocess.run([str(tool), "-e", address], capture_output=True, text=True,
-                                 errors="replace", timeout=TIMEOUT, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            failures.append(f"sriov-manage -e {address} timed out after {TIMEOUT}s")
+            out = run.run([str(tool), "-e", address], TIMEOUT, check=False, what=what)
+        except CommandError as error:  # could not run, or ran out of time
+            failures.append(str(error))
             continue
-        except OSError as error:
-            failures.append(f"sriov-manage -e {address} could not run: {error.strerror or error}")
-            continue
-        if out.returncode != 0:
-            lines = [ln.strip() for ln in (out.stderr or out.stdout).splitlines() if ln.strip()]
-            failures.append(f"sriov-manage -e {address} failed: "
-                            f"{lines[-1][:120] if lines else f'exit status {out.returncode}'}")
+        if out.returncode != 0:  # the script may say why on either stream
+            why = text.cause(out.stderr or out.stdout) or f"exit status {out.returncode}"
+            failures.append(f"{what} failed: {why}")
         else:
             log.info("enabled the virtual functions of %s", address)
     return failures
@@ -64,6 +58,7 @@ def render_unit(host: pci.Host, plan=None) -> str:
 
 
 def unit_path() -> Path:
+    """Where the boot-time unit lives under the host root."""
     return hostroot.path(UNIT_FILE)
 
 
@@ -82,8 +77,11 @@ def ensure_unit(content: str) -> bool:
         files.write_atomic(target, content)
     except OSError as error:
         raise SriovError(f"cannot write /{UNIT_FILE}: {error.strerror or error}") from None
-    _systemctl("daemon-reload")
-    _systemctl("enable", UNIT)
+    try:
+        services.reload_units()
+        services.enable(UNIT)
+    except ServiceError as error:
+        raise SriovError(str(error)) from None
     log.info("installed and enabled %s", UNIT)
     return True
 
@@ -93,22 +91,8 @@ def remove_unit() -> bool:
     target = unit_path()
     if not target.exists():
         return False
-    _systemctl("stop", UNIT)
-    _systemctl("disable", UNIT)
+    services.stop_and_disable(UNIT)
     target.unlink()
-    _systemctl("daemon-reload")
+    services.reload_units()
     return True
 
-
-def _systemctl(*args: str) -> None:
-    try:
-        out = subprocess.run(["systemctl", *args], capture_output=True, text=True, errors="replace",
-                             timeout=SYSTEMCTL_TIMEOUT, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise SriovError(f"systemctl {' '.join(args)} timed out") from None
-    except OSError as error:
-        raise SriovError(f"systemctl {' '.join(args)} could not run: {error.strerror}") from None
-    if out.returncode != 0:
-        lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip()]
-        raise SriovError(f"systemctl {' '.join(args)} failed: "
-                         f"{lines[0][:120] if lines else f'exit status {out.returncode}'}")
