@@ -12,7 +12,7 @@ never imports ops.
 
 import dataclasses
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import ops
 
@@ -61,11 +61,17 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # ``masked`` is what this charm masked (pause), so resume and remove undo
         # exactly that. ``checked`` keeps the host-independent check of the
         # option's text, keyed by its fingerprint, so update-status needs
-        # neither PyYAML nor jsonschema.
-        self._stored.set_default(paused=False, masked=[], checked={})
+        # neither PyYAML nor jsonschema. ``attached`` is what inspecting the
+        # resource said (Juju's fact, not the host's): it is inspected again on
+        # install and upgrade-charm (Juju runs it when a new revision is
+        # attached), by the upgrade action and while the driver is not fully
+        # installed, so steady hooks start neither resource-get nor dpkg-deb.
+        self._stored.set_default(paused=False, masked=[], checked={}, attached={})
         self._gathered: Optional[facts.Facts] = None
         self._validation: Optional[mappings.Validation] = None
-        self._package: Optional[driver.DebInfo] = None
+        # This dispatch's inspection of the resource: a DebInfo or the error it raised.
+        self._package: Union[driver.DebInfo, VgpuError, None] = None
+        self._fetched = False  # whether this dispatch fetched the resource itself
         self._problems: List[str] = []  # blocked messages from this dispatch's work
         self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
         on = self.on
@@ -115,23 +121,51 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._stored.checked = {"key": key, **mappings.to_record(checked)}
         return checked
 
-    def _attached(self) -> driver.DebInfo:
-        """The attached driver package; raises ResourceMissingError or ResourceInvalidError."""
+    def _attached(self, fetch: bool = False) -> driver.DebInfo:
+        """The attached driver package; raises ResourceMissingError or ResourceInvalidError.
+
+        With ``fetch`` (to install it), or without a record from an earlier
+        hook, the resource is fetched and inspected, once per dispatch, and
+        what that said is recorded; otherwise the record answers (no path).
+        """
+        if fetch and not self._fetched:
+            self._package = None
         if self._package is None:
-            try:
-                path = self.model.resources.fetch(RESOURCE)
-            except (ops.ModelError, NameError):
-                path = None
-            self._package = driver.inspect_deb(path)
+            found = None if fetch else driver.from_record(self._stored.attached)
+            if found is None:
+                try:
+                    path = self.model.resources.fetch(RESOURCE)
+                except (ops.ModelError, NameError):
+                    path = None
+                try:
+                    found = driver.inspect_deb(path)
+                except (ResourceMissingError, ResourceInvalidError) as error:
+                    found = error
+                self._fetched = True
+                record = driver.to_record(found)
+                if dict(self._stored.attached) != record:
+                    self._stored.attached = record
+            self._package = found
+        if isinstance(self._package, VgpuError):
+            raise self._package
         return self._package
+
+    def _inspect_resource(self) -> None:
+        """Fetch and inspect the resource now; what it said is recorded for later hooks."""
+        try:
+            self._attached(fetch=True)
+        except (ResourceMissingError, ResourceInvalidError):
+            pass  # recorded: the status says it where it matters
 
     def _wants_driver(self) -> bool:
         return bool(self._facts().pci.gpus) or bool(self.config.get("force-install-nvidia-vgpu"))
 
     # -- reconcile ----------------------------------------------------------
-    def _reconcile(self, _event: ops.EventBase) -> None:
+    def _reconcile(self, event: ops.EventBase) -> None:
         try:
             if self._wants_driver():
+                if isinstance(event, (ops.InstallEvent, ops.UpgradeCharmEvent)):
+                    self._inspect_resource()  # Juju runs upgrade-charm for a new revision
                 self._ensure_driver()
             self._ensure_vfs()
             if self._stored.paused and self._resumed_elsewhere():
@@ -156,7 +190,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         installed = self._facts().driver
         if installed is None or not installed.installed:
             try:
-                package = self._attached()
+                package = self._attached(fetch=True)
             except (ResourceMissingError, ResourceInvalidError) as error:
                 logger.warning("not installing the vGPU host driver: %s", error)
                 return
@@ -372,7 +406,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except HostReadError as error:
             event.fail(str(error))
             return
-        host = here.pci
+        try:
+            host = pci.with_available(here.pci)  # what each function can still create
+        except HostReadError as error:
+            event.fail(str(error))
+            return
         offered = catalogue.offered(host, here.loaded_driver_version, self._learnt(host))
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered,
@@ -461,7 +499,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return
         before = self._facts().driver
         try:
-            package = self._attached()
+            package = self._attached(fetch=True)
             if not self._upgrade_wanted(event, package, before):
                 return
             if self._stored.paused:

@@ -30,9 +30,11 @@ MDEV_TYPES = {
     "nvidia-475": MdevType("GRID A100-20C", 20480, 2, available=1),
     "nvidia-476": MdevType("GRID A100-40C", 40960, 1, available=1),
 }
+# Six of the L40S's time-sliced Q profiles, the whole-GPU 48Q among them: the charm
+# takes a GPU's framebuffer from its largest profile, so 12Q fits 4 VFs (and 16Q 3).
 VFIO_TYPES = {
-    1136: "NVIDIA L40S-4Q", 1137: "NVIDIA L40S-6Q", 1138: "NVIDIA L40S-8Q",
-    1139: "NVIDIA L40S-12Q", 1140: "NVIDIA L40S-16Q", 1141: "NVIDIA L40S-24Q",
+    1136: "NVIDIA L40S-4Q", 1138: "NVIDIA L40S-8Q", 1139: "NVIDIA L40S-12Q",
+    1140: "NVIDIA L40S-16Q", 1141: "NVIDIA L40S-24Q", 1142: "NVIDIA L40S-48Q",
 }
 # (type, VFs mapped per GPU): the steady mapping, and the one a config change brings.
 MAPPED = {"mdev": ("nvidia-474", 4), "vfio": ("nvidia-1139", 4)}

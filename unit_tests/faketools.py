@@ -4,10 +4,12 @@ One fake ``systemctl`` for every test: it records each call, answers
 ``is-active`` and ``is-enabled`` from a state directory, changes that state
 on start/stop/mask/..., and fails a verb for a unit on request.
 ``update-initramfs`` records its call. dpkg and dpkg-deb are always the
-real ones.
+real ones; :meth:`Tools.log_programs` puts recording wrappers in front of
+them, so that a test can count every program a hook starts.
 """
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -71,6 +73,11 @@ FAKE_UPDATE_INITRAMFS = """#!/bin/sh
 echo "update-initramfs $*" >> "$FAKE_LOG"
 """
 
+LOGGING_WRAPPER = """#!/bin/sh
+echo "%s $*" >> "$FAKE_LOG"
+exec %s "$@"
+"""
+
 
 class Tools:
     """The fake systemctl / update-initramfs: their call log and unit states."""
@@ -84,12 +91,23 @@ class Tools:
         self.log.touch()
         for name, text in (("systemctl", FAKE_SYSTEMCTL),
                            ("update-initramfs", FAKE_UPDATE_INITRAMFS)):
-            path = self.bin / name
-            path.write_text(text)
-            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            self._script(name, text)
 
     def calls(self):
         return self.log.read_text().splitlines()
+
+    def log_programs(self, names=("dpkg", "dpkg-deb", "dpkg-query")) -> None:
+        """Record each run of these real programs in the call log too (they still run)."""
+        for name in names:
+            real = shutil.which(name, path=os.environ.get("PATH", "").replace(
+                f"{self.bin}{os.pathsep}", ""))
+            assert real, f"{name} not found"
+            self._script(name, LOGGING_WRAPPER % (name, real))
+
+    def _script(self, name: str, text: str) -> None:
+        path = self.bin / name
+        path.write_text(text)
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
     def set_active(self, unit: str, active: bool = True) -> None:
         self.set_state(unit, "active" if active else "inactive")

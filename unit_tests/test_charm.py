@@ -880,3 +880,125 @@ def test_an_unreadable_mdev_type_list_lets_no_unverified_type_through(ctx, ready
         "cannot read /sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types: "
         "Too many levels of symbolic links")
     assert "nvidia-999" not in nova_conf(out)
+
+
+# -- hook cost: what a steady hook skips, and what is still noticed on the next hook ----------
+
+@pytest.fixture
+def fetches(monkeypatch):
+    """Each resource-get the charm makes (a hook tool, so a process, under real Juju)."""
+    import ops
+
+    calls = []
+    real = ops.model.Resources.fetch
+
+    def fetch(self, name):
+        calls.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(ops.model.Resources, "fetch", fetch)
+    return calls
+
+
+def carried(out: testing.State, **changes) -> testing.State:
+    """The next hook's state: what Juju keeps (relations, stored state, resources), ``changes`` applied."""
+    kwargs = {"config": out.config, "relations": out.relations, "resources": out.resources,
+              "stored_states": out.stored_states}
+    kwargs.update(changes)
+    return testing.State(**kwargs)
+
+
+def test_a_steady_update_status_starts_only_the_service_check(ctx, ready, tools, fetches):
+    config = {"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}
+    tools.log_programs()
+    first = ctx.run(ctx.on.config_changed(), state(config, resource=ready))
+    assert fetches == ["nvidia-vgpu-software"]  # no record yet: inspected once
+    assert [c.split()[:2] for c in tools.calls() if c.startswith("dpkg")] == [
+        ["dpkg", "--print-architecture"], ["dpkg-deb", "--field"]]
+    tools.log.write_text("")
+    fetches.clear()
+    for event in (ctx.on.update_status(), ctx.on.config_changed()):
+        out = ctx.run(event, carried(first))
+        assert out.unit_status.name == "active"
+        assert ours(out) == ours(first)
+    # One program per hook, the service check; no resource-get.
+    assert tools.calls() == [f"systemctl is-active {MGR} {VGPUD}"] * 2
+    assert fetches == []
+
+
+def test_a_newly_attached_resource_is_noticed_at_upgrade_charm(ctx, ready, packages, fetches):
+    first = ctx.run(ctx.on.config_changed(), state(resource=ready))
+    assert "attached" not in first.unit_status.message
+    newer = {testing.Resource(name="nvidia-vgpu-software", path=packages["new"])}
+    # Juju announces a new revision with upgrade-charm; other hooks keep what it said.
+    steady = ctx.run(ctx.on.update_status(), carried(first, resources=newer))
+    assert "attached" not in steady.unit_status.message
+    fetches.clear()
+    out = ctx.run(ctx.on.upgrade_charm(), carried(steady))
+    assert fetches == ["nvidia-vgpu-software"]
+    assert out.unit_status.message.endswith(
+        "driver 570.158.02 installed, 570.172.08 attached: run the upgrade action")
+    # ... and the hooks after it still say so without fetching it again.
+    fetches.clear()
+    out = ctx.run(ctx.on.update_status(), carried(out))
+    assert fetches == []
+    assert out.unit_status.message.endswith("570.172.08 attached: run the upgrade action")
+
+
+def test_a_resource_detached_to_charmhubs_placeholder_is_noticed_at_upgrade_charm(ctx, ready,
+                                                                                  packages):
+    first = ctx.run(ctx.on.config_changed(), state(resource=ready))
+    empty = {testing.Resource(name="nvidia-vgpu-software", path=packages["empty"])}
+    out = ctx.run(ctx.on.upgrade_charm(), carried(first, resources=empty))
+    # The installed driver keeps working: nothing blocks, and nothing is noted as attached.
+    assert out.unit_status.name == "active" and "attached" not in out.unit_status.message
+    with pytest.raises(testing.ActionFailed, match="resource is empty"):
+        ctx.run(ctx.on.action("upgrade"), carried(out))
+
+
+def test_a_driver_left_half_configured_later_is_retried_with_the_attached_package(
+        ctx, v100, root, tools, packages, fetches):
+    first = ctx.run(ctx.on.install(), state(resource=packages["new"]))
+    v100.loaded_driver(debs.NEW)
+    first = ctx.run(ctx.on.update_status(), carried(first))
+    assert first.unit_status.name == "active"
+    fetches.clear()
+    half_configured(root, debs.NEW)  # dpkg killed outside the charm (unattended-upgrades, a person)
+    out = ctx.run(ctx.on.update_status(), carried(first))
+    assert fetches == ["nvidia-vgpu-software"]  # not fully installed: the package is fetched
+    assert debs.dpkg_query(root) == f"install ok installed {debs.NEW}"
+    assert out.unit_status.name == "active"
+
+
+def test_the_upgrade_action_inspects_the_resource_it_installs(ctx, ready, root, packages, fetches):
+    first = ctx.run(ctx.on.config_changed(), state(resource=ready))
+    newer = {testing.Resource(name="nvidia-vgpu-software", path=packages["new"])}
+    fetches.clear()
+    out = ctx.run(ctx.on.action("upgrade"), carried(first, resources=newer))
+    assert fetches == ["nvidia-vgpu-software"]
+    assert debs.dpkg_query(root) == f"install ok installed {debs.NEW}"
+    assert ctx.action_results["version"] == debs.NEW
+    kept = out.get_stored_state("_stored", owner_path="NovaComputeNvidiaVgpuCharm").content
+    assert kept["attached"]["version"] == debs.NEW
+
+
+def test_a_changed_mapping_is_republished_on_the_next_steady_hook(ctx, ready, tools):
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    changed = carried(first, config={"vgpu-device-mappings": "{nvidia-109: [e1:00.0]}"})
+    out = ctx.run(ctx.on.update_status(), changed)
+    assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-109\n"
+                              "[mdev_nvidia-109]\ndevice_addresses = 0000:e1:00.0\n")
+
+
+def test_a_gpu_added_or_gone_is_republished_on_the_next_steady_hook(ctx, ready, v100, root):
+    from unit_tests.fakehost import V100_TYPES
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: all}"}, resource=ready))
+    assert "device_addresses = 0000:c1:00.0,0000:e1:00.0\n" in nova_conf(first)
+    v100.add_gpu("0000:a1:00.0", device="0x1db4", class_code="0x030200", mdev_types=V100_TYPES)
+    out = ctx.run(ctx.on.update_status(), carried(first))
+    assert "device_addresses = 0000:a1:00.0,0000:c1:00.0,0000:e1:00.0\n" in nova_conf(out)
+    (root / "sys/bus/pci/devices/0000:c1:00.0").unlink()
+    out = ctx.run(ctx.on.update_status(), carried(out))
+    assert "device_addresses = 0000:a1:00.0,0000:e1:00.0\n" in nova_conf(out)

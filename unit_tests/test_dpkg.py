@@ -170,3 +170,23 @@ def test_a_version_dpkg_refuses_is_a_value_error_with_its_reason(bad):
 ])
 def test_upstream_version(version, upstream):
     assert dpkg.upstream(version) == upstream
+
+
+def test_only_package_fields_name_a_stanza_wherever_they_stand(root):
+    # Names found inside other fields, other packages' names, description lines and
+    # a stanza whose Package field is not first: as dpkg-query reads them.
+    (root / "var/lib/dpkg").mkdir(parents=True, exist_ok=True)
+    (root / "var/lib/dpkg/updates").mkdir(exist_ok=True)
+    (root / "var/lib/dpkg/status").write_text("\n".join([
+        stanza("python3-nova-common", "1.0", "installed").replace(
+            "Description: python3-nova-common\n", "Description: x\n Package: nova-common\n"),
+        "Status: install ok installed\nArchitecture: amd64\nPackage: nova-common\nVersion: 3:31.0.0\n"
+        "Maintainer: Ubuntu\nDepends: nvidia-vgpu-ubuntu-570 (>= 1)\nDescription: nova\n",
+        stanza("nova-compute", "3:31.0.0", "installed").replace(
+            "Priority: optional\n", "Depends: nova-common (= 3:31.0.0)\n"),
+        stanza(f"{HOST}-tools", "1", "installed"),
+    ]))
+    found = dpkg.packages(names=["nova-common"], prefixes=["nvidia-vgpu-ubuntu-"])
+    assert {name: p.version for name, p in found.items()} == {
+        "nova-common": "3:31.0.0", f"{HOST}-tools": "1"}
+    assert debs.dpkg_query(root, "nova-common") == "install ok installed 3:31.0.0"

@@ -17,11 +17,12 @@ def test_v100_host_finds_both_gpus_with_types_and_ignores_other_mdev_parents(roo
                                          "nvidia-108", "nvidia-109"]
     v8q = gpu.types[3]
     assert (v8q.name, v8q.framebuffer_mb, v8q.max_instances, v8q.available_instances) == (
-        "GRID V100-8Q", 8192, 2, 2)
+        "GRID V100-8Q", 8192, 2, None)  # read on demand only
+    assert pci.with_available(host).gpus[0].types[3].available_instances == 2
     assert dict(v8q.properties)["max_resolution"] == "7680x4320"
     assert gpu.framework == pci.MDEV and not gpu.sriov
     # The Intel GVT-g parent offers mdev types too, but is not NVIDIA's.
-    assert host.ignored_mdev_parents == ("0000:00:02.0",)
+    assert host.gpu("0000:00:02.0") is None
     assert host.models() == [("Tesla V100 PCIe 16GB", 2)]
 
 
@@ -129,9 +130,58 @@ def test_each_vf_keeps_its_own_available_instances(root):
     host.add_vf("0000:41:00.0", 0, "0000:41:00.4", mdev_types=A100_TYPES)
     used = {**A100_TYPES, "nvidia-474": replace(A100_TYPES["nvidia-474"], available=0)}
     host.add_vf("0000:41:00.0", 1, "0000:41:00.5", mdev_types=used)
-    first, second = pci.discover().gpus[0].vfs
+    first, second = pci.with_available(pci.discover()).gpus[0].vfs
     assert [(t.id, t.available_instances) for t in first.types][:3] == [
         ("nvidia-471", 10), ("nvidia-472", 8), ("nvidia-474", 4)]
     assert [(t.id, t.available_instances) for t in second.types][:3] == [
         ("nvidia-471", 10), ("nvidia-472", 8), ("nvidia-474", 0)]
     assert second.types[2].name == "GRID A100-10C" and second.types[2].max_instances == 4
+
+
+def reads(monkeypatch):
+    """Every host file discovery opens, as paths relative to the PCI device list."""
+    from vgpu import hostroot
+    opened = []
+    real = hostroot.read_text
+
+    def read_text(where):
+        opened.append(str(where))
+        return real(where)
+
+    monkeypatch.setattr(hostroot, "read_text", read_text)
+    return opened
+
+
+def test_discovery_reads_each_type_definition_once_and_no_capacity(root, monkeypatch):
+    from unit_tests.fakehost import A100_TYPES
+    a100_host(root, gpus=2, vfs=4)
+    opened = reads(monkeypatch)
+    host = pci.discover()
+    assert [len(g.vfs) for g in host.gpus] == [4, 4]
+    assert all(vf.types and vf.framework == pci.MDEV for g in host.gpus for vf in g.vfs)
+    names = [p for p in opened if p.endswith("/name")]
+    # Same device id on both GPUs: each type's name and description once for the host.
+    assert len(names) == len(A100_TYPES)
+    assert len([p for p in opened if p.endswith("/description")]) == len(A100_TYPES)
+    # Capacity is read on demand; mdev VFs are not probed for VFIO files.
+    assert not [p for p in opened if p.endswith(("/available_instances", "current_vgpu_type"))]
+    opened.clear()
+    vf = host.gpus[1].vfs[2].address
+    filled = pci.with_available(host, [vf])
+    assert len(opened) == len(A100_TYPES)
+    assert all(t.available_instances is not None for t in filled.gpu(vf).function(vf).types)
+    assert all(t.available_instances is None for t in filled.gpus[0].vfs[0].types)
+
+
+def test_vfio_vfs_are_not_probed_for_mdev_types(root, monkeypatch):
+    from vgpu import hostroot
+    l40s_host(root)
+    listed = []
+    real = hostroot.listdir
+    monkeypatch.setattr(hostroot, "listdir", lambda where: listed.append(str(where)) or real(where))
+    host = pci.discover()
+    assert {g.framework for g in host.gpus} == {pci.VFIO}
+    assert all(vf.current_type is not None for g in host.gpus for vf in g.vfs)
+    # Each GPU's first VF decides its framework; its siblings are not asked again.
+    probed = [p for p in listed if p.endswith("mdev_supported_types")]
+    assert len(probed) == 2 + 2  # each GPU itself, and its first VF

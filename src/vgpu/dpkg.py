@@ -61,8 +61,8 @@ def packages(names: Iterable[str] = (), prefixes: Iterable[str] = ()) -> Dict[st
     prefixes = tuple(prefixes) or ("\0",)
     records: Dict[Tuple[str, str], Package] = {}
     for source in _sources():
-        content = hostroot.read_text(source)
-        for pkg, same in _stanzas(content or "", names, prefixes):
+        content = hostroot.read_bytes(source)
+        for pkg, same in _stanzas(content or b"", names, prefixes):
             records[(pkg.name, pkg.architecture if same else "")] = pkg
     found: Dict[str, Package] = {}
     for pkg in records.values():
@@ -120,22 +120,38 @@ def _sources() -> Iterator:
         yield updates / name
 
 
-def _stanzas(content: str, names: frozenset,
+def _stanzas(content: bytes, names: frozenset,
              prefixes: Tuple[str, ...]) -> Iterator[Tuple[Package, bool]]:
-    """(package, whether it is Multi-Arch: same) for each wanted stanza."""
-    for stanza in content.split("\n\n"):
-        stanza = stanza.strip("\n")
-        first, _, _ = stanza.partition("\n")
-        key, colon, value = first.partition(":")
-        if not colon or key.strip().lower() != "package":
-            fields = _fields(stanza)  # Package is not first: rare, read the whole stanza
-            name = fields.get("package", "")
-        else:
-            name = value.strip()
-            fields = None
+    """(package, whether it is Multi-Arch: same) for each wanted stanza, in file order.
+
+    The wanted names are searched for as bytes (thousands of other stanzas
+    are neither split nor decoded); a hit counts where it is the value of a
+    ``Package:`` field, wherever in its stanza that field stands. The stanza
+    runs from the blank line before the hit to the blank line after it, and
+    only it is decoded (``text.decode``).
+    """
+    found = {}  # stanza start -> end
+    for literal, exact in [(n, True) for n in names] + [(p, False) for p in prefixes if p != "\0"]:
+        needle = literal.encode("utf-8")
+        at = content.find(needle)
+        while at >= 0:
+            line = content.rfind(b"\n", 0, at) + 1
+            key, colon, gap = content[line:at].partition(b":")
+            end_of_line = content.find(b"\n", at)
+            end_of_line = len(content) if end_of_line < 0 else end_of_line
+            value = content[at:end_of_line].rstrip(b" \t")
+            if (colon and key.lower() == b"package" and not gap.strip(b" \t")
+                    and (value == needle if exact else not any(c in value for c in b" \t"))):
+                start = content.rfind(b"\n\n", 0, line + 1)
+                start = 0 if start < 0 else start + 2
+                end = content.find(b"\n\n", end_of_line)
+                found[start] = len(content) if end < 0 else end
+            at = content.find(needle, at + 1)
+    for start in sorted(found):
+        fields = _fields(text.decode(content[start:found[start]]))
+        name = fields.get("package", "")
         if not name or (name not in names and not name.startswith(prefixes)):
             continue
-        fields = fields if fields is not None else _fields(stanza)
         yield (Package(name=name, version=fields.get("version", ""),
                        architecture=fields.get("architecture", ""), status=fields.get("status", "")),
                fields.get("multi-arch") == "same")

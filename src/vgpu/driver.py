@@ -1,8 +1,13 @@
 """NVIDIA's vGPU host driver package, attached as the ``nvidia-vgpu-software`` resource.
 
-The file's control fields are read with ``dpkg-deb --field`` (cheap: only the
-control member, so every hook may do it); its file list, which means
-decompressing the whole package, is read only right before installing. It is
+The file's control fields are read with ``dpkg-deb --field`` (only the
+control member) when the charm inspects the resource: on install and
+upgrade-charm (which Juju runs when a new revision is attached), in the
+upgrade action and while the driver is not fully installed. What that
+inspection said is Juju's fact about the resource, not the host's, so the
+charm keeps it between hooks (:func:`to_record`, :func:`from_record`). The
+file list, which means decompressing the whole package, is read only right
+before installing. It is
 installed with the system's own ``dpkg`` (``apt-get -f install`` resolves its
 dependencies on a real host). What is installed is always dpkg's answer,
 read from its database under the host root; nothing is remembered elsewhere.
@@ -26,6 +31,7 @@ minutes in all.
 
 import logging
 import os
+import platform
 import re
 import time
 from dataclasses import dataclass
@@ -62,11 +68,20 @@ class DebInfo:
     version: str
     architecture: str
     branch: str  # "570" for nvidia-vgpu-ubuntu-570
-    path: Path
+    path: Optional[Path]  # None when taken from a record of an earlier hook
+
+
+# The kernel's machine name -> Debian's architecture name, for messages only.
+_DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64el", "s390x": "s390x",
+                "riscv64": "riscv64"}
 
 
 def machine_architecture() -> str:
-    """This machine's dpkg architecture (``amd64``, ``arm64``, ...)."""
+    """This machine's dpkg architecture (``amd64``, ``arm64``, ...), as dpkg itself says.
+
+    Checking a package against it starts ``dpkg --print-architecture``; only
+    inspecting the resource does, never a steady hook.
+    """
     try:
         out = run.run(["dpkg", "--print-architecture"], ARCH_TIMEOUT, what="dpkg --print-architecture")
     except CommandError as error:
@@ -74,8 +89,14 @@ def machine_architecture() -> str:
     return out.stdout.strip()
 
 
-def attach_hint(arch: str = "amd64") -> str:
-    """The command that attaches the resource, for status messages."""
+def hint_architecture() -> str:
+    """The Debian name of the kernel's architecture, for messages: starts no process."""
+    return _DEBIAN_ARCH.get(platform.machine(), "<arch>")
+
+
+def attach_hint(arch: Optional[str] = None) -> str:
+    """The command that attaches the resource, for status messages (starts no process)."""
+    arch = arch or hint_architecture()
     return (f"juju attach-resource {APP} "
             f"{RESOURCE}=./{PREFIX}<branch>_<version>_{arch}.deb")
 
@@ -83,11 +104,11 @@ def attach_hint(arch: str = "amd64") -> str:
 def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> DebInfo:
     """Check that ``path`` is NVIDIA's vGPU host driver for this machine.
 
-    ``arch`` defaults to ``dpkg --print-architecture``. Raises
-    ResourceMissingError when nothing (or an empty file) is attached and
-    ResourceInvalidError when the file is anything but the host driver.
+    ``arch`` defaults to ``dpkg --print-architecture``, asked only when there
+    is a file to check. Raises ResourceMissingError when nothing (or an empty
+    file) is attached and ResourceInvalidError when the file is anything but
+    the host driver.
     """
-    arch = arch or machine_architecture()
     if path is None:
         raise ResourceMissingError(f"{RESOURCE} resource is not attached: {attach_hint(arch)}")
     path = Path(path)
@@ -95,6 +116,7 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> Deb
         raise ResourceMissingError(f"{RESOURCE} resource file is missing: {attach_hint(arch)}")
     if path.stat().st_size == 0:
         raise ResourceMissingError(f"{RESOURCE} resource is empty: {attach_hint(arch)}")
+    arch = arch or machine_architecture()
 
     need = f"need {PREFIX}<branch>_<version>_{arch}.deb"
     fields = _deb_fields(path, need)
@@ -119,6 +141,31 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> Deb
                    branch=host.group(1), path=path)
 
 
+def to_record(found: Union[DebInfo, ResourceMissingError, ResourceInvalidError]) -> Dict[str, str]:
+    """What an inspection said, as plain data to keep between hooks (no path: it is fetched again)."""
+    if isinstance(found, ResourceMissingError):
+        return {"missing": str(found)}
+    if isinstance(found, ResourceInvalidError):
+        return {"invalid": str(found)}
+    return {"package": found.package, "version": found.version,
+            "architecture": found.architecture, "branch": found.branch}
+
+
+def from_record(record: Mapping[str, str]) -> Union[DebInfo, ResourceMissingError,
+                                                     ResourceInvalidError, None]:
+    """The inspection a record keeps; None for no (or an unreadable) record."""
+    if "missing" in record:
+        return ResourceMissingError(str(record["missing"]))
+    if "invalid" in record:
+        return ResourceInvalidError(str(record["invalid"]))
+    try:
+        return DebInfo(package=str(record["package"]), version=str(record["version"]),
+                       architecture=str(record["architecture"]), branch=str(record["branch"]),
+                       path=None)
+    except KeyError:
+        return None
+
+
 def same_package(info: DebInfo, installed: dpkg.Package) -> bool:
     """Whether ``info`` is the very package and version dpkg holds (a retry, not an upgrade)."""
     return (info.package, info.version) == (installed.name, installed.version)
@@ -131,6 +178,8 @@ def shipped_services(info: DebInfo) -> Tuple[str, ...]:
     package named like the host driver that is not NVIDIA's vGPU Manager.
     """
     need = f"need NVIDIA's vGPU Manager package {PREFIX}<branch>"
+    if info.path is None:
+        raise ResourceInvalidError(f"{RESOURCE} {quote(info.package)} was not fetched in this hook")
     services = _services_in(_deb_paths(info.path, need))
     if SERVICES[0] not in services:
         raise ResourceInvalidError(

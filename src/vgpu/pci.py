@@ -15,8 +15,8 @@ the VFIO table use the same vGPU type ids.
 
 import os
 import re
-from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from . import hostroot, text
 
@@ -75,7 +75,6 @@ class VirtualFunction:
 
     address: str
     index: int
-    driver: Optional[str]
     types: Tuple[VgpuType, ...] = ()
     current_type: Optional[int] = None  # VFIO framework: 0 or None = none
     device_id: str = ""  # VFIO VFs: the VF's own PCI device id (differs from its GPU's)
@@ -146,8 +145,6 @@ class Host:
     """Everything discovery found, in address order."""
 
     gpus: Tuple[Gpu, ...] = ()
-    # Non-NVIDIA functions that are mdev parents (Intel GVT-g, NICs): seen, ignored.
-    ignored_mdev_parents: Tuple[str, ...] = field(default=())
 
     def gpu(self, address: str) -> Optional[Gpu]:
         """The GPU at ``address``, or whose VF is at ``address``; None when neither is here."""
@@ -173,109 +170,171 @@ class Host:
 
 
 def discover() -> Host:
-    """Read the host's PCI devices once and return its NVIDIA GPUs."""
-    devices = hostroot.path(PCI_DEVICES)
+    """Read the host's PCI devices once and return its NVIDIA GPUs.
+
+    Reads what every hook needs: per PCI function its vendor; per NVIDIA GPU
+    its class, ids, driver and VF links; per VF its type ids (directory names
+    or ``nvidia/`` files, as its GPU's framework has them). A type's name and
+    description are read once per (GPU device id, type id). How many
+    instances of an mdev type can still be created is read on demand, for
+    the functions that matter (:func:`with_available`).
+    """
+    # Plain strings, not pathlib: joining paths is a good part of reading sysfs' tiny files.
+    devices = hostroot.text_path(PCI_DEVICES)
     listed = hostroot.listdir(devices)  # HostReadError when it cannot be read
     if listed is None:
         return Host()
-    names = sorted(listed)
-    nvidia: Dict[str, str] = {}
-    ignored = []
-    for name in names:
+    physical: Dict[str, str] = {}
+    for name in sorted(listed):
         if not _ADDRESS.match(name):
             continue
-        entry = devices / name
-        vendor = _read(entry / "vendor")
-        if vendor != NVIDIA_VENDOR:
-            if os.path.isdir(entry / "mdev_supported_types"):
-                ignored.append(name)
-            continue
-        class_code = _read(entry / "class") or ""
+        entry = f"{devices}/{name}"
+        if _read(f"{entry}/vendor") != NVIDIA_VENDOR:
+            continue  # NICs, other vendors' mdev parents (Intel GVT-g): not ours
+        if os.path.lexists(f"{entry}/physfn"):
+            continue  # a VF: found through its GPU's virtfn links
+        class_code = _read(f"{entry}/class") or ""
         if class_code[:6] in GPU_CLASSES:
-            nvidia[name] = class_code
+            physical[name] = class_code
 
-    physical = [a for a in nvidia if not os.path.lexists(devices / a / "physfn")]
-    ids = {_read(devices / a / "device") or "" for a in physical}
-    names_by_id = model_names(ids)
+    ids = {address: _read(f"{devices}/{address}/device") or "" for address in physical}
+    names_by_id = model_names(set(ids.values()))
+    # (device id, type id) -> its definition; (device id, directory names) -> the types listed
+    definitions: Dict[tuple, Any] = {}
     gpus = []
-    for address in physical:
-        entry = devices / address
-        device_id = _read(entry / "device") or ""
+    for address, class_code in physical.items():
+        entry = f"{devices}/{address}"
+        device_id = ids[address]
         gpus.append(Gpu(
             address=address,
             device_id=device_id,
             model=names_by_id.get(device_id) or f"NVIDIA {device_id}",
-            driver=_link_name(entry / "driver"),
-            class_code=nvidia[address],
-            sriov_totalvfs=_int(_read(entry / "sriov_totalvfs")) or 0,
-            sriov_numvfs=_int(_read(entry / "sriov_numvfs")) or 0,
-            types=_mdev_types(entry),
-            vfs=_virtual_functions(entry),
+            driver=_link_name(f"{entry}/driver"),
+            class_code=class_code,
+            sriov_totalvfs=_int(_read(f"{entry}/sriov_totalvfs")) or 0,
+            sriov_numvfs=_int(_read(f"{entry}/sriov_numvfs")) or 0,
+            types=_mdev_types(entry, definitions, device_id),
+            vfs=_virtual_functions(entry, definitions, device_id),
         ))
-    return Host(gpus=tuple(gpus), ignored_mdev_parents=tuple(ignored))
+    return Host(gpus=tuple(gpus))
 
 
-def _virtual_functions(entry) -> Tuple[VirtualFunction, ...]:
+def with_available(host: Host, addresses: Optional[Iterable[str]] = None) -> Host:
+    """``host`` with ``available_instances`` of the mdev types of ``addresses`` read (all: None)."""
+    wanted = None if addresses is None else set(addresses)
+
+    def filled(address: str, types: Tuple[VgpuType, ...]) -> Tuple[VgpuType, ...]:
+        if wanted is not None and address not in wanted:
+            return types
+        return tuple(replace(t, available_instances=available_instances(address, t.id))
+                     if t.framework == MDEV else t for t in types)
+
+    return Host(gpus=tuple(
+        replace(gpu, types=filled(gpu.address, gpu.types),
+                vfs=tuple(replace(vf, types=filled(vf.address, vf.types)) for vf in gpu.vfs))
+        for gpu in host.gpus))
+
+
+def available_instances(address: str, type_id: str) -> Optional[int]:
+    """How many more mdevs of ``type_id`` the function at ``address`` can create now."""
+    return _int(_read(hostroot.text_path(PCI_DEVICES, address, "mdev_supported_types", type_id,
+                                         "available_instances")))
+
+
+def _virtual_functions(entry, definitions: Dict[tuple, Any],
+                       device_id: str) -> Tuple[VirtualFunction, ...]:
+    """The GPU's VFs, each with its framework and type ids.
+
+    The first VF that shows a framework decides it for its GPU: the VFs of one
+    GPU share it, so mdev VFs are not probed for ``nvidia/`` files, nor VFIO
+    VFs for ``mdev_supported_types/``.
+    """
     vfs = []
-    # The VFs of one GPU define their types identically: read each definition
-    # once, and only each VF's available_instances (HGX hosts have 100+ VFs).
-    known: Dict[int, VgpuType] = {}
     try:
         links = [n for n in os.listdir(entry) if n.startswith("virtfn")]
     except OSError:
         return ()
-    for link in links:
+    decided: Optional[str] = None
+    vf_device: Optional[str] = None  # one VF Device ID per PF (its SR-IOV capability)
+    for link in sorted(links, key=lambda n: _int(n[len("virtfn"):]) or 0):
         index = _int(link[len("virtfn"):])
-        address = _link_name(entry / link)
+        address = _link_name(f"{entry}/{link}")
         if index is None or not address:
             continue
-        vf_entry = entry / link
-        current = _int(_read(vf_entry / "nvidia" / "current_vgpu_type"))
-        types = _mdev_types(vf_entry, known)
-        if types or os.path.isdir(vf_entry / "mdev_supported_types"):
-            framework: Optional[str] = MDEV
-        else:
-            framework = VFIO if current is not None else None
-            types = _vfio_types(vf_entry) if current is not None else ()
+        vf_entry = f"{entry}/{link}"
+        framework: Optional[str] = None
+        current: Optional[int] = None
+        types: Tuple[VgpuType, ...] = ()
+        if decided != VFIO:
+            listed = _mdev_type_names(vf_entry)
+            if listed is not None:
+                framework = MDEV
+                types = _types_from_names(vf_entry, listed, definitions, device_id)
+        if framework is None and decided != MDEV:
+            current = _int(_read(f"{vf_entry}/nvidia/current_vgpu_type"))
+            if current is not None:
+                framework = VFIO
+                types = _vfio_types(vf_entry)
+        decided = decided or framework
+        if framework == VFIO and vf_device is None:
+            vf_device = _read(f"{vf_entry}/device") or ""
         vfs.append(VirtualFunction(
             address=address,
             index=index,
-            driver=_link_name(vf_entry / "driver"),
             types=types,
             current_type=current,
             # Nova's device_spec needs it on VFIO only: mdev hosts skip the read.
-            device_id=(_read(vf_entry / "device") or "") if framework == VFIO else "",
+            device_id=(vf_device or "") if framework == VFIO else "",
             framework=framework,
         ))
     return tuple(sorted(vfs, key=lambda vf: vf.index))
 
 
-def _mdev_types(entry, known: Optional[Dict[int, VgpuType]] = None) -> Tuple[VgpuType, ...]:
-    """Types under ``mdev_supported_types``; ``known`` shares definitions between VFs."""
-    base = entry / "mdev_supported_types"
-    # Unreadable is not "no types": HostReadError, so no type passes unverified.
-    names = hostroot.listdir(base) or ()
-    known = {} if known is None else known
+def _mdev_type_names(entry) -> Optional[List[str]]:
+    """The entries of ``mdev_supported_types``; None when there is none.
+
+    Unreadable is not "no types": HostReadError, so no type passes unverified.
+    """
+    return hostroot.listdir(f"{entry}/mdev_supported_types")
+
+
+def _mdev_types(entry, definitions: Optional[Dict[tuple, Any]] = None,
+                device_id: str = "") -> Tuple[VgpuType, ...]:
+    """Types under ``mdev_supported_types``; ``definitions`` shares them between functions."""
+    return _types_from_names(entry, _mdev_type_names(entry) or (), definitions, device_id)
+
+
+def _types_from_names(entry, names: Iterable[str],
+                      definitions: Optional[Dict[tuple, Any]],
+                      device_id: str) -> Tuple[VgpuType, ...]:
+    """Types from the type directories' names; name and description read once per device id."""
+    base = f"{entry}/mdev_supported_types"
+    definitions = {} if definitions is None else definitions
+    names = tuple(names)
+    listing = (device_id, names)  # the VFs of one GPU list the same types: sort them once
+    if listing in definitions:
+        return definitions[listing]
     types = []
     for name in names:
         match = _TYPE_DIR.match(name)
         if not match:
             continue
         number = int(match.group(1))
-        available = _int(_read(base / name / "available_instances"))
-        if number not in known:
-            known[number] = VgpuType(
+        key = (device_id, number)
+        if key not in definitions:
+            definitions[key] = VgpuType(
                 number=number,
-                name=_read(base / name / "name") or name,
+                name=_read(f"{base}/{name}/name") or name,
                 framework=MDEV,
-                properties=parse_description(_read(base / name / "description") or ""),
+                properties=parse_description(_read(f"{base}/{name}/description") or ""),
             )
-        types.append(replace(known[number], available_instances=available))
-    return tuple(sorted(types, key=lambda t: t.number))
+        types.append(definitions[key])
+    definitions[listing] = tuple(sorted(types, key=lambda t: t.number))
+    return definitions[listing]
 
 
-def _vfio_types(entry) -> Tuple[VgpuType, ...]:
-    return parse_creatable(_read(entry / "nvidia" / "creatable_vgpu_types") or "")
+def _vfio_types(entry: str) -> Tuple[VgpuType, ...]:
+    return parse_creatable(_read(f"{entry}/nvidia/creatable_vgpu_types") or "")
 
 
 def parse_creatable(text: str) -> Tuple[VgpuType, ...]:

@@ -297,8 +297,9 @@ def capacity(host: pci.Host, mapping: Mapping[str, Tuple[str, ...]]) -> List[Cap
             created = _created_mdevs()
         functions = _functions_offering(host, key, addresses)
         # On SR-IOV GPUs each VF holds at most one vGPU, whatever its type says.
-        free = sum(min(t.available_instances or 0, 1 if is_vf else 1 << 30)
-                   for _, t, is_vf in functions)
+        # Read here, for the published functions only: discovery leaves it out.
+        free = sum(min(pci.available_instances(address, t.id) or 0, 1 if is_vf else 1 << 30)
+                   for address, t, is_vf in functions)
         places = {address for address, _, _ in functions}
         used = 0
         for uuid, (parent, mdev_type) in created.items():
