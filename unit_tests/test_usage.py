@@ -312,3 +312,15 @@ def test_iommu_off_is_the_status_not_a_mapping_error_about_missing_vfs(root, too
     assert out.unit_status == testing.BlockedStatus(
         "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: add intel_iommu=on iommu=pt (Intel) "
         "or amd_iommu=on (AMD) to the kernel command line, enable VT-d/AMD-Vi in firmware, reboot")
+
+
+def test_list_vgpu_types_counts_one_vgpu_per_free_vf_up_to_what_the_type_fits(root):
+    """An SR-IOV A100 with mdev types on 16 VFs: 10C fits 4, 40C fits 1, whatever the VFs list."""
+    from vgpu import report
+
+    a100_host(root)
+    lines = report.types_table(pci.with_available(pci.discover())).splitlines()[1:]
+    rows = {next(w for w in line.split() if w.startswith("nvidia-")): line.split() for line in lines}
+    assert rows["nvidia-474"][-1] == "4"   # GRID A100-10C: max_instance 4 on the GPU
+    assert rows["nvidia-476"][-1] == "1"   # GRID A100-40C: the whole GPU
+    assert rows["nvidia-471"][-1] == "10"  # GRID A100-4C: 10 fit, 16 VFs free

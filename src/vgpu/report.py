@@ -78,12 +78,19 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
 
 
 def _available(gpu, vgpu_type):
-    """Instances still creatable: summed over the VFs on SR-IOV GPUs."""
+    """Instances still creatable; on SR-IOV GPUs one per free VF, at most what the type fits.
+
+    Each VF holds at most one vGPU, and the GPU holds at most ``max_instance``
+    of the type, however many VFs still list it.
+    """
     if gpu.types:
         return vgpu_type.available_instances
-    counts = [t.available_instances for vf in gpu.vfs for t in vf.types
+    counts = [min(t.available_instances, 1) for vf in gpu.vfs for t in vf.types
               if t.number == vgpu_type.number and t.available_instances is not None]
-    return sum(counts) if counts else None
+    if not counts:
+        return None
+    fits = vgpu_type.max_instances
+    return sum(counts) if fits is None else min(sum(counts), fits)
 
 
 def _text(value) -> str:
