@@ -6,16 +6,19 @@ it for every SR-IOV GPU that has none, on every reconcile. The unit
 ``nvidia-vgpu-vfs.service`` (rendered from ``templates/``) does the same at
 boot, after the vGPU manager and before nova-compute and libvirt, and writes
 the vendor-specific VFIO types of the plan to their VFs again.
+
+sriov-manage and systemctl run through :mod:`vgpu.run`, like every host
+command: in the C locale, and with their whole process group ended when
+they run out of time.
 """
 
 import logging
-import subprocess
 from pathlib import Path
 from string import Template
 from typing import Iterable, List
 
-from . import APP, files, hostroot, kernel, pci
-from .errors import SriovError
+from . import APP, files, hostroot, kernel, pci, run
+from .errors import CommandError, SriovError
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +39,11 @@ def enable(addresses: Iterable[str]) -> List[str]:
             failures.append(f"/{SRIOV_MANAGE} not found (is the vGPU host driver installed?)")
             break
         try:
-            out = subprocess.run([str(tool), "-e", address], capture_output=True, text=True,
-                                 errors="replace", timeout=TIMEOUT, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            failures.append(f"sriov-manage -e {address} timed out after {TIMEOUT}s")
+            run.run([str(tool), "-e", address], TIMEOUT, what=f"sriov-manage -e {address}")
+        except CommandError as error:
+            failures.append(str(error))
             continue
-        except OSError as error:
-            failures.append(f"sriov-manage -e {address} could not run: {error.strerror or error}")
-            continue
-        if out.returncode != 0:
-            lines = [ln.strip() for ln in (out.stderr or out.stdout).splitlines() if ln.strip()]
-            failures.append(f"sriov-manage -e {address} failed: "
-                            f"{lines[-1][:120] if lines else f'exit status {out.returncode}'}")
-        else:
-            log.info("enabled the virtual functions of %s", address)
+        log.info("enabled the virtual functions of %s", address)
     return failures
 
 
@@ -102,13 +96,6 @@ def remove_unit() -> bool:
 
 def _systemctl(*args: str) -> None:
     try:
-        out = subprocess.run(["systemctl", *args], capture_output=True, text=True, errors="replace",
-                             timeout=SYSTEMCTL_TIMEOUT, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise SriovError(f"systemctl {' '.join(args)} timed out") from None
-    except OSError as error:
-        raise SriovError(f"systemctl {' '.join(args)} could not run: {error.strerror}") from None
-    if out.returncode != 0:
-        lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip()]
-        raise SriovError(f"systemctl {' '.join(args)} failed: "
-                         f"{lines[0][:120] if lines else f'exit status {out.returncode}'}")
+        run.run(["systemctl", *args], SYSTEMCTL_TIMEOUT, what=f"systemctl {' '.join(args)}")
+    except CommandError as error:
+        raise SriovError(str(error)) from None
