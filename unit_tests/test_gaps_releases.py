@@ -39,3 +39,16 @@ def test_an_unreadable_nova_version_blocks_the_unit_saying_so(root, tools, tmp_p
                                                   path=debs.empty(tmp_path))}))
     assert out.unit_status == testing.BlockedStatus(
         "cannot read Nova's release from version '3:garbage'")
+
+
+def test_installed_reads_dpkgs_answer_when_not_given_it(root):
+    from unit_tests.fakehost import FakeHost
+    host = FakeHost(root)
+    assert releases.installed() is None  # no nova-common yet
+    host.nova("3:29.0.0-0ubuntu1")
+    release = releases.installed()
+    assert (str(release), release.nova_version) == ("2024.1 caracal (Nova 29)", "3:29.0.0-0ubuntu1")
+    host.dpkg_status({"nova-common": "3:31.0.0-0ubuntu1"}, states={"nova-common": "half-configured"})
+    assert releases.installed() is None  # mid-upgrade: not a release to configure for yet
+    host.dpkg_status({"nova-common": "3:31.0.0-0ubuntu1", "nova-compute": "3:29.0.0-0ubuntu1"})
+    assert str(releases.installed()) == "2025.1 epoxy (Nova 31)"  # nova-common's, no other's
