@@ -1,6 +1,6 @@
 # make demo   the charm on a bundled sample GPU host, without Juju
 # make test   the unit tests (what CI runs)
-# make lint   ruff; make bench   hook costs next to a bare ops charm (ARGS=--quick, ARGS=--profile)
+# make lint   ruff and mypy; make bench   hook costs next to a bare ops charm (ARGS=--quick, ARGS=--profile)
 # make mutation   mutmut over src/ (hours; MODULE=src/vgpu/releases.py for one module, JOBS=1 to spare the CPUs)
 # make pack-check   replay charmcraft's dependency install without Rust or a C compiler
 PYTHON ?= python3
@@ -23,6 +23,7 @@ test: $(VENV)/.ready
 
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check src unit_tests tools tests
+	$(PY) -m mypy
 
 # Mutation testing (mutmut, configured in pyproject.toml): the unit tests against
 # each mutant of src/, or of MODULE only. Results stay in mutants/; afterwards

@@ -10,13 +10,27 @@ on stop). What the host is and does lives in the ``vgpu`` package, which
 never imports ops.
 """
 
+import dataclasses
 import logging
 from typing import Dict, List, Optional
 
 import ops
 
 from vgpu import (
-    RESOURCE, catalogue, dpkg, driver, facts, kernel, mappings, novaconf, pci, services, sriov, text,
+    OPTION,
+    RELATION,
+    RESOURCE,
+    catalogue,
+    dpkg,
+    driver,
+    facts,
+    kernel,
+    mappings,
+    novaconf,
+    pci,
+    services,
+    sriov,
+    status,
 )
 from vgpu.errors import (
     GuestsRunningError,
@@ -32,8 +46,6 @@ from vgpu.errors import (
 
 logger = logging.getLogger(__name__)
 
-RELATION = "nova-vgpu"
-OPTION = "vgpu-device-mappings"
 MDEV_CLASS = "mdev-class-per-profile"
 
 
@@ -43,6 +55,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     _stored = ops.StoredState()
 
     def __init__(self, framework: ops.Framework):
+        """Set stored defaults and route every event to its one handler."""
         super().__init__(framework)
         # Operator intent, not a host fact: services stay stopped until resume.
         # ``masked`` is what this charm masked (pause), so resume and remove undo
@@ -50,10 +63,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # option's text, keyed by its fingerprint, so update-status needs
         # neither PyYAML nor jsonschema.
         self._stored.set_default(paused=False, masked=[], checked={})
-        self._facts: Optional[facts.Facts] = None
+        self._gathered: Optional[facts.Facts] = None
         self._validation: Optional[mappings.Validation] = None
         self._package: Optional[driver.DebInfo] = None
-        self._problems: List[ops.StatusBase] = []
+        self._problems: List[str] = []  # blocked messages from this dispatch's work
         self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
@@ -69,30 +82,31 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.remove, self._on_remove)
 
     # -- reading the host, once per dispatch -------------------------------
-    def _host(self) -> facts.Facts:
-        if self._facts is None:
-            self._facts = facts.gather()
-        return self._facts
+    def _facts(self) -> facts.Facts:
+        if self._gathered is None:
+            self._gathered = facts.gather()
+        return self._gathered
 
     def _refresh(self) -> None:
         """Forget what was read of the host (after changing it); the resource stays."""
-        self._facts = None
+        self._gathered = None
         self._validation = None
 
     def _mapping(self) -> mappings.Validation:
         if self._validation is None:
-            host = self._host()
+            here = self._facts()
             offered = None
-            if any(gpu.framework == pci.VFIO for gpu in host.host.gpus):
-                version = host.loaded_driver_version
-                table = catalogue.learn(host.host, version)
-                offered = catalogue.offered(host.host, version, table)
-            self._validation = mappings.against_host(self._checked_text(), host.host,
-                                                     host.supported_release(), offered)
+            if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
+                version = here.loaded_driver_version
+                table = catalogue.learn(here.pci, version)
+                offered = catalogue.offered(here.pci, version, table)
+            self._validation = mappings.against_host(self._checked_text(), here.pci,
+                                                     here.supported_release(), offered)
         return self._validation
 
     def _checked_text(self) -> mappings.Validation:
-        text = self.config.get(OPTION)
+        raw = self.config.get(OPTION)  # a string option: text or unset
+        text = None if raw is None else str(raw)
         key = mappings.fingerprint(text)
         record = self._stored.checked
         if record.get("key") == key:
@@ -112,7 +126,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return self._package
 
     def _wants_driver(self) -> bool:
-        return bool(self._host().host.gpus) or bool(self.config.get("force-install-nvidia-vgpu"))
+        return bool(self._facts().pci.gpus) or bool(self.config.get("force-install-nvidia-vgpu"))
 
     # -- reconcile ----------------------------------------------------------
     def _reconcile(self, _event: ops.EventBase) -> None:
@@ -128,7 +142,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except HostReadError as error:
             # Nothing is published from a host that could not be read: the last data stays.
             logger.error("%s", error)
-            self._problems.append(ops.BlockedStatus(str(error)))
+            self._problems.append(str(error))
 
     def _resumed_elsewhere(self) -> bool:
         """A paused unit whose daemons run again was resumed by someone else."""
@@ -139,14 +153,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return False
 
     def _ensure_driver(self) -> None:
-        installed = self._host().driver
+        installed = self._facts().driver
         if installed is None or not installed.installed:
             try:
                 package = self._attached()
             except (ResourceMissingError, ResourceInvalidError) as error:
                 logger.warning("not installing the vGPU host driver: %s", error)
                 return
-            if installed is not None and not self._is_retry(package, installed):
+            if installed is not None and not driver.same_package(package, installed):
                 # Another version is half-installed: replacing it is the upgrade
                 # action's call (guests, downgrades), not a hook's.
                 logger.warning("%s %s is %s; not installing %s %s by itself", installed.name,
@@ -158,24 +172,23 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 driver.install(package)
             except ResourceInvalidError as error:
                 logger.error("refusing to install %s: %s", package.package, error)
-                self._problems.append(ops.BlockedStatus(str(error)))
+                self._problems.append(str(error))
             except InstallError as error:
                 logger.error("installing %s failed: %s", package.package, error)
-                self._problems.append(ops.BlockedStatus(
-                    f"{error}; retrying on the next hook"))
+                self._problems.append(f"{error}; retrying on the next hook")
             self._refresh()
         try:
             if kernel.ensure_nouveau_blacklisted():
                 logger.info("nouveau blacklisted; initramfs refreshed")
         except VgpuError as error:
-            self._problems.append(ops.BlockedStatus(f"blacklisting nouveau failed: {error}"))
+            self._problems.append(f"blacklisting nouveau failed: {error}")
 
     def _ensure_vfs(self) -> None:
         """Enable the VFs of SR-IOV GPUs that have none (after a reboot, a driver reload)."""
-        host = self._host()
-        if host.driver is None or not host.driver.installed or self._stored.paused:
+        here = self._facts()
+        if here.driver is None or not here.driver.installed or self._stored.paused:
             return
-        missing = [gpu.address for gpu in host.host.gpus if gpu.vfs_missing]
+        missing = [gpu.address for gpu in here.pci.gpus if gpu.vfs_missing]
         if not missing:
             return
         failures = sriov.enable(missing)
@@ -183,13 +196,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         why = "; ".join(failures)
         self._vf_failures = {address: why for address in missing}
 
-    @staticmethod
-    def _is_retry(package: driver.DebInfo, installed) -> bool:
-        return (package.package, package.version) == (installed.name, installed.version)
-
     def _vgpu_services(self) -> List[str]:
         """Every vGPU service the installed driver ships: the status checks them all."""
-        return list(self._host().services)
+        return list(self._facts().services)
 
     def _daemons(self) -> List[str]:
         """The driver's daemons: what is published in ``services``, and all that pause stops.
@@ -198,7 +207,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         acts on the same ones, so neither leaves the other's work half done.
         nvidia-vgpud prepares the GPUs and exits, so it is neither listed nor paused.
         """
-        return [name for name in self._host().services if name in driver.DAEMONS]
+        return [name for name in self._facts().services if name in driver.DAEMONS]
 
     def _publish(self) -> None:
         """Send nova-compute the vGPU sections, services and packages, when they changed.
@@ -206,14 +215,13 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         A mapping that fails validation (or a Nova not installed yet) leaves the
         published sections as they are: the last good configuration stays.
         """
-        host = self._host()
-        package = host.driver
-        installed = package is not None and package.installed
+        here = self._facts()
+        installed = here.driver if here.driver is not None and here.driver.installed else None
         sections: Optional[dict] = {}
         plan = None
-        if host.host.gpus:
+        if here.pci.gpus:
             validation = self._mapping()
-            release = host.supported_release()
+            release = here.supported_release()
             plan = validation.plan
             ok = (validation.ok and release is not None and plan is not None
                   and not plan.missing_vfs and self._give_vfs_types(plan))
@@ -224,7 +232,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                         plan, release, mdev_class=bool(self.config.get(MDEV_CLASS)),
                         keep_placement_reporting=self._published_reporting())
                 except ValueError as error:  # sysfs gave something nova.conf must not get
-                    self._problems.append(ops.BlockedStatus(f"not publishing: {error}"))
+                    self._problems.append(f"not publishing: {error}")
                     ok = False
             self._ensure_boot_unit(plan if ok else None)
         elif self._published_mapping():
@@ -233,7 +241,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             sections = None
         # Only daemons: nova-compute reports any listed service that is not running.
         data = novaconf.relation_data(sections or {}, services=self._daemons(),
-                                      packages=[package.name] if installed else [])
+                                      packages=[installed.name] if installed else [])
         if sections is None:
             del data["subordinate_configuration"]
         for relation in self.model.relations[RELATION]:
@@ -247,16 +255,16 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
         from vgpu import vfio
 
-        if self._stored.paused and vfio.desired(plan, self._host().host):
+        if self._stored.paused and vfio.desired(plan, self._facts().pci):
             return False  # the vGPU manager is stopped: VF types wait for resume
         try:
-            done = vfio.ensure_types(plan, self._host().host)
+            done = vfio.ensure_types(plan, self._facts().pci)
         except GuestsRunningError as error:
-            self._problems.append(ops.BlockedStatus(
-                f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping"))
+            self._problems.append(
+                f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
             return False
         except VfTypeError as error:
-            self._problems.append(ops.BlockedStatus(f"{error}; retrying on the next hook"))
+            self._problems.append(f"{error}; retrying on the next hook")
             self._refresh()
             return False
         if done:
@@ -265,17 +273,17 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     def _ensure_boot_unit(self, plan) -> None:
         """The boot-time unit that enables VFs (and rewrites VFIO types) on SR-IOV hosts."""
-        host = self._host()
-        if host.driver is None or not host.driver.installed:
+        here = self._facts()
+        if here.driver is None or not here.driver.installed:
             return
-        if not any(gpu.sriov for gpu in host.host.gpus):
+        if not any(gpu.sriov for gpu in here.pci.gpus):
             return
         if plan is None and sriov.unit_path().exists():
             return  # the plan is not in force: the unit keeps the types last applied
         try:
-            sriov.ensure_unit(sriov.render_unit(host.host, plan))
+            sriov.ensure_unit(sriov.render_unit(here.pci, plan))
         except SriovError as error:
-            self._problems.append(ops.BlockedStatus(f"{sriov.UNIT}: {error}"))
+            self._problems.append(f"{sriov.UNIT}: {error}")
 
     def _published_reporting(self) -> bool:
         for relation in self.model.relations[RELATION]:
@@ -285,141 +293,63 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return False
 
     # -- status -------------------------------------------------------------
+    _KINDS = {status.BLOCKED: ops.BlockedStatus, status.MAINTENANCE: ops.MaintenanceStatus,
+              status.WAITING: ops.WaitingStatus, status.ACTIVE: ops.ActiveStatus}
+
     def _on_collect_status(self, event: ops.CollectStatusEvent) -> None:
         try:
-            statuses = self._statuses()
+            pairs = status.statuses(self._status_inputs())
         except HostReadError as error:
-            statuses = [*self._problems, ops.BlockedStatus(str(error))]
-        for status in statuses:
-            event.add_status(status)
+            pairs = [(status.BLOCKED, message) for message in [*self._problems, str(error)]]
+        for kind, message in pairs:
+            event.add_status(self._KINDS[kind](message))
 
-    def _missing_gpus(self) -> List[str]:
-        """Published addresses whose GPU discovery no longer finds (all of them when none is found)."""
-        host = self._host().host
-        return sorted({address for addresses in self._published_mapping().values()
-                       for address in addresses if host.gpu(address) is None})
-
-    def _statuses(self) -> List[ops.StatusBase]:
-        host = self._host()
-        out = list(self._problems)
-        kept = self._published_mapping() if not host.host.gpus else {}
-        if kept:
-            missing = self._missing_gpus()
-            gone = f" ({text.listing(missing)} missing)" if missing else ""
-            out.append(ops.ActiveStatus(
-                f"no NVIDIA GPU found now{gone}: driver reloading? keeping {mappings.summary(kept)}"))
-            return out
-        if not host.host.gpus and not self.config.get("force-install-nvidia-vgpu"):
-            out.append(ops.ActiveStatus("no NVIDIA GPU on this host: nothing to do"))
-            return out
-        release_problem = host.release_problem()
-        if release_problem:
-            out.append(ops.BlockedStatus(release_problem))
-        elif host.release() is None:
-            out.append(ops.WaitingStatus("waiting for nova-compute to install nova-common"))
-        if not self.model.relations[RELATION]:
-            out.append(ops.BlockedStatus(
-                f"relate to nova-compute: juju integrate nova-compute:{RELATION} "
-                f"{self.app.name}:{RELATION}"))
-        # A prerequisite of the host comes first: with the IOMMU off an SR-IOV GPU has
-        # no VFs, so any mapping error about them would send the operator the wrong way.
-        iommu = host.iommu_problem()
-        if iommu:
-            out.append(ops.BlockedStatus(iommu))
-        # Then what the operator typed: other host states follow from it or wait.
+    def _status_inputs(self) -> status.Inputs:
+        """Read what the status depends on; the mapping, driver and services only when it matters."""
+        here = self._facts()
+        forced = bool(self.config.get("force-install-nvidia-vgpu"))
+        published = self._published_mapping()
+        inputs = status.Inputs(
+            facts=here, app=self.app.name, related=bool(self.model.relations[RELATION]),
+            forced=forced, published=published, problems=tuple(self._problems),
+            paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
+            vf_failures=dict(self._vf_failures))
+        if not status.checks_host(here, forced, published):
+            return inputs
         validation = self._mapping()
-        if not validation.ok:
-            out.append(ops.BlockedStatus(self._mapping_message(validation)))
-        notes: List[str] = []
-        out.extend(self._vf_statuses(validation, notes))
-        out.extend(self._driver_statuses(notes))
-        out.append(ops.ActiveStatus("; ".join([self._serving_message()] + notes)))
-        return out
+        return dataclasses.replace(inputs, validation=validation, **self._driver_inputs(),
+                                   services=self._service_answers(), capacity=self._capacity(published))
 
-    def _vf_statuses(self, validation: mappings.Validation, notes: List[str]) -> List[ops.StatusBase]:
-        """SR-IOV GPUs whose VFs are missing; keys that no GPU here offers (a note)."""
-        host = self._host()
-        out: List[ops.StatusBase] = []
-        installed = host.driver is not None and host.driver.installed
-        missing = [gpu for gpu in host.host.gpus if gpu.vfs_missing]
-        if missing and installed:
-            why = self._vf_failures.get(missing[0].address) or \
-                f"check journalctl -u {sriov.UNIT} and -u {driver.DAEMONS[0]}"
-            names = ", ".join(f"{gpu.address} ({gpu.model})" for gpu in missing[:3])
-            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-            out.append(ops.BlockedStatus(
-                f"no virtual functions on SR-IOV GPU {names}{more} after sriov-manage -e: {why}"))
-        if validation.plan is not None:
-            notes.extend(validation.plan.notes)
-        return out
-
-    def _driver_statuses(self, notes: List[str]) -> List[ops.StatusBase]:
-        """Statuses about the host driver; ``notes`` collects remarks for the active message."""
-        out: List[ops.StatusBase] = []
-        installed = self._host().driver
-        attached = None
+    def _driver_inputs(self) -> dict:
+        """The attached package (or why there is none) and how it compares with the installed one."""
+        out: dict = {}
         try:
-            attached = self._attached()
+            out["attached"] = attached = self._attached()
         except ResourceMissingError as error:
-            if installed is None:
-                out.append(ops.BlockedStatus(str(error)))
+            out["attached_missing"] = str(error)
+            return out
         except ResourceInvalidError as error:
-            out.append(ops.BlockedStatus(str(error)))
-        if installed is None:
+            out["attached_invalid"] = str(error)
             return out
-        if not installed.installed:
-            then = ("retrying on the next hook" if attached is None or self._is_retry(attached, installed)
-                    else f"run the upgrade action to install the attached {attached.version}")
-            out.append(ops.BlockedStatus(
-                f"{installed.name} {installed.version} is {installed.state}: dpkg did not finish; "
-                f"{then}"))
-            return out
-        if attached is not None:
+        installed = self._facts().driver
+        if installed is not None and installed.installed:
             try:
-                order: Optional[int] = dpkg.compare_versions(attached.version, installed.version)
+                out["order"] = dpkg.compare_versions(attached.version, installed.version)
             except (ValueError, VgpuError) as error:
-                notes.append(f"cannot compare the attached driver's version: {error}")
-                order = None
-            if order is None:
-                pass
-            elif order > 0 or (order == 0 and attached.package != installed.name):
-                notes.append(f"driver {installed.version} installed, {attached.version} attached: "
-                             "run the upgrade action")
-            elif order < 0:
-                notes.append(f"driver {installed.version} installed; the attached "
-                             f"{attached.version} is older")
-        if self._stored.paused:
-            out.append(ops.MaintenanceStatus(
-                "paused: vGPU services stopped; run the resume action to start them"))
-            return out
-        for reason in self._host().reboot_reasons():
-            out.append(ops.BlockedStatus(f"reboot required: {reason}"))
+                out["order_error"] = str(error)
+        return out
+
+    def _service_answers(self) -> status.Services:
+        """systemctl's word on the driver's services, asked only while they should run."""
+        installed = self._facts().driver
+        if installed is None or not installed.installed or self._stored.paused:
+            return status.Services()
         try:
             down = services.down(self._vgpu_services(), driver.DAEMONS)
             masked = services.masked(down) if down else []
         except ServiceError as error:
-            out.append(ops.BlockedStatus(str(error)))
-            down = masked = []
-        ours = [name for name in masked if name in self._stored.masked]
-        if ours:
-            out.append(ops.BlockedStatus(
-                f"{', '.join(ours)} left stopped and masked by this charm's pause that failed: "
-                "run the resume action"))
-        elif down and masked == down:
-            out.append(ops.MaintenanceStatus(
-                f"{', '.join(down)} stopped and masked outside this charm (nova-compute's pause?): "
-                "resume it there"))
-        elif down:
-            out.append(ops.BlockedStatus(
-                f"{', '.join(down)} not running: check journalctl -u {down[0]}"))
-        return out
-
-    def _mapping_message(self, validation: mappings.Validation) -> str:
-        first = validation.errors[0]
-        more = f" (+{len(validation.errors) - 1} more)" if len(validation.errors) > 1 else ""
-        kept = self._published_mapping()
-        keeping = f"; keeping {mappings.summary(kept)}" if kept else ""
-        return f"{OPTION}: {first}{more}{keeping}"
+            return status.Services(error=str(error))
+        return status.Services(down=tuple(down), masked=tuple(masked))
 
     def _published_mapping(self) -> Dict[str, tuple]:
         for relation in self.model.relations[RELATION]:
@@ -427,59 +357,49 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return novaconf.mapping_from_sections(sections)
         return {}
 
-    def _serving_message(self) -> str:
-        host = self._host().host
-        models = host.models()
-        if len(models) == 1:
-            gpus = f"({models[0][0]})"
-        else:
-            gpus = "(" + ", ".join(f"{n} {m}" for m, n in models) + ")"
-        count = len(host.gpus)
-        head = f"{count} GPU{'s' if count != 1 else ''} {gpus}" if count else "no NVIDIA GPU (forced)"
-        served = self._published_mapping()
-        text = (f"{head}, {mappings.summary(served)}" if served
-                else f"{head}, no vGPU type mapped: set {OPTION}")
-        capacity = self._capacity(served)
-        return f"{text}; {capacity}" if capacity else text
-
     def _capacity(self, served: Dict[str, tuple]) -> str:
         """``nvidia-108: 1 used, 3 free`` per published or assigned type ('' if none)."""
         from vgpu import usage  # reads libvirt's XML only when there is something to count
 
-        return usage.capacity_text(usage.capacity(self._host().host, served))
+        return usage.capacity_text(usage.capacity(self._facts().pci, served))
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
         from vgpu import report, table
 
         try:
-            facts_ = self._host()
+            here = self._facts()
         except HostReadError as error:
             event.fail(str(error))
             return
-        host = facts_.host
-        learnt = catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
-        offered = catalogue.offered(host, facts_.loaded_driver_version, learnt)
+        host = here.pci
+        offered = catalogue.offered(host, here.loaded_driver_version, self._learnt(host))
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered,
                                        mdev_class=bool(self.config.get(MDEV_CLASS))),
             "table": report.types_table(host, offered),
         }, depth=4, records="gpus", what="types"))
 
+    @staticmethod
+    def _learnt(host: pci.Host) -> catalogue.Table:
+        """The VFIO type names learnt while VFs were free; none read on a host without VFIO GPUs."""
+        return catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
+
     def _on_vgpu_usage(self, event: ops.ActionEvent) -> None:
         from vgpu import usage  # XML parsing: actions only
 
         try:
-            host = self._host().host
+            here = self._facts()
         except HostReadError as error:
             event.fail(str(error))
             return
-        event.set_results(usage.results(usage.in_use(host)))
+        event.set_results(usage.results(usage.in_use(
+            here.pci, learnt=self._learnt(here.pci), driver_version=here.loaded_driver_version)))
 
     def _guard_guests(self, force: bool) -> None:
         from vgpu import guests  # XML parsing: actions only, not every hook
 
-        guests.ensure_no_guests(set(self._host().host.addresses()), force=force)
+        guests.ensure_no_guests(set(self._facts().pci.addresses()), force=force)
 
     def _on_pause(self, event: ops.ActionEvent) -> None:
         try:
@@ -539,22 +459,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if not wanted:
             event.fail("not upgraded: no NVIDIA GPU on this host, so no vGPU driver belongs here")
             return
-        before = self._host().driver
+        before = self._facts().driver
         try:
             package = self._attached()
-            if before is not None and before.installed:
-                try:
-                    order = dpkg.compare_versions(package.version, before.version)
-                except ValueError as error:
-                    raise ResourceInvalidError(f"cannot compare {package.version} with "
-                                               f"{before.version}: {error}") from None
-                if order == 0 and package.package == before.name:
-                    event.set_results(self._upgrade_results(package, before, "already installed"))
-                    return
-                if order < 0 and not event.params.get("allow-downgrade"):
-                    event.fail(f"not upgraded: attached {package.version} is older than installed "
-                               f"{before.version}; run with allow-downgrade=true to install it")
-                    return
+            if not self._upgrade_wanted(event, package, before):
+                return
             if self._stored.paused:
                 event.fail("not upgraded: the unit is paused and its services masked, which the "
                            "driver's install scripts need; run resume first")
@@ -577,8 +486,29 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 logger.error("%s", error)
         event.set_results(self._upgrade_results(package, before, "installed"))
 
+    def _upgrade_wanted(self, event: ops.ActionEvent, package: driver.DebInfo, before) -> bool:
+        """False when the action ends here: the attached package is installed, or older.
+
+        Raises ResourceInvalidError when dpkg cannot order the two versions.
+        """
+        if before is None or not before.installed:
+            return True
+        try:
+            order = dpkg.compare_versions(package.version, before.version)
+        except ValueError as error:
+            raise ResourceInvalidError(f"cannot compare {package.version} with "
+                                       f"{before.version}: {error}") from None
+        if order == 0 and package.package == before.name:
+            event.set_results(self._upgrade_results(package, before, "already installed"))
+            return False
+        if order < 0 and not event.params.get("allow-downgrade"):
+            event.fail(f"not upgraded: attached {package.version} is older than installed "
+                       f"{before.version}; run with allow-downgrade=true to install it")
+            return False
+        return True
+
     def _upgrade_results(self, package: driver.DebInfo, before, done: str) -> dict:
-        reasons = self._host().reboot_reasons()
+        reasons = self._facts().reboot_reasons()
         return {
             "package": package.package,
             "version": package.version,

@@ -43,6 +43,7 @@ TOOLS = Path(__file__).resolve().parent
 sys.path[:0] = [str(REPO / "src"), str(REPO), str(TOOLS)]
 
 import benchhosts  # noqa: E402
+
 from unit_tests import debs  # noqa: E402
 from unit_tests.faketools import Tools  # noqa: E402
 
@@ -268,8 +269,11 @@ def headline(args, work, package, bases, bare_src, charm_src) -> list:
 
 
 def scaling(args, work, package, bases, bare_src, charm_src, floor: list) -> None:
-    """update-status over host sizes; the bare charm does not read the host, so its samples
-    (fewer, interleaved with the charm's in every row) are pooled into one floor."""
+    """update-status over host sizes, against one floor for the bare charm.
+
+    The bare charm does not read the host, so its samples (fewer, interleaved
+    with the charm's in every row) are pooled into one floor.
+    """
     rows = []
     print()
     print(f"Scaling: update-status, median of {args.scale_repeat} fresh processes per row; "
@@ -318,16 +322,16 @@ def parts(root: Path, package: Path, steady: dict) -> None:
 
     os.environ["VGPU_HOST_ROOT"] = str(root)
     text = steady["config"]["vgpu-device-mappings"]
-    host = facts.gather()
+    gathered = facts.gather()
     checked = mappings.check_text(text)
-    release = host.supported_release()
-    validation = mappings.against_host(checked, host.host, release)
+    release = gathered.supported_release()
+    validation = mappings.against_host(checked, gathered.pci, release)
     pieces = [
         ("facts.gather (all host reads)", facts.gather),
         ("  pci.discover", pci.discover),
         ("  dpkg.packages (status file, 3000 packages)",
          lambda: dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[driver.PREFIX])),
-        ("  driver.services_of (dpkg's .list)", lambda: driver.services_of(host.driver.name)),
+        ("  driver.services_of (dpkg's .list)", lambda: driver.services_of(gathered.driver.name)),
         ("  kernel.loaded_modules + iommu + version", lambda: (
             kernel.loaded_modules(), kernel.iommu_enabled(), kernel.loaded_driver_version())),
         ("driver.inspect_deb (dpkg --print-architecture + dpkg-deb --field)",
@@ -336,10 +340,10 @@ def parts(root: Path, package: Path, steady: dict) -> None:
         ("services.states (systemctl is-active)", lambda: services.states(driver.SERVICES)),
         ("kernel.ensure_nouveau_blacklisted (unchanged)", kernel.ensure_nouveau_blacklisted),
         ("mappings.check_text (warm imports)", lambda: mappings.check_text(text)),
-        ("mappings.against_host", lambda: mappings.against_host(checked, host.host, release)),
+        ("mappings.against_host", lambda: mappings.against_host(checked, gathered.pci, release)),
         ("novaconf.sections + relation_data", lambda: novaconf.relation_data(
             novaconf.sections(validation.mapping, release), services=["nvidia-vgpu-mgr"],
-            packages=[host.driver.name])),
+            packages=[gathered.driver.name])),
     ]
     print()
     print("The pieces of a hook on the 8×16 host, called directly (warm), median ms of 15 rounds")

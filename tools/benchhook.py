@@ -73,9 +73,13 @@ class Counters:
         return os.path.abspath(text).startswith(self.root)
 
     def install(self) -> None:
+        """Count file opens, directory and link reads, stats and processes from now on."""
+        self._count_opens()
+        self._count_processes()
+
+    def _count_opens(self) -> None:
         import builtins
         import io
-        import subprocess
 
         counters = self
         real_open = builtins.open
@@ -105,6 +109,11 @@ class Counters:
         wrap(os, "readlink", "links")
         wrap(os, "stat", "stats")
         wrap(os, "lstat", "stats")
+
+    def _count_processes(self) -> None:
+        import subprocess
+
+        counters = self
 
         def spawned(what) -> None:
             if counters.armed:

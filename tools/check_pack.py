@@ -83,7 +83,7 @@ NATIVE = re.compile(r"\.(so|pyd|dylib|a|o)(\.[0-9.]+)?$")
 LINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-class CheckFailed(Exception):
+class CheckError(Exception):
     """The charm would not pack (or not import) the way charmcraft.yaml says."""
 
 
@@ -117,7 +117,7 @@ def charm_part(config: dict) -> Tuple[str, dict]:
     for name, part in parts.items():
         if part.get("plugin") in ("charm", "python", "uv", "poetry"):
             return name, part
-    raise CheckFailed("charmcraft.yaml has no charm, python, uv or poetry part")
+    raise CheckError("charmcraft.yaml has no charm, python, uv or poetry part")
 
 
 def plan_for(part: dict, project: Path) -> Plan:
@@ -131,13 +131,13 @@ def plan_for(part: dict, project: Path) -> Plan:
                 *(f"--constraint={project / c}" for c in part.get("python-constraints", [])),
                 *(f"--requirement={r}" for r in reqs), *part.get("python-packages", [])]
         return Plan("python", reqs, [], [args, ["check"]], {"PIP_NO_BINARY": ":all:"}, venv_pip=False)
-    raise CheckFailed(f"the {plugin} plugin is not replayed by this check")
+    raise CheckError(f"the {plugin} plugin is not replayed by this check")
 
 
 def _charm_plan(part: dict, project: Path) -> Plan:
     entrypoint = project / part.get("charm-entrypoint", "src/charm.py")
     if not entrypoint.is_file():
-        raise CheckFailed(f"charm-entrypoint {entrypoint.relative_to(project)} does not exist")
+        raise CheckError(f"charm-entrypoint {entrypoint.relative_to(project)} does not exist")
     reqs = [project / r for r in part.get("charm-requirements", [])]
     if not reqs and (project / "requirements.txt").is_file():
         reqs = [project / "requirements.txt"]
@@ -146,13 +146,13 @@ def _charm_plan(part: dict, project: Path) -> Plan:
     req_args = [f"--requirement={r}" for r in reqs]
     if part.get("charm-strict-dependencies", False):
         if packages:
-            raise CheckFailed("charm-python-packages cannot go with charm-strict-dependencies")
+            raise CheckError("charm-python-packages cannot go with charm-strict-dependencies")
         if not reqs:
-            raise CheckFailed("charm-strict-dependencies needs a requirements file")
+            raise CheckError("charm-strict-dependencies needs a requirements file")
         names = requirement_names(reqs)
         unlisted = sorted(set(binary) - names)
         if unlisted:  # charmcraft fails these too ("missing dependencies")
-            raise CheckFailed(f"charm-binary-python-packages not in the requirements "
+            raise CheckError(f"charm-binary-python-packages not in the requirements "
                               f"(spelt as there): {', '.join(unlisted)}")
         source_only = sorted(names - set(binary))
         no_binary = [f"--no-binary={','.join(source_only)}"] if source_only else []
@@ -180,10 +180,10 @@ def platforms(config: dict) -> List[Tuple[str, str, str]]:
         for target in targets if isinstance(targets, list) else [targets]:
             match = re.fullmatch(r"ubuntu@(\d+\.\d+):(\w+)", target)
             if not match:
-                raise CheckFailed(f"platform {target!r}: expected ubuntu@<release>:<arch>")
+                raise CheckError(f"platform {target!r}: expected ubuntu@<release>:<arch>")
             found.append((target, match.group(1), match.group(2)))
     if not found:
-        raise CheckFailed("charmcraft.yaml lists no platforms")
+        raise CheckError("charmcraft.yaml lists no platforms")
     return found
 
 
@@ -207,7 +207,7 @@ def toolchain_free_path(shim: Path) -> str:
     path = str(shim)
     for tool in ("cargo", "rustc", "rustup", "cc", "gcc", "c++", "clang"):
         if shutil.which(tool, path=path):
-            raise CheckFailed(f"{tool} is still on the stripped PATH")
+            raise CheckError(f"{tool} is still on the stripped PATH")
     return path
 
 
@@ -236,7 +236,7 @@ class Runner:
 
     def __call__(self, cmd: Sequence[str], extra_env: Optional[Dict[str, str]] = None,
                  cwd: Optional[Path] = None) -> str:
-        """Run ``cmd``; its output goes to the log; CheckFailed with the log's tail on failure."""
+        """Run ``cmd``; its output goes to the log; CheckError with the log's tail on failure."""
         with self.log.open("a", encoding="utf-8") as out:
             out.write(f"\n$ {shlex.join(str(c) for c in cmd)}\n")
             out.flush()
@@ -247,7 +247,7 @@ class Runner:
             out.write(proc.stdout)
         if proc.returncode != 0:
             tail = "\n".join("    " + ln for ln in proc.stdout.rstrip().splitlines()[-25:])
-            raise CheckFailed(f"failed (exit {proc.returncode}): {shlex.join(str(c) for c in cmd)}\n{tail}")
+            raise CheckError(f"failed (exit {proc.returncode}): {shlex.join(str(c) for c in cmd)}\n{tail}")
         return proc.stdout
 
 
@@ -277,7 +277,7 @@ def install(plan: Plan, python: str, run: Runner, work: Path) -> Tuple[Path, Lis
             reports.extend(json.loads(report.read_text())["install"])
     site = list((venv / "lib").glob("python3*/site-packages"))
     if len(site) != 1:
-        raise CheckFailed(f"no single site-packages in {venv}")
+        raise CheckError(f"no single site-packages in {venv}")
     return site[0], reports
 
 
@@ -303,7 +303,7 @@ def check_reports(plan: Plan, reports: List[dict], site: Path) -> List[str]:
         what = f"compiled: {', '.join(Path(c).name for c in compiled)}" if compiled else "pure Python"
         lines.append(f"  {how} {name}=={version} ({what})")
     if problems:
-        raise CheckFailed("\n".join(problems))
+        raise CheckError("\n".join(problems))
     return lines
 
 
@@ -405,9 +405,9 @@ def import_charm(python: str, charm: Path, run: Runner, work: Path) -> dict:
 
 def marker_env(release: str, arch: str) -> Dict[str, str]:
     if release not in BASES:
-        raise CheckFailed(f"ubuntu@{release}: unknown base; add its Python and glibc to BASES")
+        raise CheckError(f"ubuntu@{release}: unknown base; add its Python and glibc to BASES")
     if arch not in ARCHES:
-        raise CheckFailed(f"arch {arch}: unknown; add it to ARCHES")
+        raise CheckError(f"arch {arch}: unknown; add it to ARCHES")
     full = BASES[release][0]
     return {"python_version": ".".join(full.split(".")[:2]), "python_full_version": full,
             "implementation_version": full, "platform_machine": ARCHES[arch],
@@ -472,7 +472,7 @@ def control(plan: Plan, python: str, work: Path) -> str:
     for want of Rust: proof that this check's PATH leaves no way to build them.
     """
     if not plan.binary:
-        raise CheckFailed("--control needs a part with charm-binary-python-packages")
+        raise CheckError("--control needs a part with charm-binary-python-packages")
     wanted = {canonicalize_name(b) for b in plan.binary}
     lines = []
     for path in plan.requirements:
@@ -490,19 +490,19 @@ def control(plan: Plan, python: str, work: Path) -> str:
     print(f"control: {', '.join(lines)} from source")
     try:
         site, reports = install(source_plan, python, run, work)
-    except CheckFailed:
+    except CheckError:
         text = log.read_text(encoding="utf-8", errors="replace")
         hits = [ln.strip() for ln in text.splitlines() if re.search(r"rust|cargo", ln, re.IGNORECASE)]
         missing = [ln for ln in hits if re.search(r"not found|not installed|can.?t find", ln, re.I)]
         if hits:
             return (missing or hits)[0][:160]
-        raise CheckFailed(f"the control failed, but not for want of Rust: see {log}") from None
+        raise CheckError(f"the control failed, but not for want of Rust: see {log}") from None
     # Built after all (a build backend fetched its own Rust): the main check rejects that too.
     try:
         check_reports(source_plan, reports, site)
-    except CheckFailed as error:
+    except CheckError as error:
         return f"built, and rejected: {error}"
-    raise CheckFailed(f"the control built {', '.join(plan.binary)} from source without Rust: "
+    raise CheckError(f"the control built {', '.join(plan.binary)} from source without Rust: "
                       "this check could not tell a Rust build from a pure one")
 
 
@@ -557,7 +557,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             why = control(plan, python, work / "control")
             print(f"control: fails without its binary exception, for want of Rust "
                   f"({time.monotonic() - step:.0f}s): {why}")
-    except CheckFailed as error:
+    except CheckError as error:
         print(f"check-pack: FAILED: {error}\n(logs kept in {work})", file=sys.stderr)
         return 1
     if not args.keep:

@@ -12,6 +12,7 @@ import pytest
 from unit_tests.fakehost import FakeHost
 from unit_tests.faketools import Tools
 
+
 @pytest.fixture
 def tools(tmp_path, monkeypatch) -> Tools:
     tools = Tools(tmp_path / "tools")

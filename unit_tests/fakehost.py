@@ -252,8 +252,10 @@ class FakeHost:
                       mdev_types: Optional[Mapping[str, MdevType]] = None,
                       vfio_types: Optional[Mapping[int, str]] = None,
                       enabled: bool = True, totalvfs: Optional[int] = None) -> Path:
-        """An SR-IOV GPU with ``count`` VFs (device id ``vf_device``) offering mdev or VFIO
-        types. ``enabled=False``: the VFs are only recorded, for sriov-manage to create."""
+        """An SR-IOV GPU with ``count`` VFs (device id ``vf_device``) offering mdev or VFIO types.
+
+        ``enabled=False``: the VFs are only recorded, for sriov-manage to create.
+        """
         directory = self.add_gpu(address, device=device, totalvfs=totalvfs or count)
         if vfio_types:
             _MODELS[os.path.realpath(directory)] = VfioModel(vfio_types)

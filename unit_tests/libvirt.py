@@ -1,4 +1,6 @@
-"""libvirt's XML for Nova's guests: status files of running guests in
+"""libvirt's XML for Nova's guests, as libvirt and Nova write it.
+
+Status files of running guests in
 /run/libvirt/qemu (``<domstatus>`` around the ``<domain>``) and the
 persistent definitions in /etc/libvirt/qemu (a bare ``<domain>``), with the
 ``<nova:instance>`` metadata Nova writes (namespace .../nova/1.1).

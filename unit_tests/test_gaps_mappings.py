@@ -107,6 +107,11 @@ def test_a_null_value_for_one_type_is_refused_naming_it():
 
 # -- how many VFs a type fits --------------------------------------------------------
 
+def _validate(text, host, release):
+    """The option checked as the charm checks it: text first, then against the host."""
+    return mappings.against_host(mappings.check_text(text), host, release)
+
+
 def _a100_with_vfs(root, count: int) -> pci.Host:
     host = FakeHost(root)
     host.add_gpu("0000:41:00.0", device="0x20b5", totalvfs=16)
@@ -119,7 +124,7 @@ def _a100_with_vfs(root, count: int) -> pci.Host:
 def test_exactly_as_many_vfs_as_the_type_fits_are_accepted(root):
     found = _a100_with_vfs(root, 5)
     four = "['41:00.4', '41:00.5', '41:00.6', '41:00.7']"  # nvidia-474 (A100-10C) fits 4
-    result = mappings.validate(f"{{nvidia-474: {four}}}", found, CARACAL)
+    result = _validate(f"{{nvidia-474: {four}}}", found, CARACAL)
     assert result.errors == ()
     assert result.plan.mdev_mapping() == {
         "nvidia-474": ("0000:41:00.4", "0000:41:00.5", "0000:41:00.6", "0000:41:00.7")}
@@ -128,7 +133,7 @@ def test_exactly_as_many_vfs_as_the_type_fits_are_accepted(root):
 def test_all_on_a_gpu_takes_as_many_vfs_as_the_type_fits(root):
     found = _a100_with_vfs(root, 5)
     for key, fits in (("nvidia-474", 4), ("nvidia-475", 2), ("nvidia-476", 1)):
-        result = mappings.validate(f"{{{key}: all}}", found, CARACAL)
+        result = _validate(f"{{{key}: all}}", found, CARACAL)
         assert result.errors == ()
         assert len(result.plan.mdev_mapping()[key]) == fits
 
@@ -140,10 +145,10 @@ def test_a_gpu_offering_a_single_type_serves_it(root):
     host.add_gpu("0000:c1:00.0", mdev_types={"nvidia-108": MdevType("GRID V100-8Q", 8192, 2)})
     found = pci.discover()
     for text in ("{nvidia-108: [c1:00.0]}", "{nvidia-108: all}", "{V100-8Q: all}"):
-        result = mappings.validate(text, found, CARACAL)
+        result = _validate(text, found, CARACAL)
         assert result.errors == ()
         assert result.plan.mdev_mapping() == {"nvidia-108": ("0000:c1:00.0",)}
-    assert mappings.validate("{nvidia-109: [c1:00.0]}", found, CARACAL).errors == (
+    assert _validate("{nvidia-109: [c1:00.0]}", found, CARACAL).errors == (
         "nvidia-109: 0000:c1:00.0 (NVIDIA 0x1db4) does not offer nvidia-109; "
         "it offers nvidia-108",)
 
@@ -155,6 +160,6 @@ def test_an_sriov_gpu_whose_vfs_offer_a_single_type_serves_what_it_fits(root):
     for index in range(4):
         host.add_vf("0000:61:00.0", index, f"0000:61:00.{4 + index}", mdev_types=only)
     found = pci.discover()
-    result = mappings.validate("{nvidia-476: ['61:00.0']}", found, CARACAL)
+    result = _validate("{nvidia-476: ['61:00.0']}", found, CARACAL)
     assert result.errors == ()
     assert result.plan.mdev_mapping() == {"nvidia-476": ("0000:61:00.4",)}  # A100-40C fits 1

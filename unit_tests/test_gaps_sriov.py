@@ -5,7 +5,7 @@ import os
 import pytest
 
 from unit_tests.fakehost import a100_host
-from vgpu import sriov
+from vgpu import services, sriov
 from vgpu.errors import SriovError
 
 
@@ -37,7 +37,7 @@ def test_sriov_manage_failing_silently_still_says_how(root, tools):
     tool.write_text("#!/bin/sh\nexit 3\n")
     tool.chmod(0o755)
     assert sriov.enable(["0000:41:00.0"]) == [
-        "sriov-manage -e 0000:41:00.0 failed: sriov-manage -e 0000:41:00.0 exited with status 3"]
+        "sriov-manage -e 0000:41:00.0 failed: exit status 3"]
 
 
 def test_sriov_manage_runs_in_the_c_locale(root, tools, tmp_path, monkeypatch):
@@ -55,7 +55,7 @@ def test_sriov_manage_runs_in_the_c_locale(root, tools, tmp_path, monkeypatch):
 def test_a_hanging_systemctl_fails_the_unit_install_saying_so(root, tools, monkeypatch):
     systemctl = tools.bin / "systemctl"
     systemctl.write_text("#!/bin/sh\nsleep 300 & wait\n")
-    monkeypatch.setattr(sriov, "SYSTEMCTL_TIMEOUT", 1)
+    monkeypatch.setattr(services, "SWITCH_TIMEOUT", 1)
     with pytest.raises(SriovError) as error:
         sriov.ensure_unit("[Unit]\n")
     assert str(error.value) == "systemctl daemon-reload timed out after 1s and was stopped"

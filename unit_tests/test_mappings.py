@@ -14,6 +14,11 @@ CARACAL = releases.from_major(29)
 TRAIN = releases.from_major(20)
 
 
+def on_host(text, host, release):
+    """The option checked as the charm checks it: its text, then against ``host``."""
+    return mappings.against_host(mappings.check_text(text), host, release)
+
+
 @pytest.mark.parametrize("text,expected", [
     ("", {}),
     ("   \n", {}),
@@ -31,7 +36,7 @@ TRAIN = releases.from_major(20)
     ("{nvidia-108: ['10000:01:00.0']}", {"nvidia-108": ("10000:01:00.0",)}),
 ])
 def test_accepted_forms(text, expected):
-    result = mappings.validate(text)
+    result = mappings.check_text(text)
     assert result.errors == ()
     assert result.mapping == expected
     assert list(result.mapping) == list(expected)
@@ -61,7 +66,7 @@ def test_accepted_forms(text, expected):
     ("x: " + "y" * (70 * 1024), "is larger than 64 KiB"),
 ])
 def test_refused_with_a_message_naming_the_entry(text, message):
-    result = mappings.validate(text)
+    result = mappings.check_text(text)
     assert result.mapping == {}
     assert any(message in e for e in result.errors), result.errors
 
@@ -73,7 +78,7 @@ HOSTILE = ["\n", "\r", "]", "[", ",", "=", "#", "$", ";", " ", "\t", "\x00", "\u
 @pytest.mark.parametrize("char", HOSTILE)
 def test_hostile_characters_in_type_names_are_refused(char):
     text = json.dumps({f"nvidia-108{char}[DEFAULT]": ["0000:c1:00.0"]})
-    result = mappings.validate(text)
+    result = mappings.check_text(text)
     assert not result.ok and result.mapping == {}
     assert "is not a vGPU type id" in result.errors[0]
     assert "\n" not in result.errors[0] and "\r" not in result.errors[0]
@@ -82,7 +87,7 @@ def test_hostile_characters_in_type_names_are_refused(char):
 @pytest.mark.parametrize("char", HOSTILE)
 def test_hostile_characters_in_addresses_are_refused(char):
     text = json.dumps({"nvidia-108": [f"0000:c1:00.0{char}debug=true"]})
-    result = mappings.validate(text)
+    result = mappings.check_text(text)
     assert not result.ok and result.mapping == {}
     assert "is not a PCI address" in result.errors[0]
 
@@ -90,18 +95,18 @@ def test_hostile_characters_in_addresses_are_refused(char):
 @pytest.mark.parametrize("suffix", ["\n", "\r\n"])
 def test_trailing_newline_is_refused_although_json_schema_dollar_allows_it(suffix):
     # Python's re.search lets "$" match before a final newline: the schema adds "no whitespace".
-    assert not mappings.validate(json.dumps({"nvidia-108" + suffix: ["c1:00.0"]})).ok
-    assert not mappings.validate(json.dumps({"nvidia-108": ["c1:00.0" + suffix]})).ok
+    assert not mappings.check_text(json.dumps({"nvidia-108" + suffix: ["c1:00.0"]})).ok
+    assert not mappings.check_text(json.dumps({"nvidia-108": ["c1:00.0" + suffix]})).ok
 
 
 def test_all_schema_errors_are_reported_in_entry_order():
-    result = mappings.validate('{"nvidia-1": ["bad1"], "nvidia-2": ["c1:00.0", "bad2"]}')
+    result = mappings.check_text('{"nvidia-1": ["bad1"], "nvidia-2": ["c1:00.0", "bad2"]}')
     assert result.errors == ('nvidia-1: "bad1" is not a PCI address like 0000:c1:00.0',
                              'nvidia-2: "bad2" is not a PCI address like 0000:c1:00.0')
 
 
 def test_long_values_are_cut_in_messages():
-    result = mappings.validate(json.dumps({"nvidia-108": ["x" * 500]}))
+    result = mappings.check_text(json.dumps({"nvidia-108": ["x" * 500]}))
     assert len(result.errors[0]) < 120
 
 
@@ -121,51 +126,50 @@ def v100(root):
 
 
 def test_host_accepts_offered_types_on_its_gpus(v100):
-    result = mappings.validate("{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}", v100, CARACAL)
+    result = on_host("{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}", v100, CARACAL)
     assert result.ok and result.mapping == {"nvidia-108": ("0000:c1:00.0",),
                                            "nvidia-109": ("0000:e1:00.0",)}
 
 
 def test_address_that_is_not_a_gpu_here_is_named(v100):
-    result = mappings.validate("{nvidia-108: [c1:00.0, '0000:3b:00.0']}", v100, CARACAL)
+    result = on_host("{nvidia-108: [c1:00.0, '0000:3b:00.0']}", v100, CARACAL)
     assert result.errors == ("nvidia-108: 0000:3b:00.0 is not an NVIDIA GPU on this host "
                              "(found: 0000:c1:00.0, 0000:e1:00.0)",)
 
 
 def test_type_the_gpu_does_not_offer_is_named_with_what_it_offers(v100):
-    result = mappings.validate("{nvidia-471: [c1:00.0]}", v100, CARACAL)
+    result = on_host("{nvidia-471: [c1:00.0]}", v100, CARACAL)
     assert result.errors == (
         "nvidia-471: 0000:c1:00.0 (Tesla V100 PCIe 16GB) does not offer nvidia-471; it offers "
         "nvidia-105, nvidia-106, nvidia-107, nvidia-108 and 1 more",)
 
 
 def test_one_gpu_under_two_types_is_refused(v100):
-    result = mappings.validate("{nvidia-108: [c1:00.0], nvidia-109: ['0000:C1:00.0']}", v100, CARACAL)
+    result = on_host("{nvidia-108: [c1:00.0], nvidia-109: ['0000:C1:00.0']}", v100, CARACAL)
     assert result.errors == ("GPU 0000:c1:00.0 is mapped to both nvidia-108 and nvidia-109",)
 
 
 def test_queens_to_train_take_a_single_type(v100):
     text = "{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}"
-    result = mappings.validate(text, v100, TRAIN)
+    result = on_host(text, v100, TRAIN)
     assert result.errors == ("train (Nova 20) supports one vGPU type; 2 are mapped "
                              "(nvidia-108, nvidia-109)",)
-    assert mappings.validate(text, v100, releases.from_major(21)).ok
+    assert on_host(text, v100, releases.from_major(21)).ok
 
 
 def test_sriov_gpu_named_by_its_own_address_expands_to_the_vfs_the_type_fits(root):
     a100_host(root)
     host = pci.discover()
-    result = mappings.validate("{nvidia-474: ['0000:41:00.0']}", host, CARACAL)
+    result = on_host("{nvidia-474: ['0000:41:00.0']}", host, CARACAL)
     assert result.ok
     assert result.plan.mdev_mapping() == {"nvidia-474": tuple(f"0000:41:00.{n}" for n in range(4, 8))}
-    given = mappings.validate("{nvidia-474: ['41:00.4', '41:00.5']}", host, CARACAL)
+    given = on_host("{nvidia-474: ['41:00.4', '41:00.5']}", host, CARACAL)
     assert given.plan.mdev_mapping() == {"nvidia-474": ("0000:41:00.4", "0000:41:00.5")}
 
 
 def test_vfs_of_one_gpu_serve_one_type(root):
     a100_host(root)
-    result = mappings.validate("{nvidia-471: ['41:00.4'], nvidia-474: ['41:00.5']}", pci.discover(),
-                               CARACAL)
+    result = on_host("{nvidia-471: ['41:00.4'], nvidia-474: ['41:00.5']}", pci.discover(), CARACAL)
     assert result.errors == (
         "GPU 0000:41:00.0 (through 0000:41:00.5) is mapped to both nvidia-471 and nvidia-474",)
 
@@ -179,25 +183,24 @@ def test_no_more_vfs_than_the_type_fits(root):
                     mdev_types=A100_TYPES)
     found = pci.discover()
     five = "['41:00.4', '41:00.5', '41:00.6', '41:00.7', '41:01.0']"
-    assert mappings.validate(f"{{nvidia-474: {five}}}", found, CARACAL).errors == (
+    assert on_host(f"{{nvidia-474: {five}}}", found, CARACAL).errors == (
         "nvidia-474: 5 virtual functions of GPU 0000:41:00.0 are mapped but the type fits 4 per GPU",)
-    assert mappings.validate(f"{{nvidia-472: {five}}}", found, CARACAL).ok  # fits 8
+    assert on_host(f"{{nvidia-472: {five}}}", found, CARACAL).ok  # fits 8
 
 
 def test_vendor_specific_vfio_gpus_need_epoxy(root):
     l40s_host(root)
-    result = mappings.validate("{nvidia-1139: ['81:00.0']}", pci.discover(), CARACAL)
+    result = on_host("{nvidia-1139: ['81:00.0']}", pci.discover(), CARACAL)
     assert result.errors == (
         "GPU 0000:81:00.0 (L40S) uses NVIDIA's vendor-specific VFIO framework, which needs "
         "Nova 31 (2025.1 epoxy) or later; this host runs 2024.1 caracal (Nova 29)",)
-    assert mappings.validate("{nvidia-1139: ['81:00.0']}", pci.discover(),
-                             releases.from_major(31)).ok
+    assert on_host("{nvidia-1139: ['81:00.0']}", pci.discover(), releases.from_major(31)).ok
 
 
 def test_types_are_not_checked_while_the_driver_exposes_none(root):
     from unit_tests.fakehost import FakeHost
     FakeHost(root).add_gpu("0000:c1:00.0", driver=None)
-    assert mappings.validate("{nvidia-108: [c1:00.0]}", pci.discover(), CARACAL).ok
+    assert on_host("{nvidia-108: [c1:00.0]}", pci.discover(), CARACAL).ok
 
 
 # -- property-based hardening -------------------------------------------------
@@ -254,19 +257,19 @@ def _sections_are_only_ours(result) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.text(max_size=20), st.lists(st.text(max_size=24), max_size=4), max_size=4))
 def test_any_mapping_of_strings_either_fails_or_renders_only_its_own_settings(data):
-    _sections_are_only_ours(mappings.validate(json.dumps(data)))
+    _sections_are_only_ours(mappings.check_text(json.dumps(data)))
 
 
 @settings(max_examples=300, deadline=None)
 @given(values)
 def test_any_json_value_either_fails_or_renders_only_its_own_settings(data):
-    _sections_are_only_ours(mappings.validate(json.dumps(data)))
+    _sections_are_only_ours(mappings.check_text(json.dumps(data)))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200))
 def test_any_text_either_fails_or_renders_only_its_own_settings(text):
-    _sections_are_only_ours(mappings.validate(text))
+    _sections_are_only_ours(mappings.check_text(text))
 
 
 @settings(max_examples=200, deadline=None)
@@ -277,7 +280,7 @@ def test_any_text_either_fails_or_renders_only_its_own_settings(text):
              min_size=1, max_size=5),
     min_size=1, max_size=5))
 def test_valid_mappings_always_pass_and_round_trip_through_the_relation(data):
-    result = mappings.validate(json.dumps(data))
+    result = mappings.check_text(json.dumps(data))
     assert result.ok
     assert result.mapping == {k: tuple(sorted(set(v))) for k, v in data.items()}
     sections = novaconf.sections(result.mapping, CARACAL)
@@ -286,7 +289,7 @@ def test_valid_mappings_always_pass_and_round_trip_through_the_relation(data):
 
 
 def test_control_characters_are_refused_by_the_yaml_reader():
-    result = mappings.validate("{nvidia-108: [c1:00.0]}\x1f")
+    result = mappings.check_text("{nvidia-108: [c1:00.0]}\x1f")
     assert result.errors == ("vgpu-device-mappings is not valid YAML or JSON: "
                              "special characters are not allowed",)
 

@@ -2,8 +2,7 @@
 
 import os
 
-from unit_tests.fakehost import (INTEL, NVIDIA, FakeHost, MdevType, V100_TYPES,
-                                 a100_host, l40s_host, v100_host)
+from unit_tests.fakehost import INTEL, NVIDIA, V100_TYPES, FakeHost, MdevType, a100_host, l40s_host, v100_host
 from vgpu import pci
 
 
@@ -123,6 +122,7 @@ def test_non_nvidia_type_directories_are_ignored(root):
 
 def test_each_vf_keeps_its_own_available_instances(root):
     from dataclasses import replace
+
     from unit_tests.fakehost import A100_TYPES
     host = FakeHost(root)
     host.add_gpu("0000:41:00.0", device="0x20b5", totalvfs=16)

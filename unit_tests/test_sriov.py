@@ -30,6 +30,16 @@ def test_sriov_manage_failures_are_one_line_each(root, tools):
         "sriov-manage -e 0000:c1:00.0 could not run: Permission denied")
 
 
+def test_a_failure_said_on_stdout_is_named(root, tools):
+    l40s_host(root, enabled=False)
+    tool = root / sriov.SRIOV_MANAGE
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text('#!/bin/sh\necho "Cannot enable VFs on $2: device busy"\nexit 1\n')
+    tool.chmod(0o755)
+    assert sriov.enable(["0000:c1:00.0"]) == [
+        "sriov-manage -e 0000:c1:00.0 failed: Cannot enable VFs on 0000:c1:00.0: device busy"]
+
+
 def test_the_unit_enables_every_sriov_gpu_and_rewrites_only_vfio_types(root):
     host = l40s_host(root)
     host.add_gpu("0000:e1:00.0")  # a V100: no SR-IOV, not in the unit

@@ -23,6 +23,11 @@ def action_set_argv(results):
                        if value != {}]
 
 
+def action_set_bytes(results):
+    """Bytes of those arguments as exec gets them: each NUL-terminated, plus its argv pointer."""
+    return sum(len(arg.encode()) + 1 + 8 for arg in action_set_argv(results)[1:])
+
+
 def exec_with(results):
     return subprocess.run(action_set_argv(results), check=True)
 
@@ -67,7 +72,7 @@ def test_fit_drops_whole_records_from_the_end_and_says_so():
     assert all(entry == types[key] for key, entry in kept.items())  # no half records
     assert out["gpus"]["gpu-0"]["address"] == "0000:c1:00.0"
     assert out["truncated"].startswith(f"{len(kept)} of 3000 types shown in the nested results")
-    assert table.action_set_bytes(out) <= table.MAX_RESULTS_BYTES
+    assert action_set_bytes(out) <= table.MAX_RESULTS_BYTES
 
 
 def test_fit_cuts_a_huge_single_value():
@@ -125,7 +130,7 @@ def test_list_vgpu_types_with_thousands_of_types_fits_action_set(big, tools, tmp
     resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
     ctx.run(ctx.on.action("list-vgpu-types"), testing.State(resources={resource}))
     results = ctx.action_results
-    assert table.action_set_bytes(results) <= table.MAX_RESULTS_BYTES
+    assert action_set_bytes(results) <= table.MAX_RESULTS_BYTES
     exec_with(results)
     lines = results["table"].splitlines()
     assert lines[0].split()[:3] == ["ADDRESS", "MODEL", "TYPE"]

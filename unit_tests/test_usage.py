@@ -20,6 +20,7 @@ from unit_tests.fakehost import (
     v100_host,
 )
 from unit_tests.libvirt import PROJECT_ID, PROJECT_NAME, defined_guest, running_guest
+from unit_tests.test_table import action_set_argv, action_set_bytes
 from vgpu import guests, pci, table, usage
 
 MGR = "nvidia-vgpu-mgr"
@@ -37,8 +38,11 @@ GUESTS = 1500
 
 @pytest.fixture
 def v100_guests(root):
-    """Two V100s: a running guest on an nvidia-108 mdev, a shut-off one on nvidia-109,
-    an idle nvidia-108 mdev, and an Intel GVT-g guest that is not ours."""
+    """Two V100s with guests: ours running and shut off, an idle mdev, one not ours.
+
+    A running guest on an nvidia-108 mdev, a shut-off one on nvidia-109, an
+    idle nvidia-108 mdev, and an Intel GVT-g guest that is not ours.
+    """
     host = v100_host(root)
     host.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_A)
     host.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_IDLE)
@@ -104,6 +108,21 @@ def test_a_full_gpu_lists_no_names_so_the_type_stays_an_id(root):
     assert "nvidia-1141?" in results["table"]
 
 
+def test_vgpu_usage_on_a_full_gpu_names_the_type_learnt_while_it_was_free(root, tools, tmp_path):
+    host = l40s_host(root)
+    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+    resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
+    ctx.run(ctx.on.update_status(), testing.State(resources={resource}))  # the VFs list their types
+    for address in ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6", "0000:81:00.7"):
+        assign_vfio_type(host, address, 1141)  # full: no VF lists a name any more
+    running_guest(root, "instance-00000040", VM_1, pci_address="0000:81:00.6")
+    ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
+    entry = ctx.action_results["vgpus"]["vgpu-0"]
+    assert (entry["address"], entry["type"], entry["profile"], entry["framebuffer-mb"], entry["edition"]) == (
+        "0000:81:00.6", "nvidia-1141", "L40S-24Q", "24576", "RTX Virtual Workstation")
+    assert ctx.action_results["editions"] == {"rtx-virtual-workstation": "1"}
+
+
 @pytest.mark.parametrize("name,profile,edition,mb", [
     ("GRID V100-8Q", "V100-8Q", "RTX Virtual Workstation", 8192),
     ("NVIDIA L40S-12Q", "L40S-12Q", "RTX Virtual Workstation", 12288),
@@ -154,8 +173,7 @@ def test_hostile_type_names_never_break_action_set(root):
         b"GRID\x00 V100-8Q\xff\n[x]")
     running_guest(root, "instance-00000001", VM_1, mdev_uuid=MDEV_A)
     results = usage.results(usage.in_use(pci.discover()))
-    argv = ["true"] + [f"{'.'.join(p)}={v}" for p, v in table.flatten(results) if v != {}]
-    subprocess.run(argv, check=True)
+    subprocess.run(action_set_argv(results), check=True)
     assert "\x00" not in results["table"]
 
 
@@ -210,9 +228,8 @@ def test_thousands_of_guests_stay_within_action_set(root, tools, tmp_path):
     resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
     ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
     results = ctx.action_results
-    assert table.action_set_bytes(results) <= table.MAX_RESULTS_BYTES
-    argv = ["true"] + [f"{'.'.join(p)}={v}" for p, v in table.flatten(results) if v != {}]
-    subprocess.run(argv, check=True)  # the kernel accepts them as action-set's arguments
+    assert action_set_bytes(results) <= table.MAX_RESULTS_BYTES
+    subprocess.run(action_set_argv(results), check=True)  # the kernel accepts them as action-set's arguments
     assert results["summary"].startswith("1500 vGPUs in running guests (1500 RTX Virtual")
     assert len(results["projects"]) == 40  # totals come first and are never dropped
     assert sum(int(p["running-vgpus"]) for p in results["projects"].values()) == GUESTS

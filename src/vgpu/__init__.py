@@ -8,3 +8,5 @@ stays thin and every module can be tested on a fixture tree.
 # Defined once; status messages, the attach hint and the files the charm writes use them.
 APP = "nova-compute-nvidia-vgpu"
 RESOURCE = "nvidia-vgpu-software"
+OPTION = "vgpu-device-mappings"  # the charm option that maps vGPU types to GPUs
+RELATION = "nova-vgpu"  # the endpoint to nova-compute

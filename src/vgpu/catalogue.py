@@ -30,6 +30,7 @@ Table = Dict[str, Dict[str, str]]  # "<device id> <driver version>" -> {"<type i
 
 
 def key(gpu: pci.Gpu, driver_version: Optional[str]) -> str:
+    """The table key of ``gpu``'s model under ``driver_version``: ``"0x26b9 570.158.02"``."""
     return f"{gpu.device_id} {driver_version or 'unknown'}"
 
 
@@ -84,8 +85,11 @@ def forget() -> None:
 
 def offered(host: pci.Host, driver_version: Optional[str],
             table: Table) -> Dict[str, Tuple[pci.VgpuType, ...]]:
-    """Per GPU address, every type it offers: mdev types as sysfs lists them; on VFIO
-    GPUs the learnt table joined with what the VFs list now, by id."""
+    """Per GPU address, every type it offers.
+
+    mdev types as sysfs lists them; on VFIO GPUs the learnt table joined with
+    what the VFs list now, by id, and any type a VF holds (named or not).
+    """
     out: Dict[str, Tuple[pci.VgpuType, ...]] = {}
     for gpu in host.gpus:
         if gpu.framework != pci.VFIO:

@@ -29,6 +29,7 @@ COMPARE_TIMEOUT = 10
 
 @dataclass(frozen=True)
 class Package:
+    """A package as dpkg's status file records it, in whatever state it is."""
     name: str
     version: str
     architecture: str
@@ -71,6 +72,7 @@ def packages(names: Iterable[str] = (), prefixes: Iterable[str] = ()) -> Dict[st
 
 
 def package(name: str) -> Optional[Package]:
+    """The package ``name`` as dpkg knows it now, or None when dpkg has no record of it."""
     return packages(names=[name]).get(name)
 
 

@@ -119,6 +119,11 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> Deb
                    branch=host.group(1), path=path)
 
 
+def same_package(info: DebInfo, installed: dpkg.Package) -> bool:
+    """Whether ``info`` is the very package and version dpkg holds (a retry, not an upgrade)."""
+    return (info.package, info.version) == (installed.name, installed.version)
+
+
 def shipped_services(info: DebInfo) -> Tuple[str, ...]:
     """The vGPU services the package holds, from its file list (decompresses it all).
 
@@ -143,10 +148,11 @@ def installed_driver(pkgs: Optional[Mapping[str, dpkg.Package]] = None) -> Optio
     """
     if pkgs is None:
         pkgs = dpkg.packages(prefixes=[PREFIX])
-    found = [p for p in pkgs.values() if HOST_PACKAGE.fullmatch(p.name) and p.present]
+    found = [(p, int(match.group(1))) for p in pkgs.values()
+             if (match := HOST_PACKAGE.fullmatch(p.name)) and p.present]
     if not found:
         return None
-    return max(found, key=lambda p: (p.installed, int(HOST_PACKAGE.fullmatch(p.name).group(1))))
+    return max(found, key=lambda pair: (pair[0].installed, pair[1]))[0]
 
 
 def install(info: DebInfo) -> None:

@@ -13,6 +13,7 @@ class CommandError(VgpuError):
     """A host command could not run, ran out of time or failed. ``str()`` says why, cause first."""
 
     def __init__(self, message: str, cause: str, returncode=None, stderr: str = ""):
+        """Keep the cause (one line), the exit status and stderr beside the message."""
         super().__init__(message)
         self.cause = cause  # the reason alone, without the command's name when it failed
         self.returncode = returncode
@@ -21,14 +22,6 @@ class CommandError(VgpuError):
 
 class UnsupportedReleaseError(VgpuError):
     """The installed Nova is too old, or its version cannot be read."""
-
-
-class MappingError(VgpuError):
-    """vgpu-device-mappings cannot be used; ``errors`` names each offending entry."""
-
-    def __init__(self, errors):
-        self.errors = list(errors)
-        super().__init__("; ".join(self.errors))
 
 
 class ResourceMissingError(VgpuError):
@@ -51,6 +44,7 @@ class GuestsRunningError(VgpuError):
     """Running guests use vGPUs, so the host driver must not be touched."""
 
     def __init__(self, guests):
+        """Name every guest with its instance uuid in the message; ``guests`` keeps them."""
         self.guests = list(guests)
         names = ", ".join(f"{g.name} ({g.instance_uuid})" for g in self.guests)
         super().__init__(f"{len(self.guests)} running guest(s) use vGPUs: {names}")

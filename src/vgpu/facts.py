@@ -14,7 +14,9 @@ from .errors import UnsupportedReleaseError
 
 @dataclass(frozen=True)
 class Facts:
-    host: pci.Host
+    """What one read of the host found; its methods derive answers without reading again."""
+
+    pci: pci.Host  # what PCI discovery found: the GPUs, their VFs and vGPU types
     packages: Mapping[str, dpkg.Package]
     modules: frozenset
     loaded_driver_version: Optional[str] = None
@@ -30,6 +32,7 @@ class Facts:
         return releases.installed(self.packages)
 
     def release_problem(self) -> Optional[str]:
+        """Why Nova's release cannot be served (too old, unreadable), or None."""
         try:
             self.release()
         except UnsupportedReleaseError as error:
@@ -42,7 +45,7 @@ class Facts:
 
     def iommu_problem(self) -> Optional[str]:
         """SR-IOV GPUs hand out virtual functions, which need the IOMMU."""
-        sriov = [gpu.address for gpu in self.host.gpus if gpu.sriov]
+        sriov = [gpu.address for gpu in self.pci.gpus if gpu.sriov]
         if not sriov or self.iommu:
             return None
         return (f"IOMMU is off but SR-IOV GPU {sriov[0]} needs it: add intel_iommu=on iommu=pt "
@@ -51,19 +54,19 @@ class Facts:
 
     def reboot_reasons(self) -> List[str]:
         """Why the host needs a reboot for the installed driver to work."""
-        package = self.driver
-        installed = package is not None and package.installed
+        installed = self.driver if self.driver is not None and self.driver.installed else None
         return kernel.reboot_reasons(
-            self.modules, driver_installed=installed,
-            installed_version=package.version if installed else None,
+            self.modules, driver_installed=installed is not None,
+            installed_version=installed.version if installed else None,
             loaded_version=self.loaded_driver_version)
 
 
 def gather() -> Facts:
+    """Read the host once: PCI devices, dpkg's packages, modules, IOMMU, driver services."""
     packages = dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[driver.PREFIX])
     package = driver.installed_driver(packages)
     return Facts(
-        host=pci.discover(),
+        pci=pci.discover(),
         packages=packages,
         modules=kernel.loaded_modules(),
         loaded_driver_version=kernel.loaded_driver_version(),

@@ -26,10 +26,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from . import hostroot
-from .errors import GuestsRunningError
+from .errors import GuestsRunningError, HostReadError
 
 if TYPE_CHECKING:  # parsing XML is imported only when a file has something to parse
     import xml.etree.ElementTree as ET
@@ -45,6 +45,7 @@ SHUT_OFF = "shut off"
 
 @dataclass(frozen=True)
 class Guest:
+    """A libvirt domain that holds vGPUs, as the guard against touching the driver sees it."""
     name: str  # libvirt domain name, e.g. instance-0000002a
     instance_uuid: str  # domain <uuid> = Nova instance uuid
     vgpus: Tuple[str, ...]  # mdev uuids and PCI addresses (dddd:bb:dd.f) it holds
@@ -136,10 +137,12 @@ def _domain(path: Path, require: str = "") -> Optional[ET.Element]:
     A file whose text lacks ``require`` is skipped unparsed.
     """
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        log.warning("cannot read %s: %s", path, e)
+        text = hostroot.read_text(path, clean=False)
+    except HostReadError as error:
+        log.warning("%s", error)
         return None
+    if text is None:
+        return None  # gone since it was listed (the guest stopped)
     if require and require not in text:
         return None
     if "<!DOCTYPE" in text.upper() or "<!ENTITY" in text.upper():
@@ -162,31 +165,27 @@ def _domain(path: Path, require: str = "") -> Optional[ET.Element]:
 
 def _vgpus(domain: ET.Element, wanted: Set[str]) -> Tuple[str, ...]:
     found = []
-    for hostdev in domain.findall("./devices/hostdev"):
-        if hostdev.get("mode", "subsystem") != "subsystem":
-            continue
-        address = hostdev.find("./source/address")
-        if address is None:
-            continue
-        kind = hostdev.get("type")
-        if kind == "mdev" and address.get("uuid"):
-            uuid = address.get("uuid").strip().lower()
-            parent = _mdev_parent(uuid)
+    for kind, value in _hostdevs(domain):
+        if kind == "mdev":
+            parent = _mdev_parent(value)
             # An mdev of another vendor's parent (Intel GVT-g) is not a vGPU of ours;
             # one whose parent cannot be found is counted, to be safe.
             if parent is None or parent in wanted:
-                found.append(uuid)
-        elif kind == "pci":
-            pci = _pci(address)
-            if pci and pci in wanted:
-                found.append(pci)
+                found.append(value)
+        elif value in wanted:
+            found.append(value)
     return tuple(found)
 
 
 def _devices(domain: ET.Element) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """(mdev uuids, PCI addresses) of the domain's subsystem hostdevs, in order."""
-    mdevs: List[str] = []
-    pci: List[str] = []
+    pairs = list(_hostdevs(domain))
+    return (tuple(value for kind, value in pairs if kind == "mdev"),
+            tuple(value for kind, value in pairs if kind == "pci"))
+
+
+def _hostdevs(domain: ET.Element) -> Iterator[Tuple[str, str]]:
+    """``("mdev", uuid)`` or ``("pci", address)`` per subsystem hostdev of the domain, in order."""
     for hostdev in domain.findall("./devices/hostdev"):
         if hostdev.get("mode", "subsystem") != "subsystem":
             continue
@@ -194,13 +193,13 @@ def _devices(domain: ET.Element) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
         if address is None:
             continue
         kind = hostdev.get("type")
-        if kind == "mdev" and address.get("uuid"):
-            mdevs.append(address.get("uuid", "").strip().lower())
+        uuid = (address.get("uuid") or "").strip().lower()
+        if kind == "mdev" and uuid:
+            yield "mdev", uuid
         elif kind == "pci":
             found = _pci(address)
             if found:
-                pci.append(found)
-    return tuple(mdevs), tuple(pci)
+                yield "pci", found
 
 
 def _nova_metadata(domain: ET.Element) -> Dict[str, str]:

@@ -54,8 +54,13 @@ def unreadable(where: Union[str, Path], error: OSError) -> HostReadError:
                          f"{error.strerror or type(error).__name__}")
 
 
-def read_text(where: Union[str, Path]) -> Optional[str]:
-    """A host file's text, cleaned (see the module doc); None when it does not exist."""
+def read_text(where: Union[str, Path], *, clean: bool = True) -> Optional[str]:
+    """A host file's text, cleaned (see the module doc); None when it does not exist.
+
+    ``clean=False`` keeps every character that decodes (invalid UTF-8 still
+    becomes U+FFFD), for a parser that cleans each value it takes out: a
+    control character in libvirt's XML must reach the XML parser as it is.
+    """
     try:
         with open(where, "rb") as handle:
             data = handle.read()
@@ -63,6 +68,8 @@ def read_text(where: Union[str, Path]) -> Optional[str]:
         if error.errno in (errno.ENOENT, errno.ENOTDIR):  # it, or a folder above it, is not there
             return None
         raise unreadable(where, error) from None
+    if not clean:
+        return data.decode("utf-8", errors="replace")
     return text.decode(data)
 
 

@@ -8,16 +8,14 @@ charm and written to ``<root>/etc/modprobe.d/``; every change is followed by
 away is part of preparing the host for the driver.
 """
 
-import errno
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from string import Template
 from typing import FrozenSet, Iterable, List, Optional
 
-from . import APP, dpkg, hostroot, run
+from . import APP, dpkg, files, hostroot, run
 from .errors import CommandError, HostReadError, InstallError
 
 log = logging.getLogger(__name__)
@@ -60,14 +58,14 @@ def _ensure_blacklisted() -> bool:
     previous = hostroot.read_text(target)
     if previous == content:
         return False
-    _write(target, content)
+    files.write_atomic(target, content)
     try:
         update_initramfs()
     except InstallError:
         if previous is None:
             target.unlink()
         else:
-            _write(target, previous)
+            files.write_atomic(target, previous)
         raise
     log.info("wrote %s and refreshed the initramfs", target)
     return True
@@ -92,7 +90,7 @@ def _remove_blacklist() -> bool:
     try:
         update_initramfs()
     except InstallError:
-        _write(target, previous)
+        files.write_atomic(target, previous)
         raise
     log.info("removed %s and refreshed the initramfs", target)
     return True
@@ -160,23 +158,3 @@ def reboot_reasons(modules: Optional[Iterable[str]] = None,
         reasons.append(f"NVIDIA driver {loaded_version} is loaded, {installed_version} installed")
     return reasons
 
-
-def _write(target: Path, content: str) -> None:
-    """Replace ``target`` atomically with ``content``, mode 0644."""
-    if target.parent.exists() and not target.parent.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

@@ -20,9 +20,12 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from .text import quote
+
+if TYPE_CHECKING:  # plan is imported only where a host check needs it
+    from .plan import Plan
 
 SCHEMA_FILE = Path(__file__).with_name("vgpu-device-mappings.schema.json")
 MAX_BYTES = 64 * 1024
@@ -40,15 +43,19 @@ Mapping_ = Dict[str, Tuple[str, ...]]
 
 @dataclass(frozen=True)
 class Validation:
-    """The normalised mapping (key -> sorted addresses, or ``("all",)``), or the reasons
-    it is refused; ``plan`` once checked against a host."""
+    """The normalised mapping, or the reasons it is refused.
+
+    ``mapping`` is key -> sorted addresses, or ``("all",)``; ``plan`` is set
+    once the mapping was checked against a host.
+    """
 
     mapping: Mapping[str, Tuple[str, ...]]
     errors: Tuple[str, ...] = ()
-    plan: Optional[object] = None  # vgpu.plan.Plan
+    plan: Optional["Plan"] = None
 
     @property
     def ok(self) -> bool:
+        """True when nothing was refused."""
         return not self.errors
 
 
@@ -71,7 +78,7 @@ def parse(text: Optional[str]):
 
     loader = None
     try:
-        loader = _loader_class(yaml)(text)  # the reader refuses control characters here
+        loader = _loader_class()(text)  # the reader refuses control characters here
         node = loader.get_single_node()
         # Scalars stay strings, so YAML's null (~, null) is read by hand: as the whole
         # option it means no types, like an empty option. Quoted, it stays a string.
@@ -139,20 +146,17 @@ def check_text(text: Optional[str]) -> Validation:
 
 
 def against_host(checked: Validation, host, release=None, offered=None) -> Validation:
-    """``checked`` (from check_text) resolved on the host into a plan; the host's and
-    the release's objections become its errors. ``offered``: learnt types per GPU."""
+    """``checked`` (from check_text) resolved on the host into a plan.
+
+    The host's and the release's objections become its errors. ``offered``:
+    learnt types per GPU.
+    """
     if not checked.ok:
         return checked
     from . import plan
 
     built = plan.build(checked.mapping, host, release, offered)
     return Validation(checked.mapping, built.errors, built)
-
-
-def validate(text: Optional[str], host=None, release=None) -> Validation:
-    """Parse, schema-check, normalise and (given a host) host-check the option."""
-    checked = check_text(text)
-    return checked if host is None else against_host(checked, host, release)
 
 
 def fingerprint(text: Optional[str]) -> str:
@@ -174,6 +178,7 @@ def to_record(checked: Validation) -> dict:
 
 
 def from_record(record) -> Validation:
+    """The Validation that to_record stored (the charm's stored state) back."""
     return Validation({t: tuple(a) for t, a in dict(record["mapping"]).items()},
                       tuple(record["errors"]))
 
@@ -216,8 +221,9 @@ def _describe(error, schema) -> str:
     return f"{vgpu_type}: {quote(error.instance)} is not a PCI address like 0000:c1:00.0"
 
 
-def _loader_class(yaml):
+def _loader_class():
     """A SafeLoader-like class that keeps scalars as strings and refuses aliases and duplicates."""
+    import yaml  # already imported by check_text, which alone calls this
 
     class StringLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser,
                        yaml.composer.Composer, yaml.constructor.SafeConstructor,

@@ -11,7 +11,7 @@ relation data, so nova-compute never restarts for nothing.
 
 import json
 import re
-from typing import Dict, Iterable, List, Mapping, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Tuple
 
 from . import releases
 
@@ -76,6 +76,7 @@ def plan_sections(plan, release, mdev_class: bool = False,
 
 
 def resource_class(name: str) -> str:
+    """Placement's resource class for a type name (see plan.resource_class); plan loads only here."""
     from .plan import resource_class as rc
 
     return rc(name)
@@ -100,27 +101,50 @@ def check(config_sections: Sections) -> None:
     for section, pairs in config_sections.items():
         _checked("section", section)
         for key, value in pairs:
-            if key in ("enabled_mdev_types", "enabled_vgpu_types"):
-                for item in value.split(","):
-                    _checked("type", item)
-            elif key == "device_addresses":
-                for item in value.split(","):
-                    _checked("address", item)
-            elif key == "mdev_class":
-                _checked("resource_class", value)
-            elif key == "report_in_placement":
-                if value != "True":
-                    raise ValueError(f"unexpected report_in_placement {value!r}")
-            elif key == "device_spec":
-                spec = json.loads(value)
-                if set(spec) != {"vendor_id", "product_id", "address", "managed", "resource_class"} \
-                        or spec["vendor_id"] != NVIDIA_VENDOR or spec["managed"] != "no" \
-                        or "\n" in value:
-                    raise ValueError(f"unexpected device_spec {value!r}")
-                for field in ("address", "product_id", "resource_class"):
-                    _checked(field, spec[field])
-            else:
+            value_check = _VALUE_CHECKS.get(key)
+            if value_check is None:
                 raise ValueError(f"unexpected setting {key!r} in [{section}]")
+            value_check(value)
+
+
+def _check_types(value: str) -> None:
+    for item in value.split(","):
+        _checked("type", item)
+
+
+def _check_addresses(value: str) -> None:
+    for item in value.split(","):
+        _checked("address", item)
+
+
+def _check_resource_class(value: str) -> None:
+    _checked("resource_class", value)
+
+
+def _check_report_in_placement(value: str) -> None:
+    if value != "True":
+        raise ValueError(f"unexpected report_in_placement {value!r}")
+
+
+def _check_device_spec(value: str) -> None:
+    spec = json.loads(value)
+    if set(spec) != {"vendor_id", "product_id", "address", "managed", "resource_class"} \
+            or spec["vendor_id"] != NVIDIA_VENDOR or spec["managed"] != "no" \
+            or "\n" in value:
+        raise ValueError(f"unexpected device_spec {value!r}")
+    for field in ("address", "product_id", "resource_class"):
+        _checked(field, spec[field])
+
+
+# Every setting this module writes, with the check its value must pass.
+_VALUE_CHECKS: Dict[str, Callable[[str], None]] = {
+    "enabled_mdev_types": _check_types,
+    "enabled_vgpu_types": _check_types,
+    "device_addresses": _check_addresses,
+    "mdev_class": _check_resource_class,
+    "report_in_placement": _check_report_in_placement,
+    "device_spec": _check_device_spec,
+}
 
 
 def _checked(kind: str, value: str) -> str:
@@ -160,12 +184,12 @@ def mapping_from_sections(config_sections: Sections) -> Dict[str, Tuple[str, ...
 
     VFs published as ``[pci] device_spec`` count under their resource class.
     """
-    devices = dict(tuple(pair) for pair in config_sections.get("devices", []))
+    devices = {key: value for key, value in config_sections.get("devices", [])}
     types = (devices.get("enabled_mdev_types") or devices.get("enabled_vgpu_types") or "")
     out = {}
     for vgpu_type in filter(None, types.split(",")):
-        pairs = dict(tuple(p) for p in (config_sections.get(f"mdev_{vgpu_type}")
-                                        or config_sections.get(f"vgpu_{vgpu_type}") or []))
+        pairs = {key: value for key, value in (config_sections.get(f"mdev_{vgpu_type}")
+                                               or config_sections.get(f"vgpu_{vgpu_type}") or [])}
         out[vgpu_type] = tuple(filter(None, pairs.get("device_addresses", "").split(",")))
     by_class: Dict[str, List[str]] = {}
     for pair in config_sections.get("pci", []):

@@ -46,6 +46,7 @@ class VgpuType:
 
     @property
     def id(self) -> str:
+        """The type as Nova names it: ``nvidia-<number>``."""
         return f"nvidia-{self.number}"
 
     @property
@@ -59,10 +60,12 @@ class VgpuType:
 
     @property
     def profile(self) -> Optional["Profile"]:
+        """The NVIDIA profile its name spells (``L40S-12Q``), or None for a name that is not one."""
         return profile(self.name)
 
     @property
     def max_instances(self) -> Optional[int]:
+        """How many of this type one GPU holds, from the description's ``max_instance``."""
         return _int(dict(self.properties).get("max_instance"))
 
 
@@ -95,6 +98,7 @@ class Gpu:
 
     @property
     def sriov(self) -> bool:
+        """Whether the GPU offers SR-IOV virtual functions (its vGPUs then live on VFs)."""
         return self.sriov_totalvfs > 0
 
     @property
@@ -146,6 +150,7 @@ class Host:
     ignored_mdev_parents: Tuple[str, ...] = field(default=())
 
     def gpu(self, address: str) -> Optional[Gpu]:
+        """The GPU at ``address``, or whose VF is at ``address``; None when neither is here."""
         for gpu in self.gpus:
             if gpu.function(address) is not None:
                 return gpu

@@ -43,15 +43,18 @@ class Assignment:
 
     @property
     def type_id(self) -> str:
+        """The type as Nova names it: ``nvidia-<number>``."""
         return f"nvidia-{self.number}"
 
     @property
     def resource_class(self) -> str:
+        """The placement resource class this type is published under."""
         return resource_class(self.name)
 
 
 @dataclass(frozen=True)
 class Plan:
+    """Which function gets which type, or why the mapping cannot be applied here."""
     assignments: Tuple[Assignment, ...] = ()
     errors: Tuple[str, ...] = ()
     notes: Tuple[str, ...] = ()  # e.g. a key of value `all` that no GPU here offers
@@ -59,6 +62,7 @@ class Plan:
 
     @property
     def ok(self) -> bool:
+        """True when the plan can be applied and published."""
         return not self.errors
 
     def mdev_mapping(self) -> Dict[str, Tuple[str, ...]]:
@@ -70,6 +74,7 @@ class Plan:
         return {f"nvidia-{n}": tuple(sorted(out[n])) for n in sorted(out)}
 
     def mdev_names(self) -> Dict[str, str]:
+        """``{type id: driver name}`` of the mediated-device types in the plan."""
         return {a.type_id: a.name for a in self.assignments if a.framework == pci.MDEV}
 
     def vfio(self) -> Tuple[Assignment, ...]:
@@ -101,90 +106,125 @@ def alias_name(name: str) -> str:
 def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
           offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]] = None) -> Plan:
     """The plan for a checked mapping on ``host``; ``offered`` adds learnt VFIO types per GPU."""
-    offered = dict(offered or {})
-    errors: List[str] = []
-    notes: List[str] = []
-    missing: List[str] = []
-    chosen: Dict[str, Tuple[pci.VgpuType, str, str]] = {}  # GPU -> (type, key, address)
-    whole: Dict[str, bool] = {}
-    explicit: Dict[str, List[str]] = {}
+    draft = _Draft(host, offered)
+    for key, addresses in mapping.items():
+        if tuple(addresses) == (ALL,):
+            draft.everywhere(key)
+        else:
+            draft.at(key, addresses)
+    assignments = draft.assignments(release)
+    errors = draft.errors
+    single = _single_type_problem(assignments, release)
+    if single:
+        errors.insert(0, single)
+    errors.extend(_shared_class_problems(assignments))
+    return Plan(assignments=tuple(sorted(assignments, key=lambda a: a.address)),
+                errors=tuple(dict.fromkeys(errors)), notes=tuple(draft.notes),
+                missing_vfs=tuple(sorted(set(draft.missing))))
 
-    def types_of(gpu: pci.Gpu) -> Tuple[pci.VgpuType, ...]:
-        return offered.get(gpu.address) or gpu.offered_types()
 
-    def claim(key: str, gpu: pci.Gpu, address: str) -> None:
-        vgpu_type, problem = _resolve(key, gpu, types_of(gpu))
+class _Draft:
+    """The mapping's claims on one host, key by key, before any function is assigned."""
+
+    def __init__(self, host: pci.Host, offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]]):
+        self.host = host
+        self.offered = dict(offered or {})
+        self.errors: List[str] = []
+        self.notes: List[str] = []
+        self.missing: List[str] = []  # SR-IOV GPUs whose VFs are not enabled
+        self.chosen: Dict[str, Tuple[pci.VgpuType, str, str]] = {}  # GPU -> (type, key, address)
+        self.whole: Dict[str, bool] = {}  # GPU -> mapped by its own address (or `all`)
+        self.explicit: Dict[str, List[str]] = {}  # GPU -> VF addresses mapped one by one
+
+    def types_of(self, gpu: pci.Gpu) -> Tuple[pci.VgpuType, ...]:
+        """What ``gpu`` offers: the learnt types when given, else what sysfs lists."""
+        return self.offered.get(gpu.address) or gpu.offered_types()
+
+    def everywhere(self, key: str) -> None:
+        """``key: all``: every GPU that offers the type; a note when none does."""
+        found = False
+        for gpu in self.host.gpus:
+            if gpu.vfs_missing:
+                self.missing.append(gpu.address)
+                continue
+            vgpu_type, problem = _resolve(key, gpu, self.types_of(gpu))
+            if vgpu_type is None:
+                continue
+            found = True
+            if problem:
+                self.errors.append(problem)  # e.g. MIG-backed: say so rather than skip
+            else:
+                self.claim(key, gpu, gpu.address)
+        if not found:
+            self.notes.append(f"{key}: no GPU on this host offers it, nothing published for it")
+
+    def at(self, key: str, addresses: Sequence[str]) -> None:
+        """``key: [addresses]``: each address must be a GPU here or one of its VFs."""
+        for address in addresses:
+            gpu = self.host.gpu(address)
+            if gpu is None:
+                self.errors.append(f"{key}: {address} is not an NVIDIA GPU on this host "
+                                   f"(found: {_summary(self.host.addresses())})")
+            elif gpu.vfs_missing:
+                self.missing.append(gpu.address)
+            else:
+                self.claim(key, gpu, address)
+
+    def claim(self, key: str, gpu: pci.Gpu, address: str) -> None:
+        """``address`` (``gpu`` or one of its VFs) takes ``key``'s type; one type per GPU."""
+        vgpu_type, problem = _resolve(key, gpu, self.types_of(gpu))
         if problem:
-            errors.append(problem)
+            self.errors.append(problem)
             return
-        held = chosen.setdefault(gpu.address, (vgpu_type, key, address))
+        held = self.chosen.setdefault(gpu.address, (vgpu_type, key, address))
         if held[0].number != vgpu_type.number:
             via = "" if address == gpu.address else f" (through {address})"
             mixed = "; a GPU takes one profile (mixed-size mode is not supported)" \
                 if gpu.framework == pci.VFIO else ""
-            errors.append(f"GPU {gpu.address}{via} is mapped to both {held[1]} and {key}{mixed}")
+            self.errors.append(f"GPU {gpu.address}{via} is mapped to both {held[1]} and {key}{mixed}")
             return
         if address == gpu.address:
-            whole[gpu.address] = True
+            self.whole[gpu.address] = True
         else:
-            explicit.setdefault(gpu.address, []).append(address)
+            self.explicit.setdefault(gpu.address, []).append(address)
 
-    for key, addresses in mapping.items():
-        if tuple(addresses) == (ALL,):
-            found = False
-            for gpu in host.gpus:
-                if gpu.vfs_missing:
-                    missing.append(gpu.address)
-                    continue
-                vgpu_type, problem = _resolve(key, gpu, types_of(gpu))
-                if vgpu_type is not None and not problem:
-                    claim(key, gpu, gpu.address)
-                    found = True
-                elif vgpu_type is not None:
-                    errors.append(problem)  # e.g. MIG-backed: say so rather than skip
-                    found = True
-            if not found:
-                notes.append(f"{key}: no GPU on this host offers it, nothing published for it")
-            continue
-        for address in addresses:
-            gpu = host.gpu(address)
-            if gpu is None:
-                errors.append(f"{key}: {address} is not an NVIDIA GPU on this host "
-                              f"(found: {_summary(host.addresses())})")
-            elif gpu.vfs_missing:
-                missing.append(gpu.address)
-            else:
-                claim(key, gpu, address)
+    def assignments(self, release) -> List["Assignment"]:
+        """The functions each claimed GPU gives its type; what prevents that joins ``errors``."""
+        out: List[Assignment] = []
+        for gpu in self.host.gpus:
+            if gpu.address not in self.chosen:
+                continue
+            vgpu_type, key, _ = self.chosen[gpu.address]
+            made, problems = _functions(gpu, vgpu_type, key, self.whole.get(gpu.address, False),
+                                        self.explicit.get(gpu.address, []), self.types_of(gpu), release)
+            self.errors.extend(problems)
+            out.extend(made)
+        return out
 
-    assignments: List[Assignment] = []
-    for gpu in host.gpus:
-        if gpu.address not in chosen:
-            continue
-        vgpu_type, key, _ = chosen[gpu.address]
-        made, problems = _functions(gpu, vgpu_type, key, whole.get(gpu.address, False),
-                                    explicit.get(gpu.address, []), types_of(gpu), release)
-        errors.extend(problems)
-        assignments.extend(made)
 
+def _single_type_problem(assignments: Sequence["Assignment"], release) -> Optional[str]:
+    """Queens to Train take one mdev type: more than one mapped is refused."""
     numbers = {a.number for a in assignments if a.framework == pci.MDEV}
-    if release is not None and not release.multiple_types and len(numbers) > 1:
-        listed = ", ".join(f"nvidia-{n}" for n in sorted(numbers))
-        errors.insert(0, f"{release} supports one vGPU type; {len(numbers)} are mapped ({listed})")
+    if release is None or release.multiple_types or len(numbers) <= 1:
+        return None
+    listed = ", ".join(f"nvidia-{n}" for n in sorted(numbers))
+    return f"{release} supports one vGPU type; {len(numbers)} are mapped ({listed})"
+
+
+def _shared_class_problems(assignments: Sequence["Assignment"]) -> List[str]:
+    """Distinct profiles whose resource classes normalise to the same name."""
     classes: Dict[str, set] = {}
     for a in assignments:
         classes.setdefault(a.resource_class, set()).add(pci.profile_name(a.name))
-    for cls, names in sorted(classes.items()):
-        if len(names) > 1:
-            errors.append(f"profiles {', '.join(sorted(names))} would share Placement's resource "
-                          f"class {cls}")
-    return Plan(assignments=tuple(sorted(assignments, key=lambda a: a.address)),
-                errors=tuple(dict.fromkeys(errors)), notes=tuple(notes),
-                missing_vfs=tuple(sorted(set(missing))))
+    return [f"profiles {', '.join(sorted(names))} would share Placement's resource class {cls}"
+            for cls, names in sorted(classes.items()) if len(names) > 1]
 
 
 def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
-    """(type, problem): the type ``key`` names on ``gpu``. A type is returned with a
-    problem when it exists but cannot be used (MIG-backed)."""
+    """(type, problem): the type ``key`` names on ``gpu``.
+
+    A type is returned with a problem when it exists but cannot be used (MIG-backed).
+    """
     where = f"{gpu.address} ({gpu.model})"
     if not types and gpu.vfs and gpu.framework is None:
         return None, (f"{key}: the virtual functions of GPU {where} offer no vGPU types (are "
@@ -227,16 +267,12 @@ def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
                explicit: List[str], types: Sequence[pci.VgpuType], release):
     """The assignments for one GPU, or the problems that prevent them."""
     framework = gpu.framework or vgpu_type.framework
-    if framework == pci.MDEV and gpu.types:
+    if framework == pci.MDEV and (gpu.types or not gpu.vfs):
         # Mediated devices on the GPU itself (no SR-IOV): the GPU is the parent.
         if explicit:
             return [], [f"{key}: {explicit[0]} is not a vGPU parent of GPU {gpu.address}"]
         return [Assignment(gpu.address, gpu.address, vgpu_type.number, vgpu_type.name, pci.MDEV,
                            _hex4(gpu.device_id))], []
-    if framework == pci.MDEV and not gpu.vfs:
-        return [Assignment(gpu.address, gpu.address, vgpu_type.number, vgpu_type.name, pci.MDEV,
-                           _hex4(gpu.device_id))], []
-    problems: List[str] = []
     if framework == pci.VFIO and release is not None and not release.managed_no:
         return [], [f"GPU {gpu.address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO "
                     f"framework, which needs Nova 31 (2025.1 epoxy) or later; this host runs "
@@ -246,13 +282,22 @@ def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
         return [], [f"{key}: cannot tell how many VFs of GPU {gpu.address} ({gpu.model}) "
                     f"{vgpu_type.id} fits: its name was never listed while VFs were free; "
                     "release its VFs (write 0 to nvidia/current_vgpu_type) to let the charm learn it"]
-    chosen_vfs: List[pci.VirtualFunction] = []
-    if whole:
-        chosen_vfs = list(gpu.vfs[:fits])
+    chosen_vfs = list(gpu.vfs[:fits]) if whole else []
     for address in explicit:
         vf = gpu.function(address)
         if vf not in chosen_vfs:
             chosen_vfs.append(vf)
+    problems = _vf_problems(gpu, vgpu_type, key, framework, chosen_vfs, fits)
+    if problems:
+        return [], problems
+    return [Assignment(gpu.address, vf.address, vgpu_type.number, vgpu_type.name, framework,
+                       _hex4(vf.device_id)) for vf in sorted(chosen_vfs, key=lambda v: v.index)], []
+
+
+def _vf_problems(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, framework: Optional[str],
+                 chosen_vfs: Sequence[pci.VirtualFunction], fits: int) -> List[str]:
+    """VFs that do not offer the type (mdev), and more VFs mapped than the type fits."""
+    problems: List[str] = []
     if framework == pci.MDEV:
         for vf in chosen_vfs:
             if vf.types and vgpu_type.number not in {t.number for t in vf.types}:
@@ -262,10 +307,7 @@ def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
         problems.append(f"{key if key.startswith('nvidia-') else vgpu_type.id}: "
                         f"{len(chosen_vfs)} virtual functions of GPU {gpu.address} are mapped "
                         f"but the type fits {fits} per GPU")
-    if problems:
-        return [], problems
-    return [Assignment(gpu.address, vf.address, vgpu_type.number, vgpu_type.name, framework,
-                       _hex4(vf.device_id)) for vf in sorted(chosen_vfs, key=lambda v: v.index)], []
+    return problems
 
 
 def _fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, types: Sequence[pci.VgpuType],

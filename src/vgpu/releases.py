@@ -47,6 +47,7 @@ MDEV_GROUPS = "mdev-groups"    # xena and later: enabled_mdev_types + [mdev_<typ
 
 @dataclass(frozen=True)
 class Release:
+    """An OpenStack release as Nova's major version identifies it."""
     nova_major: int
     series: str
     codename: str
@@ -54,6 +55,7 @@ class Release:
 
     @property
     def config_format(self) -> str:
+        """Which nova.conf layout for vGPU options this release reads."""
         if self.nova_major <= 20:
             return SINGLE_TYPE
         if self.nova_major <= 23:
@@ -62,6 +64,7 @@ class Release:
 
     @property
     def multiple_types(self) -> bool:
+        """Whether this release takes more than one vGPU type (Ussuri and later)."""
         return self.config_format != SINGLE_TYPE
 
     @property
@@ -70,11 +73,13 @@ class Release:
         return self.nova_major >= 31
 
     def __str__(self) -> str:
+        """The release as a status message names it: ``2024.1 caracal (Nova 29)``."""
         name = self.series if self.series == self.codename else f"{self.series} {self.codename}"
         return f"{name} (Nova {self.nova_major})"
 
 
 def from_major(major: int, version: str = "") -> Release:
+    """The release of Nova ``major``; one newer than known is named and served as the newest."""
     if major < OLDEST:
         raise UnsupportedReleaseError(
             f"Nova {major} is older than queens (Nova {OLDEST}), the first with vGPU support")

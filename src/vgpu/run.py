@@ -27,6 +27,7 @@ GRACE = 5  # seconds between SIGTERM and SIGKILL for a group that ran out of tim
 
 @dataclass(frozen=True)
 class Result:
+    """What a finished command left: its exit status and its output, decoded and cleaned."""
     returncode: int
     stdout: str
     stderr: str
@@ -50,12 +51,12 @@ def run(cmd: Sequence[str], timeout: float, *, check: bool = True, what: Optiona
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _end_group(proc)
+        _end_group(proc, what)
         why = f"{what} timed out after {timeout:g}s and was stopped"
         raise CommandError(why, why) from None
     finally:
         if proc.poll() is None:  # interrupted by anything else: leave nothing behind
-            _end_group(proc)
+            _end_group(proc, what)
     result = Result(proc.returncode, text.decode(out), text.decode(err))
     if check and result.returncode != 0:
         log.warning("%s failed (%d): %s", " ".join(cmd), result.returncode, result.stderr.strip())
@@ -64,7 +65,7 @@ def run(cmd: Sequence[str], timeout: float, *, check: bool = True, what: Optiona
     return result
 
 
-def _end_group(proc: subprocess.Popen) -> None:
+def _end_group(proc: subprocess.Popen, what: str) -> None:
     """SIGTERM the command's process group, SIGKILL what is left after GRACE seconds."""
     pgid = proc.pid  # start_new_session: the command leads its own group
     for sig, wait in ((signal.SIGTERM, GRACE), (signal.SIGKILL, GRACE)):
@@ -85,7 +86,7 @@ def _end_group(proc: subprocess.Popen) -> None:
         proc.communicate(timeout=GRACE)
     except subprocess.TimeoutExpired:  # a pipe held open by a process that left the group
         proc.kill()
-        log.warning("%s left a process holding its output open", proc.args[0])
+        log.warning("%s left a process holding its output open", what)
 
 
 def _group_alive(pgid: int) -> bool:

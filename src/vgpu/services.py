@@ -89,6 +89,22 @@ def unmask(names: Iterable[str]) -> None:
             _change(verb, name)
 
 
+def reload_units() -> None:
+    """``systemctl daemon-reload``: systemd reads the unit files written since."""
+    _change("daemon-reload")
+
+
+def enable(name: str) -> None:
+    """Enable one unit (it starts at the next boot), starting nothing now."""
+    _change("enable", name)
+
+
+def stop_and_disable(name: str) -> None:
+    """Stop one unit and keep it from starting at boot (what removing it needs first)."""
+    for verb in ("stop", "disable"):
+        _change(verb, name)
+
+
 def _undo(done: List[Tuple[str, str]], was_active: Dict[str, bool]) -> List[str]:
     """Reverse ``done`` (a unit is started again only if it ran before); what failed to reverse."""
     left = []
@@ -103,11 +119,14 @@ def _undo(done: List[Tuple[str, str]], was_active: Dict[str, bool]) -> List[str]
     return left
 
 
-def _change(verb: str, name: str) -> None:
+def _change(verb: str, name: str = "") -> None:
+    """``systemctl <verb> [<name>]``; ServiceError saying what failed, cause first."""
     timeout = CHANGE_TIMEOUT if verb in ("stop", "start") else SWITCH_TIMEOUT
-    log.info("systemctl %s %s", verb, name)
+    cmd = ["systemctl", verb, *_checked([name] if name else [])]
+    what = " ".join(cmd)
+    log.info("%s", what)
     try:
-        run.run(["systemctl", verb, name], timeout, what=f"systemctl {verb} {name}")
+        run.run(cmd, timeout, what=what)
     except CommandError as error:
         raise ServiceError(str(error)) from None
 

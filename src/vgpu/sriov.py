@@ -6,10 +6,6 @@ it for every SR-IOV GPU that has none, on every reconcile. The unit
 ``nvidia-vgpu-vfs.service`` (rendered from ``templates/``) does the same at
 boot, after the vGPU manager and before nova-compute and libvirt, and writes
 the vendor-specific VFIO types of the plan to their VFs again.
-
-sriov-manage and systemctl run through :mod:`vgpu.run`, like every host
-command: in the C locale, and with their whole process group ended when
-they run out of time.
 """
 
 import logging
@@ -17,8 +13,8 @@ from pathlib import Path
 from string import Template
 from typing import Iterable, List
 
-from . import APP, files, hostroot, kernel, pci, run
-from .errors import CommandError, SriovError
+from . import APP, files, hostroot, kernel, pci, run, services, text
+from .errors import CommandError, ServiceError, SriovError
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +23,6 @@ UNIT = "nvidia-vgpu-vfs.service"
 UNIT_FILE = f"etc/systemd/system/{UNIT}"
 TEMPLATE = kernel.CHARM_ROOT / "templates" / UNIT
 TIMEOUT = 300
-SYSTEMCTL_TIMEOUT = 60
 
 
 def enable(addresses: Iterable[str]) -> List[str]:
@@ -38,12 +33,17 @@ def enable(addresses: Iterable[str]) -> List[str]:
         if not tool.exists():
             failures.append(f"/{SRIOV_MANAGE} not found (is the vGPU host driver installed?)")
             break
+        what = f"sriov-manage -e {address}"
         try:
-            run.run([str(tool), "-e", address], TIMEOUT, what=f"sriov-manage -e {address}")
-        except CommandError as error:
+            out = run.run([str(tool), "-e", address], TIMEOUT, check=False, what=what)
+        except CommandError as error:  # could not run, or ran out of time
             failures.append(str(error))
             continue
-        log.info("enabled the virtual functions of %s", address)
+        if out.returncode != 0:  # the script may say why on either stream
+            why = text.cause(out.stderr or out.stdout) or f"exit status {out.returncode}"
+            failures.append(f"{what} failed: {why}")
+        else:
+            log.info("enabled the virtual functions of %s", address)
     return failures
 
 
@@ -58,6 +58,7 @@ def render_unit(host: pci.Host, plan=None) -> str:
 
 
 def unit_path() -> Path:
+    """Where the boot-time unit lives under the host root."""
     return hostroot.path(UNIT_FILE)
 
 
@@ -76,8 +77,11 @@ def ensure_unit(content: str) -> bool:
         files.write_atomic(target, content)
     except OSError as error:
         raise SriovError(f"cannot write /{UNIT_FILE}: {error.strerror or error}") from None
-    _systemctl("daemon-reload")
-    _systemctl("enable", UNIT)
+    try:
+        services.reload_units()
+        services.enable(UNIT)
+    except ServiceError as error:
+        raise SriovError(str(error)) from None
     log.info("installed and enabled %s", UNIT)
     return True
 
@@ -87,15 +91,8 @@ def remove_unit() -> bool:
     target = unit_path()
     if not target.exists():
         return False
-    _systemctl("stop", UNIT)
-    _systemctl("disable", UNIT)
+    services.stop_and_disable(UNIT)
     target.unlink()
-    _systemctl("daemon-reload")
+    services.reload_units()
     return True
 
-
-def _systemctl(*args: str) -> None:
-    try:
-        run.run(["systemctl", *args], SYSTEMCTL_TIMEOUT, what=f"systemctl {' '.join(args)}")
-    except CommandError as error:
-        raise SriovError(str(error)) from None

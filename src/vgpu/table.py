@@ -106,11 +106,6 @@ def flatten(results: Dict[str, object], prefix: tuple = ()) -> List[Tuple[tuple,
     return out
 
 
-def action_set_bytes(results: Dict[str, object]) -> int:
-    """Bytes of the ``key=value`` arguments ``action-set`` gets for ``results``."""
-    return sum(_size(path, _value(value)) for path, value in flatten(results))
-
-
 def _size(path: tuple, value) -> int:
     if value == {}:
         return 0  # nothing reaches action-set for an empty mapping

@@ -34,7 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import guests, hostroot, pci, plan
+from . import catalogue, guests, hostroot, pci, plan, text
+from .errors import HostReadError
 
 MDEV_BUS = "sys/bus/mdev/devices"
 
@@ -71,6 +72,7 @@ class VgpuUse:
 
 @dataclass(frozen=True)
 class Capacity:
+    """How many vGPUs of one published type are held and how many more fit."""
     type_id: str
     used: int
     free: int
@@ -96,24 +98,29 @@ def framebuffer_of(profile: str) -> Optional[int]:
     return int(match.group(2)) * 1024 if match else None
 
 
-def vfio_type_name(gpu: pci.Gpu, number: int) -> Optional[str]:
+def vfio_type_name(gpu: pci.Gpu, number: int,
+                   learnt: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The driver's name of VFIO type ``number`` on ``gpu``, or None when unknown.
 
-    Today only ``creatable_vgpu_types`` lists names, and a full GPU lists
-    none, so the VF's siblings are searched too. This is the one place to
-    point at a catalogue of ids and names per GPU model.
+    Only ``creatable_vgpu_types`` lists names, and a full GPU lists none: the
+    VF's siblings are searched, then ``learnt`` (the catalogue's names for
+    this GPU model and driver, ``{type id: name}``, learnt while VFs were free).
     """
     for function in (gpu,) + tuple(gpu.vfs):
         for vgpu_type in function.types:
             if vgpu_type.number == number and vgpu_type.framework == pci.VFIO:
                 return vgpu_type.name
-    return None
+    return (learnt or {}).get(str(number))
 
 
 # -- the usage report --------------------------------------------------------------------
 
-def in_use(host: pci.Host, domains: Optional[Sequence[guests.Domain]] = None) -> List[VgpuUse]:
-    """Every vGPU held by a guest on this host, running guests first, then by domain name."""
+def in_use(host: pci.Host, domains: Optional[Sequence[guests.Domain]] = None, *,
+           learnt: Optional[catalogue.Table] = None, driver_version: Optional[str] = None) -> List[VgpuUse]:
+    """Every vGPU held by a guest on this host, running guests first, then by domain name.
+
+    ``learnt`` and ``driver_version`` name the VFIO types a full GPU no longer lists.
+    """
     domains = guests.domains() if domains is None else domains
     out: List[VgpuUse] = []
     for domain in domains:
@@ -122,7 +129,7 @@ def in_use(host: pci.Host, domains: Optional[Sequence[guests.Domain]] = None) ->
             if use is not None:
                 out.append(use)
         for address in domain.pci:
-            use = _vfio_use(host, domain, address)
+            use = _vfio_use(host, domain, address, learnt or {}, driver_version)
             if use is not None:
                 out.append(use)
     return sorted(out, key=lambda u: (u.state != guests.RUNNING, u.domain, u.address))
@@ -154,7 +161,8 @@ def _mdev_use(host: pci.Host, domain: guests.Domain, uuid: str) -> Optional[Vgpu
                 framebuffer_mb=framebuffer, edition=edition_of(profile or ""), mdev_uuid=uuid)
 
 
-def _vfio_use(host: pci.Host, domain: guests.Domain, address: str) -> Optional[VgpuUse]:
+def _vfio_use(host: pci.Host, domain: guests.Domain, address: str, learnt: catalogue.Table,
+              driver_version: Optional[str]) -> Optional[VgpuUse]:
     gpu = host.gpu(address)
     if gpu is None:
         return None
@@ -162,7 +170,8 @@ def _vfio_use(host: pci.Host, domain: guests.Domain, address: str) -> Optional[V
     number = getattr(function, "current_type", None)
     if function is gpu or not number:
         return None  # a whole GPU passed through, or a VF without a vGPU type
-    name = guests._text(vfio_type_name(gpu, number)) or None
+    known = learnt.get(catalogue.key(gpu, driver_version))
+    name = guests._text(vfio_type_name(gpu, number, known)) or None
     profile = profile_of(name or "")
     return _use(domain, address=address, gpu=gpu.address, framework=pci.VFIO,
                 type_id=f"nvidia-{number}", profile=profile or f"nvidia-{number}",
@@ -337,9 +346,9 @@ def _created_mdevs() -> Dict[str, Tuple[str, str]]:
 
 
 def _read(path) -> Optional[str]:
+    """A sysfs attribute as one printable line (at most 255 characters); None if absent or unreadable."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = "".join(c if c.isprintable() else " " for c in handle.read())
-            return " ".join(text.split())[:255] or None
-    except OSError:
+        value = hostroot.read_text(path)
+    except HostReadError:
         return None
+    return text.one_line(value, 255) or None if value is not None else None

@@ -1,0 +1,220 @@
+"""What the unit's status says, from facts gathered beforehand: pure, no ops, no host access.
+
+The charm reads the host, the option, the relation, the attached package and
+the services' states first (every command and file read happens there), puts
+the answers in :class:`Inputs` and calls :func:`statuses`. What comes back is
+a list of ``(kind, message)`` pairs, in order, with ``kind`` one of
+``blocked``, ``maintenance``, ``waiting`` or ``active``; the charm turns each
+into the matching ops status and Juju shows the most severe.
+"""
+
+from dataclasses import dataclass, field
+from typing import List, Mapping, Optional, Tuple
+
+from . import OPTION, RELATION, driver, mappings, sriov, text
+from .facts import Facts
+
+BLOCKED = "blocked"
+MAINTENANCE = "maintenance"
+WAITING = "waiting"
+ACTIVE = "active"
+
+Status = Tuple[str, str]  # (kind, message)
+
+
+@dataclass(frozen=True)
+class Services:
+    """What ``systemctl`` answered about the driver's services (nothing asked: all empty)."""
+
+    down: Tuple[str, ...] = ()  # not doing their job (see services.down)
+    masked: Tuple[str, ...] = ()  # of those, the masked ones
+    error: Optional[str] = None  # why systemctl could not answer
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything the status depends on, read before :func:`statuses` is called.
+
+    Only ``facts`` to ``problems`` are needed when :func:`checks_host` is False;
+    the rest matters only when it is True.
+    """
+
+    facts: Facts  # what the host says (devices, packages, modules)
+    app: str  # the application's name, for the integrate command
+    related: bool  # whether the nova-vgpu relation exists
+    forced: bool  # force-install-nvidia-vgpu
+    published: Mapping[str, Tuple[str, ...]]  # the mapping nova-compute has now
+    problems: Tuple[str, ...] = ()  # blocked messages from this hook's work
+    validation: Optional[mappings.Validation] = None
+    capacity: str = ""  # usage per published type, "" when nothing to count
+    attached: Optional[driver.DebInfo] = None  # the attached driver package
+    attached_missing: Optional[str] = None  # why no package is attached
+    attached_invalid: Optional[str] = None  # why the attached file is no driver package
+    order: Optional[int] = None  # attached vs installed version, as dpkg orders them
+    order_error: Optional[str] = None  # why they could not be compared
+    paused: bool = False
+    masked_by_us: Tuple[str, ...] = ()  # what this charm's pause masked
+    services: Services = Services()
+    vf_failures: Mapping[str, str] = field(default_factory=dict)  # GPU address -> why sriov-manage failed
+
+
+def checks_host(facts: Facts, forced: bool, published: Mapping[str, Tuple[str, ...]]) -> bool:
+    """Whether the status goes past 'nothing to do' or 'keeping'.
+
+    Only then do the mapping, the driver, the services and the capacity
+    matter (and get read).
+    """
+    return bool(facts.pci.gpus) or (forced and not published)
+
+
+def statuses(inputs: Inputs) -> List[Status]:
+    """Every status that applies, in order; Juju shows the most severe, the first of equals."""
+    out: List[Status] = [(BLOCKED, problem) for problem in inputs.problems]
+    if not checks_host(inputs.facts, inputs.forced, inputs.published):
+        out.append(_idle(inputs))
+        return out
+    out.extend(_prerequisites(inputs))
+    validation = inputs.validation
+    if validation is not None and not validation.ok:
+        out.append((BLOCKED, mapping_message(validation, inputs.published)))
+    notes: List[str] = []
+    out.extend(_vf_statuses(inputs))
+    if validation is not None and validation.plan is not None:
+        notes.extend(validation.plan.notes)
+    out.extend(_driver_statuses(inputs, notes))
+    out.append((ACTIVE, "; ".join([serving_message(inputs)] + notes)))
+    return out
+
+
+def _idle(inputs: Inputs) -> Status:
+    """No GPU here: the mapping kept for GPUs gone missing, or nothing to do."""
+    if not inputs.published:
+        return ACTIVE, "no NVIDIA GPU on this host: nothing to do"
+    missing = missing_gpus(inputs.facts, inputs.published)
+    gone = f" ({text.listing(missing)} missing)" if missing else ""
+    return ACTIVE, (f"no NVIDIA GPU found now{gone}: driver reloading? "
+                    f"keeping {mappings.summary(inputs.published)}")
+
+
+def missing_gpus(facts: Facts, published: Mapping[str, Tuple[str, ...]]) -> List[str]:
+    """Published addresses whose GPU discovery no longer finds (all of them when none is found)."""
+    return sorted({address for addresses in published.values()
+                   for address in addresses if facts.pci.gpu(address) is None})
+
+
+def _prerequisites(inputs: Inputs) -> List[Status]:
+    """Nova's release, the relation and the IOMMU: what must be in place before the rest."""
+    out: List[Status] = []
+    release_problem = inputs.facts.release_problem()
+    if release_problem:
+        out.append((BLOCKED, release_problem))
+    elif inputs.facts.release() is None:
+        out.append((WAITING, "waiting for nova-compute to install nova-common"))
+    if not inputs.related:
+        out.append((BLOCKED, f"relate to nova-compute: juju integrate nova-compute:{RELATION} "
+                             f"{inputs.app}:{RELATION}"))
+    # With the IOMMU off an SR-IOV GPU has no VFs, so any mapping error about
+    # them would send the operator the wrong way: this comes before the mapping.
+    iommu = inputs.facts.iommu_problem()
+    if iommu:
+        out.append((BLOCKED, iommu))
+    return out
+
+
+def mapping_message(validation: mappings.Validation, published: Mapping[str, Tuple[str, ...]]) -> str:
+    """The first error of the option, how many more, and what stays in force."""
+    first = validation.errors[0]
+    more = f" (+{len(validation.errors) - 1} more)" if len(validation.errors) > 1 else ""
+    keeping = f"; keeping {mappings.summary(published)}" if published else ""
+    return f"{OPTION}: {first}{more}{keeping}"
+
+
+def _vf_statuses(inputs: Inputs) -> List[Status]:
+    """SR-IOV GPUs whose VFs are missing once the driver is installed."""
+    installed = inputs.facts.driver is not None and inputs.facts.driver.installed
+    missing = [gpu for gpu in inputs.facts.pci.gpus if gpu.vfs_missing]
+    if not (missing and installed):
+        return []
+    why = (inputs.vf_failures.get(missing[0].address)
+           or f"check journalctl -u {sriov.UNIT} and -u {driver.DAEMONS[0]}")
+    names = text.listing([f"{gpu.address} ({gpu.model})" for gpu in missing], limit=3)
+    return [(BLOCKED, f"no virtual functions on SR-IOV GPU {names} after sriov-manage -e: {why}")]
+
+
+def _driver_statuses(inputs: Inputs, notes: List[str]) -> List[Status]:
+    """Statuses about the host driver; ``notes`` collects remarks for the active message."""
+    installed = inputs.facts.driver
+    out: List[Status] = []
+    if inputs.attached_missing and installed is None:
+        out.append((BLOCKED, inputs.attached_missing))
+    if inputs.attached_invalid:
+        out.append((BLOCKED, inputs.attached_invalid))
+    if installed is None:
+        return out
+    if not installed.installed:
+        attached = inputs.attached
+        then = ("retrying on the next hook"
+                if attached is None or driver.same_package(attached, installed)
+                else f"run the upgrade action to install the attached {attached.version}")
+        out.append((BLOCKED, f"{installed.name} {installed.version} is {installed.state}: "
+                             f"dpkg did not finish; {then}"))
+        return out
+    notes.extend(_version_notes(inputs))
+    if inputs.paused:
+        out.append((MAINTENANCE, "paused: vGPU services stopped; run the resume action to start them"))
+        return out
+    out.extend((BLOCKED, f"reboot required: {reason}") for reason in inputs.facts.reboot_reasons())
+    out.extend(_service_statuses(inputs))
+    return out
+
+
+def _version_notes(inputs: Inputs) -> List[str]:
+    """How the attached package compares with the installed one, when that asks for action."""
+    attached, installed = inputs.attached, inputs.facts.driver
+    if attached is None or installed is None:
+        return []
+    if inputs.order_error is not None:
+        return [f"cannot compare the attached driver's version: {inputs.order_error}"]
+    order = inputs.order
+    if order is None:
+        return []
+    if order > 0 or (order == 0 and attached.package != installed.name):
+        return [f"driver {installed.version} installed, {attached.version} attached: "
+                "run the upgrade action"]
+    if order < 0:
+        return [f"driver {installed.version} installed; the attached {attached.version} is older"]
+    return []
+
+
+def _service_statuses(inputs: Inputs) -> List[Status]:
+    """Services down: masked by this charm's failed pause, by someone else, or just not running."""
+    answer = inputs.services
+    if answer.error is not None:
+        return [(BLOCKED, answer.error)]
+    down, masked = list(answer.down), list(answer.masked)
+    ours = [name for name in masked if name in inputs.masked_by_us]
+    if ours:
+        return [(BLOCKED, f"{', '.join(ours)} left stopped and masked by this charm's pause that "
+                          "failed: run the resume action")]
+    if down and masked == down:
+        return [(MAINTENANCE, f"{', '.join(down)} stopped and masked outside this charm "
+                              "(nova-compute's pause?): resume it there")]
+    if down:
+        return [(BLOCKED, f"{', '.join(down)} not running: check journalctl -u {down[0]}")]
+    return []
+
+
+def serving_message(inputs: Inputs) -> str:
+    """``2 GPUs (2 L4), nvidia-108 on 2; nvidia-108: 1 used, 3 free``: what this unit serves."""
+    host = inputs.facts.pci
+    models = host.models()
+    if len(models) == 1:
+        gpus = f"({models[0][0]})"
+    else:
+        gpus = "(" + ", ".join(f"{n} {m}" for m, n in models) + ")"
+    count = len(host.gpus)
+    head = f"{count} GPU{'s' if count != 1 else ''} {gpus}" if count else "no NVIDIA GPU (forced)"
+    served = inputs.published
+    line = (f"{head}, {mappings.summary(served)}" if served
+            else f"{head}, no vGPU type mapped: set {OPTION}")
+    return f"{line}; {inputs.capacity}" if inputs.capacity else line

@@ -1,0 +1,202 @@
+"""The status module on plain inputs: host facts in, (kind, message) pairs out, no ops."""
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from vgpu import dpkg, driver, mappings, pci, status
+from vgpu.facts import Facts
+from vgpu.plan import Plan
+
+L4 = "0000:41:00.0"
+NOVA = dpkg.Package("nova-common", "3:29.0.0-0ubuntu1", "all", "install ok installed")
+DRIVER = dpkg.Package("nvidia-vgpu-ubuntu-550", "550.90.05", "amd64", "install ok installed")
+HALF = replace(DRIVER, status="install ok half-configured")
+MODULES = frozenset({"nvidia", "nvidia_vgpu_vfio"})
+
+
+def deb(package, version):
+    return driver.DebInfo(package=package, version=version, architecture="amd64", branch="550",
+                          path=Path("/var/lib/juju/resource.deb"))
+
+
+def gpu(address=L4, model="L4", sriov=0, vfs=()):
+    return pci.Gpu(address=address, device_id="0x27b8", model=model, driver="nvidia",
+                   class_code="0x030200", sriov_totalvfs=sriov, sriov_numvfs=len(vfs), vfs=vfs)
+
+
+def host(*gpus, driver_package=DRIVER, nova=NOVA, iommu=True):
+    packages = {p.name: p for p in (nova, driver_package) if p is not None}
+    return Facts(pci=pci.Host(gpus=tuple(gpus)), packages=packages, modules=MODULES,
+                 loaded_driver_version="550.90.05", iommu=iommu, driver=driver_package)
+
+
+def inputs(facts, **changes):
+    base = status.Inputs(facts=facts, app="vgpu", related=True, forced=False, published={},
+                         validation=mappings.Validation(mapping={}, plan=Plan()))
+    return replace(base, **changes)
+
+
+def test_never_imports_ops():
+    code = "import sys, vgpu.status; print('ops' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd="src")
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("gpus,forced,published,expected", [
+    ((), False, {}, False),
+    ((), True, {}, True),
+    ((), True, {"nvidia-1": (L4,)}, False),
+    ((gpu(),), False, {"nvidia-1": (L4,)}, True),
+])
+def test_checks_host_only_with_gpus_or_forced_without_a_kept_mapping(gpus, forced, published, expected):
+    assert status.checks_host(host(*gpus), forced, published) is expected
+
+
+def test_no_gpu_nothing_to_do_after_the_hooks_problems():
+    pairs = status.statuses(inputs(host(), problems=("blacklisting nouveau failed: EROFS",)))
+    assert pairs == [("blocked", "blacklisting nouveau failed: EROFS"),
+                     ("active", "no NVIDIA GPU on this host: nothing to do")]
+
+
+def test_gpus_gone_keep_the_published_mapping_and_name_five_missing_addresses():
+    addresses = tuple(f"0000:4{n}:00.0" for n in range(5))
+    pairs = status.statuses(inputs(host(), published={"nvidia-1": addresses}))
+    assert pairs == [("active", "no NVIDIA GPU found now (0000:40:00.0, 0000:41:00.0, 0000:42:00.0, "
+                                "0000:43:00.0 and 1 more missing): driver reloading? keeping nvidia-1 on 5")]
+
+
+def test_forced_without_gpu_waits_for_nova_and_the_relation():
+    pairs = status.statuses(inputs(host(driver_package=None, nova=None), forced=True, related=False))
+    assert pairs[:2] == [
+        ("waiting", "waiting for nova-compute to install nova-common"),
+        ("blocked", "relate to nova-compute: juju integrate nova-compute:nova-vgpu vgpu:nova-vgpu")]
+    assert pairs[-1] == ("active", "no NVIDIA GPU (forced), no vGPU type mapped: set vgpu-device-mappings")
+
+
+def test_nova_too_old_is_blocked():
+    old = replace(NOVA, version="2:16.1.0-0ubuntu1")
+    pairs = status.statuses(inputs(host(gpu(), nova=old)))
+    assert pairs[0][0] == "blocked" and "queens" in pairs[0][1]
+
+
+def test_iommu_comes_before_the_mapping_error_and_the_error_says_what_is_kept():
+    facts = host(gpu(sriov=16, vfs=()), iommu=False)
+    bad = mappings.Validation(mapping={}, errors=("first wrong", "second wrong"))
+    pairs = status.statuses(inputs(facts, validation=bad, published={"nvidia-1": (L4,)}))
+    assert [kind for kind, _ in pairs[:2]] == ["blocked", "blocked"]
+    assert pairs[0][1].startswith(f"IOMMU is off but SR-IOV GPU {L4} needs it")
+    assert pairs[1][1] == "vgpu-device-mappings: first wrong (+1 more); keeping nvidia-1 on 1"
+
+
+def test_missing_vfs_name_three_gpus_and_the_sriov_manage_failure():
+    gpus = [gpu(address=f"0000:4{n}:00.0", sriov=16) for n in range(4)]
+    failures = {"0000:40:00.0": "sriov-manage -e 0000:40:00.0 failed: no such device"}
+    pairs = status.statuses(inputs(host(*gpus), vf_failures=failures))
+    assert ("blocked", "no virtual functions on SR-IOV GPU 0000:40:00.0 (L4), 0000:41:00.0 (L4), "
+                       "0000:42:00.0 (L4) and 1 more after sriov-manage -e: "
+                       "sriov-manage -e 0000:40:00.0 failed: no such device") in pairs
+
+
+def test_missing_vfs_without_a_failure_point_at_the_journal():
+    pairs = status.statuses(inputs(host(gpu(sriov=16))))
+    assert pairs[0] == ("blocked", f"no virtual functions on SR-IOV GPU {L4} (L4) after sriov-manage -e: "
+                                   "check journalctl -u nvidia-vgpu-vfs.service and -u nvidia-vgpu-mgr")
+
+
+def test_missing_vfs_say_nothing_before_the_driver_is_installed():
+    pairs = status.statuses(inputs(host(gpu(sriov=16), driver_package=None),
+                                   attached_missing="attach the driver"))
+    assert pairs == [("blocked", "attach the driver"),
+                     ("active", "1 GPU (L4), no vGPU type mapped: set vgpu-device-mappings")]
+
+
+def test_missing_package_matters_only_while_no_driver_is_installed():
+    pairs = status.statuses(inputs(host(gpu()), attached_missing="attach the driver"))
+    assert [kind for kind, _ in pairs] == ["active"]
+
+
+def test_invalid_package_is_blocked_even_with_a_driver_installed():
+    pairs = status.statuses(inputs(host(gpu()), attached_invalid="not a vGPU driver"))
+    assert pairs[0] == ("blocked", "not a vGPU driver")
+
+
+@pytest.mark.parametrize("attached,then", [
+    (None, "retrying on the next hook"),
+    (deb(package=DRIVER.name, version=DRIVER.version), "retrying on the next hook"),
+    (deb(package=DRIVER.name, version="550.127.06"),
+     "run the upgrade action to install the attached 550.127.06"),
+])
+def test_half_installed_driver_says_what_happens_next(attached, then):
+    pairs = status.statuses(inputs(host(gpu(), driver_package=HALF), attached=attached))
+    assert pairs[0] == ("blocked", f"{DRIVER.name} 550.90.05 is half-configured: dpkg did not finish; {then}")
+
+
+@pytest.mark.parametrize("order,package,note", [
+    (1, DRIVER.name, "driver 550.90.05 installed, 550.127.06 attached: run the upgrade action"),
+    (0, "nvidia-vgpu-ubuntu-570", "driver 550.90.05 installed, 550.127.06 attached: run the upgrade action"),
+    (-1, DRIVER.name, "driver 550.90.05 installed; the attached 550.127.06 is older"),
+    (0, DRIVER.name, None),
+])
+def test_attached_version_notes(order, package, note):
+    attached = deb(package=package, version="550.127.06")
+    pairs = status.statuses(inputs(host(gpu()), attached=attached, order=order, capacity="x: 1 free"))
+    line = "1 GPU (L4), no vGPU type mapped: set vgpu-device-mappings; x: 1 free"
+    assert pairs == [("active", f"{line}; {note}" if note else line)]
+
+
+def test_an_uncomparable_version_is_a_note():
+    attached = deb(package=DRIVER.name, version="x1")
+    pairs = status.statuses(inputs(host(gpu()), attached=attached, order_error="bad version"))
+    assert pairs[-1][1].endswith("; cannot compare the attached driver's version: bad version")
+
+
+def test_plan_notes_come_before_driver_notes():
+    plan = Plan(notes=("nvidia-9 offered by no GPU here",))
+    attached = deb(package=DRIVER.name, version="550.127.06")
+    pairs = status.statuses(inputs(host(gpu()), validation=mappings.Validation(mapping={}, plan=plan),
+                                   attached=attached, order=1, published={"nvidia-1": (L4,)}))
+    assert pairs == [("active", "1 GPU (L4), nvidia-1 on 1; nvidia-9 offered by no GPU here; "
+                                "driver 550.90.05 installed, 550.127.06 attached: run the upgrade action")]
+
+
+def test_paused_is_maintenance_and_hides_service_states():
+    down = status.Services(down=("nvidia-vgpu-mgr",))
+    pairs = status.statuses(inputs(host(gpu()), paused=True, services=down))
+    assert pairs[0] == ("maintenance", "paused: vGPU services stopped; run the resume action to start them")
+    assert [kind for kind, _ in pairs] == ["maintenance", "active"]
+
+
+def test_reboot_reasons_are_blocked():
+    facts = replace(host(gpu()), modules=frozenset({"nouveau", "nvidia"}))
+    pairs = status.statuses(inputs(facts))
+    assert ("blocked", "reboot required: nouveau is loaded") in pairs
+    assert ("blocked", "reboot required: nvidia_vgpu_vfio is not loaded") in pairs
+
+
+@pytest.mark.parametrize("answer,masked_by_us,expected", [
+    (status.Services(error="systemctl is-active failed: bus"), (),
+     ("blocked", "systemctl is-active failed: bus")),
+    (status.Services(down=("nvidia-vgpu-mgr",), masked=("nvidia-vgpu-mgr",)), ("nvidia-vgpu-mgr",),
+     ("blocked", "nvidia-vgpu-mgr left stopped and masked by this charm's pause that failed: "
+                 "run the resume action")),
+    (status.Services(down=("nvidia-vgpu-mgr",), masked=("nvidia-vgpu-mgr",)), (),
+     ("maintenance", "nvidia-vgpu-mgr stopped and masked outside this charm (nova-compute's pause?): "
+                     "resume it there")),
+    (status.Services(down=("nvidia-vgpu-mgr", "nvidia-vgpud"), masked=("nvidia-vgpu-mgr",)), (),
+     ("blocked", "nvidia-vgpu-mgr, nvidia-vgpud not running: check journalctl -u nvidia-vgpu-mgr")),
+])
+def test_service_states(answer, masked_by_us, expected):
+    pairs = status.statuses(inputs(host(gpu()), services=answer, masked_by_us=masked_by_us))
+    assert pairs == [expected, ("active", "1 GPU (L4), no vGPU type mapped: set vgpu-device-mappings")]
+
+
+def test_serving_message_counts_models():
+    facts = host(gpu(), gpu(address="0000:42:00.0"), gpu(address="0000:43:00.0", model="A40"))
+    line = status.serving_message(inputs(facts, published={"nvidia-1": (L4, "0000:42:00.0")}))
+    assert line.startswith("3 GPUs (")
+    assert "2 L4" in line and "1 A40" in line and line.endswith("), nvidia-1 on 2")
