@@ -1,5 +1,7 @@
-"""The charm at the edges the other tests leave: the upgrade action's cases, the exact
-wording of status messages, YAML null, single-type GPUs and framebuffer units.
+"""The charm at the edges the other tests leave.
+
+The upgrade action's cases, the exact wording of status messages, YAML null,
+single-type GPUs and framebuffer units.
 
 Each test runs the real charm with ops.testing on a host tree and checks what the
 operator sees: the unit status, action results, dpkg's answer, and the relation

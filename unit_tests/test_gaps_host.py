@@ -1,5 +1,7 @@
-"""Host commands and host files at their edges: apt-get's fallback, dpkg's locale,
-temporary files, cleanup after failures, and every command that runs out of time.
+"""Host commands and host files at their edges.
+
+apt-get's fallback, dpkg's locale, temporary files, cleanup after failures, and
+every command that runs out of time.
 
 The tools are the real ones (dpkg, dpkg-deb) or small stand-ins first on PATH
 that record their arguments and environment, as unit_tests/faketools.py does
@@ -56,10 +58,12 @@ DEPENDENCY_PROBLEMS = (
 
 @pytest.fixture
 def real_root(tmp_path, monkeypatch, bindir):
-    """The charm working on this machine's own root (no VGPU_HOST_ROOT), where only
-    reads reach the real system: ``dpkg --install`` is a stand-in that fails as dpkg
-    does with unmet dependencies, ``apt-get`` a stand-in that records its call.
-    Everything else dpkg is asked (--print-architecture) is the real dpkg."""
+    """The charm working on this machine's own root (no VGPU_HOST_ROOT).
+
+    Only reads reach the real system: ``dpkg --install`` is a stand-in that fails as
+    dpkg does with unmet dependencies, ``apt-get`` a stand-in that records its call.
+    Everything else dpkg is asked (--print-architecture) is the real dpkg.
+    """
     monkeypatch.delenv(hostroot.ENV, raising=False)
     monkeypatch.setenv("DEBIAN_FRONTEND", "readline")  # what the charm must override
     assert hostroot.is_real_root()
