@@ -1,12 +1,13 @@
 # make demo   the charm on a bundled sample GPU host, without Juju
 # make test   the unit tests (what CI runs)
 # make lint   ruff and mypy; make bench   hook costs next to a bare ops charm (ARGS=--quick, ARGS=--profile)
+# make mutation   mutmut over src/ (hours; MODULE=src/vgpu/releases.py for one module, JOBS=1 to spare the CPUs)
 # make pack-check   replay charmcraft's dependency install without Rust or a C compiler
 PYTHON ?= python3
 VENV ?= .venv
 PY = $(VENV)/bin/python
 
-.PHONY: demo test bench lint requirements pack-check clean
+.PHONY: demo test bench lint mutation requirements pack-check clean
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,17 @@ test: $(VENV)/.ready
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check src unit_tests tools tests
 	$(PY) -m mypy
+
+# Mutation testing (mutmut, configured in pyproject.toml): the unit tests against
+# each mutant of src/, or of MODULE only. Results stay in mutants/; afterwards
+# `MODULE=... .venv/bin/python tools/mutation.py show <mutant>` shows one.
+$(VENV)/.mutation: $(VENV)/.ready
+	$(PY) -m pip install --quiet '.[unit,mutation]'
+	touch $@
+
+mutation: $(VENV)/.mutation
+	MODULE='$(MODULE)' $(PY) tools/mutation.py run $(if $(JOBS),--max-children $(JOBS))
+	MODULE='$(MODULE)' $(PY) tools/mutation.py results
 
 bench: $(VENV)/.ready
 	$(PY) tools/bench.py $(ARGS)
@@ -43,4 +55,4 @@ pack-check: $(VENV)/.ready
 	$(PY) tools/check_pack.py --control $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.charm parts stage prime requirements.txt.new
+	rm -rf $(VENV) mutants build *.charm parts stage prime requirements.txt.new

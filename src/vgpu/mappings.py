@@ -35,6 +35,7 @@ _TYPE = re.compile(r"nvidia-(0|[1-9][0-9]{0,5})")
 _NAME = re.compile(r"(?:(?:GRID|NVIDIA) )?[A-Za-z0-9]+(?: [A-Za-z0-9]+)*(?:-[0-9]+)?-[0-9]+[A-Za-z]{1,3}",
                    re.IGNORECASE)
 ALL = "all"
+_NULLS = ("", "~", "null", "Null", "NULL")  # YAML 1.1 and 1.2 spellings of null
 _ADDRESS = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7])")
 
 Mapping_ = Dict[str, Tuple[str, ...]]
@@ -78,7 +79,13 @@ def parse(text: Optional[str]):
     loader = None
     try:
         loader = _loader_class()(text)  # the reader refuses control characters here
-        data = loader.get_single_data()
+        node = loader.get_single_node()
+        # Scalars stay strings, so YAML's null (~, null) is read by hand: as the whole
+        # option it means no types, like an empty option. Quoted, it stays a string.
+        if node is None or (isinstance(node, yaml.ScalarNode) and node.style is None
+                            and node.value in _NULLS):
+            return {}
+        data = loader.construct_document(node)
     except ValueError:
         raise
     except (yaml.YAMLError, RecursionError) as error:

@@ -1,0 +1,307 @@
+"""Host commands and host files at their edges.
+
+apt-get's fallback, dpkg's locale, temporary files, cleanup after failures, and
+every command that runs out of time.
+
+The tools are the real ones (dpkg, dpkg-deb) or small stand-ins first on PATH
+that record their arguments and environment, as unit_tests/faketools.py does
+for systemctl; nothing of the charm's own code is replaced.
+"""
+
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from unit_tests import debs
+from vgpu import dpkg, driver, files, hostroot, kernel, services
+from vgpu.errors import CommandError, InstallError, ResourceInvalidError, ServiceError
+
+REAL_DPKG = shutil.which("dpkg")
+
+
+def _tool(bindir: Path, name: str, body: str) -> Path:
+    bindir.mkdir(exist_ok=True)
+    path = bindir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def bindir(tmp_path, monkeypatch) -> Path:
+    """A folder first on PATH for stand-in tools."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ['PATH']}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory) -> Path:
+    return debs.host_driver(tmp_path_factory.mktemp("debs"))
+
+
+# -- apt-get -f install, on the real root only -------------------------------------
+
+DEPENDENCY_PROBLEMS = (
+    "dpkg: dependency problems prevent configuration of nvidia-vgpu-ubuntu-570:\n"
+    " nvidia-vgpu-ubuntu-570 depends on dkms; however:\n"
+    "  Package dkms is not installed.\n\n"
+    "dpkg: error processing package nvidia-vgpu-ubuntu-570 (--install):\n"
+    " dependency problems - leaving unconfigured\n"
+    "Errors were encountered while processing:\n nvidia-vgpu-ubuntu-570\n")
+
+
+@pytest.fixture
+def real_root(tmp_path, monkeypatch, bindir):
+    """The charm working on this machine's own root (no VGPU_HOST_ROOT).
+
+    Only reads reach the real system: ``dpkg --install`` is a stand-in that fails as
+    dpkg does with unmet dependencies, ``apt-get`` a stand-in that records its call.
+    Everything else dpkg is asked (--print-architecture) is the real dpkg.
+    """
+    monkeypatch.delenv(hostroot.ENV, raising=False)
+    monkeypatch.setenv("DEBIAN_FRONTEND", "readline")  # what the charm must override
+    assert hostroot.is_real_root()
+    if driver.installed_driver() is not None:  # pragma: no cover - a vGPU host running the tests
+        pytest.skip("this machine has a vGPU host driver installed")
+    log = tmp_path / "calls.log"
+    problems = tmp_path / "problems.txt"
+    problems.write_text(DEPENDENCY_PROBLEMS)
+    _tool(bindir, "dpkg",
+          'case " $* " in *" --install "*) ;; *) exec ' + REAL_DPKG + ' "$@" ;; esac\n'
+          f'echo "dpkg LC_ALL=$LC_ALL DEBIAN_FRONTEND=$DEBIAN_FRONTEND $*" >> {log}\n'
+          f'cat {problems} >&2\nexit 1\n')
+    apt_fails = tmp_path / "apt.fails"
+    _tool(bindir, "apt-get",
+          f'echo "apt-get LC_ALL=$LC_ALL DEBIAN_FRONTEND=$DEBIAN_FRONTEND $*" >> {log}\n'
+          f'if [ -e {apt_fails} ]; then\n'
+          '  echo "E: Unable to correct problems, you have held broken packages." >&2; exit 100\n'
+          'fi\n')
+
+    class Real:
+        def calls(self):
+            return log.read_text().splitlines() if log.exists() else []
+
+        def apt_fails(self):
+            apt_fails.touch()
+
+        def other_failure(self, text):
+            problems.write_text(text)
+    return Real()
+
+
+def test_dependency_problems_on_the_real_root_run_apt_get_fix_broken(real_root, deb):
+    info = driver.inspect_deb(deb)
+    with pytest.raises(InstallError) as error:
+        driver.install(info)
+    calls = real_root.calls()
+    assert [c.split()[0] for c in calls] == ["dpkg", "apt-get"]
+    assert calls[1] == ("apt-get LC_ALL=C DEBIAN_FRONTEND=noninteractive --fix-broken install --yes "
+                        "--option=Dpkg::Options::=--force-confdef "
+                        "--option=Dpkg::Options::=--force-confold")
+    # apt-get ran and succeeded, yet dpkg's answer is what counts: this machine has no
+    # such package, so dpkg's own cause is reported.
+    assert str(error.value) == (f"dpkg did not install {debs.HOST} {debs.OLD}: {debs.HOST} depends "
+                                "on dkms; however: Package dkms is not installed. (dependency "
+                                f"problems prevent configuration of {debs.HOST})")
+
+
+def test_when_apt_get_cannot_fix_it_its_cause_is_shown(real_root, deb):
+    real_root.apt_fails()
+    with pytest.raises(InstallError) as error:
+        driver.install(driver.inspect_deb(deb))
+    assert str(error.value) == (f"dpkg did not install {debs.HOST} {debs.OLD}: "
+                                "Unable to correct problems, you have held broken packages.")
+
+
+def test_other_dpkg_failures_on_the_real_root_do_not_run_apt_get(real_root, deb):
+    real_root.other_failure("dpkg: error: requested operation requires superuser privilege\n")
+    with pytest.raises(InstallError) as error:
+        driver.install(driver.inspect_deb(deb))
+    assert [c.split()[0] for c in real_root.calls()] == ["dpkg"]
+    assert str(error.value) == (f"dpkg did not install {debs.HOST} {debs.OLD}: "
+                                "requested operation requires superuser privilege")
+
+
+# -- dpkg reads the same in every locale -------------------------------------------
+
+def test_every_dpkg_and_dpkg_deb_call_runs_in_the_c_locale(tmp_path, monkeypatch, bindir, deb):
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
+    monkeypatch.setenv("LANG", "de_DE.UTF-8")
+    log = tmp_path / "env.log"
+    for name in ("dpkg", "dpkg-deb"):
+        _tool(bindir, name, f'echo "{name} LC_ALL=$LC_ALL $1" >> {log}\n'
+                            f'exec {shutil.which(name)} "$@"\n')
+    driver.install(driver.inspect_deb(deb))
+    dpkg.compare_versions(debs.OLD, debs.NEW)
+    calls = log.read_text().splitlines()
+    assert {c.split()[0] for c in calls} == {"dpkg", "dpkg-deb"}
+    assert len(calls) >= 5  # architecture, fields, contents, install, compare
+    assert [c for c in calls if " LC_ALL=C " not in c] == []
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+
+
+# -- temporary files: beside their target, and gone after a failure --------------------
+
+class _Opened:
+    """Paths opened for writing while active (a Python audit hook: os.open, open)."""
+
+    def __init__(self):
+        self.paths = []
+        self.active = False
+        self._hook_installed = False
+
+    def __enter__(self):
+        if not self._hook_installed:
+            sys.addaudithook(self._hook)
+            self._hook_installed = True
+        self.paths = []
+        self.active = True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+    def _hook(self, event, args):
+        if not self.active or event != "open" or threading.current_thread() is not threading.main_thread():
+            return
+        path, mode, flags = args
+        if isinstance(path, int) or path is None:
+            return
+        writing = (mode and any(c in mode for c in "wax+")) or \
+            (mode is None and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+        if writing and os.fsdecode(path) != os.devnull:  # a command's stdin
+            self.paths.append(Path(os.fsdecode(path)))
+
+
+OPENED = _Opened()
+
+
+def test_write_atomic_creates_its_temporary_file_in_the_target_directory(tmp_path):
+    target = tmp_path / "etc/systemd/system/unit.service"
+    with OPENED as opened:
+        files.write_atomic(target, "[Unit]\n")
+    assert opened.paths and {p.parent for p in opened.paths} == {target.parent}
+    assert target.read_text() == "[Unit]\n"
+    assert oct(target.stat().st_mode & 0o777) == "0o644"
+    assert os.listdir(target.parent) == ["unit.service"]
+
+
+def test_the_blacklist_is_written_through_a_file_in_its_own_directory(tmp_path, monkeypatch,
+                                                                     bindir):
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    _tool(bindir, "update-initramfs", "exit 0\n")
+    with OPENED as opened:
+        assert kernel.ensure_nouveau_blacklisted()
+    target = kernel.blacklist_path()
+    assert opened.paths and {p.parent for p in opened.paths} == {target.parent}
+    assert os.listdir(target.parent) == [target.name]
+
+
+def test_a_failed_replace_leaves_no_temporary_file_behind(tmp_path):
+    target = tmp_path / "etc" / "unit.service"
+    (target / "occupied").mkdir(parents=True)  # a directory where the file belongs
+    with pytest.raises(OSError):
+        files.write_atomic(target, "[Unit]\n")
+    assert os.listdir(target.parent) == ["unit.service"]
+    assert os.listdir(target) == ["occupied"]
+
+
+def test_a_failed_write_leaves_no_temporary_file_behind(tmp_path):
+    target = tmp_path / "unit.service"
+    with pytest.raises(UnicodeEncodeError):
+        files.write_atomic(target, "bad \udcff surrogate")
+    assert os.listdir(tmp_path) == []
+
+
+# -- update-initramfs failing or hanging ----------------------------------------------
+
+@pytest.fixture
+def host_root(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    return root
+
+
+def test_update_initramfs_failing_silently_still_says_why_and_undoes_the_file(host_root, bindir):
+    _tool(bindir, "update-initramfs", "exit 1\n")
+    with pytest.raises(InstallError) as error:
+        kernel.ensure_nouveau_blacklisted()
+    assert str(error.value) == "update-initramfs -u failed: update-initramfs -u exited with status 1"
+    target = kernel.blacklist_path()
+    assert not target.exists()
+    assert os.listdir(target.parent) == []  # no temporary file left either
+
+
+def test_update_initramfs_failing_on_removal_keeps_the_blacklist(host_root, bindir):
+    _tool(bindir, "update-initramfs", "exit 0\n")
+    kernel.ensure_nouveau_blacklisted()
+    written = kernel.blacklist_path().read_text()
+    _tool(bindir, "update-initramfs", "exit 2\n")
+    with pytest.raises(InstallError, match="^update-initramfs -u failed: update-initramfs -u exited "
+                                           "with status 2$"):
+        kernel.remove_blacklist()
+    assert kernel.blacklist_path().read_text() == written
+    assert os.listdir(kernel.blacklist_path().parent) == [kernel.blacklist_path().name]
+
+
+# -- every command that runs out of time ------------------------------------------------
+
+HANG = "sleep 300 & wait\n"
+
+
+def test_update_initramfs_that_hangs_is_stopped_and_the_file_undone(host_root, bindir, monkeypatch):
+    _tool(bindir, "update-initramfs", HANG)
+    monkeypatch.setattr(kernel, "INITRAMFS_TIMEOUT", 1)
+    with pytest.raises(InstallError) as error:
+        kernel.ensure_nouveau_blacklisted()
+    assert str(error.value) == "update-initramfs -u timed out after 1s and was stopped"
+    assert not kernel.blacklist_path().exists()
+
+
+def test_dpkg_print_architecture_that_hangs_is_reported(bindir, monkeypatch, deb):
+    _tool(bindir, "dpkg", HANG)
+    monkeypatch.setattr(driver, "ARCH_TIMEOUT", 1)
+    with pytest.raises(ResourceInvalidError) as error:
+        driver.inspect_deb(deb)
+    assert str(error.value) == ("cannot check nvidia-vgpu-software: dpkg --print-architecture "
+                                "timed out after 1s and was stopped")
+
+
+def test_dpkg_deb_that_hangs_is_reported(bindir, monkeypatch, deb):
+    _tool(bindir, "dpkg-deb", HANG)
+    monkeypatch.setattr(driver, "INSPECT_TIMEOUT", 1)
+    with pytest.raises(ResourceInvalidError) as error:
+        driver.inspect_deb(deb, arch=debs.machine_arch())
+    assert str(error.value) == ("cannot check nvidia-vgpu-software: dpkg-deb --field "
+                                "timed out after 1s and was stopped")
+
+
+def test_dpkg_compare_versions_that_hangs_is_reported(bindir, monkeypatch):
+    _tool(bindir, "dpkg", HANG)
+    monkeypatch.setattr(dpkg, "COMPARE_TIMEOUT", 1)
+    with pytest.raises(CommandError) as error:
+        dpkg.compare_versions(debs.OLD, debs.NEW)
+    assert str(error.value) == "dpkg --compare-versions timed out after 1s and was stopped"
+
+
+def test_systemctl_that_hangs_is_reported(bindir, monkeypatch):
+    _tool(bindir, "systemctl", HANG)
+    monkeypatch.setattr(services, "QUERY_TIMEOUT", 1)
+    monkeypatch.setattr(services, "CHANGE_TIMEOUT", 1)
+    with pytest.raises(ServiceError) as error:
+        services.active(["nvidia-vgpu-mgr"])
+    assert str(error.value) == "systemctl is-active nvidia-vgpu-mgr timed out after 1s and was stopped"
+    with pytest.raises(ServiceError) as error:
+        services.pause(["nvidia-vgpu-mgr"])
+    assert "timed out after 1s and was stopped" in str(error.value)

@@ -1,0 +1,62 @@
+"""sriov-manage and systemctl for the boot unit: bounded in time like every host command."""
+
+import os
+
+import pytest
+
+from unit_tests.fakehost import a100_host
+from vgpu import services, sriov
+from vgpu.errors import SriovError
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_hanging_sriov_manage_is_stopped_with_what_it_started(root, tools, tmp_path, monkeypatch):
+    a100_host(root, enabled=False)
+    tool = root / sriov.SRIOV_MANAGE
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    pidfile = tmp_path / "child.pid"
+    tool.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nwait\n")
+    tool.chmod(0o755)
+    monkeypatch.setattr(sriov, "TIMEOUT", 1)
+    assert sriov.enable(["0000:41:00.0"]) == [
+        "sriov-manage -e 0000:41:00.0 timed out after 1s and was stopped"]
+    assert not _running(int(pidfile.read_text()))
+
+
+def test_sriov_manage_failing_silently_still_says_how(root, tools):
+    a100_host(root, enabled=False)
+    tool = root / sriov.SRIOV_MANAGE
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text("#!/bin/sh\nexit 3\n")
+    tool.chmod(0o755)
+    assert sriov.enable(["0000:41:00.0"]) == [
+        "sriov-manage -e 0000:41:00.0 failed: exit status 3"]
+
+
+def test_sriov_manage_runs_in_the_c_locale(root, tools, tmp_path, monkeypatch):
+    a100_host(root, enabled=False)
+    tool = root / sriov.SRIOV_MANAGE
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    seen = tmp_path / "env"
+    tool.write_text(f"#!/bin/sh\necho \"$LC_ALL\" > {seen}\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
+    assert sriov.enable(["0000:41:00.0"]) == []
+    assert seen.read_text() == "C\n"
+
+
+def test_a_hanging_systemctl_fails_the_unit_install_saying_so(root, tools, monkeypatch):
+    systemctl = tools.bin / "systemctl"
+    systemctl.write_text("#!/bin/sh\nsleep 300 & wait\n")
+    monkeypatch.setattr(services, "SWITCH_TIMEOUT", 1)
+    with pytest.raises(SriovError) as error:
+        sriov.ensure_unit("[Unit]\n")
+    assert str(error.value) == "systemctl daemon-reload timed out after 1s and was stopped"
+    assert os.path.exists(sriov.unit_path())
