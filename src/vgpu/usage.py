@@ -45,7 +45,6 @@ EDITIONS = {
     "A": "Virtual Applications",
     "C": "Virtual Compute Server",
 }
-_PROFILE = re.compile(r"(?:.*\s)?(\S+-([0-9]+)([A-Z]))\s*\Z")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 
 
@@ -82,20 +81,20 @@ class Capacity:
 
 def profile_of(name: str) -> Optional[str]:
     """``GRID V100-8Q`` / ``NVIDIA L40S-12Q`` -> ``V100-8Q`` / ``L40S-12Q``; else None."""
-    match = _PROFILE.match(name or "")
-    return match.group(1) if match else None
+    found = pci.profile(name or "")
+    return found.name if found else None
 
 
 def edition_of(profile: str) -> str:
     """The licence edition a profile needs, from its series letter (``-12Q`` -> Q)."""
-    match = _PROFILE.match(profile or "")
-    return EDITIONS.get(match.group(3), "unknown") if match else "unknown"
+    found = pci.profile(profile or "")
+    return EDITIONS.get(found.series, "unknown") if found else "unknown"
 
 
 def framebuffer_of(profile: str) -> Optional[int]:
     """MiB from the profile name: the number is the framebuffer in GB (``L40S-12Q`` -> 12288)."""
-    match = _PROFILE.match(profile or "")
-    return int(match.group(2)) * 1024 if match else None
+    found = pci.profile(profile or "")
+    return found.framebuffer_gb * 1024 if found else None
 
 
 def vfio_type_name(gpu: pci.Gpu, number: int,
