@@ -18,9 +18,8 @@ built from sysfs and checked again by :mod:`vgpu.novaconf`.
 import hashlib
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from .text import quote
 
@@ -41,8 +40,7 @@ _ADDRESS = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7
 Mapping_ = Dict[str, Tuple[str, ...]]
 
 
-@dataclass(frozen=True)
-class Validation:
+class Validation(NamedTuple):
     """The normalised mapping, or the reasons it is refused.
 
     ``mapping`` is key -> sorted addresses, or ``("all",)``; ``plan`` is set

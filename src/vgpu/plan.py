@@ -19,8 +19,7 @@ A GPU takes one profile; MIG-backed profiles and mixed-size mode are refused.
 """
 
 import re
-from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from . import pci
 
@@ -30,8 +29,7 @@ ALL = "all"
 _TYPE_ID = re.compile(r"nvidia-([0-9]+)")
 
 
-@dataclass(frozen=True)
-class Assignment:
+class Assignment(NamedTuple):
     """One PCI function Nova gets, with the type it serves."""
 
     gpu: str  # the physical GPU's address
@@ -52,8 +50,7 @@ class Assignment:
         return resource_class(self.name)
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """Which function gets which type, or why the mapping cannot be applied here."""
     assignments: Tuple[Assignment, ...] = ()
     errors: Tuple[str, ...] = ()
