@@ -31,7 +31,7 @@ VFIO = "vfio"
 
 _ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 _TYPE_DIR = re.compile(r"nvidia-([0-9]+)\Z")
-_TYPE_ROW = re.compile(r"\s*([0-9]+)\s*:\s*(\S.*?)\s*\Z")
+_TYPE_ROW = r"\s*([0-9]+)\s*:\s*(\S.*?)\s*\Z"  # VFIO only: compiled by re when used
 
 
 class VgpuType(NamedTuple):
@@ -338,7 +338,7 @@ def parse_creatable(text: str) -> Tuple[VgpuType, ...]:
     """``nvidia/creatable_vgpu_types`` (``ID    : vGPU Name`` rows) as types, by id."""
     types = []
     for line in text.splitlines():
-        match = _TYPE_ROW.match(line)
+        match = re.match(_TYPE_ROW, line)
         if match:
             types.append(VgpuType(number=int(match.group(1)), name=match.group(2), framework=VFIO))
     return tuple(sorted(types, key=lambda t: t.number))
