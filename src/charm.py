@@ -10,7 +10,6 @@ on stop). What the host is and does lives in the ``vgpu`` package, which
 never imports ops.
 """
 
-import dataclasses
 import logging
 from typing import Dict, List, Optional, Union
 
@@ -351,8 +350,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if not status.checks_host(here, forced, published):
             return inputs
         validation = self._mapping()
-        return dataclasses.replace(inputs, validation=validation, **self._driver_inputs(),
-                                   services=self._service_answers(), capacity=self._capacity(published))
+        return inputs._replace(validation=validation, **self._driver_inputs(),
+                               services=self._service_answers(), capacity=self._capacity(published))
 
     def _driver_inputs(self) -> dict:
         """The attached package (or why there is none) and how it compares with the installed one."""

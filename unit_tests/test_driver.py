@@ -196,7 +196,7 @@ def test_install_fails_when_the_file_is_gone(built, root, tmp_path):
     gone = tmp_path / "gone.deb"
     # Its contents are read again right before dpkg runs: a vanished file stops there.
     with pytest.raises(ResourceInvalidError):
-        driver.install(driver.DebInfo(**{**info.__dict__, "path": gone}))
+        driver.install(info._replace(path=gone))
     assert driver.installed_driver() is None
 
 

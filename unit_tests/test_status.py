@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from vgpu.plan import Plan
 L4 = "0000:41:00.0"
 NOVA = dpkg.Package("nova-common", "3:29.0.0-0ubuntu1", "all", "install ok installed")
 DRIVER = dpkg.Package("nvidia-vgpu-ubuntu-550", "550.90.05", "amd64", "install ok installed")
-HALF = replace(DRIVER, status="install ok half-configured")
+HALF = DRIVER._replace(status="install ok half-configured")
 MODULES = frozenset({"nvidia", "nvidia_vgpu_vfio"})
 
 
@@ -37,7 +36,7 @@ def host(*gpus, driver_package=DRIVER, nova=NOVA, iommu=True):
 def inputs(facts, **changes):
     base = status.Inputs(facts=facts, app="vgpu", related=True, forced=False, published={},
                          validation=mappings.Validation(mapping={}, plan=Plan()))
-    return replace(base, **changes)
+    return base._replace(**changes)
 
 
 def test_never_imports_ops():
@@ -79,7 +78,7 @@ def test_forced_without_gpu_waits_for_nova_and_the_relation():
 
 
 def test_nova_too_old_is_blocked():
-    old = replace(NOVA, version="2:16.1.0-0ubuntu1")
+    old = NOVA._replace(version="2:16.1.0-0ubuntu1")
     pairs = status.statuses(inputs(host(gpu(), nova=old)))
     assert pairs[0][0] == "blocked" and "queens" in pairs[0][1]
 
@@ -172,7 +171,7 @@ def test_paused_is_maintenance_and_hides_service_states():
 
 
 def test_reboot_reasons_are_blocked():
-    facts = replace(host(gpu()), modules=frozenset({"nouveau", "nvidia"}))
+    facts = host(gpu())._replace(modules=frozenset({"nouveau", "nvidia"}))
     pairs = status.statuses(inputs(facts))
     assert ("blocked", "reboot required: nouveau is loaded") in pairs
     assert ("blocked", "reboot required: nvidia_vgpu_vfio is not loaded") in pairs

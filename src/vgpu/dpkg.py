@@ -17,8 +17,7 @@ answer, never a stored copy. Versions are ordered by dpkg itself
 (``dpkg --compare-versions``), run only when two versions differ.
 """
 
-from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, Optional, Tuple
+from typing import Dict, Iterable, Iterator, NamedTuple, Optional, Tuple
 
 from . import hostroot, run, text
 
@@ -27,8 +26,7 @@ UPDATES = "var/lib/dpkg/updates"
 COMPARE_TIMEOUT = 10
 
 
-@dataclass(frozen=True)
-class Package:
+class Package(NamedTuple):
     """A package as dpkg's status file records it, in whatever state it is."""
     name: str
     version: str

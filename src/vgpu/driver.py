@@ -34,9 +34,8 @@ import os
 import platform
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from . import APP, RESOURCE, dpkg, hostroot, run
 from .errors import CommandError, InstallError, ResourceInvalidError, ResourceMissingError
@@ -60,8 +59,7 @@ INSPECT_TIMEOUT = 60  # dpkg-deb --field, and --contents (decompresses the whole
 INSTALL_BUDGET = 720
 
 
-@dataclass(frozen=True)
-class DebInfo:
+class DebInfo(NamedTuple):
     """What an attached host-driver .deb holds, read with ``dpkg-deb``."""
 
     package: str

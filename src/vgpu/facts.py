@@ -5,15 +5,13 @@ once, ``proc/modules`` once. The charm keeps the result for the rest of the
 dispatch only; nothing is cached across hooks.
 """
 
-from dataclasses import dataclass
-from typing import List, Mapping, Optional
+from typing import List, Mapping, NamedTuple, Optional
 
 from . import dpkg, driver, kernel, pci, releases
 from .errors import UnsupportedReleaseError
 
 
-@dataclass(frozen=True)
-class Facts:
+class Facts(NamedTuple):
     """What one read of the host found; its methods derive answers without reading again."""
 
     pci: pci.Host  # what PCI discovery found: the GPUs, their VFs and vGPU types

@@ -24,9 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from . import hostroot
 from .errors import GuestsRunningError, HostReadError
@@ -43,8 +42,7 @@ RUNNING = "running"
 SHUT_OFF = "shut off"
 
 
-@dataclass(frozen=True)
-class Guest:
+class Guest(NamedTuple):
     """A libvirt domain that holds vGPUs, as the guard against touching the driver sees it."""
     name: str  # libvirt domain name, e.g. instance-0000002a
     instance_uuid: str  # domain <uuid> = Nova instance uuid
@@ -69,8 +67,7 @@ def running_vgpu_guests(pci_addresses: Iterable[str]) -> List[Guest]:
     return sorted(guests, key=lambda g: g.name)
 
 
-@dataclass(frozen=True)
-class Domain:
+class Domain(NamedTuple):
     """A libvirt domain holding host devices, with what Nova says about it."""
 
     name: str

@@ -18,9 +18,8 @@ built from sysfs and checked again by :mod:`vgpu.novaconf`.
 import hashlib
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from .text import quote
 
@@ -32,8 +31,8 @@ MAX_BYTES = 64 * 1024
 MAX_DEPTH = 8
 
 _TYPE = re.compile(r"nvidia-(0|[1-9][0-9]{0,5})")
-_NAME = re.compile(r"(?:(?:GRID|NVIDIA) )?[A-Za-z0-9]+(?: [A-Za-z0-9]+)*(?:-[0-9]+)?-[0-9]+[A-Za-z]{1,3}",
-                   re.IGNORECASE)
+# A pattern, compiled by ``re`` when a mapping's text is checked (not on steady hooks).
+_NAME = r"(?:(?:GRID|NVIDIA) )?[A-Za-z0-9]+(?: [A-Za-z0-9]+)*(?:-[0-9]+)?-[0-9]+[A-Za-z]{1,3}"  # IGNORECASE
 ALL = "all"
 _NULLS = ("", "~", "null", "Null", "NULL")  # YAML 1.1 and 1.2 spellings of null
 _ADDRESS = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7])")
@@ -41,8 +40,7 @@ _ADDRESS = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7
 Mapping_ = Dict[str, Tuple[str, ...]]
 
 
-@dataclass(frozen=True)
-class Validation:
+class Validation(NamedTuple):
     """The normalised mapping, or the reasons it is refused.
 
     ``mapping`` is key -> sorted addresses, or ``("all",)``; ``plan`` is set
@@ -119,7 +117,7 @@ def normalise(data) -> Mapping_:
     """
     mapping: Mapping_ = {}
     for key in sorted(data, key=_type_number):
-        if not (_TYPE.fullmatch(key) or _NAME.fullmatch(key)):
+        if not (_TYPE.fullmatch(key) or re.fullmatch(_NAME, key, re.IGNORECASE)):
             raise ValueError(f"type {quote(key)} is not a vGPU type id like nvidia-108 "
                              "or a profile name like A100-20C")
         value = data[key]
@@ -209,7 +207,7 @@ def _describe(error, schema) -> str:
             return f"maps {len(error.instance)} vGPU types; at most {schema['maxProperties']}"
         return ("vgpu-device-mappings must map vGPU types to lists of PCI addresses, "
                 "like {nvidia-108: ['0000:c1:00.0']}")
-    plain = _TYPE.fullmatch(str(path[0])) or _NAME.fullmatch(str(path[0]))
+    plain = _TYPE.fullmatch(str(path[0])) or re.fullmatch(_NAME, str(path[0]), re.IGNORECASE)
     vgpu_type = path[0] if plain else quote(path[0])
     if len(path) == 1:
         if error.validator == "minItems":

@@ -16,7 +16,7 @@ the VFIO table use the same vGPU type ids.
 import os
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from . import hostroot, text
 
@@ -31,11 +31,10 @@ VFIO = "vfio"
 
 _ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 _TYPE_DIR = re.compile(r"nvidia-([0-9]+)\Z")
-_TYPE_ROW = re.compile(r"\s*([0-9]+)\s*:\s*(\S.*?)\s*\Z")
+_TYPE_ROW = r"\s*([0-9]+)\s*:\s*(\S.*?)\s*\Z"  # VFIO only: compiled by re when used
 
 
-@dataclass(frozen=True)
-class VgpuType:
+class VgpuType(NamedTuple):
     """One vGPU type a PCI function offers."""
 
     number: int
@@ -70,7 +69,7 @@ class VgpuType:
 
 
 @dataclass(frozen=True)
-class VirtualFunction:
+class VirtualFunction:  # a dataclass: its field ``index`` would shadow tuple.index
     """An SR-IOV virtual function of a GPU."""
 
     address: str
@@ -81,8 +80,7 @@ class VirtualFunction:
     framework: Optional[str] = None  # mdev, vfio, or None (neither is exposed yet)
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     """An NVIDIA GPU (physical function) and what it offers."""
 
     address: str
@@ -140,8 +138,7 @@ class Gpu:
         return None
 
 
-@dataclass(frozen=True)
-class Host:
+class Host(NamedTuple):
     """Everything discovery found, in address order."""
 
     gpus: Tuple[Gpu, ...] = ()
@@ -226,11 +223,11 @@ def with_available(host: Host, addresses: Optional[Iterable[str]] = None) -> Hos
     def filled(address: str, types: Tuple[VgpuType, ...]) -> Tuple[VgpuType, ...]:
         if wanted is not None and address not in wanted:
             return types
-        return tuple(replace(t, available_instances=available_instances(address, t.id))
+        return tuple(t._replace(available_instances=available_instances(address, t.id))
                      if t.framework == MDEV else t for t in types)
 
     return Host(gpus=tuple(
-        replace(gpu, types=filled(gpu.address, gpu.types),
+        gpu._replace(types=filled(gpu.address, gpu.types),
                 vfs=tuple(replace(vf, types=filled(vf.address, vf.types)) for vf in gpu.vfs))
         for gpu in host.gpus))
 
@@ -341,14 +338,13 @@ def parse_creatable(text: str) -> Tuple[VgpuType, ...]:
     """``nvidia/creatable_vgpu_types`` (``ID    : vGPU Name`` rows) as types, by id."""
     types = []
     for line in text.splitlines():
-        match = _TYPE_ROW.match(line)
+        match = re.match(_TYPE_ROW, line)
         if match:
             types.append(VgpuType(number=int(match.group(1)), name=match.group(2), framework=VFIO))
     return tuple(sorted(types, key=lambda t: t.number))
 
 
-@dataclass(frozen=True)
-class Profile:
+class Profile(NamedTuple):
     """What a vGPU type's name says: ``GRID A100-20C`` is model A100, 20 GB, series C."""
 
     name: str  # without the driver's GRID/NVIDIA prefix: A100-20C

@@ -19,8 +19,7 @@ A GPU takes one profile; MIG-backed profiles and mixed-size mode are refused.
 """
 
 import re
-from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from . import pci
 
@@ -30,8 +29,7 @@ ALL = "all"
 _TYPE_ID = re.compile(r"nvidia-([0-9]+)")
 
 
-@dataclass(frozen=True)
-class Assignment:
+class Assignment(NamedTuple):
     """One PCI function Nova gets, with the type it serves."""
 
     gpu: str  # the physical GPU's address
@@ -52,8 +50,7 @@ class Assignment:
         return resource_class(self.name)
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """Which function gets which type, or why the mapping cannot be applied here."""
     assignments: Tuple[Assignment, ...] = ()
     errors: Tuple[str, ...] = ()
@@ -135,10 +132,18 @@ class _Draft:
         self.chosen: Dict[str, Tuple[pci.VgpuType, str, str]] = {}  # GPU -> (type, key, address)
         self.whole: Dict[str, bool] = {}  # GPU -> mapped by its own address (or `all`)
         self.explicit: Dict[str, List[str]] = {}  # GPU -> VF addresses mapped one by one
+        # This draft's own indexes: each function's GPU, each GPU's types (asked per address).
+        self.owner: Dict[str, pci.Gpu] = {}
+        for gpu in host.gpus:
+            for function in (gpu.address, *(vf.address for vf in gpu.vfs)):
+                self.owner.setdefault(function, gpu)  # the first, as host.gpu() finds it
+        self.types: Dict[str, Tuple[pci.VgpuType, ...]] = {}
 
     def types_of(self, gpu: pci.Gpu) -> Tuple[pci.VgpuType, ...]:
         """What ``gpu`` offers: the learnt types when given, else what sysfs lists."""
-        return self.offered.get(gpu.address) or gpu.offered_types()
+        if gpu.address not in self.types:
+            self.types[gpu.address] = self.offered.get(gpu.address) or gpu.offered_types()
+        return self.types[gpu.address]
 
     def everywhere(self, key: str) -> None:
         """``key: all``: every GPU that offers the type; a note when none does."""
@@ -161,7 +166,7 @@ class _Draft:
     def at(self, key: str, addresses: Sequence[str]) -> None:
         """``key: [addresses]``: each address must be a GPU here or one of its VFs."""
         for address in addresses:
-            gpu = self.host.gpu(address)
+            gpu = self.owner.get(address)  # as host.gpu(address), from the index
             if gpu is None:
                 self.errors.append(f"{key}: {address} is not an NVIDIA GPU on this host "
                                    f"(found: {_summary(self.host.addresses())})")

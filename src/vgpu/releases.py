@@ -7,8 +7,7 @@ here is treated as the newest known one, so new hosts get today's format.
 """
 
 import re
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from . import dpkg
 from .errors import UnsupportedReleaseError
@@ -45,8 +44,7 @@ VGPU_GROUPS = "vgpu-groups"    # ussuri..wallaby: enabled_vgpu_types + [vgpu_<ty
 MDEV_GROUPS = "mdev-groups"    # xena and later: enabled_mdev_types + [mdev_<type>]
 
 
-@dataclass(frozen=True)
-class Release:
+class Release(NamedTuple):
     """An OpenStack release as Nova's major version identifies it."""
     nova_major: int
     series: str

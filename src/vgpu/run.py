@@ -14,8 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 from . import text
 from .errors import CommandError
@@ -25,8 +24,7 @@ log = logging.getLogger(__name__)
 GRACE = 5  # seconds between SIGTERM and SIGKILL for a group that ran out of time
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(NamedTuple):
     """What a finished command left: its exit status and its output, decoded and cleaned."""
     returncode: int
     stdout: str

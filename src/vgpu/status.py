@@ -8,8 +8,8 @@ a list of ``(kind, message)`` pairs, in order, with ``kind`` one of
 into the matching ops status and Juju shows the most severe.
 """
 
-from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Tuple
+from types import MappingProxyType
+from typing import List, Mapping, NamedTuple, Optional, Tuple
 
 from . import OPTION, RELATION, driver, mappings, sriov, text
 from .facts import Facts
@@ -22,8 +22,7 @@ ACTIVE = "active"
 Status = Tuple[str, str]  # (kind, message)
 
 
-@dataclass(frozen=True)
-class Services:
+class Services(NamedTuple):
     """What ``systemctl`` answered about the driver's services (nothing asked: all empty)."""
 
     down: Tuple[str, ...] = ()  # not doing their job (see services.down)
@@ -31,8 +30,7 @@ class Services:
     error: Optional[str] = None  # why systemctl could not answer
 
 
-@dataclass(frozen=True)
-class Inputs:
+class Inputs(NamedTuple):
     """Everything the status depends on, read before :func:`statuses` is called.
 
     Only ``facts`` to ``problems`` are needed when :func:`checks_host` is False;
@@ -55,7 +53,7 @@ class Inputs:
     paused: bool = False
     masked_by_us: Tuple[str, ...] = ()  # what this charm's pause masked
     services: Services = Services()
-    vf_failures: Mapping[str, str] = field(default_factory=dict)  # GPU address -> why sriov-manage failed
+    vf_failures: Mapping[str, str] = MappingProxyType({})  # GPU address -> why sriov-manage failed
 
 
 def checks_host(facts: Facts, forced: bool, published: Mapping[str, Tuple[str, ...]]) -> bool:

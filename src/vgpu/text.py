@@ -17,11 +17,9 @@ STATUS_LIMIT = 160  # a tool's cause, in a status message
 
 _KEEP = "\n\t"
 # Paragraphs of tool output that are not the cause of a failure.
-_NOISE = re.compile(r"(?:dpkg: )?(?:warning|note)\b|W: |N: |Note: |See |\(Reading |Errors were encountered",
-                    re.IGNORECASE)
-_PREFIX = re.compile(r"^(?:dpkg(?:-deb)?: (?:error: )?|E: |error: )", re.IGNORECASE)
-# strerror texts ("No space left on device"): the cause a long line must not lose.
-_STRERRORS = sorted({os.strerror(n) for n in errno.errorcode}, key=len, reverse=True)
+# Patterns (IGNORECASE), compiled by ``re`` when a tool failed: not on every hook.
+_NOISE = r"(?:dpkg: )?(?:warning|note)\b|W: |N: |Note: |See |\(Reading |Errors were encountered"
+_PREFIX = r"^(?:dpkg(?:-deb)?: (?:error: )?|E: |error: )"
 
 
 def clean(text: str) -> str:
@@ -68,14 +66,14 @@ def cause(output: str, limit: int = STATUS_LIMIT) -> str:
     that text goes first so bounding never cuts it off.
     """
     for paragraph in _paragraphs(output):
-        if _NOISE.match(paragraph[0]):
+        if re.match(_NOISE, paragraph[0], re.IGNORECASE):
             continue
         head, details = paragraph[0], [" ".join(line.split()) for line in paragraph[1:]]
         if details and head.endswith(":"):
             # "error processing archive x.deb (--install):" then what went wrong: that first.
-            text = f"{' '.join(details)} ({_PREFIX.sub('', head).rstrip(':')})"
+            text = f"{' '.join(details)} ({re.sub(_PREFIX, '', head, flags=re.IGNORECASE).rstrip(':')})"
         else:
-            text = _PREFIX.sub("", " ".join([head, *details]))
+            text = re.sub(_PREFIX, "", " ".join([head, *details]), flags=re.IGNORECASE)
         return _bounded(text, limit)
     return ""
 
@@ -101,7 +99,8 @@ def _bounded(text: str, limit: int) -> str:
     text = one_line(text, len(text) + 1)
     if len(text) <= limit:
         return text
-    for error in _STRERRORS:
+    # strerror texts ("No space left on device"): the cause a long line must not lose.
+    for error in sorted({os.strerror(n) for n in errno.errorcode}, key=len, reverse=True):
         at = text.rfind(error)
         if at > 0:
             rest = (text[:at] + text[at + len(error):]).rstrip(" :()")

@@ -31,8 +31,7 @@ Capacity, decided here and documented in the README:
 
 import os
 import re
-from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from . import catalogue, guests, hostroot, pci, plan, text
 from .errors import HostReadError
@@ -48,8 +47,7 @@ EDITIONS = {
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 
 
-@dataclass(frozen=True)
-class VgpuUse:
+class VgpuUse(NamedTuple):
     """One vGPU a guest holds."""
 
     instance_uuid: str
@@ -69,8 +67,7 @@ class VgpuUse:
     mdev_uuid: str = ""
 
 
-@dataclass(frozen=True)
-class Capacity:
+class Capacity(NamedTuple):
     """How many vGPUs of one published type are held and how many more fit."""
     type_id: str
     used: int
