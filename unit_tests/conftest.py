@@ -8,8 +8,10 @@ dpkg-deb are the real ones.
 from pathlib import Path
 
 import pytest
+from ops import testing
 
-from unit_tests.fakehost import FakeHost
+from charm import NovaComputeNvidiaVgpuCharm
+from unit_tests.fakehost import FakeHost, v100_host
 from unit_tests.faketools import Tools
 
 
@@ -33,3 +35,18 @@ def root(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def fake_host(root) -> FakeHost:
     return FakeHost(root)
+
+
+@pytest.fixture
+def ctx() -> testing.Context:
+    """The real charm under ops.testing."""
+    return testing.Context(NovaComputeNvidiaVgpuCharm)
+
+
+@pytest.fixture
+def v100(root, tools) -> FakeHost:
+    """Two V100s, nova caracal, the vGPU module loaded, both vGPU services up."""
+    host = v100_host(root)
+    tools.set_active("nvidia-vgpu-mgr")
+    tools.set_active("nvidia-vgpud")
+    return host

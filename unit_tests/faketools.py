@@ -136,3 +136,12 @@ class Tools:
         """The variables that put these tools first on PATH."""
         return {"PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
                 "FAKE_LOG": str(self.log), "FAKE_STATE": str(self.state)}
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False

@@ -13,9 +13,8 @@ import subprocess
 import pytest
 from ops import testing
 
-from charm import NovaComputeNvidiaVgpuCharm
 from unit_tests import debs, principal
-from unit_tests.fakehost import FakeHost, empty_host, v100_host
+from unit_tests.fakehost import FakeHost, empty_host
 from unit_tests.libvirt import running_guest
 from vgpu import kernel
 
@@ -36,20 +35,6 @@ def packages(tmp_path_factory):
         "depends": debs.unmet_depends(d),
         "hollow": debs.build(d, debs.HOST, debs.OLD, debs.machine_arch(), {"usr/share/doc/x": "x\n"}),
     }
-
-
-@pytest.fixture
-def ctx():
-    return testing.Context(NovaComputeNvidiaVgpuCharm)
-
-
-@pytest.fixture
-def v100(root, tools):
-    """Two V100s, nova caracal, the vGPU module loaded, services up."""
-    host = v100_host(root)
-    tools.set_active(MGR)
-    tools.set_active(VGPUD)
-    return host
 
 
 def relation(local=None, remote=None):

@@ -13,7 +13,6 @@ import json
 import pytest
 from ops import testing
 
-from charm import NovaComputeNvidiaVgpuCharm
 from unit_tests import debs, principal
 from unit_tests.fakehost import a100_host, l40s_host
 from unit_tests.libvirt import running_guest
@@ -27,11 +26,6 @@ L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
 @pytest.fixture(scope="module")
 def deb(tmp_path_factory):
     return debs.host_driver(tmp_path_factory.mktemp("debs"))
-
-
-@pytest.fixture
-def ctx():
-    return testing.Context(NovaComputeNvidiaVgpuCharm)
 
 
 def vfs(pf: str, count: int, first: int = 0):

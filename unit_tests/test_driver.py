@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from unit_tests import debs
+from unit_tests.faketools import running
 from vgpu import dpkg, driver, hostroot
 from vgpu.errors import InstallError, ResourceInvalidError, ResourceMissingError
 
@@ -288,15 +289,7 @@ def test_a_dpkg_that_runs_out_of_time_is_ended_with_its_maintainer_scripts(built
     with pytest.raises(InstallError, match=r"dpkg timed out after [12]s and was stopped"):
         driver.install(driver.inspect_deb(built["old"]))
     child = int(pids.read_text())
-    assert not _running(child)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
+    assert not running(child)
 
 
 def test_the_install_hook_has_a_bounded_worst_case():

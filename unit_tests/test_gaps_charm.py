@@ -11,7 +11,6 @@ data as nova-compute reads it with charmhelpers.
 import pytest
 from ops import testing
 
-from charm import NovaComputeNvidiaVgpuCharm
 from unit_tests import debs, principal
 from unit_tests.fakehost import FakeHost, MdevType, empty_host, v100_host
 from unit_tests.libvirt import running_guest
@@ -35,19 +34,6 @@ def packages(tmp_path_factory):
                                    debs.host_files()),
         "empty": debs.empty(d),  # Charmhub's placeholder: nothing attached yet
     }
-
-
-@pytest.fixture
-def ctx():
-    return testing.Context(NovaComputeNvidiaVgpuCharm)
-
-
-@pytest.fixture
-def v100(root, tools):
-    host = v100_host(root)
-    tools.set_active(MGR)
-    tools.set_active(VGPUD)
-    return host
 
 
 def install(deb):

@@ -5,16 +5,9 @@ import os
 import pytest
 
 from unit_tests.fakehost import a100_host
+from unit_tests.faketools import running
 from vgpu import services, sriov
 from vgpu.errors import SriovError
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_hanging_sriov_manage_is_stopped_with_what_it_started(root, tools, tmp_path, monkeypatch):
@@ -27,7 +20,7 @@ def test_a_hanging_sriov_manage_is_stopped_with_what_it_started(root, tools, tmp
     monkeypatch.setattr(sriov, "TIMEOUT", 1)
     assert sriov.enable(["0000:41:00.0"]) == [
         "sriov-manage -e 0000:41:00.0 timed out after 1s and was stopped"]
-    assert not _running(int(pidfile.read_text()))
+    assert not running(int(pidfile.read_text()))
 
 
 def test_sriov_manage_failing_silently_still_says_how(root, tools):
