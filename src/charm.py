@@ -402,10 +402,6 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
         try:
             here = self._facts()
-        except HostReadError as error:
-            event.fail(str(error))
-            return
-        try:
             host = pci.with_available(here.pci)  # what each function can still create
         except HostReadError as error:
             event.fail(str(error))

@@ -145,3 +145,11 @@ def running(pid: int) -> bool:
             return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except FileNotFoundError:
         return False
+
+
+def stand_in(path: Path, script: str) -> Path:
+    """An executable shell script at ``path`` (a host tool the test replaces)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    path.chmod(0o755)
+    return path

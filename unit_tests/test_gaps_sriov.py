@@ -5,18 +5,15 @@ import os
 import pytest
 
 from unit_tests.fakehost import a100_host
-from unit_tests.faketools import running
+from unit_tests.faketools import running, stand_in
 from vgpu import services, sriov
 from vgpu.errors import SriovError
 
 
 def test_a_hanging_sriov_manage_is_stopped_with_what_it_started(root, tools, tmp_path, monkeypatch):
     a100_host(root, enabled=False)
-    tool = root / sriov.SRIOV_MANAGE
-    tool.parent.mkdir(parents=True, exist_ok=True)
     pidfile = tmp_path / "child.pid"
-    tool.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nwait\n")
-    tool.chmod(0o755)
+    stand_in(root / sriov.SRIOV_MANAGE, f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nwait\n")
     monkeypatch.setattr(sriov, "TIMEOUT", 1)
     assert sriov.enable(["0000:41:00.0"]) == [
         "sriov-manage -e 0000:41:00.0 timed out after 1s and was stopped"]
@@ -25,21 +22,15 @@ def test_a_hanging_sriov_manage_is_stopped_with_what_it_started(root, tools, tmp
 
 def test_sriov_manage_failing_silently_still_says_how(root, tools):
     a100_host(root, enabled=False)
-    tool = root / sriov.SRIOV_MANAGE
-    tool.parent.mkdir(parents=True, exist_ok=True)
-    tool.write_text("#!/bin/sh\nexit 3\n")
-    tool.chmod(0o755)
+    stand_in(root / sriov.SRIOV_MANAGE, "#!/bin/sh\nexit 3\n")
     assert sriov.enable(["0000:41:00.0"]) == [
         "sriov-manage -e 0000:41:00.0 failed: exit status 3"]
 
 
 def test_sriov_manage_runs_in_the_c_locale(root, tools, tmp_path, monkeypatch):
     a100_host(root, enabled=False)
-    tool = root / sriov.SRIOV_MANAGE
-    tool.parent.mkdir(parents=True, exist_ok=True)
     seen = tmp_path / "env"
-    tool.write_text(f"#!/bin/sh\necho \"$LC_ALL\" > {seen}\n")
-    tool.chmod(0o755)
+    stand_in(root / sriov.SRIOV_MANAGE, f"#!/bin/sh\necho \"$LC_ALL\" > {seen}\n")
     monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
     assert sriov.enable(["0000:41:00.0"]) == []
     assert seen.read_text() == "C\n"

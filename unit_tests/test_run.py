@@ -5,16 +5,9 @@ import time
 
 import pytest
 
+from unit_tests.faketools import running
 from vgpu import run
 from vgpu.errors import CommandError
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_command_that_runs_too_long_is_ended_with_everything_it_started(tmp_path):

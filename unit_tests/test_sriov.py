@@ -3,6 +3,7 @@
 import json
 
 from unit_tests.fakehost import FakeHost, a100_host, l40s_host
+from unit_tests.faketools import stand_in
 from vgpu import catalogue, mappings, pci, plan, releases, sriov
 
 
@@ -32,10 +33,7 @@ def test_sriov_manage_failures_are_one_line_each(root, tools):
 
 def test_a_failure_said_on_stdout_is_named(root, tools):
     l40s_host(root, enabled=False)
-    tool = root / sriov.SRIOV_MANAGE
-    tool.parent.mkdir(parents=True, exist_ok=True)
-    tool.write_text('#!/bin/sh\necho "Cannot enable VFs on $2: device busy"\nexit 1\n')
-    tool.chmod(0o755)
+    stand_in(root / sriov.SRIOV_MANAGE, '#!/bin/sh\necho "Cannot enable VFs on $2: device busy"\nexit 1\n')
     assert sriov.enable(["0000:c1:00.0"]) == [
         "sriov-manage -e 0000:c1:00.0 failed: Cannot enable VFs on 0000:c1:00.0: device busy"]
 
