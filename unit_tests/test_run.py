@@ -1,6 +1,7 @@
 """vgpu.run: every host command is bounded in time and leaves nothing running behind it."""
 
 import os
+import sys
 import time
 
 import pytest
@@ -27,10 +28,13 @@ def test_a_command_ignoring_sigterm_is_killed(tmp_path):
 
 
 def test_a_command_runs_in_a_session_of_its_own():
-    out = run.run(["sh", "-c", "cat /proc/self/stat"], 5).stdout
-    fields = out.rsplit(")", 1)[1].split()
-    session = int(fields[4])
-    assert session != os.getsid(0)
+    # The command leads its own session and process group (sid == pgid == pid):
+    # true in any PID namespace, unlike comparing with the caller's session,
+    # which is 0 where the caller's session leader lives outside the namespace.
+    probe = "import os; print(os.getpid(), os.getsid(0), os.getpgid(0), os.getppid())"
+    pid, sid, pgid, parent = map(int, run.run([sys.executable, "-c", probe], 5).stdout.split())
+    assert parent == os.getpid()
+    assert sid == pgid == pid
 
 
 def test_failure_says_the_cause_first_on_one_line():
