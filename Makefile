@@ -33,8 +33,9 @@ $(VENV)/.mutation: $(VENV)/.ready
 	touch $@
 
 mutation: $(VENV)/.mutation
-	MODULE='$(MODULE)' $(PY) tools/mutation.py run $(if $(JOBS),--max-children $(JOBS))
-	MODULE='$(MODULE)' $(PY) tools/mutation.py results
+	MODULE='$(MODULE)' SAMPLE='$(SAMPLE)' $(PY) tools/mutation.py run $(if $(JOBS),--max-children $(JOBS))
+	MODULE='$(MODULE)' $(PY) tools/mutation.py results | grep -v 'not checked' || true
+	MODULE='$(MODULE)' $(PY) tools/mutation.py summary
 
 bench: $(VENV)/.ready
 	$(PY) tools/bench.py $(ARGS)

@@ -82,6 +82,10 @@ def test_vfio_types_are_written_and_published_as_pci_devices(ctx, vfio, root, to
     assert {s["product_id"] for s in specs[4:]} == {"233c"}
     conf = nova_conf(out)
     assert conf.count("device_spec = ") == 8
+    # Keys in one order, always: the same host renders the same bytes, so
+    # nova-compute never restarts for a reordered line.
+    assert ('device_spec = {"address": "0000:81:00.4", "managed": "no", "product_id": "26ba", '
+            '"resource_class": "CUSTOM_VGPU_L40S_12Q", "vendor_id": "10de"}\n') in conf
     assert conf.endswith("report_in_placement = True\n")
     assert "[devices]" not in conf
     # The boot unit brings the VFs and their types back after a reboot.

@@ -52,7 +52,8 @@ def published(root):
     checked = mappings.check_text(MAPPING)
     built = plan.build(checked.mapping, pci.discover(), EPOXY)
     assert built.ok, built.errors
-    data = novaconf.relation_data(novaconf.plan_sections(built, EPOXY))
+    data = novaconf.relation_data(novaconf.plan_sections(built, EPOXY, mdev_class=False,
+                                                         keep_placement_reporting=False))
     return built, principal.nova_context(data)
 
 

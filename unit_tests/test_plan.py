@@ -185,7 +185,7 @@ def test_mdev_class_is_set_from_xena_on_only(root, major, expected):
     a100_host(root)
     release = releases.from_major(major)
     built = build("{A100-20C: all}", release)
-    sections = novaconf.plan_sections(built, release, mdev_class=True)
+    sections = novaconf.plan_sections(built, release, mdev_class=True, keep_placement_reporting=False)
     conf = principal.render_nova_conf(principal.nova_context(novaconf.relation_data(sections)))
     assert conf.endswith(expected)
 
@@ -204,4 +204,5 @@ def test_nothing_but_what_novaconf_builds_can_be_published(field, value):
         fields["address"] = "0000:81:00.4,0000:82:00.4"
     with pytest.raises(ValueError):
         novaconf.plan_sections(plan.Plan(assignments=(plan.Assignment(**fields),)),
-                               releases.from_major(31))
+                               releases.from_major(31), mdev_class=False,
+                               keep_placement_reporting=False)

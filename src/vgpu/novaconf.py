@@ -51,8 +51,7 @@ def sections(mapping: Mapping[str, Tuple[str, ...]], release) -> Sections:
     return out
 
 
-def plan_sections(plan, release, mdev_class: bool = False,
-                  keep_placement_reporting: bool = False) -> Sections:
+def plan_sections(plan, release, *, mdev_class: bool, keep_placement_reporting: bool) -> Sections:
     """nova.conf sections for a :class:`vgpu.plan.Plan` in ``release``'s spelling.
 
     mdev types become ``[devices]`` and ``[mdev_<type>]`` (with ``mdev_class =
