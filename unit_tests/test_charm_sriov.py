@@ -230,9 +230,14 @@ def test_list_vgpu_types_gives_the_flavor_property_and_the_pci_alias(ctx, vfio, 
     l40s = ctx.action_results["gpus"]["gpu-0"]
     entry = l40s["types"]["nvidia-1139"]  # listed although the full GPU offers nothing now
     assert entry["flavor-property"] == "pci_passthrough:alias=vgpu-l40s-12q:1"
-    assert json.loads(entry["pci-alias"]) == {
-        "name": "vgpu-l40s-12q", "device_type": "type-VF", "vendor_id": "10de",
-        "product_id": "26ba", "resource_class": "CUSTOM_VGPU_L40S_12Q"}
+    # What the operator pastes into nova.conf's [pci] alias, keys in one order.
+    assert entry["pci-alias"] == (
+        '{"device_type": "type-VF", "name": "vgpu-l40s-12q", "product_id": "26ba", '
+        '"resource_class": "CUSTOM_VGPU_L40S_12Q", "vendor_id": "10de"}')
+    assert l40s["virtual-functions"] == ",".join(vfs(L40S, 16))
+    # The full GPU lists nothing: the learnt type carries no counts, shown as "-".
+    row = next(line for line in ctx.action_results["table"].splitlines() if " nvidia-1139 " in line)
+    assert row.split()[-4:] == ["12288", "MiB", "-", "-"]
 
 
 def test_remove_stops_and_deletes_the_boot_unit(ctx, vfio, root, tools, deb):
@@ -242,6 +247,34 @@ def test_remove_stops_and_deletes_the_boot_unit(ctx, vfio, root, tools, deb):
     assert not (root / catalogue.FILE).exists()
     assert [c for c in tools.calls() if sriov.UNIT in c or "daemon-reload" in c][-3:] == [
         f"systemctl stop {sriov.UNIT}", f"systemctl disable {sriov.UNIT}", "systemctl daemon-reload"]
+
+
+
+def test_remove_logs_each_step_it_could_not_undo_and_goes_on(ctx, vfio, root, tools, deb):
+    from unit_tests.faketools import stand_in
+    from vgpu import kernel
+
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    paused = ctx.run(ctx.on.action("pause"), again(first))
+    assert kernel.blacklist_path().exists()
+    stand_in(tools.bin / "update-initramfs", "#!/bin/sh\necho 'E: /boot is full' >&2\nexit 1\n")
+    tools.fail("stop", sriov.UNIT)
+    tools.fail("unmask", MGR)
+    ctx.run(ctx.on.remove(), paused)
+    said = [(line.level, line.message) for line in ctx.juju_log
+            if line.message.startswith(("could not", "the vGPU host driver"))]
+    not_loaded = "Failed to {} {}.service: Unit {}.service not loaded."
+    assert said == [
+        ("WARNING", "could not remove the nouveau blacklist: update-initramfs -u failed: /boot is full"),
+        ("WARNING", f"could not remove {sriov.UNIT}: systemctl stop {sriov.UNIT} failed: "
+                    + not_loaded.format("stop", sriov.UNIT, sriov.UNIT)),
+        ("WARNING", f"could not unmask the vGPU services: systemctl unmask {MGR} failed: "
+                    + not_loaded.format("unmask", MGR, MGR)),
+        ("INFO", "the vGPU host driver package stays installed; purge it by hand if wanted"),
+    ]
+    # The blacklist stays for the initramfs that still has it; the rest is left as it was.
+    assert kernel.blacklist_path().exists()
+    assert sriov.unit_path().exists()
 
 
 # -- after a reboot: no VFs until sriov-manage -----------------------------------------

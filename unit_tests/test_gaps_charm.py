@@ -74,6 +74,17 @@ def test_a_forced_upgrade_goes_ahead_with_guests_running(ctx, v100, root, packag
     assert ctx.action_results["message"].startswith(f"{debs.HOST} {debs.NEW} installed; ")
 
 
+def test_upgrade_while_paused_says_to_resume_first_and_installs_nothing(ctx, v100, root, packages):
+    install(packages["old"])
+    paused = ctx.run(ctx.on.action("pause"), state(resource=packages["new"]))
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("upgrade"), paused)
+    assert failure.value.message == (
+        "not upgraded: the unit is paused and its services masked, which the driver's install "
+        "scripts need; run resume first")
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+
+
 def test_force_false_is_the_same_as_no_force(ctx, v100, root, packages):
     install(packages["old"])
     running_guest(root, *GUEST, mdev_uuid=MDEV_UUID)

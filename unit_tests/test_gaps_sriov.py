@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from unit_tests.fakehost import a100_host
+from unit_tests.fakehost import a100_host, l40s_host
 from unit_tests.faketools import running, stand_in
 from vgpu import services, sriov
 from vgpu.errors import SriovError
@@ -44,3 +44,15 @@ def test_a_hanging_systemctl_fails_the_unit_install_saying_so(root, tools, monke
         sriov.ensure_unit("[Unit]\n")
     assert str(error.value) == "systemctl daemon-reload timed out after 1s and was stopped"
     assert os.path.exists(sriov.unit_path())
+
+
+def test_one_gpu_whose_sriov_manage_hangs_does_not_stop_the_next(root, tools, tmp_path, monkeypatch):
+    l40s_host(root, enabled=False)
+    done = tmp_path / "enabled"
+    stand_in(root / sriov.SRIOV_MANAGE,
+             f"#!/bin/sh\n[ \"$2\" = 0000:81:00.0 ] && exec sleep 300\necho \"$2\" >> {done}\n")
+    monkeypatch.setattr(sriov, "TIMEOUT", 1)
+    assert sriov.enable(["0000:81:00.0", "0000:c1:00.0"]) == [
+        "sriov-manage -e 0000:81:00.0 timed out after 1s and was stopped"]
+    assert done.read_text() == "0000:c1:00.0\n"
+

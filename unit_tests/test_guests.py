@@ -141,3 +141,10 @@ def test_domains_reads_running_and_defined_guests_once_each(root, caplog):
     assert found[1].project_name == "globex"
     assert guests.held_devices() == ({MDEV_UUID}, {"0000:c1:00.4"})
     assert "instance-00000004.xml: DOCTYPE or ENTITY" in caplog.text
+
+
+def test_a_source_address_without_a_domain_is_in_domain_0000(root):
+    from unit_tests.libvirt import defined_guest
+    path = defined_guest(root, "instance-00000040", VF_GUEST, pci_address="0000:81:00.4")
+    path.write_text(path.read_text().replace("<address domain='0x0000' bus='0x81'", "<address bus='0x81'"))
+    assert guests.held_devices() == (set(), {"0000:81:00.4"})

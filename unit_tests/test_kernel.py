@@ -220,3 +220,18 @@ def test_a_blacklist_path_that_cannot_be_read_is_an_install_error(root, initramf
 
 def test_update_initramfs_gets_a_bounded_time():
     assert kernel.INITRAMFS_TIMEOUT <= 300
+
+
+def test_a_blacklist_that_cannot_be_deleted_says_why_in_words(root, tools, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    kernel.ensure_nouveau_blacklisted()
+
+    def read_only(self, missing_ok=False):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(InstallError) as error:
+        kernel.remove_blacklist()
+    assert str(error.value) == f"cannot remove /{kernel.BLACKLIST}: Read-only file system"

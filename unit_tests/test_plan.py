@@ -206,3 +206,12 @@ def test_nothing_but_what_novaconf_builds_can_be_published(field, value):
         novaconf.plan_sections(plan.Plan(assignments=(plan.Assignment(**fields),)),
                                releases.from_major(31), mdev_class=False,
                                keep_placement_reporting=False)
+
+
+@pytest.mark.parametrize("name,alias,resource_class", [
+    ("NVIDIA L40S-12Q", "vgpu-l40s-12q", "CUSTOM_VGPU_L40S_12Q"),
+    ("NVIDIA RTX Pro 6000 Blackwell DC-24Q", "vgpu-rtx-pro-6000-blackwell-dc-24q",
+     "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_24Q"),
+])
+def test_names_with_spaces_give_a_pci_alias_and_class_nova_accepts(name, alias, resource_class):
+    assert (plan.alias_name(name), plan.resource_class(name)) == (alias, resource_class)

@@ -73,3 +73,14 @@ def test_listing():
     assert text.listing([]) == ""
     assert text.listing(["a", "b"]) == "a, b"
     assert text.listing(list("abcdef")) == "a, b, c, d and 2 more"
+
+
+def test_an_upper_case_error_prefix_is_dropped_from_a_heading_too():
+    assert text.cause("ERROR: cannot enable VFs:\n  IOMMU is off\n") == "IOMMU is off (cannot enable VFs)"
+
+
+def test_a_c_library_error_said_twice_moves_its_last_mention_to_the_front():
+    said = ("dpkg: error: copying a: No space left on device; copying b: No space left on device; "
+            + "y" * 300)
+    assert text.cause(said).startswith(
+        "No space left on device: copying a: No space left on device; copying b: ; yyy")

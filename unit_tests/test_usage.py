@@ -324,3 +324,38 @@ def test_list_vgpu_types_counts_one_vgpu_per_free_vf_up_to_what_the_type_fits(ro
     assert rows["nvidia-474"][-1] == "4"   # GRID A100-10C: max_instance 4 on the GPU
     assert rows["nvidia-476"][-1] == "1"   # GRID A100-40C: the whole GPU
     assert rows["nvidia-471"][-1] == "10"  # GRID A100-4C: 10 fit, 16 VFs free
+
+
+def test_an_mdev_type_without_a_readable_name_keeps_its_id_and_described_framebuffer(v100_guests, root):
+    (root / "sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types/nvidia-108/name").unlink()
+    first = usage.in_use(pci.discover())[0]
+    assert (first.type_id, first.profile, first.name_known, first.framebuffer_mb, first.edition) == (
+        "nvidia-108", "nvidia-108", False, 8192, "unknown")
+    results = usage.results([first])
+    assert results["vgpus"]["vgpu-0"]["profile"] == "nvidia-108 (name unknown)"
+    assert results["vgpus"]["vgpu-0"]["framebuffer-mb"] == "8192"
+    assert " nvidia-108? " in results["table"] and " V100-8Q" not in results["table"]
+
+
+def test_a_known_name_is_shown_as_it_is_in_the_table(v100_guests):
+    results = usage.results(usage.in_use(pci.discover()))
+    row = next(line for line in results["table"].splitlines() if "instance-0000002a" in line)
+    assert row.split()[6:9] == ["V100-8Q", "8192", "MiB"]
+
+
+def test_an_mdev_without_its_type_link_is_not_counted(v100_guests, root):
+    # An mdev being torn down: its directory is there, its mdev_type link is gone.
+    (root / "sys/bus/pci/devices/0000:c1:00.0" / MDEV_A / "mdev_type").unlink()
+    assert [u.domain for u in usage.in_use(pci.discover())] == ["instance-0000002b"]
+
+
+def test_a_guest_without_nova_metadata_is_reported_as_unknown(root):
+    host = v100_host(root)
+    host.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_A)
+    running_guest(root, "instance-0000002a", "", mdev_uuid=MDEV_A, project_id="", project_name="")
+    uses = usage.in_use(pci.discover())
+    assert usage.totals(uses)[1] == {("unknown", "unknown"): 1}
+    results = usage.results(uses)
+    entry = results["vgpus"]["vgpu-0"]
+    assert (entry["instance"], entry["project-id"], entry["project"]) == ("unknown", "unknown", "unknown")
+    assert results["projects"] == {"project-0": {"id": "unknown", "name": "unknown", "running-vgpus": "1"}}

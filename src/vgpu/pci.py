@@ -377,6 +377,11 @@ def profile(name: str) -> Optional[Profile]:
                    series=series, mig=match.group("slices") is not None or series.endswith("ME"))
 
 
+def described_framebuffer_mb(description: str) -> Optional[int]:
+    """The framebuffer an mdev type's ``description`` gives, in MiB; None without one."""
+    return _megabytes(dict(parse_description(description)).get("framebuffer"))
+
+
 def parse_description(text: str) -> Tuple[Tuple[str, str], ...]:
     """``num_heads=4, framebuffer=8192M, max_instance=2`` as sorted pairs."""
     pairs = {}

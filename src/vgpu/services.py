@@ -61,7 +61,7 @@ def pause(names: Iterable[str]) -> None:
     and ServiceError is raised; its message says whether that worked.
     """
     names = _checked(names)
-    was_active = active(names) if names else {}
+    was_active = active(names)
     done: List[Tuple[str, str]] = []
     try:
         for name in names:

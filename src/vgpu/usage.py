@@ -146,12 +146,9 @@ def _mdev_use(host: pci.Host, domain: guests.Domain, uuid: str) -> Optional[Vgpu
     if gpu is None:
         return None  # another vendor's mdev (Intel GVT-g)
     name = _read(os.path.join(type_dir, "name"))
-    number = int(type_id.rpartition("-")[2]) if type_id.rpartition("-")[2].isdigit() else 0
-    definition = pci.VgpuType(number=number, name=name or type_id, framework=pci.MDEV,
-                              properties=pci.parse_description(
-                                  _read(os.path.join(type_dir, "description")) or ""))
     profile = profile_of(name or "")
-    framebuffer = definition.framebuffer_mb or framebuffer_of(profile or "")
+    framebuffer = (pci.described_framebuffer_mb(_read(os.path.join(type_dir, "description")) or "")
+                   or framebuffer_of(profile or ""))
     return _use(domain, address=parent, gpu=gpu.address, framework=pci.MDEV, type_id=type_id,
                 profile=profile or name or type_id, name_known=bool(name),
                 framebuffer_mb=framebuffer, edition=edition_of(profile or ""), mdev_uuid=uuid)
