@@ -110,3 +110,19 @@ def test_a_catalogue_that_cannot_be_saved_is_only_logged(root, caplog):
     table = catalogue.learn(pci.discover(), "570.158.02")
     assert table["0x26b9 570.158.02"]["1139"] == "NVIDIA L40S-12Q"  # still used in this hook
     assert "cannot save learnt vGPU types" in caplog.text
+
+
+def test_the_learnt_types_are_saved_or_the_reason_logged(root, caplog):
+    import logging
+
+    from vgpu import catalogue
+
+    caplog.set_level(logging.INFO, logger="vgpu.catalogue")
+    target = root / catalogue.FILE
+    catalogue.save({"0x26b9 570.158.02": {"1139": "NVIDIA L40S-12Q"}})
+    assert f"learnt vGPU types saved to {target}" in caplog.messages
+    target.unlink()
+    target.parent.rmdir()
+    target.parent.write_text("")  # its directory is a file: nothing can be written below it
+    catalogue.save({"0x26b9 570.158.02": {"1139": "NVIDIA L40S-12Q"}})
+    assert caplog.messages[-1] == f"cannot save learnt vGPU types to {target}: Not a directory"

@@ -146,3 +146,23 @@ def _rows(host):
     rows = [[gpu.address, gpu.model, t.id, t.name, str(t.framebuffer_mb), str(t.max_instances),
              str(t.available_instances)] for gpu in host.gpus for t in gpu.offered_types()]
     return ["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE"], rows
+
+
+def test_a_records_own_fields_are_kept_or_dropped_together():
+    results = {"gpus": {"gpu-0": {"address": "a" * 100, "model": "m" * 100}}}
+    # Room for one field, not both: the GPU is not shown half.
+    out = table.fit(results, depth=4, records="gpus", what="GPUs", budget=300 + 130)
+    assert "gpus" not in out
+
+
+def test_an_entry_outside_the_records_is_kept_or_dropped_whole():
+    results = {"projects": {"project-0": {"id": "i" * 100, "name": "n" * 100}}, "vgpus": {}}
+    out = table.fit(results, depth=2, records="vgpus", what="vGPUs", budget=300 + 130)
+    assert "projects" not in out
+    fits = table.fit(results, depth=2, records="vgpus", what="vGPUs", budget=300 + 300)
+    assert fits["projects"] == results["projects"]
+
+
+def test_a_nul_in_a_value_becomes_a_question_mark():
+    out = table.fit({"summary": "a\x00b", "vgpus": {}}, depth=2, records="vgpus", what="vGPUs")
+    assert out["summary"] == "a?b"

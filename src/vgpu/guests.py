@@ -16,7 +16,7 @@ namespace is ``http://openstack.org/xmlns/libvirt/nova/1.1`` (``1.0``
 before); any version is read.
 
 Files that cannot be read or parsed are logged and skipped; files with a
-DOCTYPE or ENTITY declaration are skipped unparsed (no entity expansion).
+DOCTYPE (where entities would be declared) are skipped unparsed.
 """
 
 from __future__ import annotations
@@ -76,10 +76,8 @@ class Domain(NamedTuple):
     mdevs: Tuple[str, ...] = ()  # mdev uuids
     pci: Tuple[str, ...] = ()  # PCI addresses (dddd:bb:dd.f) passed through
     nova_name: str = ""  # the instance's display name
-    flavor: str = ""
     project_id: str = ""
     project_name: str = ""
-    user_name: str = ""
 
 
 def domains() -> List[Domain]:
@@ -142,8 +140,9 @@ def _domain(path: Path, require: str = "") -> Optional[ET.Element]:
         return None  # gone since it was listed (the guest stopped)
     if require and require not in text:
         return None
-    if "<!DOCTYPE" in text.upper() or "<!ENTITY" in text.upper():
-        log.warning("skipping %s: DOCTYPE or ENTITY declarations are not accepted", path)
+    # Entities can only be declared inside a DOCTYPE: without one, nothing expands.
+    if "<!DOCTYPE" in text:
+        log.warning("skipping %s: DOCTYPE declarations are not accepted", path)
         return None
     import xml.etree.ElementTree as ET
 
@@ -200,24 +199,21 @@ def _hostdevs(domain: ET.Element) -> Iterator[Tuple[str, str]]:
 
 
 def _nova_metadata(domain: ET.Element) -> Dict[str, str]:
-    """Instance name, flavor and owner from ``<metadata><nova:instance>``; empty if absent."""
-    out = {"nova_name": "", "flavor": "", "project_id": "", "project_name": "", "user_name": ""}
+    """Instance name and project from ``<metadata><nova:instance>``; empty if absent."""
+    out = {"nova_name": "", "project_id": "", "project_name": ""}
     metadata = domain.find("metadata")
     if metadata is None:
         return out
     for instance in metadata:
         namespace, _, local = instance.tag.rpartition("}")
-        if local != "instance" or not namespace.lstrip("{").startswith(NOVA_NS):
+        if local != "instance" or not namespace.startswith("{" + NOVA_NS):
             continue
         ns = namespace + "}"
         out["nova_name"] = _text(instance.findtext(f"{ns}name"))
-        flavor = instance.find(f"{ns}flavor")
-        out["flavor"] = _text(flavor.get("name") if flavor is not None else "")
         project = instance.find(f"{ns}owner/{ns}project")
         if project is not None:
             out["project_id"] = _text(project.get("uuid")).lower()
             out["project_name"] = _text(project.text)
-        out["user_name"] = _text(instance.findtext(f"{ns}owner/{ns}user"))
         break
     return out
 

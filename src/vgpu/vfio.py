@@ -49,11 +49,12 @@ def ensure_types(plan, host: pci.Host) -> List[str]:
 
     guests.ensure_no_guests(changes)
     done = []
-    for address, (current, target) in sorted(changes.items(), key=lambda c: _order(host, c[0])):
+    # Address order is virtfn order: a VF's routing ID is its PF's plus offset + index x stride.
+    for address, (current, target) in sorted(changes.items()):
         if current and current != target:
             _write(address, 0)
             done.append(f"{address}: released nvidia-{current}")
-    for address, (_, target) in sorted(changes.items(), key=lambda c: _order(host, c[0])):
+    for address, (_, target) in sorted(changes.items()):
         if not target:
             continue
         creatable = pci.parse_creatable(_read(address, "creatable_vgpu_types"))
@@ -65,12 +66,6 @@ def ensure_types(plan, host: pci.Host) -> List[str]:
     for line in done:
         log.info("vGPU type %s", line)
     return done
-
-
-def _order(host: pci.Host, address: str):
-    gpu = host.gpu(address)
-    vf = gpu.function(address) if gpu else None
-    return (gpu.address if gpu else address, getattr(vf, "index", 0))
 
 
 def _path(address: str, name: str):
