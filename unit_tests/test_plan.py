@@ -215,3 +215,13 @@ def test_nothing_but_what_novaconf_builds_can_be_published(field, value):
 ])
 def test_names_with_spaces_give_a_pci_alias_and_class_nova_accepts(name, alias, resource_class):
     assert (plan.alias_name(name), plan.resource_class(name)) == (alias, resource_class)
+
+
+def test_four_offered_types_are_all_named_without_a_more(root):
+    host = FakeHost(root)
+    host.add_gpu("0000:c1:00.0", mdev_types={
+        f"nvidia-{n}": MdevType(f"GRID V100-{q}Q", q * 1024, 16 // q) for n, q in
+        ((105, 1), (106, 2), (107, 4), (108, 8))})
+    assert build("{nvidia-109: [c1:00.0]}").errors == (
+        "nvidia-109: 0000:c1:00.0 (NVIDIA 0x1db4) does not offer nvidia-109; it offers "
+        "nvidia-105, nvidia-106, nvidia-107, nvidia-108",)

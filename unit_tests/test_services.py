@@ -149,3 +149,13 @@ def test_option_like_names_are_refused(tools, name):
     with pytest.raises(ValueError):
         services.pause([name])
     assert tools.calls() == []
+
+
+def test_starting_a_unit_may_take_longer_than_switching_it(tools, monkeypatch):
+    from unit_tests.faketools import stand_in
+
+    # A daemon's start (the vGPU manager probing its GPUs) gets the longer limit; enabling does not.
+    stand_in(tools.bin / "systemctl", "#!/bin/sh\n[ \"$1\" = start ] && sleep 2\nexit 0\n")
+    monkeypatch.setattr(services, "SWITCH_TIMEOUT", 1)
+    monkeypatch.setattr(services, "CHANGE_TIMEOUT", 20)
+    services.resume(["nvidia-vgpu-mgr"])

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from unit_tests.fakehost import FakeHost, a100_host, l40s_host
 from unit_tests.faketools import stand_in
 from vgpu import catalogue, mappings, pci, plan, releases, sriov
+from vgpu.errors import SriovError
 
 
 def test_sriov_manage_creates_the_vfs_and_its_calls_are_recorded(root, tools):
@@ -126,3 +129,11 @@ def test_the_learnt_types_are_saved_or_the_reason_logged(root, caplog):
     target.parent.write_text("")  # its directory is a file: nothing can be written below it
     catalogue.save({"0x26b9 570.158.02": {"1139": "NVIDIA L40S-12Q"}})
     assert caplog.messages[-1] == f"cannot save learnt vGPU types to {target}: Not a directory"
+
+
+def test_a_boot_unit_that_cannot_be_read_is_named(root):
+    target = sriov.unit_path()
+    target.mkdir(parents=True)  # a directory where the unit file belongs
+    with pytest.raises(SriovError) as error:
+        sriov.ensure_unit("[Unit]\n")
+    assert str(error.value) == f"cannot read /{sriov.UNIT_FILE}: Is a directory"

@@ -341,7 +341,7 @@ def parse_creatable(text: str) -> Tuple[VgpuType, ...]:
         match = re.match(_TYPE_ROW, line)
         if match:
             types.append(VgpuType(number=int(match.group(1)), name=match.group(2), framework=VFIO))
-    return tuple(sorted(types, key=lambda t: t.number))
+    return tuple(sorted(types))  # by number first: ids are unique
 
 
 class Profile(NamedTuple):
