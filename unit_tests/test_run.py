@@ -57,3 +57,22 @@ def test_a_missing_program_is_an_error_not_an_oserror(tmp_path):
 def test_output_with_hostile_bytes_is_cleaned():
     out = run.run(["printf", "a\\000b\\377c"], 5).stdout
     assert "\x00" not in out and out.isprintable()
+
+
+def test_a_child_that_left_the_group_holding_the_output_is_left_and_logged(tmp_path, caplog):
+    import signal
+
+    pidfile = tmp_path / "child"
+    escape = f"{sys.executable} -c 'import os, time; os.setpgid(0, 0); time.sleep(300)'"
+    started = time.monotonic()
+    with pytest.raises(CommandError, match="timed out"):
+        run.run(["sh", "-c", f"{escape} & echo $! > {pidfile}; sleep 300"], 1)
+    elapsed = time.monotonic() - started
+    child = int(pidfile.read_text())
+    try:
+        # Its own process group (same session): not the command's to end, nor to wait for.
+        assert running(child)
+        assert elapsed < 1 + 2 * run.GRACE
+        assert "sh left a process holding its output open" in caplog.messages
+    finally:
+        os.kill(child, signal.SIGKILL)
