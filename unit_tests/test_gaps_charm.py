@@ -70,6 +70,8 @@ def test_a_forced_upgrade_goes_ahead_with_guests_running(ctx, v100, root, packag
     assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
     ctx.run(ctx.on.action("upgrade", params={"force": True}), state(resource=packages["new"]))
     assert debs.dpkg_query(root) == f"install ok installed {debs.NEW}"
+    assert ("WARNING", f"forced past 1 running vGPU guest(s): {GUEST[0]}") in [
+        (line.level, line.message) for line in ctx.juju_log]
     assert ctx.action_results["previous"] == f"{debs.HOST} {debs.OLD}"
     assert ctx.action_results["message"].startswith(f"{debs.HOST} {debs.NEW} installed; ")
 

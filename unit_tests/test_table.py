@@ -166,3 +166,13 @@ def test_an_entry_outside_the_records_is_kept_or_dropped_whole():
 def test_a_nul_in_a_value_becomes_a_question_mark():
     out = table.fit({"summary": "a\x00b", "vgpus": {}}, depth=2, records="vgpus", what="vGPUs")
     assert out["summary"] == "a?b"
+
+
+def test_a_gpu_without_a_driver_says_so_in_the_results_and_the_table(root):
+    host = FakeHost(root)
+    host.add_gpu("0000:c1:00.0", driver=None, mdev_types={})
+    found = pci.discover()
+    gpu = report.gpu_results(found)["gpu-0"]
+    assert (gpu["driver"], gpu["types"]) == ("none", "none (is the vGPU host driver loaded?)")
+    row = report.types_table(found).splitlines()[1]
+    assert row.split()[-8:] == ["no", "types", "(driver", "not", "loaded?)", "-", "-", "-"]

@@ -103,5 +103,5 @@ def offered(host: pci.Host, driver_version: Optional[str],
             if vf.current_type and str(vf.current_type) not in seen:
                 seen[str(vf.current_type)] = pci.VgpuType(
                     number=vf.current_type, name=f"nvidia-{vf.current_type}", framework=pci.VFIO)
-        out[gpu.address] = tuple(sorted(seen.values(), key=lambda t: t.number))
+        out[gpu.address] = tuple(sorted(seen.values()))  # by number first: ids are unique
     return out

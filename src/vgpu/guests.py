@@ -64,7 +64,7 @@ def running_vgpu_guests(pci_addresses: Iterable[str]) -> List[Guest]:
                 instance_uuid=(domain.findtext("uuid") or "").strip().lower(),
                 vgpus=vgpus,
             ))
-    return sorted(guests, key=lambda g: g.name)
+    return sorted(guests)  # by name first
 
 
 class Domain(NamedTuple):
