@@ -276,8 +276,7 @@ def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
         # Mediated devices on the GPU itself (no SR-IOV): the GPU is the parent.
         if explicit:
             return [], [f"{key}: {explicit[0]} is not a vGPU parent of GPU {gpu.address}"]
-        return [Assignment(gpu.address, gpu.address, vgpu_type.number, vgpu_type.name, pci.MDEV,
-                           _hex4(gpu.device_id))], []
+        return [Assignment(gpu.address, gpu.address, vgpu_type.number, vgpu_type.name, pci.MDEV)], []
     if framework == pci.VFIO and release is not None and not release.managed_no:
         return [], [f"GPU {gpu.address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO "
                     f"framework, which needs Nova 31 (2025.1 epoxy) or later; this host runs "
