@@ -1,7 +1,7 @@
 # make demo   the charm on a bundled sample GPU host, without Juju
 # make test   the unit tests (what CI runs)
 # make lint   ruff and mypy; make bench   hook costs next to a bare ops charm (ARGS=--quick, ARGS=--profile)
-# make mutation   mutmut over src/ (hours; MODULE=src/vgpu/releases.py for one module, JOBS=1 to spare the CPUs)
+# make mutation   mutmut over src/ (hours; MODULE=src/vgpu/releases.py for one module, SAMPLE=8 for one in eight, JOBS=1 to spare the CPUs)
 # make pack-check   replay charmcraft's dependency install without Rust or a C compiler
 PYTHON ?= python3
 VENV ?= .venv
