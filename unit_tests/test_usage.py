@@ -359,3 +359,9 @@ def test_a_guest_without_nova_metadata_is_reported_as_unknown(root):
     entry = results["vgpus"]["vgpu-0"]
     assert (entry["instance"], entry["project-id"], entry["project"]) == ("unknown", "unknown", "unknown")
     assert results["projects"] == {"project-0": {"id": "unknown", "name": "unknown", "running-vgpus": "1"}}
+
+
+def test_a_description_without_a_framebuffer_leaves_it_to_the_name(v100_guests, root):
+    (root / "sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types/nvidia-108/"
+     "description").write_text("num_heads=4, max_instance=2\n")
+    assert usage.in_use(pci.discover())[0].framebuffer_mb == 8192
