@@ -147,6 +147,7 @@ def test_a_source_address_without_a_domain_is_in_domain_0000(root):
     from unit_tests.libvirt import defined_guest
     path = defined_guest(root, "instance-00000040", VF_GUEST, pci_address="0000:81:00.4")
     path.write_text(path.read_text().replace("<address domain='0x0000' bus='0x81'", "<address bus='0x81'"))
+    assert "<address bus='0x81'" in path.read_text()
     assert guests.held_devices() == (set(), {"0000:81:00.4"})
 
 

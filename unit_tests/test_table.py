@@ -153,6 +153,7 @@ def test_a_records_own_fields_are_kept_or_dropped_together():
     # Room for one field, not both: the GPU is not shown half.
     out = table.fit(results, depth=4, records="gpus", what="GPUs", budget=300 + 130)
     assert "gpus" not in out
+    assert table.fit(results, depth=4, records="gpus", what="GPUs", budget=300 + 260) == results
 
 
 def test_an_entry_outside_the_records_is_kept_or_dropped_whole():
