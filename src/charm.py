@@ -541,14 +541,17 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return True
 
     def _upgrade_results(self, package: driver.DebInfo, before, done: str) -> dict:
-        reasons = self._facts().reboot_reasons()
+        try:
+            reasons = self._facts().reboot_reasons()
+            reboot, why = ("yes", "; ".join(reasons)) if reasons else ("no", "no reboot needed")
+        except HostReadError as error:  # installed all the same: say so, and what is unknown
+            reboot, why = "unknown", f"cannot tell whether a reboot is needed: {error}"
         return {
             "package": package.package,
             "version": package.version,
             "previous": f"{before.name} {before.version}" if before is not None else "none",
-            "reboot-required": "yes" if reasons else "no",
-            "message": f"{package.package} {package.version} {done}; "
-                       + ("; ".join(reasons) if reasons else "no reboot needed"),
+            "reboot-required": reboot,
+            "message": f"{package.package} {package.version} {done}; {why}",
         }
 
     # -- leaving ------------------------------------------------------------

@@ -254,3 +254,23 @@ def test_a_description_spanning_lines_is_read_whole(ctx, root, tools, packages):
     ctx.run(ctx.on.action("list-vgpu-types"), state(resource=packages["empty"]))
     entry = ctx.action_results["gpus"]["gpu-0"]["types"]["nvidia-900"]
     assert (entry["framebuffer-mb"], entry["max-instances"]) == ("8064", "3")
+
+
+def test_an_upgrade_that_leaves_sysfs_unreadable_still_reports_and_logs_why(ctx, v100, root,
+                                                                            packages, tmp_path):
+    # A package whose install leaves a PCI function the charm cannot read: its `vendor` is a
+    # directory. The driver is installed; publishing afterwards cannot read the host.
+    files = debs.host_files()
+    files["sys/bus/pci/devices/0000:99:00.0/vendor/placeholder"] = ""
+    breaking = debs.build(tmp_path, debs.HOST, debs.NEW, debs.machine_arch(), files)
+    install(packages["old"])
+    out = ctx.run(ctx.on.action("upgrade"), state(resource=breaking))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.NEW}"
+    unreadable = "cannot read /sys/bus/pci/devices/0000:99:00.0/vendor: Is a directory"
+    assert ctx.action_results == {
+        "package": debs.HOST, "version": debs.NEW, "previous": f"{debs.HOST} {debs.OLD}",
+        "reboot-required": "unknown",
+        "message": f"{debs.HOST} {debs.NEW} installed; cannot tell whether a reboot is needed: "
+                   + unreadable}
+    assert ("ERROR", unreadable) in [(line.level, line.message) for line in ctx.juju_log]
+    assert out.unit_status == testing.BlockedStatus(unreadable)
