@@ -104,6 +104,7 @@ class VfioModel:
         self.total = max(_gb(n) for n in self.types.values() if not _mig(n))
         self.refuse: set = set()  # VF addresses whose writes the driver refuses (reads back 0)
         self.hidden: set = set()  # VF addresses that list nothing creatable (and refuse all)
+        self.frozen = False  # True: the VFs' files stay as a test writes them, never recomputed
 
     def creatable(self, own: int, siblings: Iterable[int], vf: str = "") -> Dict[int, str]:
         if own or vf in self.hidden:
@@ -149,7 +150,7 @@ def _vfio_kernel(event, args):
         vf_dir = os.path.realpath(os.path.dirname(os.path.dirname(path)))
         pf_dir = os.path.realpath(os.path.join(vf_dir, "physfn"))
         model = _MODELS.get(pf_dir)
-        if model is None:
+        if model is None or model.frozen:
             return
         siblings = [os.path.realpath(os.path.join(pf_dir, n)) for n in os.listdir(pf_dir)
                     if n.startswith("virtfn")]

@@ -165,13 +165,9 @@ def test_the_driver_refusing_a_type_blocks_and_publishes_nothing(ctx, vfio, root
     assert "subordinate_configuration" not in ours(out)
 
 
-def test_a_vf_list_with_bytes_that_are_not_utf8_is_still_read(ctx, vfio, root, deb, monkeypatch):
-    import os
-
-    from unit_tests import fakehost
-
+def test_a_vf_list_with_bytes_that_are_not_utf8_is_still_read(ctx, vfio, root, deb):
     # The L40S's lists stay as written here, not recomputed by the fixture's kernel model.
-    monkeypatch.delitem(fakehost._MODELS, os.path.realpath(root / "sys/bus/pci/devices" / L40S))
+    vfio.vfio_model(L40S).frozen = True
     listed = root / "sys/bus/pci/devices" / vfs(L40S, 1)[0] / "nvidia/creatable_vgpu_types"
     listed.write_bytes(listed.read_bytes().replace(b"L40S-48Q", b"L40S-48Q\xff"))
     assert b"\xff" in listed.read_bytes()
