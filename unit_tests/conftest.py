@@ -1,4 +1,4 @@
-"""Shared fixtures: a host root per test, and fake host tools on PATH.
+"""Shared fixtures: a host root per test, fake host tools on PATH, driver packages.
 
 No GPU, systemd or initramfs exists here, so ``systemctl`` and
 ``update-initramfs`` are small scripts that record their calls; dpkg and
@@ -11,6 +11,7 @@ import pytest
 from ops import testing
 
 from charm import NovaComputeNvidiaVgpuCharm
+from unit_tests import debs
 from unit_tests.fakehost import FakeHost, v100_host
 from unit_tests.faketools import Tools
 
@@ -50,3 +51,21 @@ def v100(root, tools) -> FakeHost:
     tools.set_active("nvidia-vgpu-mgr")
     tools.set_active("nvidia-vgpud")
     return host
+
+
+@pytest.fixture(scope="session")
+def packages(tmp_path_factory) -> dict:
+    """Real .deb files, built once and only read: driver packages and what an operator might attach."""
+    d = tmp_path_factory.mktemp("debs")
+    return {
+        "old": debs.host_driver(d),
+        "new": debs.newer_host_driver(d),
+        # Another branch's package carrying the very same version string.
+        "other-branch": debs.build(d, "nvidia-vgpu-ubuntu-580", debs.OLD, debs.machine_arch(),
+                                   debs.host_files()),
+        "guest": debs.guest_driver(d),
+        "garbage": debs.garbage(d),
+        "empty": debs.empty(d),  # Charmhub's placeholder: nothing attached yet
+        "depends": debs.unmet_depends(d),
+        "hollow": debs.build(d, debs.HOST, debs.OLD, debs.machine_arch(), {"usr/share/doc/x": "x\n"}),
+    }

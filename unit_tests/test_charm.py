@@ -23,20 +23,6 @@ VGPUD = "nvidia-vgpud"
 HOSTILE = '{"nvidia-108\\n[DEFAULT]\\ndebug": ["0000:c1:00.0"]}'
 
 
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory):
-    d = tmp_path_factory.mktemp("debs")
-    return {
-        "old": debs.host_driver(d),
-        "new": debs.newer_host_driver(d),
-        "guest": debs.guest_driver(d),
-        "garbage": debs.garbage(d),
-        "empty": debs.empty(d),
-        "depends": debs.unmet_depends(d),
-        "hollow": debs.build(d, debs.HOST, debs.OLD, debs.machine_arch(), {"usr/share/doc/x": "x\n"}),
-    }
-
-
 def relation(local=None, remote=None):
     return testing.SubordinateRelation(
         "nova-vgpu", remote_app_name="nova-compute",

@@ -14,7 +14,8 @@ from ops import testing
 from unit_tests import debs, principal
 from unit_tests.fakehost import FakeHost, MdevType, empty_host, v100_host
 from unit_tests.libvirt import running_guest
-from vgpu import driver
+from unit_tests.test_charm import install_driver, ours, state
+from unit_tests.test_charm import nova_conf as published
 
 MGR = "nvidia-vgpu-mgr"
 VGPUD = "nvidia-vgpud"
@@ -23,40 +24,8 @@ GUEST = ("instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
 MDEV_UUID = "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f"
 
 
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory):
-    d = tmp_path_factory.mktemp("debs")
-    return {
-        "old": debs.host_driver(d),
-        "new": debs.newer_host_driver(d),
-        # Another branch's package carrying the very same version string.
-        "other-branch": debs.build(d, "nvidia-vgpu-ubuntu-580", debs.OLD, debs.machine_arch(),
-                                   debs.host_files()),
-        "empty": debs.empty(d),  # Charmhub's placeholder: nothing attached yet
-    }
-
-
 def install(deb):
-    driver.install(driver.inspect_deb(deb))
-
-
-def state(config=None, resource=None, relations=None):
-    kwargs = {"config": dict(config or {}),
-              "relations": [testing.SubordinateRelation("nova-vgpu", remote_app_name="nova-compute")]
-              if relations is None else relations}
-    if resource is not None:
-        kwargs["resources"] = {testing.Resource(name="nvidia-vgpu-software", path=resource)}
-    return testing.State(**kwargs)
-
-
-def ours(out: testing.State) -> dict:
-    rel = out.get_relations("nova-vgpu")[0]
-    return {k: v for k, v in rel.local_unit_data.items()
-            if not k.startswith(("egress", "ingress", "private"))}
-
-
-def published(out: testing.State) -> str:
-    return principal.render_nova_conf(principal.nova_context(ours(out)))
+    install_driver(None, deb)
 
 
 # -- the upgrade action -----------------------------------------------------------------

@@ -10,8 +10,7 @@ import subprocess
 import pytest
 from ops import testing
 
-from charm import NovaComputeNvidiaVgpuCharm
-from unit_tests import debs, libvirt
+from unit_tests import libvirt
 from unit_tests.fakehost import (
     L40S_TYPES,
     a100_host,
@@ -20,6 +19,7 @@ from unit_tests.fakehost import (
     v100_host,
 )
 from unit_tests.libvirt import PROJECT_ID, PROJECT_NAME, defined_guest, running_guest
+from unit_tests.test_charm import install_driver, state
 from unit_tests.test_table import action_set_argv, action_set_bytes
 from vgpu import guests, pci, table, usage
 
@@ -108,15 +108,13 @@ def test_a_full_gpu_lists_no_names_so_the_type_stays_an_id(root):
     assert "nvidia-1141?" in results["table"]
 
 
-def test_vgpu_usage_on_a_full_gpu_names_the_type_learnt_while_it_was_free(root, tools, tmp_path):
+def test_vgpu_usage_on_a_full_gpu_names_the_type_learnt_while_it_was_free(root, tools, ctx, packages):
     host = l40s_host(root)
-    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
-    resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
-    ctx.run(ctx.on.update_status(), testing.State(resources={resource}))  # the VFs list their types
+    ctx.run(ctx.on.update_status(), state(resource=packages["empty"]))  # the VFs list their types
     for address in ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6", "0000:81:00.7"):
         assign_vfio_type(host, address, 1141)  # full: no VF lists a name any more
     running_guest(root, "instance-00000040", VM_1, pci_address="0000:81:00.6")
-    ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
+    ctx.run(ctx.on.action("vgpu-usage"), state(resource=packages["empty"]))
     entry = ctx.action_results["vgpus"]["vgpu-0"]
     assert (entry["address"], entry["type"], entry["profile"], entry["framebuffer-mb"], entry["edition"]) == (
         "0000:81:00.6", "nvidia-1141", "L40S-24Q", "24576", "RTX Virtual Workstation")
@@ -179,10 +177,8 @@ def test_hostile_type_names_never_break_action_set(root):
 
 # -- the action -----------------------------------------------------------------------------
 
-def test_vgpu_usage_action(v100_guests, tools, tmp_path):
-    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
-    resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
-    ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
+def test_vgpu_usage_action(v100_guests, tools, ctx, packages):
+    ctx.run(ctx.on.action("vgpu-usage"), state(resource=packages["empty"]))
     results = ctx.action_results
     assert results["summary"] == ("1 vGPU in running guests (1 RTX Virtual Workstation); "
                                   "1 held by shut-off instances (not licensed while off)")
@@ -203,17 +199,15 @@ def test_vgpu_usage_action(v100_guests, tools, tmp_path):
     assert "truncated" not in results
 
 
-def test_vgpu_usage_on_an_idle_host(root, tools, tmp_path):
+def test_vgpu_usage_on_an_idle_host(root, tools, ctx, packages):
     v100_host(root)
-    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
-    resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
-    ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
+    ctx.run(ctx.on.action("vgpu-usage"), state(resource=packages["empty"]))
     assert ctx.action_results == {"summary": "no vGPU in use on this host", "editions": {},
                                   "projects": {}, "vgpus": {},
                                   "table": "no vGPU in use on this host"}
 
 
-def test_thousands_of_guests_stay_within_action_set(root, tools, tmp_path):
+def test_thousands_of_guests_stay_within_action_set(root, tools, ctx, packages):
     """A big host with small profiles: 1,500 guests, each on its own mdev."""
     host = v100_host(root)
     qemu = root / "run/libvirt/qemu"
@@ -224,9 +218,7 @@ def test_thousands_of_guests_stay_within_action_set(root, tools, tmp_path):
         (qemu / f"instance-{n:08x}.xml").write_text(libvirt.status(
             f"instance-{n:08x}", f"{n:08x}-1111-4111-8111-{n:012x}", libvirt.hostdevs(uuid),
             project_id=f"{n % 40:032x}", project_name=f"tenant-{n % 40}"))
-    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
-    resource = testing.Resource(name="nvidia-vgpu-software", path=debs.empty(tmp_path))
-    ctx.run(ctx.on.action("vgpu-usage"), testing.State(resources={resource}))
+    ctx.run(ctx.on.action("vgpu-usage"), state(resource=packages["empty"]))
     results = ctx.action_results
     assert action_set_bytes(results) <= table.MAX_RESULTS_BYTES
     subprocess.run(action_set_argv(results), check=True)  # the kernel accepts them as action-set's arguments
@@ -274,41 +266,28 @@ def test_capacity_text_is_bounded():
         "+6 more types (vgpu-usage)")
 
 
-def test_status_line_shows_capacity_per_type(v100_guests, root, tools, packages):
-    from vgpu import driver
-    driver.install(driver.inspect_deb(packages))
+def test_status_line_shows_capacity_per_type(ctx, v100_guests, root, tools, packages):
+    install_driver(root, packages["old"])
     tools.set_active(MGR)
     tools.set_active(VGPUD)
-    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
-    rel = testing.SubordinateRelation("nova-vgpu", remote_app_name="nova-compute")
-    out = ctx.run(ctx.on.config_changed(), testing.State(
-        config={"vgpu-device-mappings": "{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}"},
-        relations=[rel], resources={testing.Resource(name="nvidia-vgpu-software", path=packages)}))
+    out = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}"}, resource=packages["old"]))
     assert out.unit_status == testing.ActiveStatus(
         "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1; "
         "nvidia-108: 1 used, 1 free; nvidia-109: 1 used, 0 free")
 
 
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory):
-    return debs.host_driver(tmp_path_factory.mktemp("debs"))
-
-
 # -- prerequisites come first -------------------------------------------------------------------
 
-def test_iommu_off_is_the_status_not_a_mapping_error_about_missing_vfs(root, tools, packages):
+def test_iommu_off_is_the_status_not_a_mapping_error_about_missing_vfs(ctx, root, tools, packages):
     """After a reboot without the IOMMU an A100 has no VFs: say what to fix first."""
     host = a100_host(root)
     (root / "sys/kernel/iommu_groups").rename(root / "iommu_groups_off")
     for index in range(4):  # no IOMMU, no VFs
         (host.bus / "0000:41:00.0").resolve().joinpath(f"virtfn{index}").unlink()
-    from vgpu import driver
-    driver.install(driver.inspect_deb(packages))
-    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
-    rel = testing.SubordinateRelation("nova-vgpu", remote_app_name="nova-compute")
-    out = ctx.run(ctx.on.config_changed(), testing.State(
-        config={"vgpu-device-mappings": "{nvidia-474: ['41:00.4', '41:00.5']}"},
-        relations=[rel], resources={testing.Resource(name="nvidia-vgpu-software", path=packages)}))
+    install_driver(root, packages["old"])
+    out = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{nvidia-474: ['41:00.4', '41:00.5']}"}, resource=packages["old"]))
     assert out.unit_status == testing.BlockedStatus(
         "IOMMU is off but SR-IOV GPU 0000:41:00.0 needs it: add intel_iommu=on iommu=pt (Intel) "
         "or amd_iommu=on (AMD) to the kernel command line, enable VT-d/AMD-Vi in firmware, reboot")
