@@ -212,7 +212,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             self._refresh()
         try:
             if kernel.ensure_nouveau_blacklisted():
-                logger.info("nouveau blacklisted; initramfs refreshed")
+                logger.info("nouveau blacklisted in /%s; initramfs refreshed", kernel.BLACKLIST)
         except VgpuError as error:
             self._problems.append(f"blacklisting nouveau failed: {error}")
 
@@ -558,7 +558,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _on_remove(self, _event: ops.RemoveEvent) -> None:
         """Undo what the charm changed; the driver package stays installed."""
         try:
-            kernel.remove_blacklist()
+            if kernel.remove_blacklist():
+                logger.info("removed /%s; initramfs refreshed", kernel.BLACKLIST)
         except VgpuError as error:
             logger.warning("could not remove the nouveau blacklist: %s", error)
         try:

@@ -77,6 +77,17 @@ def test_install_puts_the_attached_driver_on_a_gpu_host(ctx, v100, root, tools, 
     assert principal.release_packages(data).purge == set()
 
 
+def test_the_blacklist_written_and_removed_is_named_in_the_log(ctx, v100, root, packages):
+    blacklist = "/etc/modprobe.d/nvidia-vgpu-blacklist-nouveau.conf"
+    out = ctx.run(ctx.on.install(), state(resource=packages["old"]))
+    ctx.run(ctx.on.update_status(), out)  # already there: nothing written, nothing said
+    ctx.run(ctx.on.remove(), out)
+    assert not kernel.blacklist_path().exists()
+    said = [(line.level, line.message) for line in ctx.juju_log if "initramfs" in line.message]
+    assert said == [("INFO", f"nouveau blacklisted in {blacklist}; initramfs refreshed"),
+                    ("INFO", f"removed {blacklist}; initramfs refreshed")]
+
+
 def test_after_install_a_reboot_is_asked_for_until_the_module_loads(ctx, v100, root, packages):
     v100.modules(["nouveau", "drm"])
     out = ctx.run(ctx.on.install(), state(resource=packages["old"]))

@@ -131,6 +131,14 @@ def test_a_new_profile_releases_the_vfs_first_then_fills_them_again(ctx, vfio, r
     assert [json.loads(v)["resource_class"] for k, v in
             principal.nova_context(ours(out))["sections"]["pci"] if k == "device_spec"] == \
         ["CUSTOM_VGPU_L40S_24Q"] * 2
+    # The log says what each hook did to each VF: free VFs are written, never "released" first.
+    said = [line.message for line in ctx.juju_log if line.message.startswith("vGPU type ")]
+    assert said == (
+        [f"vGPU type {a}: nvidia-1139" for a in vfs(L40S, 4)]
+        + [f"vGPU type {a}: nvidia-1282" for a in vfs(H200, 4)]
+        + [f"vGPU type {a}: released nvidia-1139" for a in vfs(L40S, 4)]
+        + [f"vGPU type {a}: released nvidia-1282" for a in vfs(H200, 4)]
+        + [f"vGPU type {a}: nvidia-1141" for a in vfs(L40S, 2)])
 
 
 def test_vfs_held_outside_the_plan_are_released_before_the_writes(ctx, vfio, root, deb):
@@ -174,6 +182,17 @@ def test_a_vf_list_with_bytes_that_are_not_utf8_is_still_read(ctx, vfio, root, d
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert out.unit_status.name == "active", out.unit_status
     assert types_of(root, L40S, 1) == [1139]
+
+
+def test_a_vf_that_lists_other_types_names_each_of_them(ctx, vfio, root, deb):
+    vfio.vfio_model(L40S).frozen = True  # VF 2's list stays as written below
+    (root / "sys/bus/pci/devices/0000:81:00.6/nvidia/creatable_vgpu_types").write_text(
+        "ID    : vGPU Name\n1134  : NVIDIA L40S-2B\n1136  : NVIDIA L40S-4Q\n")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                 resource=deb))
+    assert out.unit_status == testing.BlockedStatus(
+        "VF 0000:81:00.6 cannot take nvidia-1139 now: it lists nvidia-1134, nvidia-1136; "
+        "retrying on the next hook")
 
 
 def test_each_vf_list_is_read_again_right_before_its_write(ctx, vfio, root, deb):

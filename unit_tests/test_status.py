@@ -183,6 +183,13 @@ def test_reboot_reasons_are_blocked():
     (status.Services(down=("nvidia-vgpu-mgr",), masked=("nvidia-vgpu-mgr",)), ("nvidia-vgpu-mgr",),
      ("blocked", "nvidia-vgpu-mgr left stopped and masked by this charm's pause that failed: "
                  "run the resume action")),
+    (status.Services(down=("nvidia-vgpu-mgr", "nvidia-vgpud"), masked=("nvidia-vgpu-mgr", "nvidia-vgpud")),
+     ("nvidia-vgpu-mgr", "nvidia-vgpud"),
+     ("blocked", "nvidia-vgpu-mgr, nvidia-vgpud left stopped and masked by this charm's pause that "
+                 "failed: run the resume action")),
+    (status.Services(down=("nvidia-vgpu-mgr", "nvidia-vgpud"), masked=("nvidia-vgpu-mgr", "nvidia-vgpud")),
+     (), ("maintenance", "nvidia-vgpu-mgr, nvidia-vgpud stopped and masked outside this charm "
+                         "(nova-compute's pause?): resume it there")),
     (status.Services(down=("nvidia-vgpu-mgr",), masked=("nvidia-vgpu-mgr",)), (),
      ("maintenance", "nvidia-vgpu-mgr stopped and masked outside this charm (nova-compute's pause?): "
                      "resume it there")),

@@ -67,7 +67,6 @@ def _ensure_blacklisted() -> bool:
         else:
             files.write_atomic(target, previous)
         raise
-    log.info("wrote %s and refreshed the initramfs", target)
     return True
 
 
@@ -92,7 +91,6 @@ def _remove_blacklist() -> bool:
     except InstallError:
         files.write_atomic(target, previous)
         raise
-    log.info("removed %s and refreshed the initramfs", target)
     return True
 
 
