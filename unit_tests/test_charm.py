@@ -938,6 +938,18 @@ def test_a_resource_detached_to_charmhubs_placeholder_is_noticed_at_upgrade_char
         ctx.run(ctx.on.action("upgrade"), carried(out))
 
 
+@pytest.mark.parametrize("attached,kind", [("empty", "active"), ("garbage", "blocked")])
+def test_an_empty_or_unusable_resource_is_not_fetched_again_while_the_driver_runs(
+        ctx, ready, packages, fetches, attached, kind):
+    first = ctx.run(ctx.on.install(), state(resource=packages[attached]))
+    assert fetches == ["nvidia-vgpu-software"]
+    fetches.clear()
+    out = ctx.run(ctx.on.update_status(), carried(first))
+    assert fetches == []  # what the install hook learnt answers
+    assert out.unit_status == first.unit_status
+    assert out.unit_status.name == kind  # the installed driver serves; a broken file is named
+
+
 def test_a_driver_left_half_configured_later_is_retried_with_the_attached_package(
         ctx, v100, root, tools, packages, fetches):
     first = ctx.run(ctx.on.install(), state(resource=packages["new"]))
