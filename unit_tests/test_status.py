@@ -18,8 +18,7 @@ MODULES = frozenset({"nvidia", "nvidia_vgpu_vfio"})
 
 
 def deb(package, version):
-    return driver.DebInfo(package=package, version=version, architecture="amd64", branch="550",
-                          path=Path("/var/lib/juju/resource.deb"))
+    return driver.DebInfo(package=package, version=version, path=Path("/var/lib/juju/resource.deb"))
 
 
 def gpu(address=L4, model="L4", sriov=0, vfs=()):

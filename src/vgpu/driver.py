@@ -62,10 +62,8 @@ INSTALL_BUDGET = 720
 class DebInfo(NamedTuple):
     """What an attached host-driver .deb holds, read with ``dpkg-deb``."""
 
-    package: str
+    package: str  # nvidia-vgpu-ubuntu-<branch>, for this machine's architecture
     version: str
-    architecture: str
-    branch: str  # "570" for nvidia-vgpu-ubuntu-570
     path: Optional[Path]  # None when taken from a record of an earlier hook
 
 
@@ -126,8 +124,7 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> Deb
         raise ResourceInvalidError(
             f"{RESOURCE} is the vGPU guest driver {quote(name)}, which belongs in VMs; "
             f"need the host driver {PREFIX}{guest.group(1)}")
-    host = HOST_PACKAGE.fullmatch(name)
-    if not host:
+    if not HOST_PACKAGE.fullmatch(name):
         raise ResourceInvalidError(f"{RESOURCE} is package {quote(name)}; {need}")
     if deb_arch != arch:
         raise ResourceInvalidError(
@@ -135,8 +132,7 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> Deb
             f"this machine needs {quote(arch)}")
     if not version:
         raise ResourceInvalidError(f"{RESOURCE} {quote(name)} has no version; {need}")
-    return DebInfo(package=name, version=version, architecture=deb_arch,
-                   branch=host.group(1), path=path)
+    return DebInfo(package=name, version=version, path=path)
 
 
 def to_record(found: Union[DebInfo, ResourceMissingError, ResourceInvalidError]) -> Dict[str, str]:
@@ -145,8 +141,7 @@ def to_record(found: Union[DebInfo, ResourceMissingError, ResourceInvalidError])
         return {"missing": str(found)}
     if isinstance(found, ResourceInvalidError):
         return {"invalid": str(found)}
-    return {"package": found.package, "version": found.version,
-            "architecture": found.architecture, "branch": found.branch}
+    return {"package": found.package, "version": found.version}
 
 
 def from_record(record: Mapping[str, str]) -> Union[DebInfo, ResourceMissingError,
@@ -157,9 +152,7 @@ def from_record(record: Mapping[str, str]) -> Union[DebInfo, ResourceMissingErro
     if "invalid" in record:
         return ResourceInvalidError(str(record["invalid"]))
     try:
-        return DebInfo(package=str(record["package"]), version=str(record["version"]),
-                       architecture=str(record["architecture"]), branch=str(record["branch"]),
-                       path=None)
+        return DebInfo(package=str(record["package"]), version=str(record["version"]), path=None)
     except KeyError:
         return None
 
