@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from unit_tests.fakehost import INTEL, NVIDIA, V100_TYPES, FakeHost, MdevType, a100_host, l40s_host, v100_host
 from vgpu import pci
 
@@ -185,3 +187,19 @@ def test_vfio_vfs_are_not_probed_for_mdev_types(root, monkeypatch):
     # Each GPU's first VF decides its framework; its siblings are not asked again.
     probed = [p for p in listed if p.endswith("mdev_supported_types")]
     assert len(probed) == 2 + 2  # each GPU itself, and its first VF
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("GRID A100-20C", ("A100-20C", "A100", 20, "C", False)),
+    ("NVIDIA L40S-12Q", ("L40S-12Q", "L40S", 12, "Q", False)),
+    ("GRID A100-4-20C", ("A100-4-20C", "A100", 20, "C", True)),  # MIG: 4 slices
+    ("NVIDIA A100-1-5CME", ("A100-1-5CME", "A100", 5, "CME", True)),  # MIG with media engines
+    ("GRID RTX6000-4Q", ("RTX6000-4Q", "RTX6000", 4, "Q", False)),
+])
+def test_profile_names_are_read_as_nvidia_spells_them(name, expected):
+    found = pci.profile(name)
+    assert (found.name, found.model, found.framebuffer_gb, found.series, found.mig) == expected
+
+
+def test_a_name_that_is_not_a_profile_has_none():
+    assert pci.profile("vfio-pci passthrough") is None

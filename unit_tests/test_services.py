@@ -49,6 +49,16 @@ def test_active_without_an_answer_per_unit_is_an_error(tools):
     assert "\n" not in str(error.value)
 
 
+def test_a_short_answer_with_nothing_on_stderr_says_what_was_missing(tools):
+    from unit_tests.faketools import stand_in
+
+    stand_in(tools.bin / "systemctl", "#!/bin/sh\necho active\n")
+    with pytest.raises(ServiceError) as error:
+        services.active([MGR, VGPUD])
+    assert str(error.value) == (f"systemctl is-active {MGR} {VGPUD} failed: "
+                                "it answered for 1 of 2 units")
+
+
 def test_masked_reads_is_enabled(tools):
     (tools.state / f"{VGPUD}.enabled").write_text("masked\n")
     assert services.masked([MGR, VGPUD]) == [VGPUD]

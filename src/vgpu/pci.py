@@ -350,7 +350,7 @@ class Profile(NamedTuple):
     name: str  # without the driver's GRID/NVIDIA prefix: A100-20C
     model: str
     framebuffer_gb: int
-    series: str  # Q, B, A, C (and e.g. CME on MIG-backed media profiles)
+    series: str  # Q, B, A, C (and CME on MIG-backed media profiles: A100-1-5CME)
     mig: bool  # MIG-backed (A100-4-20C: 4 compute slices); not configured by this charm
 
 
@@ -374,7 +374,7 @@ def profile(name: str) -> Optional[Profile]:
         return None
     series = match.group("series").upper()
     return Profile(name=short, model=match.group("model"), framebuffer_gb=int(match.group("fb")),
-                   series=series, mig=match.group("slices") is not None or series.endswith("ME"))
+                   series=series, mig=match.group("slices") is not None)
 
 
 def described_framebuffer_mb(description: str) -> Optional[int]:

@@ -144,7 +144,7 @@ def _query(verb: str, names: Iterable[str]) -> Tuple[List[str], List[str]]:
         raise ServiceError(str(error)) from None
     words = out.stdout.split()
     if len(words) != len(names):
-        why = text.cause(out.stderr) or f"{len(words)} answers for {len(names)} units"
+        why = text.cause(out.stderr) or f"it answered for {len(words)} of {len(names)} units"
         raise ServiceError(f"{what} failed: {why}")
     return names, words
 
