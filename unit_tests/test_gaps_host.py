@@ -10,6 +10,7 @@ for systemctl; nothing of the charm's own code is replaced.
 
 import os
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -305,3 +306,48 @@ def test_systemctl_that_hangs_is_reported(bindir, monkeypatch):
     with pytest.raises(ServiceError) as error:
         services.pause(["nvidia-vgpu-mgr"])
     assert "timed out after 1s and was stopped" in str(error.value)
+
+
+# -- dpkg's answer decides, whatever its exit status ------------------------------------
+
+def test_a_dpkg_error_elsewhere_after_the_driver_installed_is_logged_not_fatal(
+        tmp_path, monkeypatch, bindir, deb, caplog):
+    # dpkg installs the driver, then fails on another pending package and exits 1.
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    _tool(bindir, "dpkg", f'{REAL_DPKG} "$@" || exit $?\n'
+                          'case "$*" in *--install*)\n'
+                          '  echo "dpkg: error processing package libfoo (--configure):" >&2\n'
+                          '  echo " installed libfoo package post-installation script subprocess '
+                          'returned error exit status 1" >&2\n'
+                          '  exit 1;;\nesac\n')
+    with caplog.at_level("INFO"):
+        driver.install(driver.inspect_deb(deb))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+    assert ("WARNING", "dpkg reported installed libfoo package post-installation script subprocess "
+                       "returned error exit status 1 (error processing package libfoo (--configure)) "
+                       f"but {debs.HOST} {debs.OLD} is installed") in [
+        (r.levelname, r.getMessage()) for r in caplog.records]
+
+
+def test_another_branch_that_dpkg_cannot_remove_stops_the_install_naming_it(
+        tmp_path, monkeypatch, deb, caplog):
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    older = "nvidia-vgpu-ubuntu-550"
+    driver.install(driver.inspect_deb(debs.older_branch(tmp_path)))
+    # A package of the operator's that needs the older branch: dpkg will not remove it.
+    tools = debs.build(tmp_path, "site-vgpu-tools", "1.0", debs.machine_arch(),
+                       {"usr/share/doc/site-vgpu-tools/README": "x\n"}, depends=older)
+    subprocess.run([REAL_DPKG, f"--root={root}", f"--admindir={root}/var/lib/dpkg", "--install",
+                    str(tools)], check=True, capture_output=True)
+    with caplog.at_level("INFO"), pytest.raises(InstallError) as error:
+        driver.install(driver.inspect_deb(deb))
+    assert str(error.value).startswith(
+        f"dpkg could not remove {older} to install {debs.HOST}: ")
+    assert "site-vgpu-tools" in str(error.value)
+    # Still installed (dpkg marks it for removal only), and the new branch is not unpacked.
+    assert debs.dpkg_query(root, older).endswith(" ok installed 550.127.06")
+    assert debs.dpkg_query(root) == ""
+    assert ("INFO", f"removing {older} before installing {debs.HOST}") in [
+        (r.levelname, r.getMessage()) for r in caplog.records]
