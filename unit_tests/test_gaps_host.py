@@ -351,3 +351,13 @@ def test_another_branch_that_dpkg_cannot_remove_stops_the_install_naming_it(
     assert debs.dpkg_query(root) == ""
     assert ("INFO", f"removing {older} before installing {debs.HOST}") in [
         (r.levelname, r.getMessage()) for r in caplog.records]
+
+
+def test_a_dpkg_that_says_success_but_installed_nothing_is_not_believed(tmp_path, monkeypatch, bindir,
+                                                                       deb):
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    _tool(bindir, "dpkg", f'case "$*" in *--install*) exit 0;; esac\nexec {REAL_DPKG} "$@"\n')
+    with pytest.raises(InstallError) as error:
+        driver.install(driver.inspect_deb(deb))
+    assert str(error.value) == f"dpkg did not install {debs.HOST} {debs.OLD}"
