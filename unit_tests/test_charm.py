@@ -525,11 +525,20 @@ def test_every_event_on_a_host_without_gpus_sets_the_same_status(ctx, root, tool
 # -- update-status stays light -------------------------------------------------------
 
 LIGHT = """
+import collections
 import json
+import os
 import sys
 from ops import testing
 from charm import NovaComputeNvidiaVgpuCharm
 from vgpu import mappings
+root = os.environ["VGPU_HOST_ROOT"].rstrip("/") + "/"
+reads = collections.Counter()
+def count(event, args):
+    if event == "open" and isinstance(args[0], str) and args[0].startswith(root) and \
+            not (args[1] and any(c in args[1] for c in "wax+")):
+        reads[args[0][len(root):]] += 1
+sys.addaudithook(count)
 config = {"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}
 ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
 stored = testing.StoredState(owner_path="NovaComputeNvidiaVgpuCharm", name="_stored", content={
@@ -541,7 +550,9 @@ out = ctx.run(ctx.on.update_status(), testing.State(config=config, relations=[re
 kept = out.get_stored_state("_stored", owner_path="NovaComputeNvidiaVgpuCharm").content
 print(json.dumps({"status": out.unit_status.name, "jsonschema": "jsonschema" in sys.modules,
                   "stored": {k: kept[k] for k in ("paused", "checked")},
-                  "same": kept["checked"] == dict(stored.content["checked"])}))
+                  "same": kept["checked"] == dict(stored.content["checked"]),
+                  "read_twice": sorted(p for p, n in reads.items() if n > 1),
+                  "dpkg_status": reads["var/lib/dpkg/status"]}))
 """
 
 
@@ -562,6 +573,8 @@ def test_update_status_reuses_the_checked_option_and_never_imports_jsonschema(re
     # Both vGPU services were checked, in one systemctl call.
     assert [c for c in tools.calls() if c.startswith("systemctl")] == [
         f"systemctl is-active {MGR} {VGPUD}"]
+    # The host is read once per hook: no file twice, dpkg's database once.
+    assert (answer["read_twice"], answer["dpkg_status"]) == ([], 1)
 
 
 def test_a_changed_option_is_checked_again(ctx, ready):
@@ -836,6 +849,16 @@ def test_an_unreadable_pci_device_list_blocks_naming_it_and_keeps_the_sections(c
     assert ours(out) == before
     with pytest.raises(testing.ActionFailed, match="cannot read /sys/bus/pci/devices"):
         ctx.run(ctx.on.action("list-vgpu-types"), state(resource=ready))
+
+
+def test_an_unreadable_module_version_is_logged_and_blocks_nothing(ctx, ready, root):
+    # The modules loaded are known (/proc/modules): only the version check is skipped.
+    loop(root / "sys/module/nvidia/version")
+    out = ctx.run(ctx.on.update_status(), state(resource=ready))
+    assert ("WARNING", "cannot read /sys/module/nvidia/version: Too many levels of symbolic links") in [
+        (line.level, line.message) for line in ctx.juju_log]
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings")
 
 
 def test_an_unreadable_dpkg_status_blocks_naming_it(ctx, v100, root, packages):

@@ -291,7 +291,7 @@ def _deb_paths(path: Path, need: str) -> List[str]:
         parts = line.split(None, 5)  # mode owner size date time name[ -> target]
         if len(parts) == 6:
             name = parts[5].split(" -> ")[0]
-            paths.append(name[2:] if name.startswith("./") else name.lstrip("/"))
+            paths.append(name.lstrip("./"))  # ./lib/..., or lib/... and /lib/... from other tools
     return paths
 
 
