@@ -106,6 +106,27 @@ def test_the_journal_of_a_real_dpkg_run_is_read(tmp_path, monkeypatch):
     assert ours(root) == query(root) == f"unpacked {debs.NEW}"
 
 
+def test_continuation_lines_that_look_like_fields_are_not_fields(root):
+    # A package's long description may hold "Version: ..." or "Status: ..." lines.
+    FakeHost(root)
+    (root / "var/lib/dpkg/status").write_text(stanza(HOST, debs.OLD, "installed").replace(
+        " long description\n", " long description\n Version: 999\n\tStatus: install ok unpacked\n"))
+    assert query(root) == f"installed {debs.OLD}"
+    assert ours(root) == query(root)
+
+
+def test_a_stanza_with_its_package_field_last_and_no_final_newline_is_read(root):
+    FakeHost(root)
+    (root / "var/lib/dpkg/status").write_text(
+        stanza("zlib1g", "1:1.3", "installed") + "\n"
+        + f"Status: install ok installed\nArchitecture: amd64\nVersion: {debs.OLD}\n"
+          f"Maintainer: NVIDIA\nDescription: x\nPackage: {HOST}")
+    # dpkg-query refuses the whole file ("missing final newline"); the charm reads what is there.
+    assert query(root) == ""
+    assert ours(root) == f"installed {debs.OLD}"
+    assert dpkg.packages(names=[HOST])[HOST].version == debs.OLD  # an exact name, not a prefix
+
+
 def test_an_unreadable_status_file_names_the_path(root):
     (root / "var/lib/dpkg").mkdir(parents=True)
     (root / "var/lib/dpkg/status").mkdir()  # a directory where the file belongs
