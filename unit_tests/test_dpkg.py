@@ -127,6 +127,14 @@ def test_a_stanza_with_its_package_field_last_and_no_final_newline_is_read(root)
     assert dpkg.packages(names=[HOST])[HOST].version == debs.OLD  # an exact name, not a prefix
 
 
+def test_a_stanza_without_a_status_is_not_installed_as_dpkg_reads_it(root):
+    FakeHost(root)
+    (root / "var/lib/dpkg/status").write_text(
+        f"Package: {HOST}\nArchitecture: amd64\nVersion: {debs.OLD}\nDescription: x\n")
+    assert query(root) == "unknown ok not-installed"
+    assert dpkg.package(HOST) is None
+
+
 def test_an_unreadable_status_file_names_the_path(root):
     (root / "var/lib/dpkg").mkdir(parents=True)
     (root / "var/lib/dpkg/status").mkdir()  # a directory where the file belongs
