@@ -8,9 +8,12 @@ real ones; :meth:`Tools.log_programs` puts recording wrappers in front of
 them, so that a test can count every program a hook starts.
 """
 
+import collections
 import os
 import shutil
 import stat
+import sys
+import threading
 from pathlib import Path
 
 FAKE_SYSTEMCTL = """#!/bin/sh
@@ -153,3 +156,47 @@ def stand_in(path: Path, script: str) -> Path:
     path.write_text(script)
     path.chmod(0o755)
     return path
+
+
+class Opened:
+    """Files this process opens while active (a Python audit hook on ``open``, main thread).
+
+    ``writes``: paths opened for writing, in order; ``reads``: how often each
+    path was opened for reading. ``with OPENED as opened: ...``
+    """
+
+    def __init__(self):
+        self.writes: list = []
+        self.reads: collections.Counter = collections.Counter()
+        self.active = False
+        self._hook_installed = False
+
+    def __enter__(self):
+        if not self._hook_installed:
+            sys.addaudithook(self._hook)  # audit hooks stay for the process: inert when inactive
+            self._hook_installed = True
+        self.writes, self.reads = [], collections.Counter()
+        self.active = True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+    def _hook(self, event, args):
+        if not self.active or event != "open" or threading.current_thread() is not threading.main_thread():
+            return
+        path, mode, flags = args
+        if isinstance(path, int) or path is None:
+            return
+        path = os.fsdecode(path)
+        if path == os.devnull:  # a command's stdin
+            return
+        writing = (mode and any(c in mode for c in "wax+")) or \
+            (mode is None and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+        if writing:
+            self.writes.append(Path(path))
+        else:
+            self.reads[Path(path)] += 1
+
+
+OPENED = Opened()

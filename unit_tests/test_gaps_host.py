@@ -11,13 +11,12 @@ for systemctl; nothing of the charm's own code is replaced.
 import os
 import shutil
 import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from unit_tests import debs
+from unit_tests.faketools import OPENED
 from vgpu import dpkg, driver, files, hostroot, kernel, services
 from vgpu.errors import CommandError, InstallError, ResourceInvalidError, ServiceError
 
@@ -151,45 +150,11 @@ def test_every_dpkg_and_dpkg_deb_call_runs_in_the_c_locale(tmp_path, monkeypatch
 
 # -- temporary files: beside their target, and gone after a failure --------------------
 
-class _Opened:
-    """Paths opened for writing while active (a Python audit hook: os.open, open)."""
-
-    def __init__(self):
-        self.paths = []
-        self.active = False
-        self._hook_installed = False
-
-    def __enter__(self):
-        if not self._hook_installed:
-            sys.addaudithook(self._hook)
-            self._hook_installed = True
-        self.paths = []
-        self.active = True
-        return self
-
-    def __exit__(self, *exc):
-        self.active = False
-
-    def _hook(self, event, args):
-        if not self.active or event != "open" or threading.current_thread() is not threading.main_thread():
-            return
-        path, mode, flags = args
-        if isinstance(path, int) or path is None:
-            return
-        writing = (mode and any(c in mode for c in "wax+")) or \
-            (mode is None and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
-        if writing and os.fsdecode(path) != os.devnull:  # a command's stdin
-            self.paths.append(Path(os.fsdecode(path)))
-
-
-OPENED = _Opened()
-
-
 def test_write_atomic_creates_its_temporary_file_in_the_target_directory(tmp_path):
     target = tmp_path / "etc/systemd/system/unit.service"
     with OPENED as opened:
         files.write_atomic(target, "[Unit]\n")
-    assert opened.paths and {p.parent for p in opened.paths} == {target.parent}
+    assert opened.writes and {p.parent for p in opened.writes} == {target.parent}
     assert target.read_text() == "[Unit]\n"
     assert oct(target.stat().st_mode & 0o777) == "0o644"
     assert os.listdir(target.parent) == ["unit.service"]
@@ -204,7 +169,7 @@ def test_the_blacklist_is_written_through_a_file_in_its_own_directory(tmp_path, 
     with OPENED as opened:
         assert kernel.ensure_nouveau_blacklisted()
     target = kernel.blacklist_path()
-    assert opened.paths and {p.parent for p in opened.paths} == {target.parent}
+    assert opened.writes and {p.parent for p in opened.writes} == {target.parent}
     assert os.listdir(target.parent) == [target.name]
 
 

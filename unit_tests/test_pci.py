@@ -203,3 +203,20 @@ def test_profile_names_are_read_as_nvidia_spells_them(name, expected):
 
 def test_a_name_that_is_not_a_profile_has_none():
     assert pci.profile("vfio-pci passthrough") is None
+
+
+@pytest.mark.parametrize("make", [v100_host, a100_host])
+def test_type_names_and_descriptions_are_read_once_per_gpu_model(root, make):
+    """Two V100s list the same types on their PFs, an A100's 16 VFs on each VF: read once."""
+    from unit_tests.faketools import OPENED
+
+    make(root)
+    with OPENED as opened:
+        found = pci.discover()
+    functions = [gpu for gpu in found.gpus] + [vf for gpu in found.gpus for vf in gpu.vfs]
+    offered = {t.id for f in functions for t in f.types}
+    assert len([f for f in functions if f.types]) > 1 and len(offered) > 1
+    for leaf in ("name", "description"):
+        read = [p for p in opened.reads if p.name == leaf and "mdev_supported_types" in p.parts]
+        assert sorted(p.parent.name for p in read) == sorted(offered)  # one function's copy of each
+        assert set(opened.reads[p] for p in read) == {1}

@@ -63,6 +63,11 @@ def test_decode_never_raises_and_leaves_no_control_bytes(raw):
     assert all(c.isprintable() or c in "\n\t" for c in out)
 
 
+def test_one_line_is_cut_to_exactly_its_limit_with_an_ellipsis():
+    assert text.one_line("x" * 50, 50) == "x" * 50
+    assert text.one_line("x" * 51, 50) == "x" * 47 + "..."
+
+
 def test_quote_escapes_and_bounds():
     assert text.quote("nvidia-108") == '"nvidia-108"'
     quoted = text.quote("a\nb\x00" + "x" * 100)

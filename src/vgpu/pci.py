@@ -445,7 +445,7 @@ def _int(text) -> Optional[int]:
         return None
     text = str(text).strip()
     try:
-        return int(text, 16) if text[:2].lower() == "0x" else int(text, 10)
+        return int(text, 10)  # counts and ids in sysfs are decimal
     except ValueError:
         return None
 
