@@ -53,6 +53,24 @@ def test_pci_ids_scan_stops_at_the_next_vendor(root):
     assert [g.model for g in pci.discover().gpus] == ["NVIDIA 0x2330", "Tesla V100 PCIe 16GB"]
 
 
+def test_pci_ids_comments_and_blank_lines_inside_the_nvidia_block_are_skipped(root):
+    host = FakeHost(root)
+    host.pci_ids("10de  NVIDIA Corporation\n\t1db4  GV100GL [Tesla V100 PCIe 16GB]\n"
+                 "#\t2330  a commented-out entry\n\n\t26b9  AD102GL [L40S]\n")
+    host.add_gpu("0000:01:00.0", device="0x26b9")
+    assert pci.discover().gpus[0].model == "L40S"
+
+
+def test_pci_ids_is_also_found_where_hwdata_keeps_it(root):
+    host = FakeHost(root)
+    host.pci_ids()
+    hwdata = root / "usr/share/hwdata"
+    hwdata.mkdir(parents=True)
+    (root / "usr/share/misc/pci.ids").rename(hwdata / "pci.ids")
+    host.add_gpu("0000:01:00.0", device="0x1db4")
+    assert pci.discover().gpus[0].model == "Tesla V100 PCIe 16GB"
+
+
 def test_sriov_vfs_belong_to_their_gpu_and_are_not_gpus(root):
     a100_host(root)
     host = pci.discover()
