@@ -71,6 +71,23 @@ def test_pci_ids_is_also_found_where_hwdata_keeps_it(root):
     assert pci.discover().gpus[0].model == "Tesla V100 PCIe 16GB"
 
 
+def test_one_type_id_on_two_gpu_models_keeps_each_models_own_definition(root):
+    # Definitions are shared per GPU model: another model's type of the same id is its own.
+    host = FakeHost(root)
+    for address, device, listed in (("0000:01:00.0", "0x1db4", MdevType("GRID V100-8Q", 8192, 2)),
+                                    ("0000:02:00.0", "0x1eb8", MdevType("GRID T4-4Q", 4096, 4))):
+        host.add_gpu(address, device=device, mdev_types={"nvidia-222": listed})
+    assert [(g.types[0].name, g.types[0].max_instances) for g in pci.discover().gpus] == [
+        ("GRID V100-8Q", 2), ("GRID T4-4Q", 4)]
+    # The same on SR-IOV GPUs, whose VFs list the types.
+    for pf, device, name in (("0000:41:00.0", "0x20b5", "NVIDIA A100-20C"),
+                             ("0000:42:00.0", "0x20f1", "NVIDIA A100-10C")):
+        host.add_gpu(pf, device=device, totalvfs=1)
+        host.add_vf(pf, 0, f"{pf[:-1]}4", mdev_types={"nvidia-474": MdevType(name, 10240, 4)})
+    found = pci.discover().gpus
+    assert [g.vfs[0].types[0].name for g in found if g.vfs] == ["NVIDIA A100-20C", "NVIDIA A100-10C"]
+
+
 def test_sriov_vfs_belong_to_their_gpu_and_are_not_gpus(root):
     a100_host(root)
     host = pci.discover()
