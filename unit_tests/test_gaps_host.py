@@ -326,3 +326,11 @@ def test_a_dpkg_that_says_success_but_installed_nothing_is_not_believed(tmp_path
     with pytest.raises(InstallError) as error:
         driver.install(driver.inspect_deb(deb))
     assert str(error.value) == f"dpkg did not install {debs.HOST} {debs.OLD}"
+
+
+# -- the host root holds every path ----------------------------------------------------
+
+def test_a_host_path_given_with_a_leading_slash_stays_under_the_root(root):
+    assert hostroot.path("/etc/modprobe.d", "/x.conf") == root / "etc/modprobe.d/x.conf"
+    assert hostroot.text_path("/sys/bus/pci/devices") == str(root / "sys/bus/pci/devices")
+    assert hostroot.shown(hostroot.path("/var/lib/dpkg/status")) == "/var/lib/dpkg/status"
