@@ -76,3 +76,12 @@ def test_a_child_that_left_the_group_holding_the_output_is_left_and_logged(tmp_p
         assert "sh left a process holding its output open" in caplog.messages
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_failure_logs_the_whole_stderr_while_the_error_keeps_its_cause(caplog):
+    script = "echo 'E: first problem' >&2; echo 'detail on a second line' >&2; exit 3"
+    with pytest.raises(CommandError) as error:
+        run.run(["sh", "-c", script], 10, what="the tool")
+    assert str(error.value) == "the tool failed: first problem"
+    assert ("WARNING", f"sh -c {script} failed (3): E: first problem\ndetail on a second line") in [
+        (r.levelname, r.getMessage()) for r in caplog.records]
