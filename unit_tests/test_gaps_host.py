@@ -209,15 +209,28 @@ def test_update_initramfs_failing_silently_still_says_why_and_undoes_the_file(ho
     assert os.listdir(target.parent) == []  # no temporary file left either
 
 
-def test_update_initramfs_failing_on_removal_keeps_the_blacklist(host_root, bindir):
+def test_update_initramfs_failing_on_a_rewrite_puts_the_old_file_back_byte_for_byte(host_root,
+                                                                                  bindir):
+    old = b"blacklist nouveau\n# \x00\xff an older charm's file, edited by hand\n"
+    kernel.blacklist_path().parent.mkdir(parents=True)
+    kernel.blacklist_path().write_bytes(old)
+    _tool(bindir, "update-initramfs", "exit 1\n")
+    with pytest.raises(InstallError):
+        kernel.ensure_nouveau_blacklisted()
+    assert kernel.blacklist_path().read_bytes() == old
+
+
+def test_update_initramfs_failing_on_removal_keeps_the_blacklist_byte_for_byte(host_root, bindir):
     _tool(bindir, "update-initramfs", "exit 0\n")
     kernel.ensure_nouveau_blacklisted()
-    written = kernel.blacklist_path().read_text()
+    # Edited by hand since, with bytes that are not text: they come back exactly.
+    written = kernel.blacklist_path().read_bytes() + b"# \x00\xff by hand\n"
+    kernel.blacklist_path().write_bytes(written)
     _tool(bindir, "update-initramfs", "exit 2\n")
     with pytest.raises(InstallError, match="^update-initramfs -u failed: update-initramfs -u exited "
                                            "with status 2$"):
         kernel.remove_blacklist()
-    assert kernel.blacklist_path().read_text() == written
+    assert kernel.blacklist_path().read_bytes() == written
     assert os.listdir(kernel.blacklist_path().parent) == [kernel.blacklist_path().name]
 
 

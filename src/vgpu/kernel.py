@@ -55,8 +55,8 @@ def ensure_nouveau_blacklisted() -> bool:
 def _ensure_blacklisted() -> bool:
     target = blacklist_path()
     content = render_blacklist()
-    previous = hostroot.read_text(target)
-    if previous == content:
+    previous = hostroot.read_bytes(target)  # put back byte for byte should the refresh fail
+    if previous == content.encode("utf-8"):
         return False
     files.write_atomic(target, content)
     try:
@@ -82,7 +82,7 @@ def remove_blacklist() -> bool:
 
 def _remove_blacklist() -> bool:
     target = blacklist_path()
-    previous = hostroot.read_text(target)
+    previous = hostroot.read_bytes(target)
     if previous is None:
         return False
     target.unlink()
