@@ -46,10 +46,10 @@ def test_guests_holding_vgpus(qemu, caplog):
         guests.Guest("instance-0000002a", MDEV_GUEST, (MDEV_UUID,)),
         guests.Guest("instance-0000002b", VF_GUEST, ("0000:c1:00.4",)),
     ]
-    skipped = caplog.text
-    assert "instance-00000030.xml" in skipped
-    doctype = qemu / "instance-00000031.xml"
-    assert f"skipping {doctype}: DOCTYPE declarations are not accepted" in skipped
+    skipped = sorted(r.getMessage() for r in caplog.records)
+    assert skipped[0].startswith("skipping /run/libvirt/qemu/instance-00000030.xml: ")
+    assert skipped[1:] == [
+        "skipping /run/libvirt/qemu/instance-00000031.xml: DOCTYPE declarations are not accepted"]
 
 
 def test_an_mdev_counts_only_when_its_parent_is_one_of_ours(root):
@@ -157,7 +157,8 @@ def test_a_file_without_a_domain_is_skipped_by_name(root, caplog):
     d.mkdir(parents=True)
     (d / "instance-00000050.xml").write_text("<domstatus><hostdev/></domstatus>")
     assert guests.domains() == []
-    assert f"skipping {d / 'instance-00000050.xml'}: no <domain> element" in caplog.text
+    assert [r.getMessage() for r in caplog.records] == [
+        "skipping /run/libvirt/qemu/instance-00000050.xml: no <domain> element"]
 
 
 def test_a_capabilities_hostdev_is_not_a_pci_device(root):
@@ -166,3 +167,19 @@ def test_a_capabilities_hostdev_is_not_a_pci_device(root):
     path.write_text(path.read_text().replace("<hostdev mode='subsystem'", "<hostdev mode='capabilities'"))
     assert "mode='capabilities'" in path.read_text()
     assert guests.held_devices() == (set(), set())
+
+
+def test_only_novas_own_instance_metadata_names_the_guest(root):
+    """Another tool's <instance> element, or Nova's other elements, never stand in for Nova's."""
+    from unit_tests.libvirt import PROJECT_ID, PROJECT_NAME, running_guest
+    path = running_guest(root, "instance-00000001", MDEV_GUEST, mdev_uuid=MDEV_UUID)
+    others = ('<acme:instance xmlns:acme="http://acme.example/xmlns/instance/1.0">'
+              '<acme:name>not-nova</acme:name><acme:owner><acme:project uuid="cd">acme</acme:project>'
+              '</acme:owner></acme:instance>'
+              '<nova:note xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">'
+              '<nova:name>not-an-instance</nova:name></nova:note>')
+    path.write_text(path.read_text().replace("<metadata>", "<metadata>" + others, 1))
+    assert "acme:instance" in path.read_text()
+    (found,) = [d for d in guests.domains() if d.state == "running"]
+    assert (found.nova_name, found.project_id, found.project_name) == (
+        "vm-instance-00000001", PROJECT_ID, PROJECT_NAME)

@@ -142,20 +142,20 @@ def _domain(path: Path, require: str = "") -> Optional[ET.Element]:
         return None
     # Entities can only be declared inside a DOCTYPE: without one, nothing expands.
     if "<!DOCTYPE" in text:
-        log.warning("skipping %s: DOCTYPE declarations are not accepted", path)
+        log.warning("skipping %s: DOCTYPE declarations are not accepted", hostroot.shown(path))
         return None
     import xml.etree.ElementTree as ET
 
     try:
         root = ET.fromstring(text)
     except ET.ParseError as e:
-        log.warning("skipping %s: %s", path, e)
+        log.warning("skipping %s: %s", hostroot.shown(path), e)
         return None
     if root.tag == "domain":
         return root
     if root.tag == "domstatus" and root.find("domain") is not None:
         return root.find("domain")
-    log.warning("skipping %s: no <domain> element", path)
+    log.warning("skipping %s: no <domain> element", hostroot.shown(path))
     return None
 
 
