@@ -749,6 +749,29 @@ def half_configured(root, version):
         f"Version: {version}\nMaintainer: Test <test@example.com>\nDescription: test\n")
 
 
+@pytest.mark.parametrize("attached,half,level,said", [
+    ("garbage", None, "WARNING", "not installing the vGPU host driver: nvidia-vgpu-software is not "
+                                 "a Debian package; need nvidia-vgpu-ubuntu-<branch>_<version>_{arch}.deb"),
+    ("hollow", None, "ERROR", 'refusing to install nvidia-vgpu-ubuntu-570: nvidia-vgpu-software '
+                              '"nvidia-vgpu-ubuntu-570" ships no nvidia-vgpu-mgr.service; need '
+                              "NVIDIA's vGPU Manager package nvidia-vgpu-ubuntu-<branch>"),
+    ("depends", None, "ERROR", "installing nvidia-vgpu-ubuntu-570 failed: dpkg left "
+                               "nvidia-vgpu-ubuntu-570 570.172.08 unpacked: nvidia-vgpu-ubuntu-570 "
+                               "depends on some-package-that-does-not-exist; however: Package "
+                               "some-package-that-does-not-exist is not installed. "
+                               "(dependency problems ..."),
+    ("new", debs.OLD, "WARNING", "nvidia-vgpu-ubuntu-570 570.158.02 is half-configured; not installing "
+                                 "nvidia-vgpu-ubuntu-570 570.172.08 by itself"),
+])
+def test_why_the_driver_was_not_installed_is_in_the_log(ctx, v100, root, packages, attached, half,
+                                                        level, said):
+    if half:
+        half_configured(root, half)
+    ctx.run(ctx.on.install(), state(resource=packages[attached]))
+    logged = [(line.level, line.message) for line in ctx.juju_log if line.level in ("WARNING", "ERROR")]
+    assert (level, said.format(arch=debs.machine_arch())) in logged, logged
+
+
 def test_a_driver_dpkg_left_half_configured_in_its_journal_is_not_taken_as_installed(
         ctx, v100, root, tools, packages):
     install_driver(root, packages["old"])
