@@ -781,12 +781,15 @@ def test_a_driver_dpkg_left_half_configured_in_its_journal_is_not_taken_as_insta
     assert out.unit_status == testing.BlockedStatus(
         f"nvidia-vgpu-ubuntu-570 {debs.NEW} is half-configured: dpkg did not finish; "
         "retrying on the next hook")
+    # nova-compute is told of no service to check and no package to carry over an upgrade.
     assert principal.services(ours(out)) == set()
+    assert principal.release_packages(ours(out)).install == set()
     # The next hook with that package attached finishes it.
     v100.loaded_driver(debs.NEW)
     out = ctx.run(ctx.on.update_status(), state(resource=packages["new"]))
     assert debs.dpkg_query(root) == f"install ok installed {debs.NEW}"
     assert out.unit_status.name == "active"
+    assert principal.release_packages(ours(out)).install == {debs.HOST}
 
 
 def test_a_held_dpkg_lock_blocks_with_dpkgs_cause_first(ctx, v100, root, packages):
@@ -1020,6 +1023,21 @@ def test_the_upgrade_action_inspects_the_resource_it_installs(ctx, ready, root, 
     assert ctx.action_results["version"] == debs.NEW
     kept = out.get_stored_state("_stored", owner_path="NovaComputeNvidiaVgpuCharm").content
     assert kept["attached"]["version"] == debs.NEW
+
+
+def test_a_steady_hook_writes_nothing_to_the_relation(ctx, ready):
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    published = [line.message for line in ctx.juju_log if line.message.startswith("publishing ")]
+    assert published == ["publishing releases-packages-map, services, subordinate_configuration "
+                         "on nova-vgpu"]
+    ctx.run(ctx.on.update_status(), carried(first))
+    again = [line.message for line in ctx.juju_log if line.message.startswith("publishing ")]
+    assert again == published  # nothing new: unchanged keys are not set again
+    ctx.run(ctx.on.config_changed(),
+            carried(first, config={"vgpu-device-mappings": "{nvidia-109: [e1:00.0]}"}))
+    last = [line.message for line in ctx.juju_log if line.message.startswith("publishing ")]
+    assert last == published + ["publishing subordinate_configuration on nova-vgpu"]
 
 
 def test_a_changed_mapping_is_republished_on_the_next_steady_hook(ctx, ready, tools):
