@@ -772,6 +772,17 @@ def test_why_the_driver_was_not_installed_is_in_the_log(ctx, v100, root, package
     assert (level, said.format(arch=debs.machine_arch())) in logged, logged
 
 
+def test_versions_dpkg_cannot_compare_are_named_in_the_status(ctx, ready, v100, root, packages):
+    status_file = root / "var/lib/dpkg/status"
+    status_file.write_text(status_file.read_text().replace(f"Version: {debs.OLD}", "Version: r570"))
+    v100.loaded_driver("r570")
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["new"]))
+    # The installed driver serves on; the note says why no upgrade is offered.
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings; "
+        "cannot compare the attached driver's version: version \"r570\" does not start with a digit")
+
+
 def test_a_driver_dpkg_left_half_configured_in_its_journal_is_not_taken_as_installed(
         ctx, v100, root, tools, packages):
     install_driver(root, packages["old"])

@@ -344,3 +344,13 @@ def test_a_description_without_a_framebuffer_leaves_it_to_the_name(v100_guests, 
     (root / "sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types/nvidia-108/"
      "description").write_text("num_heads=4, max_instance=2\n")
     assert usage.in_use(pci.discover())[0].framebuffer_mb == 8192
+
+
+def test_capacity_counts_only_mdevs_of_the_type_on_the_published_functions(v100_guests):
+    # nvidia-108 published on e1 only: the 108 mdevs on c1 and the 109 mdev on e1 are not its.
+    (v100_guests.bus / "0000:e1:00.0/mdev_supported_types/nvidia-108/available_instances"
+     ).write_text("0\n")
+    assert usage.capacity(pci.discover(), {"nvidia-108": ("0000:e1:00.0",)}) == [
+        usage.Capacity("nvidia-108", 0, 0)]
+    assert usage.capacity(pci.discover(), {"nvidia-108": ("0000:c1:00.0",)}) == [
+        usage.Capacity("nvidia-108", 1, 1)]  # the running guest's, and the idle one
