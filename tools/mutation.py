@@ -13,10 +13,12 @@ mutmut's own command line with the arguments given (``run``, ``results``,
 ``show <mutant>``...). Without MODULE every module under src/ is mutated.
 With ``SAMPLE=N`` and ``run`` without mutant names, the mutants are generated
 first and only the sampled ones without a result yet are run (``run <names>``
-runs given mutants again). ``summary`` prints each module's kill rate.
+runs given mutants again). ``summary`` prints each module's kill rate among
+the mutants not listed as equivalent in unit_tests/MUTATION.md.
 """
 
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -43,26 +45,53 @@ def sample(names: list, every: int) -> list:
     return [name for name in names if zlib.crc32(name.encode()) % every == 0]
 
 
+EQUIVALENTS = Path(__file__).resolve().parent.parent / "unit_tests" / "MUTATION.md"
+
+
+def equivalents() -> set:
+    """Mutant names that unit_tests/MUTATION.md lists as equivalent (in backticks, with a reason).
+
+    A name stops matching when its function changes (mutmut numbers the
+    mutants again): the survivor then counts as a gap until it is judged again.
+    """
+    try:
+        listed = EQUIVALENTS.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return set()
+    return set(re.findall(r"`([\w.\u01c1]+__mutmut_\d+)`", listed))
+
+
 def summary() -> int:
-    """Per module: mutants checked, killed (a timeout counts as killed), survived, and the rate."""
+    """Each module's kill rate among the mutants not listed as equivalent.
+
+    Columns: mutants checked, killed (a timeout counts as killed), survived,
+    survivors listed in unit_tests/MUTATION.md as equivalent, other outcomes.
+    """
     listed = subprocess.run([sys.executable, __file__, "results", "--all", "true"],
                             check=True, capture_output=True, text=True).stdout
+    equivalent = equivalents()
     counts: dict = {}
     for line in listed.splitlines():
         if ": " not in line:
             continue
         name, status = (part.strip() for part in line.split(": ", 1))
         module = name.split(".x")[0]
-        row = counts.setdefault(module, {"killed": 0, "timeout": 0, "survived": 0, "other": 0})
+        row = counts.setdefault(module, {"killed": 0, "timeout": 0, "survived": 0, "equivalent": 0,
+                                         "other": 0})
+        if status == "survived" and name in equivalent:
+            status = "equivalent"
         if status != "not checked":
             row[status if status in row else "other"] += 1
-    print(f"{'module':<16} {'checked':>7} {'killed':>6} {'survived':>8} {'other':>5}  rate")
+    print(f"{'module':<16} {'checked':>7} {'killed':>6} {'survived':>8} {'equivalent':>10} {'other':>5}"
+          "  rate (of non-equivalent)")
     for module, row in sorted(counts.items()):
         checked = sum(row.values())
         if checked:
             killed = row["killed"] + row["timeout"]
-            print(f"{module:<16} {checked:>7} {killed:>6} {row['survived']:>8} {row['other']:>5}"
-                  f"  {100 * killed / checked:.0f}%")
+            judged = checked - row["equivalent"]
+            rate = f"{100 * killed / judged:.0f}%" if judged else "-"
+            print(f"{module:<16} {checked:>7} {killed:>6} {row['survived']:>8} {row['equivalent']:>10}"
+                  f" {row['other']:>5}  {rate}")
     return 0
 
 
