@@ -24,9 +24,6 @@ import sys
 import zlib
 from pathlib import Path
 
-from mutmut import configuration
-from mutmut.__main__ import cli
-
 
 def unchecked_mutants() -> list:
     """Every mutant without a result, from ``mutmut results --all true`` (generated if needed)."""
@@ -98,6 +95,10 @@ def summary() -> int:
 if __name__ == "__main__":
     if sys.argv[1:] == ["summary"]:
         sys.exit(summary())
+    # mutmut only here: unit_tests/test_mutation_list.py imports this module without it.
+    from mutmut import configuration
+    from mutmut.__main__ import cli
+
     module = os.environ.get("MODULE", "").strip()
     if module:
         configuration.config().only_mutate = [module]

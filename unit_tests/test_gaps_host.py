@@ -18,7 +18,7 @@ import pytest
 from unit_tests import debs
 from unit_tests.faketools import OPENED
 from vgpu import dpkg, driver, files, hostroot, kernel, services
-from vgpu.errors import CommandError, InstallError, ResourceInvalidError, ServiceError
+from vgpu.errors import CommandError, HostReadError, InstallError, ResourceInvalidError, ServiceError
 
 REAL_DPKG = shutil.which("dpkg")
 
@@ -347,3 +347,22 @@ def test_a_host_path_given_with_a_leading_slash_stays_under_the_root(root):
     assert hostroot.path("/etc/modprobe.d", "/x.conf") == root / "etc/modprobe.d/x.conf"
     assert hostroot.text_path("/sys/bus/pci/devices") == str(root / "sys/bus/pci/devices")
     assert hostroot.shown(hostroot.path("/var/lib/dpkg/status")) == "/var/lib/dpkg/status"
+
+
+def test_a_path_outside_the_root_is_shown_as_it_is(root):
+    assert hostroot.shown("/var/lib/juju/agents/unit-x/resources/driver.deb") == \
+        "/var/lib/juju/agents/unit-x/resources/driver.deb"
+
+
+def test_an_unreadable_path_is_named_in_at_most_100_characters(root):
+    deep = root / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    with pytest.raises(HostReadError) as error:
+        hostroot.read_text(deep)
+    shown = str(error.value).removeprefix("cannot read ").removesuffix(": Is a directory")
+    assert shown == f"/{'d' * 60}/{'e' * 35}..." and len(shown) == 100
+
+
+def test_an_error_without_a_reason_is_named_by_its_kind(root):
+    error = hostroot.unreadable(root / "proc/cmdline", TimeoutError())
+    assert str(error) == "cannot read /proc/cmdline: TimeoutError"

@@ -169,6 +169,21 @@ def test_paused_is_maintenance_and_hides_service_states():
     assert [kind for kind, _ in pairs] == ["maintenance", "active"]
 
 
+@pytest.mark.parametrize("package,modules,loaded,expected", [
+    # Only an installed driver asks for its module, or for its version to be loaded.
+    (HALF, {"nouveau"}, "1.0", ["nouveau is loaded"]),
+    (None, {"nouveau"}, None, ["nouveau is loaded"]),
+    (None, set(), None, []),
+    (DRIVER, {"nvidia"}, "550.90.05", ["nvidia_vgpu_vfio is not loaded"]),
+    (DRIVER, MODULES, "550.54.14", ["NVIDIA driver 550.54.14 is loaded, 550.90.05 installed"]),
+    (DRIVER, MODULES, "550.90.05", []),
+])
+def test_reboot_reasons_of_the_host(package, modules, loaded, expected):
+    facts = host(gpu(), driver_package=package)._replace(modules=frozenset(modules),
+                                                        loaded_driver_version=loaded)
+    assert facts.reboot_reasons() == expected
+
+
 def test_reboot_reasons_are_blocked():
     facts = host(gpu())._replace(modules=frozenset({"nouveau", "nvidia"}))
     pairs = status.statuses(inputs(facts))
