@@ -54,8 +54,18 @@ def test_each_listed_mutant_is_of_a_function_in_src(name):
     assert function in _functions(module), name
 
 
-def test_each_listed_mutant_has_a_reason_on_its_line():
+def test_each_listed_mutant_is_in_a_bullet_that_gives_a_reason():
     text = (ROOT / "unit_tests" / "MUTATION.md").read_text()
+    bullets, current = [], None
+    for line in text.splitlines():
+        if line.startswith("- "):
+            current = [line]
+            bullets.append(current)
+        elif line.startswith("  ") and current is not None:
+            current.append(line.strip())
+        else:
+            current = None
     for name in LISTED:
-        line = next(line for line in text.splitlines() if f"`{name}`" in line)
-        assert line.startswith("- ") and len(line) > len(name) + 30, line
+        (bullet,) = [" ".join(b) for b in bullets if f"`{name}`" in " ".join(b)]
+        reason = bullet.rsplit("): ", 1)[-1]
+        assert reason != bullet and len(reason) > 20, bullet
