@@ -155,6 +155,9 @@ def test_write_atomic_creates_its_temporary_file_in_the_target_directory(tmp_pat
     with OPENED as opened:
         files.write_atomic(target, "[Unit]\n")
     assert opened.writes and {p.parent for p in opened.writes} == {target.parent}
+    # Hidden and named after its target: nothing reading the directory takes it for a unit,
+    # and one left by a crash says what it was.
+    assert [p.name.startswith(".unit.service.") for p in opened.writes] == [True]
     assert target.read_text() == "[Unit]\n"
     assert oct(target.stat().st_mode & 0o777) == "0o644"
     assert os.listdir(target.parent) == ["unit.service"]
