@@ -352,6 +352,13 @@ def test_a_host_path_given_with_a_leading_slash_stays_under_the_root(root):
     assert hostroot.shown(hostroot.path("/var/lib/dpkg/status")) == "/var/lib/dpkg/status"
 
 
+def test_without_a_root_set_the_host_is_the_machine_itself(monkeypatch):
+    monkeypatch.delenv(hostroot.ENV, raising=False)
+    assert hostroot.path("sys/bus/pci/devices") == Path("/sys/bus/pci/devices")
+    assert hostroot.text_path("sys/bus/pci/devices") == "/sys/bus/pci/devices"
+    assert hostroot.is_real_root()
+
+
 def test_a_path_outside_the_root_is_shown_as_it_is(root):
     assert hostroot.shown("/var/lib/juju/agents/unit-x/resources/driver.deb") == \
         "/var/lib/juju/agents/unit-x/resources/driver.deb"
