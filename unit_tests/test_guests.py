@@ -183,3 +183,13 @@ def test_only_novas_own_instance_metadata_names_the_guest(root):
     (found,) = [d for d in guests.domains() if d.state == "running"]
     assert (found.nova_name, found.project_id, found.project_name) == (
         "vm-instance-00000001", PROJECT_ID, PROJECT_NAME)
+
+
+def test_a_guest_file_with_bytes_that_are_not_utf8_is_still_read(root):
+    from unit_tests.libvirt import running_guest
+    path = running_guest(root, "instance-00000001", MDEV_GUEST, mdev_uuid=MDEV_UUID,
+                         project_name="caf\u00e9")
+    path.write_bytes(path.read_bytes().replace("caf\u00e9".encode(), b"caf\xe9"))  # Latin-1
+    assert b"caf\xe9<" in path.read_bytes()
+    (found,) = [d for d in guests.domains() if d.state == "running"]
+    assert (found.mdevs, found.project_name) == ((MDEV_UUID,), "caf\ufffd")
