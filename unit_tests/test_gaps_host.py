@@ -11,6 +11,7 @@ for systemctl; nothing of the charm's own code is replaced.
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -376,3 +377,25 @@ def test_an_unreadable_path_is_named_in_at_most_100_characters(root):
 def test_an_error_without_a_reason_is_named_by_its_kind(root):
     error = hostroot.unreadable(root / "proc/cmdline", TimeoutError())
     assert str(error) == "cannot read /proc/cmdline: TimeoutError"
+
+
+def test_a_file_that_reports_no_size_is_read_whole_past_64_kib(root):
+    # /proc files report a size of 0 and are read in pieces: a FIFO behaves the same way.
+    fifo = root / "proc/modules"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    content = b"".join(f"module_{n} 16384 0 - Live 0x0\n".encode() for n in range(5000))
+    assert len(content) > 2 * 65536
+
+    def write():
+        with open(fifo, "wb") as handle:
+            for start in range(0, len(content), 4096):
+                handle.write(content[start:start + 4096])
+                handle.flush()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert hostroot.read_bytes(fifo) == content
+    finally:
+        writer.join(timeout=10)
