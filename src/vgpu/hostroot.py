@@ -86,10 +86,11 @@ def read_bytes(where: Union[str, Path]) -> Optional[bytes]:
         try:
             data = os.read(fd, max(os.fstat(fd).st_size + 1, 65536))
             chunks = [data]
-            while data:
+            while data:  # until the end: /proc files report no size
                 data = os.read(fd, 65536)
-                chunks.append(data)
-            return chunks[0] if len(chunks) == 2 else b"".join(chunks)
+                if data:
+                    chunks.append(data)
+            return b"".join(chunks)  # one chunk: returned as it is, not copied
         finally:
             os.close(fd)
     except OSError as error:
