@@ -24,14 +24,10 @@ GUEST = ("instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
 MDEV_UUID = "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f"
 
 
-def install(deb):
-    install_driver(None, deb)
-
-
 # -- the upgrade action -----------------------------------------------------------------
 
 def test_a_forced_upgrade_goes_ahead_with_guests_running(ctx, v100, root, packages):
-    install(packages["old"])
+    install_driver(root, packages["old"])
     running_guest(root, *GUEST, mdev_uuid=MDEV_UUID)
     with pytest.raises(testing.ActionFailed) as failure:
         ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
@@ -46,7 +42,7 @@ def test_a_forced_upgrade_goes_ahead_with_guests_running(ctx, v100, root, packag
 
 
 def test_upgrade_while_paused_says_to_resume_first_and_installs_nothing(ctx, v100, root, packages):
-    install(packages["old"])
+    install_driver(root, packages["old"])
     paused = ctx.run(ctx.on.action("pause"), state(resource=packages["new"]))
     with pytest.raises(testing.ActionFailed) as failure:
         ctx.run(ctx.on.action("upgrade"), paused)
@@ -57,7 +53,7 @@ def test_upgrade_while_paused_says_to_resume_first_and_installs_nothing(ctx, v10
 
 
 def test_force_false_is_the_same_as_no_force(ctx, v100, root, packages):
-    install(packages["old"])
+    install_driver(root, packages["old"])
     running_guest(root, *GUEST, mdev_uuid=MDEV_UUID)
     with pytest.raises(testing.ActionFailed):
         ctx.run(ctx.on.action("upgrade", params={"force": False}), state(resource=packages["new"]))
@@ -77,7 +73,7 @@ def test_upgrade_with_no_driver_installed_installs_the_attached_one(ctx, v100, r
 
 def test_upgrade_over_a_half_installed_driver_of_the_same_version_finishes_it(ctx, v100, root,
                                                                               packages):
-    install(packages["old"])
+    install_driver(root, packages["old"])
     (root / "var/lib/dpkg/updates/0000").write_text(
         f"Package: {debs.HOST}\nStatus: install ok half-configured\n"
         f"Architecture: {debs.machine_arch()}\nVersion: {debs.OLD}\n"
@@ -90,7 +86,7 @@ def test_upgrade_over_a_half_installed_driver_of_the_same_version_finishes_it(ct
 
 
 def test_a_same_version_package_of_another_branch_is_an_upgrade(ctx, v100, root, packages):
-    install(packages["old"])
+    install_driver(root, packages["old"])
     out = ctx.run(ctx.on.update_status(), state(resource=packages["other-branch"]))
     assert out.unit_status.message.endswith(
         f"driver {debs.OLD} installed, {debs.OLD} attached: run the upgrade action")
@@ -103,7 +99,7 @@ def test_a_same_version_package_of_another_branch_is_an_upgrade(ctx, v100, root,
 
 
 def test_upgrade_to_the_same_package_and_version_changes_nothing(ctx, v100, root, tools, packages):
-    install(packages["old"])
+    install_driver(root, packages["old"])
     mtime = (root / "var/lib/dpkg/status").stat().st_mtime_ns
     ctx.run(ctx.on.action("upgrade"), state(resource=packages["old"]))
     assert ctx.action_results["message"] == f"{debs.HOST} {debs.OLD} already installed; no reboot needed"
@@ -114,7 +110,7 @@ def test_upgrade_to_the_same_package_and_version_changes_nothing(ctx, v100, root
 
 @pytest.fixture
 def ready(v100, root, packages):
-    install(packages["old"])
+    install_driver(root, packages["old"])
     return packages["old"]
 
 
@@ -157,7 +153,7 @@ def test_one_gpu_is_not_plural_and_two_models_are_counted(ctx, root, tools, pack
     host = v100_host(root, count=1)
     tools.set_active(MGR)
     tools.set_active(VGPUD)
-    install(packages["old"])
+    install_driver(root, packages["old"])
     out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
     assert out.unit_status == testing.ActiveStatus(
         "1 GPU (Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings")
@@ -188,7 +184,7 @@ def test_a_gpu_offering_one_type_is_served_through_all(ctx, root, tools, package
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
     tools.set_active(MGR)
     tools.set_active(VGPUD)
-    install(packages["old"])
+    install_driver(root, packages["old"])
     out = ctx.run(ctx.on.config_changed(), state({OPTION: "{nvidia-109: all}"}, resource=packages["old"]))
     assert out.unit_status.name == "active"
     assert out.unit_status.message.startswith("1 GPU (Tesla V100 PCIe 16GB), nvidia-109 on 1")
@@ -232,7 +228,7 @@ def test_an_upgrade_that_leaves_sysfs_unreadable_still_reports_and_logs_why(ctx,
     files = debs.host_files()
     files["sys/bus/pci/devices/0000:99:00.0/vendor/placeholder"] = ""
     breaking = debs.build(tmp_path, debs.HOST, debs.NEW, debs.machine_arch(), files)
-    install(packages["old"])
+    install_driver(root, packages["old"])
     out = ctx.run(ctx.on.action("upgrade"), state(resource=breaking))
     assert debs.dpkg_query(root) == f"install ok installed {debs.NEW}"
     unreadable = "cannot read /sys/bus/pci/devices/0000:99:00.0/vendor: Is a directory"

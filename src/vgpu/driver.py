@@ -291,7 +291,8 @@ def _deb_paths(path: Path, need: str) -> List[str]:
         parts = line.split(None, 5)  # mode owner size date time name[ -> target]
         if len(parts) == 6:
             name = parts[5].split(" -> ")[0]
-            paths.append(name.lstrip("./"))  # ./lib/..., or lib/... and /lib/... from other tools
+            # ./lib/... from dpkg-deb; lib/... or /lib/... from other tools
+            paths.append(name.removeprefix("./").lstrip("/"))
     return paths
 
 

@@ -228,7 +228,7 @@ def with_available(host: Host, addresses: Optional[Iterable[str]] = None) -> Hos
 
     return Host(gpus=tuple(
         gpu._replace(types=filled(gpu.address, gpu.types),
-                vfs=tuple(replace(vf, types=filled(vf.address, vf.types)) for vf in gpu.vfs))
+                     vfs=tuple(replace(vf, types=filled(vf.address, vf.types)) for vf in gpu.vfs))
         for gpu in host.gpus))
 
 
