@@ -390,6 +390,18 @@ class FakeHost:
                           "nova-compute": version, "python3-nova": version,
                           "zlib1g": "1:1.3.dfsg-3.1ubuntu2"})
 
+    def principal_nova_conf(self, whitelist: Optional[str] = None, aliases: Sequence[str] = (),
+                            subordinate: str = "") -> Path:
+        """nova-compute's /etc/nova/nova.conf, its own ``[pci]`` from ``whitelist`` and ``aliases``.
+
+        ``subordinate``: the subordinates' sections as nova-compute renders them
+        (``principal.render_nova_conf``), where its template puts them.
+        """
+        path = self.root / "etc/nova/nova.conf"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_principal_nova_conf(whitelist, aliases, subordinate))
+        return path
+
     def modules(self, names: Iterable[str]) -> None:
         rows = [f"{n} 65536 0 - Live 0x0000000000000000" for n in names]
         (self.root / "proc/modules").write_text("".join(r + "\n" for r in rows))
@@ -407,6 +419,97 @@ class FakeHost:
 
     def cmdline(self, text: str) -> None:
         (self.root / "proc/cmdline").write_text(text + "\n")
+
+
+def render_principal_nova_conf(whitelist: Optional[str] = None, aliases: Sequence[str] = (),
+                               subordinate: str = "") -> str:
+    """nova.conf as charm-nova-compute renders it for a libvirt compute host (yoga onwards).
+
+    From charm-nova-compute's ``templates/yoga/nova.conf``: ``[DEFAULT]``, then
+    its ``[pci]`` with ``passthrough_whitelist = <pci-passthrough-whitelist>``
+    (the option's text as typed, possibly a JSON list) and one ``alias = ...``
+    per ``pci-alias`` entry (``json.dumps(alias, sort_keys=True)``,
+    ``hooks/nova_compute_context.py``), then the other sections; the
+    subordinates' sections come after ``[workarounds]``
+    (``templates/parts/section-ephemeral``).
+    """
+    pci = "".join([f"passthrough_whitelist = {whitelist}\n" if whitelist else "",
+                   *(f"alias = {alias}\n" for alias in aliases)])
+    return f"""# yoga
+###############################################################################
+# [ WARNING ]
+# Configuration file maintained by Juju. Local changes may be overwritten.
+# restart trigger: 9f6c2a34-6f1e-4a39-9c8e-1d7c2b4e5a10
+###############################################################################
+[DEFAULT]
+verbose=False
+debug=False
+dhcpbridge_flagfile=/etc/nova/nova.conf
+dhcpbridge=/usr/bin/nova-dhcpbridge
+logdir=/var/log/nova
+state_path=/var/lib/nova
+force_dhcp_release=True
+use_syslog = False
+ec2_private_dns_show_ip=True
+enabled_apis=osapi_compute,metadata
+my_ip = 10.5.0.21
+force_raw_images = True
+
+transport_url = rabbit://nova:secret@10.5.0.11:5672/openstack
+
+network_api_class = nova.network.neutronv2.api.API
+use_neutron = True
+reserved_host_memory_mb = 512
+reserved_host_disk_mb = 0
+
+metadata_workers = 4
+
+[pci]
+{pci}
+[neutron]
+url = http://10.5.0.14:9696
+region_name = RegionOne
+auth_url = http://10.5.0.12:35357
+auth_type = password
+project_domain_name = service_domain
+user_domain_name = service_domain
+project_name = services
+username = nova
+password = secret
+
+[api]
+auth_strategy=keystone
+
+[libvirt]
+rbd_user = nova-compute
+rbd_secret_uuid = 0cd8b3c4-2a5e-4f4b-9d7a-3c1d2b0e6f21
+live_migration_uri = qemu+ssh://%s/system
+cpu_mode = host-passthrough
+
+[oslo_concurrency]
+lock_path=/var/lock/nova
+
+[workarounds]
+disable_libvirt_livesnapshot = False
+
+{subordinate}
+[placement]
+auth_url = http://10.5.0.12:35357
+auth_type = password
+project_domain_name = service_domain
+user_domain_name = service_domain
+project_name = services
+username = nova
+password = secret
+os_region_name = RegionOne
+region_name = RegionOne
+
+[vnc]
+enabled = False
+
+[wsgi]
+api_paste_config=/etc/nova/api-paste.ini
+"""
 
 
 def v100_host(root, count: int = 2, nova: str = "3:29.0.0-0ubuntu1") -> FakeHost:
@@ -457,6 +560,7 @@ def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True) -> Fa
                        vfio_types=H200_TYPES, enabled=enabled, totalvfs=16)
     host.iommu_groups(8)
     host.nova(nova)
+    host.principal_nova_conf()
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
     host.loaded_driver("570.158.02")
     return host

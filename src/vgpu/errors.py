@@ -56,3 +56,7 @@ class SriovError(VgpuError):
 
 class VfTypeError(VgpuError):
     """A vGPU type could not be written to (or released from) a virtual function."""
+
+
+class PrincipalConfigError(VgpuError):
+    """The principal's nova.conf cannot be parsed (oslo.config, so nova-compute, would refuse it)."""

@@ -1,0 +1,419 @@
+"""The principal's own ``[pci]`` settings in nova.conf, and what in them clashes with ours.
+
+What this unit publishes lands in nova-compute's ``/etc/nova/nova.conf`` after
+nova-compute's own ``[pci]`` section, which carries its
+``pci-passthrough-whitelist`` option (rendered as ``passthrough_whitelist =
+<value>``, the value as the operator typed it, possibly a JSON list) and its
+``pci-alias`` option (``alias = ...`` lines); see charm-nova-compute's
+``templates/*/nova.conf`` and ``hooks/nova_compute_context.py``. Nova then
+refuses to start, or hands devices out wrongly, when:
+
+* a device spec names a ``devname`` while ``[pci] report_in_placement`` is on
+  (``ensure_no_dev_spec_with_devname`` in
+  ``nova/compute/pci_placement_translator.py``);
+* a spec matches a GPU (the physical function) whose VFs are reported to
+  Placement (``PlacementPciDependentDeviceException``), or other VFs of that
+  GPU without our resource class (``PlacementPciMixedResourceClassException``);
+* a spec matches our VFs: Nova uses the first spec that matches a device
+  (``nova/pci/whitelist.py``), and the principal's come first, so the VF would
+  lose ``managed = no`` and its resource class.
+
+The file is parsed the way oslo.config reads it (``oslo_config/iniparser.py``:
+repeated sections merge, a repeated key accumulates, indented lines continue
+a value, ``#`` and ``;`` start comments, section names other than
+``DEFAULT`` are case-insensitive) and each spec is matched the way
+``nova/pci/devspec.py`` matches it; neither library is imported. Nothing here
+imports ops.
+"""
+
+import json
+import re
+import string
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+
+from . import hostroot, pci, text
+from .errors import PrincipalConfigError
+
+NOVA_CONF = "/etc/nova/nova.conf"
+
+# Every name Nova reads [pci] device_spec under, in the order oslo.config returns
+# their values: a MultiStrOpt collects each deprecated name's values ahead of the
+# values found under the names before it.
+SPEC_OPTIONS = (("DEFAULT", "pci_passthrough_whitelist"), ("pci", "passthrough_whitelist"),
+                ("pci", "device_spec"))
+ALIAS_OPTIONS = (("DEFAULT", "pci_alias"), ("pci", "alias"))
+
+ANY = "*"
+_ENTRY_LIMIT = 70  # how much of an entry a status message quotes
+_TRUE = ("1", "t", "true", "on", "y", "yes")  # oslo_utils.strutils' spellings
+_FALSE = ("0", "f", "false", "off", "n", "no")
+_BOOL_TAGS = ("managed", "live_migratable", "one_time_use")  # refused unless they read as a bool
+
+Parsed = Dict[str, Dict[str, List[str]]]  # section -> key -> values, in file order
+
+
+class Entry(NamedTuple):
+    """One value of a device spec or alias option, as the file holds it."""
+
+    section: str
+    key: str
+    value: str
+
+    @property
+    def option(self) -> str:
+        """``[pci] passthrough_whitelist``."""
+        return f"[{self.section}] {self.key}"
+
+
+class Principal(NamedTuple):
+    """The principal's own entries: what is in nova.conf besides this unit's."""
+
+    specs: Tuple[Entry, ...] = ()  # device specs, in the order Nova matches them
+    aliases: Tuple[Entry, ...] = ()
+
+
+class Device(NamedTuple):
+    """A PCI function as Nova's PCI tracker describes it to a spec (``dev_dict``)."""
+
+    vendor_id: str  # four lowercase hex digits
+    product_id: str
+    address: str  # 0000:81:00.4
+    parent_addr: Optional[str] = None  # a VF's physical function
+
+
+# -- reading nova.conf ----------------------------------------------------------------
+
+def path():
+    """nova-compute's nova.conf under the host root."""
+    return hostroot.path(NOVA_CONF)
+
+
+def load() -> Optional[Parsed]:
+    """The principal's nova.conf, parsed; None while nova-compute has not written it.
+
+    Raises HostReadError when it cannot be read, PrincipalConfigError when
+    oslo.config (so nova-compute) could not parse it either.
+    """
+    content = hostroot.read_text(path(), clean=False)  # values are cleaned where quoted
+    if content is None:
+        return None
+    try:
+        return parse(content)
+    except ValueError as error:
+        raise PrincipalConfigError(f"cannot parse {NOVA_CONF}: {text.one_line(str(error), 120)}") \
+            from None
+
+
+def parse(content: str) -> Parsed:
+    """INI text as oslo.config reads it; ValueError naming the line it refuses."""
+    parsed: Parsed = {}
+    section: Optional[str] = None
+    key: Optional[str] = None
+    value: List[str] = []
+
+    def flush() -> None:
+        if section is None:
+            raise ValueError(f"line {number}: a setting before any [section]")
+        parsed[section].setdefault(str(key), []).append("\n".join(value))
+
+    number = 0
+    for number, raw in enumerate(content.replace("\r\n", "\n").replace("\r", "\n").split("\n"), 1):
+        line = raw.rstrip()
+        if line.startswith((" ", "\t")):  # continues the value above, unless a blank line ended it
+            if key is None:
+                raise ValueError(f"line {number}: unexpected continuation line {line.strip()!r}")
+            value.append(line.lstrip())
+            continue
+        if key is not None:
+            flush()
+            key = None
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = _section_name(line, number)
+            parsed.setdefault(section, {})
+        else:
+            key, value = _assignment(line, number)
+    if key is not None:
+        flush()
+    return parsed
+
+
+def _section_name(line: str, number: int) -> str:
+    if not line.endswith("]") or len(line) <= 2:
+        raise ValueError(f"line {number}: invalid section {line!r}")
+    name = line[1:-1]
+    return name if name == "DEFAULT" else name.lower()  # oslo.config's group names
+
+
+def _assignment(line: str, number: int) -> Tuple[str, List[str]]:
+    equal, colon = line.find("="), line.find(":")
+    at = equal if colon < 0 or 0 <= equal < colon else colon
+    if at < 0:
+        raise ValueError(f"line {number}: no '=' or ':' in {line!r}")
+    key, value = line[:at].strip(), line[at + 1:].strip()
+    if not key:
+        raise ValueError(f"line {number}: no key in {line!r}")
+    if value and value[0] == value[-1] and value[0] in "\"'":
+        value = value[1:-1]  # one pair of quotes around the whole value goes
+    return key, [value]
+
+
+def principal(parsed: Parsed, ours: Iterable[str] = ()) -> Principal:
+    """The principal's device specs and aliases: every entry but this unit's own.
+
+    ``ours``: the ``[pci] device_spec`` values this unit published or is about
+    to publish; nova.conf holds them beside the principal's once rendered.
+    """
+    own = set(ours)
+    specs = tuple(Entry(section, key, value) for section, key in SPEC_OPTIONS
+                  for value in parsed.get(section, {}).get(key, [])
+                  if not ((section, key) == ("pci", "device_spec") and value in own))
+    aliases = tuple(Entry(section, key, value) for section, key in ALIAS_OPTIONS
+                    for value in parsed.get(section, {}).get(key, []))
+    return Principal(specs=specs, aliases=aliases)
+
+
+# -- Nova's matching rules (nova/pci/devspec.py), replicated ----------------------------
+
+class Spec(NamedTuple):
+    """One device spec as Nova parses it: ids, address rule and the tags that matter here."""
+
+    vendor_id: str  # four hex digits or '*'
+    product_id: str
+    devname: Optional[str]  # a network interface: never a GPU
+    glob: Optional[Tuple[str, str, str, str]]  # domain, bus, slot, function ('*' = any)
+    regex: Optional[Tuple[Any, Any, Any, Any]]  # compiled patterns, matched from the start
+    physical_function: bool  # an exact address of an SR-IOV PF: its VFs match too
+
+
+def specs_of(entry: Entry) -> List[Dict[str, Any]]:
+    """The spec objects of one option value (a JSON object or list of them); ValueError if not."""
+    try:
+        loaded = json.loads(entry.value)
+    except ValueError:
+        raise ValueError("not valid JSON") from None
+    items = [loaded] if isinstance(loaded, dict) else loaded
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise ValueError("not a JSON object or a list of them")
+    return items
+
+
+def parse_spec(spec: Dict[str, Any], physical_functions: Set[str]) -> Spec:
+    """``spec`` under Nova's rules; ValueError for what Nova refuses at start.
+
+    ``physical_functions``: addresses of SR-IOV PFs, which Nova finds in sysfs
+    (``sriov_totalvfs`` above 0) for an exact address.
+    """
+    vendor = spec.get("vendor_id", ANY)
+    if not isinstance(vendor, str):
+        raise ValueError("vendor_id is not a string")
+    vendor = _hex_field("vendor_id", vendor.strip(), 0xFFFF, "%04x")
+    product = _hex_field("product_id", spec.get("product_id", ANY), 0xFFFF, "%04x")
+    devname = spec.get("devname")
+    address = spec.get("address")
+    if address and devname:
+        raise ValueError("both devname and address")
+    for tag in _BOOL_TAGS:
+        _bool_tag(tag, spec.get(tag))
+    if devname:
+        return Spec(vendor, product, str(devname), None, None, False)
+    address = address or "*:*:*.*"
+    if isinstance(address, str):
+        glob = _glob(address)
+        return Spec(vendor, product, None, glob, None, _single(glob, physical_functions))
+    if isinstance(address, dict):
+        raw = [address.get(name, ".*") for name in ("domain", "bus", "slot", "function")]
+        try:
+            domain, bus, slot, function = (re.compile(part) for part in raw)
+        except (re.error, TypeError):
+            raise ValueError(f"address {address} has an invalid regular expression") from None
+        return Spec(vendor, product, None, None, (domain, bus, slot, function),
+                    _single(raw, physical_functions))
+    raise ValueError(f"address {address!r} is neither a string nor an object")
+
+
+def _hex_field(name: str, value: Any, maximum: int, form: str) -> str:
+    if value == ANY:
+        return ANY
+    try:
+        number = int(value, 16)
+    except (ValueError, TypeError):
+        raise ValueError(f"{name} {value!r} is not a hex number") from None
+    if number > maximum:
+        raise ValueError(f"{name} {value!r} is above {maximum:X}")
+    return form % number
+
+
+def _bool_tag(tag: str, value: Any) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if str(value).strip().lower() not in _TRUE + _FALSE:
+        raise ValueError(f"{tag} {value!r} is not yes or no")
+
+
+def _glob(address: str) -> Tuple[str, str, str, str]:
+    """``[[[domain]:][bus]:][slot][.function]`` with '*' or blanks for any (PciAddressGlobSpec)."""
+    dbs, _, function = address.partition(".")
+    func = _hex_field("function", function.strip(), 0x7, "%01x") if function else ANY
+    domain = bus = slot = ANY
+    if dbs:
+        parts = dbs.split(":")
+        if len(parts) > 3:
+            raise ValueError(f"address {address!r} has too many fields")
+        parts = [ANY] * (3 - len(parts)) + parts
+        domain, bus, slot = (part.strip() or ANY for part in parts)
+        domain = _hex_field("domain", domain, 0xFFFF, "%04x")
+        bus = _hex_field("bus", bus, 0xFF, "%02x")
+        slot = _hex_field("slot", slot, 0x1F, "%02x")
+    return domain, bus, slot, func
+
+
+def _single(fields: Sequence[Any], physical_functions: Set[str]) -> bool:
+    """Whether the address names one function that is an SR-IOV PF (so its VFs match too)."""
+    if not all(isinstance(f, str) and all(c in string.hexdigits for c in f) for f in fields):
+        return False
+    domain, bus, slot, function = fields
+    return f"{domain}:{bus}:{slot}.{function}" in physical_functions
+
+
+def matches(spec: Spec, device: Device) -> bool:
+    """Whether Nova's ``PciDeviceSpec.match`` takes ``device`` for ``spec``."""
+    if spec.devname is not None:
+        return False  # an interface name resolves to a NIC, never to a GPU function
+    if spec.vendor_id not in (ANY, device.vendor_id) or spec.product_id not in (ANY, device.product_id):
+        return False
+    if spec.physical_function and device.parent_addr and _address_matches(spec, device.parent_addr):
+        return True
+    return _address_matches(spec, device.address)
+
+
+def _address_matches(spec: Spec, address: str) -> bool:
+    dbs, _, function = address.partition(".")
+    domain, bus, slot = dbs.split(":")
+    fields = (domain, bus, slot, function)
+    if spec.regex is not None:
+        return all(pattern.match(field) for pattern, field in zip(spec.regex, fields))
+    assert spec.glob is not None
+    return all(want in (ANY, field) for want, field in zip(spec.glob, fields))
+
+
+# -- conflicts --------------------------------------------------------------------------
+
+class _Target(NamedTuple):
+    """A GPU whose VFs this unit publishes: its functions as Nova sees them."""
+
+    gpu: str
+    pf: Optional[Device]  # None when the GPU is not on the host now
+    ours: Tuple[Device, ...]  # the VFs we publish
+    others: Tuple[Device, ...]  # its other VFs
+
+
+def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host: pci.Host,
+              app: str) -> List[str]:
+    """Blocked messages for principal ``specs`` Nova refuses or mishandles beside ``sections``.
+
+    ``sections``: this unit's nova.conf sections (to publish, or published;
+    nothing clashes without a ``[pci]``); ``host``: the GPUs and VFs found;
+    ``app``: the principal application's name, for the command that fixes it.
+    Each message names the entry, what it hits and the option to change.
+    """
+    pairs = [list(p) for p in sections.get("pci", [])]
+    if not pairs:
+        return []
+    reporting = ["report_in_placement", "True"] in pairs
+    targets = _targets([value for key, value in pairs if key == "device_spec"], host)
+    physical = {gpu.address for gpu in host.gpus if gpu.sriov}
+    out = []
+    for entry in specs:
+        try:
+            items = specs_of(entry)
+            parsed = [(item, parse_spec(dict(item), physical)) for item in items]
+        except ValueError as error:
+            out.append(f"{_named(app, entry, entry.value)} is refused by Nova "
+                       f"({text.one_line(str(error), _ENTRY_LIMIT)}), so "
+                       f"whether it takes this unit's vGPU VFs is unknown: correct it; "
+                       f"{_fix(app, entry)}")
+            continue
+        for item, spec in parsed:
+            problem = _problem(spec, targets, reporting)
+            if problem:
+                shown = entry.value if len(items) == 1 else json.dumps(item)
+                out.append(f"{_named(app, entry, shown)} {problem}; {_fix(app, entry)}")
+    return out
+
+
+def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool) -> str:
+    """What ``spec`` does to the GPUs this unit publishes VFs of ('' when nothing)."""
+    if reporting and spec.devname is not None:
+        return ("names a device by devname, which Nova refuses while [pci] report_in_placement "
+                "is on (nova-compute stops): name it by PCI address")
+    for target in targets:
+        pf = target.pf is not None and matches(spec, target.pf)
+        ours = [d.address for d in target.ours if matches(spec, d)]
+        others = [d.address for d in target.others if matches(spec, d)] if reporting else []
+        vfs = text.listing(ours + others)
+        if pf:
+            why = ("Nova refuses a GPU beside its VFs in Placement (nova-compute stops)" if reporting
+                   else "a guest given the whole GPU would take its vGPU VFs with it")
+            hit = f"GPU {target.gpu}" + (f" and its VFs {vfs}" if vfs else "")
+            return f"matches {hit}, whose VFs this unit publishes for vGPUs: {why}; leave the GPU out"
+        if ours:
+            return (f"matches VFs {vfs} of GPU {target.gpu}, which this unit publishes for vGPUs: "
+                    "Nova uses the first spec that matches, so they would lose managed=no and "
+                    "their resource class; leave them out")
+        if others:
+            return (f"matches VFs {vfs} of GPU {target.gpu}, beside the VFs this unit publishes "
+                    "for vGPUs: one GPU's VFs would mix resource classes in Placement "
+                    "(nova-compute stops); leave them out")
+    return ""
+
+
+def _targets(device_specs: Sequence[str], host: pci.Host) -> List[_Target]:
+    """The GPUs whose VFs ``device_specs`` (ours) publish, with all their functions."""
+    by_gpu: Dict[str, Dict[str, str]] = {}  # GPU address -> our VF address -> product id
+    for value in device_specs:
+        try:
+            spec = json.loads(value)
+            address, product = str(spec["address"]), str(spec["product_id"])
+        except (ValueError, KeyError, TypeError):
+            continue  # not one of ours: novaconf builds every one with both
+        gpu = host.gpu(address)
+        by_gpu.setdefault(gpu.address if gpu else address, {})[address] = product
+    out = []
+    for gpu_address, ours in by_gpu.items():
+        gpu = host.gpu(gpu_address)
+        if gpu is None:  # the VFs are not on the host now: only what we publish is known
+            out.append(_Target(gpu_address, None, tuple(
+                Device(_NVIDIA, product, address) for address, product in ours.items()), ()))
+            continue
+        pf = Device(_NVIDIA, _id(gpu.device_id), gpu.address)
+        vfs = {vf.address: Device(_NVIDIA, _id(vf.device_id) or ours.get(vf.address, ""),
+                                  vf.address, gpu.address) for vf in gpu.vfs}
+        for address, product in ours.items():
+            vfs.setdefault(address, Device(_NVIDIA, product, address, gpu.address))
+        out.append(_Target(gpu.address, pf, tuple(vfs[a] for a in sorted(ours)),
+                           tuple(d for a, d in sorted(vfs.items()) if a not in ours)))
+    return out
+
+
+_NVIDIA = "10de"
+
+
+def _id(device_id: str) -> str:
+    """sysfs' ``0x26ba`` as Nova's ``26ba``."""
+    return device_id.lower().removeprefix("0x")
+
+
+def _named(app: str, entry: Entry, shown: str) -> str:
+    what = ("pci-passthrough-whitelist" if (entry.section, entry.key) == ("pci", "passthrough_whitelist")
+            else entry.option)
+    return f"{app}'s {what} entry {text.one_line(shown, _ENTRY_LIMIT)}"
+
+
+def _fix(app: str, entry: Entry) -> str:
+    """What to change: nova-compute's option, or the entry wherever else it comes from."""
+    if (entry.section, entry.key) == ("pci", "passthrough_whitelist"):
+        return f"change it: juju config {app} pci-passthrough-whitelist=..."
+    return (f"{entry.option} is none of {app}'s options: remove it where it comes from "
+            f"(config-flags, another subordinate or a hand edit of {NOVA_CONF})")

@@ -1,0 +1,365 @@
+"""The principal's nova.conf: parsed as oslo.config parses it, matched as Nova matches it.
+
+Plain inputs: INI text, and a host of one L40S (PF 0000:81:00.0, device 26b9)
+with eight VFs (device 26ba), of which this unit publishes two
+(0000:81:00.4 and .5) as ``[pci] device_spec`` with ``report_in_placement``.
+The parser is compared with oslo.config itself (a test dependency, not a
+run-time one); the matching rules with Nova's own ``PciDeviceSpec`` where Nova
+is importable (``pip install nova``), as unit_tests/test_nova_rules.py does.
+"""
+
+import json
+from unittest import mock
+
+import pytest
+from oslo_config import cfg
+
+from unit_tests.fakehost import render_principal_nova_conf
+from vgpu import novaconf, pci, plan, principalconf
+from vgpu.errors import HostReadError, PrincipalConfigError
+from vgpu.principalconf import Device, Entry
+
+APP = "compute-gpu"  # the principal's application name, not the usual nova-compute
+PF = "0000:81:00.0"
+VFS = [f"0000:81:0{(4 + n) // 8}.{(4 + n) % 8}" for n in range(8)]
+OURS, SIBLING = VFS[:2], VFS[2]
+
+
+def vf_spec(address: str) -> str:
+    """This unit's device_spec for a VF, built by novaconf as the charm builds it."""
+    return novaconf.device_spec(plan.Assignment(PF, address, 1139, "NVIDIA L40S-12Q", pci.VFIO,
+                                                "26ba"))
+
+
+OUR_SPECS = [vf_spec(a) for a in OURS]
+REPORTING = {"pci": [["device_spec", s] for s in OUR_SPECS] + [["report_in_placement", "True"]]}
+NOT_REPORTING = {"pci": [["device_spec", s] for s in OUR_SPECS]}
+HOST = pci.Host(gpus=(pci.Gpu(
+    address=PF, device_id="0x26b9", model="L40S", driver="nvidia", class_code="0x030200",
+    sriov_totalvfs=32, sriov_numvfs=8,
+    vfs=tuple(pci.VirtualFunction(address=a, index=n, device_id="0x26ba", framework=pci.VFIO)
+              for n, a in enumerate(VFS))),))
+
+
+def whitelist(value: str, section: str = "pci", key: str = "passthrough_whitelist") -> Entry:
+    return Entry(section, key, value)
+
+
+def found(value: str, sections=None, **where) -> list:
+    return principalconf.conflicts([whitelist(value, **where)], sections or REPORTING, HOST, APP)
+
+
+# -- parsing as oslo.config does ---------------------------------------------------------
+
+NOVA_OPTS = [
+    cfg.MultiStrOpt("device_spec", default=[], deprecated_opts=[
+        cfg.DeprecatedOpt("passthrough_whitelist", group="pci"),
+        cfg.DeprecatedOpt("pci_passthrough_whitelist", group="DEFAULT")]),
+    cfg.MultiStrOpt("alias", default=[], deprecated_name="pci_alias", deprecated_group="DEFAULT"),
+]
+
+
+def oslo_pci(tmp_path, content: str):
+    """nova.conf's [pci] device_spec and alias as Nova's option definitions read them."""
+    path = tmp_path / "nova.conf"
+    path.write_text(content)
+    conf = cfg.ConfigOpts()
+    conf.register_opts(NOVA_OPTS, group="pci")
+    conf(args=[], default_config_files=[str(path)])
+    return list(conf.pci.device_spec), list(conf.pci.alias)
+
+
+MESSY = """# a comment
+[DEFAULT]
+debug = False
+pci_passthrough_whitelist = {"vendor_id": "8086", "product_id": "1520"}
+pci_alias = {"name": "old", "vendor_id": "8086", "product_id": "1520"}
+
+[pci]
+device_spec = {"address": "0000:3b:00.0"}
+passthrough_whitelist: {"vendor_id": "15b3",
+  "product_id": "101e"}
+; another comment
+alias = '{"name": "nic", "vendor_id": "15b3", "product_id": "101e"}'
+
+[PCI]
+passthrough_whitelist = [{"address": "*:3c:00.*"}, {"devname": "eth3"}]
+\tdevice_spec = this continues the line above, not a setting of its own
+device_spec = {"vendor_id": "10de", "product_id": "26ba", "address": "0000:81:00.4"}
+
+[vnc]
+enabled = False
+"""
+
+
+@pytest.mark.parametrize("content", [
+    MESSY,
+    MESSY.replace("\n", "\r\n"),
+    render_principal_nova_conf(
+        '[{"vendor_id": "15b3", "product_id": "101e", "physical_network": "physnet1"}]',
+        ['{"name": "nic", "product_id": "101e", "vendor_id": "15b3"}'],
+        "[pci]\ndevice_spec = " + OUR_SPECS[0] + "\nreport_in_placement = True\n"),
+])
+def test_specs_and_aliases_come_out_as_oslo_config_gives_them_to_nova(tmp_path, content):
+    specs, aliases = oslo_pci(tmp_path, content)
+    parsed = principalconf.principal(principalconf.parse(content))
+    assert [e.value for e in parsed.specs] == specs
+    assert [e.value for e in parsed.aliases] == aliases
+    assert len(specs) >= 2 and aliases
+
+
+def test_merged_sections_repeated_keys_and_the_old_names_in_nova_s_order():
+    parsed = principalconf.principal(principalconf.parse(MESSY))
+    assert [(e.option, e.value[:24]) for e in parsed.specs] == [
+        ("[DEFAULT] pci_passthrough_whitelist", '{"vendor_id": "8086", "p'),
+        ("[pci] passthrough_whitelist", '{"vendor_id": "15b3",\n"p'),
+        ("[pci] passthrough_whitelist", '[{"address": "*:3c:00.*"'),
+        ("[pci] device_spec", '{"address": "0000:3b:00.'),
+        ("[pci] device_spec", '{"vendor_id": "10de", "p'),
+    ]
+    assert parsed.aliases[1].value.startswith('{"name": "nic"')  # its quotes are gone
+
+
+def test_this_units_own_entries_are_left_out_by_exact_value():
+    content = render_principal_nova_conf(
+        '{"vendor_id": "15b3"}', (),
+        "[pci]\n" + "".join(f"device_spec = {s}\n" for s in OUR_SPECS))
+    parsed = principalconf.parse(content)
+    assert [e.value for e in principalconf.principal(parsed, OUR_SPECS).specs] == [
+        '{"vendor_id": "15b3"}']
+    assert len(principalconf.principal(parsed, OUR_SPECS[:1]).specs) == 2
+    # Only under [pci] device_spec, where this unit writes: the same text in the
+    # principal's own option is the principal's.
+    copied = principalconf.parse(render_principal_nova_conf(OUR_SPECS[0]))
+    assert len(principalconf.principal(copied, OUR_SPECS).specs) == 1
+
+
+@pytest.mark.parametrize("content,line", [
+    ("[pci]\nno separator here\n", "line 2: no '=' or ':'"),
+    ("  indented = first\n[pci]\n", "line 1: unexpected continuation"),
+    ("[pci]\na = 1\n\n  after a blank line\n", "line 4: unexpected continuation"),
+    ("debug = True\n[DEFAULT]\n", "a setting before any [section]"),
+    ("[pci\na = 1\n", "line 1: invalid section"),
+    ("[]\n", "line 1: invalid section"),
+    ("[pci]\n= value\n", "line 2: no key"),
+])
+def test_what_oslo_config_refuses_is_refused_naming_the_line(tmp_path, content, line):
+    with pytest.raises(ValueError, match=line.replace("[", r"\[")):
+        principalconf.parse(content)
+    with pytest.raises(cfg.ConfigFileParseError):
+        oslo_pci(tmp_path, content)
+
+
+def test_load_reads_under_the_host_root(root):
+    assert principalconf.load() is None  # nova-compute has not written it yet
+    path = root / "etc/nova/nova.conf"
+    path.parent.mkdir(parents=True)
+    path.write_text(render_principal_nova_conf('{"vendor_id": "15b3"}'))
+    assert principalconf.load()["pci"]["passthrough_whitelist"] == ['{"vendor_id": "15b3"}']
+    path.write_text("[pci]\ngarbage\n")
+    with pytest.raises(PrincipalConfigError, match=r"cannot parse /etc/nova/nova.conf: line 2: "):
+        principalconf.load()
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(HostReadError, match="cannot read /etc/nova/nova.conf: Is a directory"):
+        principalconf.load()
+
+
+# -- conflicts ---------------------------------------------------------------------------
+
+def test_a_devname_spec_stops_nova_while_placement_reporting_is_on():
+    nic = '{"devname": "enp59s0f0", "physical_network": "physnet1"}'
+    assert found(nic) == [
+        f"compute-gpu's pci-passthrough-whitelist entry {nic} names a device by devname, which "
+        "Nova refuses while [pci] report_in_placement is on (nova-compute stops): name it by "
+        "PCI address; change it: juju config compute-gpu pci-passthrough-whitelist=..."]
+    assert found(nic, NOT_REPORTING) == []
+    # Sticky reporting alone (no VF published any more) is enough.
+    assert len(found(nic, {"pci": [["report_in_placement", "True"]]})) == 1
+
+
+def test_the_exact_pf_address_takes_its_vfs_too():
+    [message] = found('{"address": "0000:81:00.0"}')
+    assert message == (
+        "compute-gpu's pci-passthrough-whitelist entry {\"address\": \"0000:81:00.0\"} matches "
+        f"GPU {PF} and its VFs {', '.join(VFS[:4])} and 4 more, whose VFs this unit publishes "
+        "for vGPUs: Nova refuses a GPU beside its VFs in Placement (nova-compute stops); leave "
+        "the GPU out; change it: juju config compute-gpu pci-passthrough-whitelist=...")
+
+
+def test_the_pf_by_vendor_and_product_matches_the_pf_alone():
+    [message] = found('{"vendor_id": "10DE", "product_id": "0x26b9"}')  # hex as Nova parses it
+    assert f"matches GPU {PF}, whose VFs this unit publishes" in message
+    [message] = found('{"vendor_id": "10de", "product_id": "26b9"}', NOT_REPORTING)
+    assert f"matches GPU {PF}, whose VFs" in message
+    assert "a guest given the whole GPU would take its vGPU VFs with it" in message
+
+
+@pytest.mark.parametrize("value,hits", [
+    ('{"address": "0000:81:00.4"}', OURS[:1]),
+    ('{"address": "*:81:00.*"}', None),  # the PF itself (function 0) is among them
+    ('{"address": "81:00.5", "vendor_id": "10de"}', OURS[1:]),
+    ('{"address": ":00.4"}', OURS[:1]),
+    ('{"address": "0000:81:00."}', None),
+    ('{"address": {"bus": "8[0-9a-f]", "function": "[45]"}}', OURS),
+    ('{"address": {"domain": "0000", "bus": "81", "slot": "00", "function": "0"}}', None),
+    ('{"vendor_id": "*", "product_id": "26ba"}', VFS),
+    ('{"vendor_id": " 10de ", "product_id": "*"}', None),
+])
+def test_glob_regex_and_wildcard_specs_that_take_our_vfs(value, hits):
+    [message] = found(value)
+    if hits is None:
+        assert f"matches GPU {PF} and its VFs" in message
+    else:
+        assert f"matches VFs {', '.join(hits[:4])}" in message
+        assert "Nova uses the first spec that matches, so they would lose managed=no" in message
+
+
+def test_other_vfs_of_a_published_gpu_mix_resource_classes_while_reporting():
+    [message] = found('{"address": "0000:81:00.6"}')
+    assert message.startswith(
+        "compute-gpu's pci-passthrough-whitelist entry {\"address\": \"0000:81:00.6\"} matches "
+        f"VFs {SIBLING} of GPU {PF}, beside the VFs this unit publishes for vGPUs: one GPU's VFs "
+        "would mix resource classes in Placement (nova-compute stops); leave them out")
+    assert found('{"address": "0000:81:00.6"}', NOT_REPORTING) == []
+
+
+def test_a_json_list_names_the_item_that_conflicts():
+    value = ('[{"vendor_id": "15b3", "product_id": "101e", "physical_network": "physnet1"}, '
+             '{"vendor_id": "10de"}]')
+    [message] = found(value)
+    assert message.startswith(
+        "compute-gpu's pci-passthrough-whitelist entry {\"vendor_id\": \"10de\"} matches GPU")
+
+
+@pytest.mark.parametrize("section,key,named", [
+    ("DEFAULT", "pci_passthrough_whitelist", "[DEFAULT] pci_passthrough_whitelist"),
+    ("pci", "device_spec", "[pci] device_spec"),
+])
+def test_entries_under_other_names_say_they_are_not_the_principals_option(section, key, named):
+    [message] = found('{"address": "0000:81:00.4"}', section=section, key=key)
+    assert message.startswith(f"compute-gpu's {named} entry ")
+    assert message.endswith(
+        f"{named} is none of compute-gpu's options: remove it where it comes from "
+        "(config-flags, another subordinate or a hand edit of /etc/nova/nova.conf)")
+
+
+@pytest.mark.parametrize("value,sections", [
+    ('{"vendor_id": "15b3", "product_id": "101e", "physical_network": "physnet1"}', REPORTING),
+    ('{"address": "0000:3b:00.*"}', REPORTING),
+    ('{"vendor_id": "10de", "product_id": "1db4"}', REPORTING),  # another GPU model
+    # No VF of the GPU published (only sticky reporting): the GPU may be passed through whole.
+    ('{"address": "0000:81:00.0"}', {"pci": [["report_in_placement", "True"]]}),
+])
+def test_specs_for_other_devices_are_fine(value, sections):
+    assert found(value, sections) == []
+
+
+def test_nothing_clashes_without_a_pci_section():
+    assert found('{"vendor_id": "10de"}', {"devices": [["enabled_mdev_types", "nvidia-105"]]}) == []
+    assert found("not json", {"mdev_nvidia-105": [["device_addresses", PF]]}) == []
+
+
+@pytest.mark.parametrize("value,why", [
+    ('{"vendor_id": "10de", "address": "0000:81:00.4"', "not valid JSON"),
+    ('"0000:81:00.4"', "not a JSON object or a list of them"),
+    ('[{"vendor_id": "10de"}, 7]', "not a JSON object or a list of them"),
+    ('{"vendor_id": "zzzz"}', "vendor_id 'zzzz' is not a hex number"),
+    ('{"product_id": "10000"}', "product_id '10000' is above FFFF"),
+    ('{"address": "0:0:81:00.4"}', "has too many fields"),
+    ('{"address": "0000:81:00.8"}', "function '8' is above 7"),
+    ('{"address": {"bus": "(["}}', "invalid regular expression"),
+    ('{"address": ["0000:81:00.4"]}', "neither a string nor an object"),
+    ('{"devname": "eth0", "address": "0000:3b:00.0"}', "both devname and address"),
+    ('{"address": "0000:3b:00.0", "managed": "maybe"}', "managed 'maybe' is not yes or no"),
+    ('{"vendor_id": 4318}', "vendor_id is not a string"),
+])
+def test_an_entry_nova_refuses_is_named_with_why(value, why):
+    [message] = found(value)
+    assert message.startswith("compute-gpu's pci-passthrough-whitelist entry ")
+    assert " is refused by Nova (" in message and why in message
+    assert "whether it takes this unit's vGPU VFs is unknown" in message
+
+
+def test_a_long_entry_is_cut_to_a_readable_length():
+    value = json.dumps({"vendor_id": "10de", "physical_network": "x" * 200})
+    [message] = found(value)
+    quoted = message.split(" entry ", 1)[1].split(" matches ", 1)[0]
+    assert len(quoted) == 70 and quoted.endswith("...")
+
+
+def test_published_vfs_that_are_gone_from_the_host_are_still_checked():
+    gone = pci.Host()
+    specs = [whitelist('{"address": "0000:81:00.5"}')]
+    [message] = principalconf.conflicts(specs, REPORTING, gone, APP)
+    assert f"matches VFs {OURS[1]} of GPU {OURS[1]}" in message
+
+
+# -- the same rules through Nova's own PciDeviceSpec -------------------------------------
+
+DEVICES = [
+    Device("10de", "26b9", PF),
+    *(Device("10de", "26ba", a, PF) for a in VFS),
+    Device("15b3", "101d", "0000:3b:00.0"),
+    Device("10de", "1db4", "0000:c1:00.0"),
+]
+SPECS = [
+    {"address": "0000:81:00.0"},
+    {"address": "0000:81:00.4"},
+    {"vendor_id": "10DE", "product_id": "0x26b9"},
+    {"vendor_id": " 10de ", "product_id": "*"},
+    {"vendor_id": "*", "product_id": "26ba"},
+    {"address": "*:81:00.*"},
+    {"address": "81:00.5", "vendor_id": "10de"},
+    {"address": ":00.4"},
+    {"address": "0000:81:00."},
+    {"address": "0:81:0.0"},
+    {"address": ""},
+    {"address": {"bus": "8[0-9a-f]", "function": "[45]"}},
+    {"address": {"domain": "0000", "bus": "81", "slot": "00", "function": "0"}},
+    {"address": {"bus": "8"}},
+    {"vendor_id": "15b3", "product_id": "101d", "physical_network": "physnet1"},
+    {"address": "0000:3b:00.*", "managed": "no"},
+    {"vendor_id": "10de", "product_id": "1db4", "live_migratable": "yes"},
+    {"devname": "enp59s0f0"},
+    {"vendor_id": "zzzz"},
+    {"product_id": "10000"},
+    {"address": "0:0:81:00.4"},
+    {"address": "0000:81:00.8"},
+    {"address": "0000:81:20.0"},
+    {"address": {"bus": "(["}},
+    {"devname": "eth0", "address": "0000:3b:00.0"},
+    {"address": "0000:3b:00.0", "managed": "maybe"},
+]
+PFS = {PF, "0000:3b:00.0"}
+
+
+def nova_spec(devspec, spec):
+    """Nova's PciDeviceSpec for ``spec``, with sysfs answered from PFS; None when it refuses."""
+    is_pf = "nova.pci.utils.is_physical_function"
+    ifname = "nova.pci.utils.get_function_by_ifname"
+    with mock.patch(is_pf, lambda d, b, s, f: f"{d}:{b}:{s}.{f}" in PFS), \
+            mock.patch(ifname, lambda name: ("0000:3b:00.0", True)):
+        try:
+            return devspec.PciDeviceSpec(json.loads(json.dumps(spec)))
+        except Exception as error:  # Nova's exceptions, or the TypeError it lets escape
+            if type(error).__module__.startswith(("nova", "builtins")):
+                return None
+            raise
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=json.dumps)
+def test_novas_own_device_spec_agrees(spec):
+    devspec = pytest.importorskip("nova.pci.devspec")
+    theirs = nova_spec(devspec, spec)
+    try:
+        ours = principalconf.parse_spec(dict(spec), PFS)
+    except ValueError:
+        ours = None
+    assert (ours is None) == (theirs is None)
+    if theirs is None:
+        return
+    with mock.patch("nova.pci.utils.get_function_by_ifname", lambda name: ("0000:3b:00.0", True)):
+        nova_says = [theirs.match(d._asdict()) for d in DEVICES]
+    assert [principalconf.matches(ours, d) for d in DEVICES] == [
+        said and "devname" not in spec for said in nova_says]  # a devname is a NIC, never ours
