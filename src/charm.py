@@ -27,6 +27,7 @@ from vgpu import (
     mappings,
     novaconf,
     pci,
+    principalconf,
     services,
     sriov,
     status,
@@ -35,6 +36,7 @@ from vgpu.errors import (
     GuestsRunningError,
     HostReadError,
     InstallError,
+    PrincipalConfigError,
     ResourceInvalidError,
     ResourceMissingError,
     ServiceError,
@@ -72,6 +74,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._package: Union[driver.DebInfo, VgpuError, None] = None
         self._fetched = False  # whether this dispatch fetched the resource itself
         self._problems: List[str] = []  # blocked messages from this dispatch's work
+        self._waits: List[str] = []  # waiting messages from this dispatch's work
         self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
@@ -257,7 +260,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             release = here.supported_release()
             plan = validation.plan
             ok = (validation.ok and release is not None and plan is not None
-                  and not plan.missing_vfs and self._give_vfs_types(plan))
+                  and not plan.missing_vfs)
             sections = None
             if ok:
                 try:
@@ -267,6 +270,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 except ValueError as error:  # sysfs gave something nova.conf must not get
                     self._problems.append(f"not publishing: {error}")
                     ok = False
+            # The principal's [pci] is checked before any VF takes a type from the plan.
+            accepted = self._principal_accepts(sections)
+            ok = ok and accepted and self._give_vfs_types(plan)
+            sections = sections if ok else None
             self._ensure_boot_unit(plan if ok else None)
         elif self._published_mapping():
             # Every mapped GPU seems gone (a driver reload, a bad read): keep what
@@ -283,6 +290,45 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             if changed:
                 logger.info("publishing %s on %s", ", ".join(sorted(changed)), relation.name)
                 ours.update(changed)
+
+    def _principal_accepts(self, sections: Optional[dict]) -> bool:
+        """Whether ``sections`` may join the principal's nova.conf; the published are checked too.
+
+        nova.conf is read only when ours carry ``[pci]`` (VFIO device specs, or
+        report_in_placement). Each principal entry Nova would refuse or let take
+        our GPUs' functions is a blocked problem, as is a nova.conf that cannot be
+        read or parsed; one not written yet is a wait. False keeps the last
+        published sections.
+        """
+        relations = self.model.relations[RELATION]
+        new = bool(sections and "pci" in sections)
+        if sections is not None and not new:
+            return True  # replaces what was published, and touches no [pci]
+        published = [novaconf.sections_from_relation(r.data[self.unit]) for r in relations]
+        mine = [s for s in [sections, *published] if s and "pci" in s]
+        if not mine:
+            return True
+        app = relations[0].app.name if relations and relations[0].app else "nova-compute"
+        try:
+            conf = principalconf.load()
+        except (HostReadError, PrincipalConfigError) as error:
+            self._problems.append(f"cannot check {app}'s [pci] settings against this unit's: {error}; "
+                                  "the last published settings stay")
+            return False
+        if conf is None:
+            if new:
+                self._waits.append(f"waiting for {app} to write {principalconf.NOVA_CONF} "
+                                   "before publishing [pci] settings")
+            return not new
+        ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
+        specs = principalconf.principal(conf, ours).specs
+        found: List[str] = []
+        for candidate in mine:  # the new sections first: accepted, they replace the published
+            found.extend(principalconf.conflicts(specs, candidate, self._facts().pci, app))
+            if new and not found:
+                return True
+        self._problems.extend(dict.fromkeys(found))
+        return not new
 
     def _give_vfs_types(self, plan) -> bool:
         """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
@@ -336,6 +382,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             pairs = [(status.BLOCKED, message) for message in [*self._problems, str(error)]]
         for kind, message in pairs:
             event.add_status(self._KINDS[kind](message))
+        for message in self._waits:
+            event.add_status(ops.WaitingStatus(message))
 
     def _status_inputs(self) -> status.Inputs:
         """Read what the status depends on; the mapping, driver and services only when it matters."""
