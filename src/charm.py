@@ -73,6 +73,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._fetched = False  # whether this dispatch fetched the resource itself
         self._problems: List[str] = []  # blocked messages from this dispatch's work
         self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
+        self._removing = False  # this dispatch is remove: the status check reads (writes) nothing
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
                       on.update_status, on[RELATION].relation_joined,
@@ -103,7 +104,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             offered = None
             if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
                 version = here.loaded_driver_version
-                table = catalogue.learn(here.pci, version)
+                table = catalogue.learn(here.pci, version, problems=self._problems)
                 offered = catalogue.offered(here.pci, version, table)
             self._validation = mappings.against_host(self._checked_text(), here.pci,
                                                      here.supported_release(), offered)
@@ -330,6 +331,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
               status.WAITING: ops.WaitingStatus, status.ACTIVE: ops.ActiveStatus}
 
     def _on_collect_status(self, event: ops.CollectStatusEvent) -> None:
+        if self._removing:  # reading the mapping would learn the types and save them again
+            event.add_status(ops.MaintenanceStatus(
+                "removing: the charm's files are deleted; the vGPU host driver stays installed"))
+            return
         try:
             pairs = status.statuses(self._status_inputs())
         except HostReadError as error:
@@ -557,6 +562,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     # -- leaving ------------------------------------------------------------
     def _on_remove(self, _event: ops.RemoveEvent) -> None:
         """Undo what the charm changed; the driver package stays installed."""
+        self._removing = True
         try:
             if kernel.remove_blacklist():
                 logger.info("removed /%s; initramfs refreshed", kernel.BLACKLIST)
@@ -564,9 +570,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             logger.warning("could not remove the nouveau blacklist: %s", error)
         try:
             sriov.remove_unit()
-            catalogue.forget()
         except (VgpuError, OSError) as error:
             logger.warning("could not remove %s: %s", sriov.UNIT, error)
+        try:
+            catalogue.forget()
+        except OSError as error:
+            logger.warning("could not remove /%s: %s", catalogue.FILE, error.strerror or error)
         # Whatever this charm masked is unmasked and started, as the package set them up.
         try:
             masked = self._masked_by_us()

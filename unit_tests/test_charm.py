@@ -107,6 +107,16 @@ def test_a_host_write_failure_blocks_instead_of_failing_the_hook(ctx, v100, root
         "Not a directory")
 
 
+def test_a_linked_modprobe_directory_is_not_written_through(ctx, v100, root, packages):
+    ssh = root / "etc/ssh"
+    ssh.mkdir(parents=True)
+    (root / "etc/modprobe.d").symlink_to(ssh)
+    out = ctx.run(ctx.on.install(), state(resource=packages["old"]))
+    assert list(ssh.iterdir()) == []
+    assert out.unit_status == testing.BlockedStatus(
+        "blacklisting nouveau failed: cannot write /etc/modprobe.d/nvidia-vgpu-blacklist-nouveau.conf: "
+        f"/etc/modprobe.d is a symbolic link (to {ssh}); the charm never writes through a link")
+
 def test_no_gpu_host_installs_nothing_and_says_so(ctx, root, tools, packages):
     empty_host(root)
     out = ctx.run(ctx.on.install(), state(resource=packages["old"],

@@ -280,6 +280,57 @@ def test_remove_stops_and_deletes_the_boot_unit(ctx, vfio, root, tools, deb):
 
 
 
+def test_remove_leaves_nothing_behind_even_with_types_still_to_learn(ctx, vfio, root, deb):
+    # Free VFs list their types: the status check at the end of the remove dispatch
+    # would learn them again and write the catalogue back.
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": ""}, resource=deb))
+    assert (root / catalogue.FILE).exists() and sriov.unit_path().exists()
+    out = ctx.run(ctx.on.remove(), again(first))
+    assert not (root / catalogue.FILE).exists()
+    assert not (root / catalogue.STATE_DIR).exists()
+    assert not sriov.unit_path().exists()
+    assert out.unit_status == testing.MaintenanceStatus(
+        "removing: the charm's files are deleted; the vGPU host driver stays installed")
+
+
+def test_a_linked_state_directory_is_not_written_through(ctx, vfio, root, deb):
+    ssh = root / "etc/ssh"
+    ssh.mkdir(parents=True)
+    (root / catalogue.STATE_DIR).symlink_to(ssh)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert list(ssh.iterdir()) == []
+    # Learnt and applied for this hook all the same; the next could not name the full GPUs.
+    assert types_of(root, L40S, 4) == [1139] * 4
+    assert out.unit_status == testing.BlockedStatus(
+        f"cannot save learnt vGPU types to /{catalogue.FILE}: /{catalogue.STATE_DIR} is a "
+        f"symbolic link (to {ssh}); the charm never writes through a link")
+    said = [line.message for line in ctx.juju_log if line.level == "WARNING"]
+    assert (f"cannot save learnt vGPU types to {root / catalogue.FILE}: /{catalogue.STATE_DIR} is a "
+            f"symbolic link (to {ssh}); the charm never writes through a link") in said
+
+
+def test_a_linked_unit_directory_blocks_naming_it(ctx, vfio, root, deb):
+    ssh = root / "etc/ssh"
+    ssh.mkdir(parents=True)
+    (root / "etc/systemd").mkdir(parents=True, exist_ok=True)
+    (root / "etc/systemd/system").symlink_to(ssh)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert list(ssh.iterdir()) == []
+    assert out.unit_status == testing.BlockedStatus(
+        f"{sriov.UNIT}: cannot write /{sriov.UNIT_FILE}: /etc/systemd/system is a symbolic link "
+        f"(to {ssh}); the charm never writes through a link")
+
+
+def test_a_catalogue_nested_too_deep_for_python_is_relearnt(ctx, vfio, root, deb):
+    path = root / catalogue.FILE
+    path.parent.mkdir(parents=True)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert out.unit_status.name == "active"
+    assert json.loads(path.read_text())["0x26b9 570.158.02"]["1139"] == "NVIDIA L40S-12Q"
+    ctx.run(ctx.on.update_status(), again(out))
+
+
 def test_remove_logs_each_step_it_could_not_undo_and_goes_on(ctx, vfio, root, tools, deb):
     from unit_tests.faketools import stand_in
     from vgpu import kernel
