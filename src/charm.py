@@ -258,7 +258,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             release = here.supported_release()
             plan = validation.plan
             ok = (validation.ok and release is not None and plan is not None
-                  and not plan.missing_vfs and self._give_vfs_types(plan))
+                  and not plan.missing_vfs and self._mdevs_may_change(plan, release)
+                  and self._give_vfs_types(plan))
             sections = None
             if ok:
                 try:
@@ -284,6 +285,30 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             if changed:
                 logger.info("publishing %s on %s", ", ".join(sorted(changed)), relation.name)
                 ours.update(changed)
+
+    def _mdevs_may_change(self, plan, release) -> bool:
+        """False (blocked, naming them) when guests hold mdevs of types the plan takes away.
+
+        Domain XML is read only when the mdev mapping to publish takes a type
+        from a function it is published for now.
+        """
+        from vgpu import plan as plans
+
+        published = self._published_mapping()
+        wanted = novaconf.mapping_from_sections(novaconf.sections(plan.mdev_mapping(), release))
+        removed = plans.removed_mdev_types(published, wanted, self._facts().pci)
+        if not removed:
+            return True
+        from vgpu import guests  # XML parsing only when a type leaves a GPU
+
+        conflicts = plans.mdev_conflicts(removed, guests.held_mdevs(), self._facts().pci)
+        if not conflicts:
+            return True
+        more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        self._problems.append(
+            f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
+            f"the instance first; keeping {mappings.summary(published)}")
+        return False
 
     def _give_vfs_types(self, plan) -> bool:
         """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""

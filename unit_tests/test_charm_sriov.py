@@ -215,7 +215,8 @@ def test_running_guests_on_vfs_block_a_change_and_nothing_changes(ctx, vfio, roo
                   again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
     assert out.unit_status == testing.BlockedStatus(
         "vgpu-device-mappings not applied, no VF changed: 1 running guest(s) use vGPUs: "
-        "instance-0000002a (0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1); move them or restore the mapping")
+        "instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1); "
+        "move them or restore the mapping")
     assert types_of(root, L40S, 5) == [1139, 1139, 1139, 1139, 0]
     assert types_of(root, H200, 4) == [1282] * 4
     assert ours(out) == ours(first)
@@ -224,6 +225,38 @@ def test_running_guests_on_vfs_block_a_change_and_nothing_changes(ctx, vfio, roo
                   again(first, {"vgpu-device-mappings": "{L40S-12Q: all}"}))
     assert out.unit_status.name == "active"
     assert types_of(root, H200, 4) == [0] * 4
+
+
+def test_a_shut_off_guest_keeps_its_vf_type(ctx, vfio, root, deb):
+    from unit_tests.libvirt import defined_guest
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    # Nova keeps a shut-off instance's VF (and its allocation): its type must stay.
+    defined_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
+                  pci_address="0000:81:00.5")
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings not applied, no VF changed: 1 guest(s) hold vGPUs, running or shut "
+        "off: instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1, "
+        "shut off); move them or restore the mapping")
+    assert types_of(root, L40S, 5) == [1139, 1139, 1139, 1139, 0]
+    assert ours(out) == ours(first)
+
+
+def test_a_domain_definition_that_cannot_be_parsed_stops_vf_changes(ctx, vfio, root, deb):
+    from unit_tests.libvirt import broken_guest
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    broken_guest(root, "instance-00000009")
+    steady = ctx.run(ctx.on.update_status(), again(first))
+    assert steady.unit_status == first.unit_status  # nothing to change: nothing read
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith(
+        "vgpu-device-mappings not applied, no VF changed: 1 guest(s) hold vGPUs, running or shut "
+        "off: /etc/libvirt/qemu/instance-00000009.xml (not XML: ")
+    assert types_of(root, L40S, 5) == [1139, 1139, 1139, 1139, 0]
+    assert ours(out) == ours(first)
 
 
 def test_vfio_gpus_on_nova_before_epoxy_block_naming_the_gpu_and_release(ctx, vfio, root, deb):
