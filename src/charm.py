@@ -76,6 +76,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._problems: List[str] = []  # blocked messages from this dispatch's work
         self._waits: List[str] = []  # waiting messages from this dispatch's work
         self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
+        self._removing = False  # this dispatch is remove: the status check reads (writes) nothing
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
                       on.update_status, on[RELATION].relation_joined,
@@ -106,7 +107,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             offered = None
             if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
                 version = here.loaded_driver_version
-                table = catalogue.learn(here.pci, version)
+                table = catalogue.learn(here.pci, version, problems=self._problems)
                 offered = catalogue.offered(here.pci, version, table)
             self._validation = mappings.against_host(self._checked_text(), here.pci,
                                                      here.supported_release(), offered)
@@ -260,7 +261,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             release = here.supported_release()
             plan = validation.plan
             ok = (validation.ok and release is not None and plan is not None
-                  and not plan.missing_vfs)
+                  and not plan.missing_vfs and self._mdevs_may_change(plan, release))
             sections = None
             if ok:
                 try:
@@ -330,6 +331,30 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._problems.extend(dict.fromkeys(found))
         return not new
 
+    def _mdevs_may_change(self, plan, release) -> bool:
+        """False (blocked, naming them) when guests hold mdevs of types the plan takes away.
+
+        Domain XML is read only when the mdev mapping to publish takes a type
+        from a function it is published for now.
+        """
+        from vgpu import plan as plans
+
+        published = self._published_mapping()
+        wanted = novaconf.mapping_from_sections(novaconf.sections(plan.mdev_mapping(), release))
+        removed = plans.removed_mdev_types(published, wanted, self._facts().pci)
+        if not removed:
+            return True
+        from vgpu import guests  # XML parsing only when a type leaves a GPU
+
+        conflicts = plans.mdev_conflicts(removed, guests.held_mdevs(), self._facts().pci)
+        if not conflicts:
+            return True
+        more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        self._problems.append(
+            f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
+            f"the instance first; keeping {mappings.summary(published)}")
+        return False
+
     def _give_vfs_types(self, plan) -> bool:
         """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
         from vgpu import vfio
@@ -376,6 +401,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
               status.WAITING: ops.WaitingStatus, status.ACTIVE: ops.ActiveStatus}
 
     def _on_collect_status(self, event: ops.CollectStatusEvent) -> None:
+        if self._removing:  # reading the mapping would learn the types and save them again
+            event.add_status(ops.MaintenanceStatus(
+                "removing: the charm's files are deleted; the vGPU host driver stays installed"))
+            return
         try:
             pairs = status.statuses(self._status_inputs())
         except HostReadError as error:
@@ -605,6 +634,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     # -- leaving ------------------------------------------------------------
     def _on_remove(self, _event: ops.RemoveEvent) -> None:
         """Undo what the charm changed; the driver package stays installed."""
+        self._removing = True
         try:
             if kernel.remove_blacklist():
                 logger.info("removed /%s; initramfs refreshed", kernel.BLACKLIST)
@@ -612,9 +642,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             logger.warning("could not remove the nouveau blacklist: %s", error)
         try:
             sriov.remove_unit()
-            catalogue.forget()
         except (VgpuError, OSError) as error:
             logger.warning("could not remove %s: %s", sriov.UNIT, error)
+        try:
+            catalogue.forget()
+        except OSError as error:
+            logger.warning("could not remove /%s: %s", catalogue.FILE, error.strerror or error)
         # Whatever this charm masked is unmasked and started, as the package set them up.
         try:
             masked = self._masked_by_us()

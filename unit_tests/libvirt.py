@@ -147,3 +147,18 @@ def defined_guest(root, name: str, uuid: str, mdev_uuid: Optional[str] = None,
     path.write_text(definition(name, uuid, hostdevs(mdev_uuid, pci_address), project_id,
                                project_name))
     return path
+
+
+BROKEN = "<domain type='kvm'><name>cut short</name><devices><hostdev mode='subsystem' type='pci'"
+
+
+def broken_guest(root, name: str, running: bool = False, text: str = BROKEN) -> Path:
+    """A domain file that cannot be parsed (cut short while written, or damaged).
+
+    In /etc/libvirt/qemu (a defined domain) or, with ``running``, in /run/libvirt/qemu.
+    """
+    directory = Path(root) / ("run/libvirt/qemu" if running else "etc/libvirt/qemu")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.xml"
+    path.write_text(text)
+    return path

@@ -107,6 +107,16 @@ def test_a_host_write_failure_blocks_instead_of_failing_the_hook(ctx, v100, root
         "Not a directory")
 
 
+def test_a_linked_modprobe_directory_is_not_written_through(ctx, v100, root, packages):
+    ssh = root / "etc/ssh"
+    ssh.mkdir(parents=True)
+    (root / "etc/modprobe.d").symlink_to(ssh)
+    out = ctx.run(ctx.on.install(), state(resource=packages["old"]))
+    assert list(ssh.iterdir()) == []
+    assert out.unit_status == testing.BlockedStatus(
+        "blacklisting nouveau failed: cannot write /etc/modprobe.d/nvidia-vgpu-blacklist-nouveau.conf: "
+        f"/etc/modprobe.d is a symbolic link (to {ssh}); the charm never writes through a link")
+
 def test_no_gpu_host_installs_nothing_and_says_so(ctx, root, tools, packages):
     empty_host(root)
     out = ctx.run(ctx.on.install(), state(resource=packages["old"],
@@ -391,7 +401,7 @@ def test_pause_and_upgrade_refuse_while_guests_use_vgpus(ctx, ready, root, tools
         ctx.run(ctx.on.action(action), state(resource=packages["new"]))
     assert failure.value.message == (
         f"not {action}d: 1 running guest(s) use vGPUs: "
-        "instance-0000002a (0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1)")
+        "instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1)")
     assert debs.dpkg_query(root) == "install ok installed 570.158.02"
     assert not [c for c in tools.calls() if "stop" in c]
 
@@ -1070,3 +1080,101 @@ def test_a_gpu_added_or_gone_is_republished_on_the_next_steady_hook(ctx, ready, 
     (root / "sys/bus/pci/devices/0000:c1:00.0").unlink()
     out = ctx.run(ctx.on.update_status(), carried(out))
     assert "device_addresses = 0000:a1:00.0,0000:e1:00.0\n" in nova_conf(out)
+
+
+# -- guests, running or shut off, keep the mdev types they hold ------------------------------
+
+SHUT_OFF = ("instance-0000002b", "3d9f1c52-2a7e-4b5e-8f3a-1c2d3e4f5a6b")
+MDEV_108 = "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f"
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["shut-off", "running"])
+def test_a_type_taken_from_a_gpu_while_a_guest_holds_one_of_its_mdevs_is_refused(
+        ctx, ready, v100, root, running):
+    from unit_tests.libvirt import defined_guest
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    v100.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_108)
+    (running_guest if running else defined_guest)(root, *SHUT_OFF, mdev_uuid=MDEV_108)
+    out = ctx.run(ctx.on.config_changed(),
+                  carried(first, config={"vgpu-device-mappings": "{nvidia-109: [c1:00.0]}"}))
+    state_word = "" if running else ", shut off"
+    assert out.unit_status == testing.BlockedStatus(
+        f"vgpu-device-mappings not applied: {SHUT_OFF[0]} (vm-{SHUT_OFF[0]}, {SHUT_OFF[1]}"
+        f"{state_word}) holds an nvidia-108 mdev ({MDEV_108}) on GPU 0000:c1:00.0, which the new "
+        "mapping takes away; restore the mapping, or move or delete the instance first; "
+        "keeping nvidia-108 on 1")
+    assert ours(out) == ours(first)
+    # Clearing the option takes the type away as well.
+    out = ctx.run(ctx.on.config_changed(), carried(first, config={"vgpu-device-mappings": ""}))
+    assert out.unit_status.message.startswith(f"vgpu-device-mappings not applied: {SHUT_OFF[0]}")
+    assert ours(out) == ours(first)
+    # What keeps the guest's type on its GPU goes through.
+    out = ctx.run(ctx.on.config_changed(), carried(
+        first, config={"vgpu-device-mappings": "{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}"}))
+    assert out.unit_status.name == "active"
+    assert "[mdev_nvidia-109]\ndevice_addresses = 0000:e1:00.0\n" in nova_conf(out)
+
+
+def test_a_guest_on_the_other_gpu_does_not_stop_the_change(ctx, ready, v100, root):
+    from unit_tests.libvirt import defined_guest
+    first = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}"}, resource=ready))
+    v100.add_mdev("0000:e1:00.0", "nvidia-109", MDEV_108)
+    defined_guest(root, *SHUT_OFF, mdev_uuid=MDEV_108)
+    out = ctx.run(ctx.on.config_changed(), carried(
+        first, config={"vgpu-device-mappings": "{nvidia-109: [e1:00.0, c1:00.0]}"}))
+    assert out.unit_status.name == "active"
+    assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-109\n"
+                              "[mdev_nvidia-109]\ndevice_addresses = 0000:c1:00.0,0000:e1:00.0\n")
+
+
+def test_a_domain_file_that_cannot_be_parsed_stops_a_change_but_not_a_steady_hook(
+        ctx, ready, root):
+    from unit_tests.libvirt import broken_guest
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    broken_guest(root, "instance-00000009")
+    steady = ctx.run(ctx.on.update_status(), carried(first))
+    assert steady.unit_status.name == "active"
+    out = ctx.run(ctx.on.config_changed(),
+                  carried(first, config={"vgpu-device-mappings": "{nvidia-108: [e1:00.0]}"}))
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith(
+        "vgpu-device-mappings not applied: /etc/libvirt/qemu/instance-00000009.xml (not XML: ")
+    assert out.unit_status.message.endswith("; counted as in use); restore the mapping, or move "
+                                            "or delete the instance first; keeping nvidia-108 on 1")
+    assert ours(out) == ours(first)
+
+
+def test_an_mdev_not_created_since_boot_counts_on_every_gpu(ctx, ready, root):
+    from unit_tests.libvirt import defined_guest
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    defined_guest(root, *SHUT_OFF, mdev_uuid=MDEV_108)  # Nova 29 and before: gone at reboot
+    out = ctx.run(ctx.on.config_changed(),
+                  carried(first, config={"vgpu-device-mappings": "{nvidia-108: [e1:00.0]}"}))
+    assert out.unit_status.message.startswith(
+        f"vgpu-device-mappings not applied: {SHUT_OFF[0]} (vm-{SHUT_OFF[0]}, {SHUT_OFF[1]}, "
+        f"shut off) holds mdev {MDEV_108}, which is not on this host now: its GPU and type are "
+        "unknown; ")
+    assert ours(out) == ours(first)
+
+
+def test_on_train_a_type_serves_every_gpu_whatever_the_addresses(ctx, ready, v100, root):
+    from unit_tests.libvirt import defined_guest
+    v100.nova("2:20.6.1-0ubuntu1")
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: all}"}, resource=ready))
+    v100.add_mdev("0000:e1:00.0", "nvidia-108", MDEV_108)
+    defined_guest(root, *SHUT_OFF, mdev_uuid=MDEV_108)
+    # nova.conf stays the same (Train takes no addresses): nothing is taken from 0000:e1:00.0.
+    out = ctx.run(ctx.on.config_changed(),
+                  carried(first, config={"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}))
+    assert out.unit_status.name == "active"
+    assert nova_conf(out) == nova_conf(first) == "[devices]\nenabled_vgpu_types = nvidia-108\n"
+    out = ctx.run(ctx.on.config_changed(),
+                  carried(first, config={"vgpu-device-mappings": "{nvidia-109: [c1:00.0]}"}))
+    assert out.unit_status.message.startswith(
+        f"vgpu-device-mappings not applied: {SHUT_OFF[0]} (vm-{SHUT_OFF[0]}, {SHUT_OFF[1]}, "
+        f"shut off) holds an nvidia-108 mdev ({MDEV_108}) on GPU 0000:e1:00.0, which")

@@ -215,7 +215,8 @@ def test_running_guests_on_vfs_block_a_change_and_nothing_changes(ctx, vfio, roo
                   again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
     assert out.unit_status == testing.BlockedStatus(
         "vgpu-device-mappings not applied, no VF changed: 1 running guest(s) use vGPUs: "
-        "instance-0000002a (0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1); move them or restore the mapping")
+        "instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1); "
+        "move them or restore the mapping")
     assert types_of(root, L40S, 5) == [1139, 1139, 1139, 1139, 0]
     assert types_of(root, H200, 4) == [1282] * 4
     assert ours(out) == ours(first)
@@ -224,6 +225,38 @@ def test_running_guests_on_vfs_block_a_change_and_nothing_changes(ctx, vfio, roo
                   again(first, {"vgpu-device-mappings": "{L40S-12Q: all}"}))
     assert out.unit_status.name == "active"
     assert types_of(root, H200, 4) == [0] * 4
+
+
+def test_a_shut_off_guest_keeps_its_vf_type(ctx, vfio, root, deb):
+    from unit_tests.libvirt import defined_guest
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    # Nova keeps a shut-off instance's VF (and its allocation): its type must stay.
+    defined_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
+                  pci_address="0000:81:00.5")
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings not applied, no VF changed: 1 guest(s) hold vGPUs, running or shut "
+        "off: instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1, "
+        "shut off); move them or restore the mapping")
+    assert types_of(root, L40S, 5) == [1139, 1139, 1139, 1139, 0]
+    assert ours(out) == ours(first)
+
+
+def test_a_domain_definition_that_cannot_be_parsed_stops_vf_changes(ctx, vfio, root, deb):
+    from unit_tests.libvirt import broken_guest
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    broken_guest(root, "instance-00000009")
+    steady = ctx.run(ctx.on.update_status(), again(first))
+    assert steady.unit_status == first.unit_status  # nothing to change: nothing read
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith(
+        "vgpu-device-mappings not applied, no VF changed: 1 guest(s) hold vGPUs, running or shut "
+        "off: /etc/libvirt/qemu/instance-00000009.xml (not XML: ")
+    assert types_of(root, L40S, 5) == [1139, 1139, 1139, 1139, 0]
+    assert ours(out) == ours(first)
 
 
 def test_vfio_gpus_on_nova_before_epoxy_block_naming_the_gpu_and_release(ctx, vfio, root, deb):
@@ -278,6 +311,57 @@ def test_remove_stops_and_deletes_the_boot_unit(ctx, vfio, root, tools, deb):
     assert [c for c in tools.calls() if sriov.UNIT in c or "daemon-reload" in c][-3:] == [
         f"systemctl stop {sriov.UNIT}", f"systemctl disable {sriov.UNIT}", "systemctl daemon-reload"]
 
+
+
+def test_remove_leaves_nothing_behind_even_with_types_still_to_learn(ctx, vfio, root, deb):
+    # Free VFs list their types: the status check at the end of the remove dispatch
+    # would learn them again and write the catalogue back.
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": ""}, resource=deb))
+    assert (root / catalogue.FILE).exists() and sriov.unit_path().exists()
+    out = ctx.run(ctx.on.remove(), again(first))
+    assert not (root / catalogue.FILE).exists()
+    assert not (root / catalogue.STATE_DIR).exists()
+    assert not sriov.unit_path().exists()
+    assert out.unit_status == testing.MaintenanceStatus(
+        "removing: the charm's files are deleted; the vGPU host driver stays installed")
+
+
+def test_a_linked_state_directory_is_not_written_through(ctx, vfio, root, deb):
+    ssh = root / "etc/ssh"
+    ssh.mkdir(parents=True)
+    (root / catalogue.STATE_DIR).symlink_to(ssh)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert list(ssh.iterdir()) == []
+    # Learnt and applied for this hook all the same; the next could not name the full GPUs.
+    assert types_of(root, L40S, 4) == [1139] * 4
+    assert out.unit_status == testing.BlockedStatus(
+        f"cannot save learnt vGPU types to /{catalogue.FILE}: /{catalogue.STATE_DIR} is a "
+        f"symbolic link (to {ssh}); the charm never writes through a link")
+    said = [line.message for line in ctx.juju_log if line.level == "WARNING"]
+    assert (f"cannot save learnt vGPU types to {root / catalogue.FILE}: /{catalogue.STATE_DIR} is a "
+            f"symbolic link (to {ssh}); the charm never writes through a link") in said
+
+
+def test_a_linked_unit_directory_blocks_naming_it(ctx, vfio, root, deb):
+    ssh = root / "etc/ssh"
+    ssh.mkdir(parents=True)
+    (root / "etc/systemd").mkdir(parents=True, exist_ok=True)
+    (root / "etc/systemd/system").symlink_to(ssh)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert list(ssh.iterdir()) == []
+    assert out.unit_status == testing.BlockedStatus(
+        f"{sriov.UNIT}: cannot write /{sriov.UNIT_FILE}: /etc/systemd/system is a symbolic link "
+        f"(to {ssh}); the charm never writes through a link")
+
+
+def test_a_catalogue_nested_too_deep_for_python_is_relearnt(ctx, vfio, root, deb):
+    path = root / catalogue.FILE
+    path.parent.mkdir(parents=True)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert out.unit_status.name == "active"
+    assert json.loads(path.read_text())["0x26b9 570.158.02"]["1139"] == "NVIDIA L40S-12Q"
+    ctx.run(ctx.on.update_status(), again(out))
 
 
 def test_remove_logs_each_step_it_could_not_undo_and_goes_on(ctx, vfio, root, tools, deb):

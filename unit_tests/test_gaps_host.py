@@ -151,21 +151,43 @@ def test_every_dpkg_and_dpkg_deb_call_runs_in_the_c_locale(tmp_path, monkeypatch
 
 # -- temporary files: beside their target, and gone after a failure --------------------
 
-def test_write_atomic_creates_its_temporary_file_in_the_target_directory(tmp_path):
+@pytest.fixture
+def moves(monkeypatch):
+    """Each os.replace as (source, destination, source directory, destination directory).
+
+    The writer opens its temporary file relative to a descriptor of the target's
+    directory: where that descriptor points is read from /proc/self/fd.
+    """
+    made = []
+    real = os.replace
+
+    def replace(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        made.append((src, dst, os.readlink(f"/proc/self/fd/{src_dir_fd}"),
+                     os.readlink(f"/proc/self/fd/{dst_dir_fd}")))
+        return real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return made
+
+
+def test_write_atomic_creates_its_temporary_file_in_the_target_directory(tmp_path, moves):
     target = tmp_path / "etc/systemd/system/unit.service"
     with OPENED as opened:
         files.write_atomic(target, "[Unit]\n")
-    assert opened.writes and {p.parent for p in opened.writes} == {target.parent}
+    # Opened by name in the target's directory (its descriptor), then renamed there.
+    (written,) = opened.writes
+    assert written == Path(written.name)
+    assert moves == [(written.name, "unit.service", str(target.parent), str(target.parent))]
     # Hidden and named after its target: nothing reading the directory takes it for a unit,
     # and one left by a crash says what it was.
-    assert [p.name.startswith(".unit.service.") for p in opened.writes] == [True]
+    assert written.name.startswith(".unit.service.")
     assert target.read_text() == "[Unit]\n"
     assert oct(target.stat().st_mode & 0o777) == "0o644"
     assert os.listdir(target.parent) == ["unit.service"]
 
 
 def test_the_blacklist_is_written_through_a_file_in_its_own_directory(tmp_path, monkeypatch,
-                                                                     bindir):
+                                                                     bindir, moves):
     root = tmp_path / "root"
     root.mkdir()
     monkeypatch.setenv(hostroot.ENV, str(root))
@@ -173,7 +195,8 @@ def test_the_blacklist_is_written_through_a_file_in_its_own_directory(tmp_path, 
     with OPENED as opened:
         assert kernel.ensure_nouveau_blacklisted()
     target = kernel.blacklist_path()
-    assert opened.writes and {p.parent for p in opened.writes} == {target.parent}
+    (written,) = opened.writes
+    assert moves == [(written.name, target.name, str(target.parent), str(target.parent))]
     assert os.listdir(target.parent) == [target.name]
 
 

@@ -1,12 +1,13 @@
 """vgpu.guests on libvirt status XML files as libvirt writes them in /run/libvirt/qemu."""
 
 import logging
+import os
 
 import pytest
 
 from unit_tests.libvirt import MDEV, PCI, status
 from vgpu import guests, hostroot
-from vgpu.errors import GuestsRunningError, VgpuError
+from vgpu.errors import GuestsRunningError, HostReadError, VgpuError
 
 NVIDIA_VFS = {"0000:c1:00.4", "0000:c1:00.5"}
 
@@ -29,27 +30,144 @@ def qemu(tmp_path, monkeypatch):
     (d / "instance-0000002c.xml").write_text(
         status("instance-0000002c", NIC_GUEST, PCI.format(managed="yes", bus="0x41", fn="0x2")))
     (d / "instance-0000002d.xml").write_text(status("instance-0000002d", "1" * 32))  # no hostdev
-    (d / "instance-00000030.xml").write_text("<domstatus state='running'><domain><name>x</na")
-    (d / "instance-00000031.xml").write_text(
-        '<?xml version="1.0"?>\n<!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;">]>\n'
-        + status("instance-00000031", VF_GUEST, MDEV.format(uuid=MDEV_UUID)).replace(
-            "<name>instance-00000031</name>", "<name>&lol2;</name>"))
     (d / "instance-0000002a.pid").write_text("41377")
     (d / "channel").mkdir()
     return d
 
 
-def test_guests_holding_vgpus(qemu, caplog):
-    caplog.set_level(logging.WARNING)
+def broken(qemu):
+    """A status file cut short before its devices, and one declaring entities."""
+    (qemu / "instance-00000030.xml").write_text("<domstatus state='running'><domain><name>x</na")
+    (qemu / "instance-00000031.xml").write_text(
+        '<?xml version="1.0"?>\n<!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;">]>\n'
+        + status("instance-00000031", VF_GUEST, MDEV.format(uuid=MDEV_UUID)).replace(
+            "<name>instance-00000031</name>", "<name>&lol2;</name>"))
+
+
+def test_guests_holding_vgpus(qemu):
     found = guests.running_vgpu_guests(NVIDIA_VFS)
     assert found == [
-        guests.Guest("instance-0000002a", MDEV_GUEST, (MDEV_UUID,)),
-        guests.Guest("instance-0000002b", VF_GUEST, ("0000:c1:00.4",)),
+        guests.Guest("instance-0000002a", MDEV_GUEST, (MDEV_UUID,), nova_name="vm-instance-0000002a"),
+        guests.Guest("instance-0000002b", VF_GUEST, ("0000:c1:00.4",), nova_name="vm-instance-0000002b"),
     ]
-    skipped = sorted(r.getMessage() for r in caplog.records)
-    assert skipped[0].startswith("skipping /run/libvirt/qemu/instance-00000030.xml: ")
-    assert skipped[1:] == [
-        "skipping /run/libvirt/qemu/instance-00000031.xml: DOCTYPE declarations are not accepted"]
+
+
+def test_files_that_cannot_be_parsed_count_as_guests_holding_vgpus(qemu, caplog):
+    broken(qemu)
+    caplog.set_level(logging.WARNING)
+    found = guests.running_vgpu_guests(NVIDIA_VFS)
+    assert [g.name for g in found] == ["instance-0000002a", "instance-0000002b",
+                                       "/run/libvirt/qemu/instance-00000030.xml",
+                                       "/run/libvirt/qemu/instance-00000031.xml"]
+    assert found[2].problem.startswith("not XML: ")
+    assert found[3].describe() == ("/run/libvirt/qemu/instance-00000031.xml (DOCTYPE declarations "
+                                   "are not accepted; counted as in use)")
+    assert (found[2].instance_uuid, found[2].vgpus, found[2].state) == ("", (), "running")
+    with pytest.raises(GuestsRunningError) as error:
+        guests.ensure_no_guests({"0000:c1:00.5"})  # held by nobody readable
+    # (instance-0000002a's mdev is nowhere in sysfs here: it could be on any GPU)
+    assert str(error.value).startswith("3 guest(s) hold vGPUs, running or shut off: "
+                                       "instance-0000002a (vm-instance-0000002a, ")
+    assert "/run/libvirt/qemu/instance-00000031.xml (DOCTYPE" in str(error.value)
+
+
+def test_a_complete_file_without_a_hostdev_is_not_parsed(qemu, monkeypatch):
+    import xml.etree.ElementTree as ET
+    parsed = []
+    real = ET.fromstring
+    monkeypatch.setattr(ET, "fromstring", lambda text: parsed.append(text) or real(text))
+    (qemu / "instance-0000002a.xml").unlink()
+    (qemu / "instance-0000002b.xml").unlink()
+    (qemu / "instance-0000002c.xml").unlink()
+    assert guests.running_vgpu_guests(NVIDIA_VFS) == []
+    assert parsed == []
+    # Cut short, it might have held one: parsed, and counted.
+    text = (qemu / "instance-0000002d.xml").read_text()
+    (qemu / "instance-0000002d.xml").write_text(text[:text.index("<devices>")])
+    assert [g.problem[:8] for g in guests.running_vgpu_guests(NVIDIA_VFS)] == ["not XML:"]
+    assert len(parsed) == 1
+
+
+# -- running or shut off: what retyping a VF or taking a type from a GPU must respect ------
+
+def test_shut_off_guests_hold_their_vfs_too(root):
+    from unit_tests.libvirt import defined_guest, running_guest
+    running_guest(root, "instance-00000001", MDEV_GUEST, pci_address="0000:c1:00.4")
+    defined_guest(root, "instance-00000002", VF_GUEST, pci_address="0000:c1:00.5",
+                  project_name="globex")
+    defined_guest(root, "instance-00000003", NIC_GUEST, pci_address="0000:41:00.2")
+    assert [g.name for g in guests.running_vgpu_guests(NVIDIA_VFS)] == ["instance-00000001"]
+    found = guests.vgpu_guests(NVIDIA_VFS)
+    assert found == [
+        guests.Guest("instance-00000001", MDEV_GUEST, ("0000:c1:00.4",), "running",
+                     "vm-instance-00000001"),
+        guests.Guest("instance-00000002", VF_GUEST, ("0000:c1:00.5",), "shut off",
+                     "vm-instance-00000002"),
+    ]
+    with pytest.raises(GuestsRunningError) as error:
+        guests.ensure_no_guests({"0000:c1:00.5"}, defined=True)
+    assert str(error.value) == (f"1 guest(s) hold vGPUs, running or shut off: instance-00000002 "
+                                f"(vm-instance-00000002, {VF_GUEST}, shut off)")
+    assert guests.ensure_no_guests({"0000:c1:00.5"}) == []  # running guests only
+
+
+def test_a_device_only_in_a_running_guests_definition_is_held_too(root):
+    """A guest's live XML and its definition may differ (a device plugged for the next boot)."""
+    from unit_tests.libvirt import defined_guest, running_guest
+    running_guest(root, "instance-00000001", MDEV_GUEST, pci_address="0000:c1:00.4")
+    defined_guest(root, "instance-00000001", MDEV_GUEST, pci_address="0000:c1:00.5")
+    (found,) = guests.vgpu_guests(NVIDIA_VFS)
+    assert (found.name, found.state, found.vgpus) == (
+        "instance-00000001", "running", ("0000:c1:00.4", "0000:c1:00.5"))
+    # Running without any device now: still running, holding what its definition names.
+    running_guest(root, "instance-00000001", MDEV_GUEST)
+    defined_guest(root, "instance-00000001", MDEV_GUEST, pci_address="0000:c1:00.5")
+    assert guests.vgpu_guests(NVIDIA_VFS) == [guests.Guest(
+        "instance-00000001", MDEV_GUEST, ("0000:c1:00.5",), "running", "vm-instance-00000001")]
+
+
+def test_a_defined_file_that_cannot_be_read_counts_as_in_use(root):
+    from unit_tests.libvirt import broken_guest
+    path = broken_guest(root, "instance-00000009")
+    (found,) = guests.vgpu_guests(NVIDIA_VFS)
+    assert found.name == "/etc/libvirt/qemu/instance-00000009.xml"
+    assert found.state == "shut off" and found.problem.startswith("not XML: ")
+    path.chmod(0)
+    if os.access(path, os.R_OK):  # root reads it anyway: a directory stands in
+        path.unlink()
+        path.mkdir()
+    (found,) = guests.vgpu_guests(NVIDIA_VFS)
+    assert found.problem.startswith("cannot read /etc/libvirt/qemu/instance-00000009.xml: ")
+    assert guests.running_vgpu_guests(NVIDIA_VFS) == []
+
+
+def test_an_unreadable_domain_directory_is_a_host_read_error(root):
+    from unit_tests.libvirt import defined_guest
+    defined_guest(root, "instance-00000002", VF_GUEST, pci_address="0000:c1:00.5")
+    directory = root / "etc/libvirt/qemu"
+    directory.rename(root / "etc/libvirt/elsewhere")
+    directory.write_text("a file where the directory belongs")
+    with pytest.raises(HostReadError) as error:
+        guests.vgpu_guests(NVIDIA_VFS)
+    assert str(error.value) == "cannot read /etc/libvirt/qemu: Not a directory"
+
+
+def test_held_mdevs_say_where_sysfs_puts_each_one(root):
+    from unit_tests.fakehost import a100_host
+    from unit_tests.libvirt import broken_guest, defined_guest, running_guest
+    host = a100_host(root)
+    on_vf, gone = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1", "9e0c7f3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
+    host.add_mdev("0000:41:00.5", "nvidia-474", on_vf)
+    running_guest(root, "instance-00000001", MDEV_GUEST, mdev_uuid=on_vf)
+    defined_guest(root, "instance-00000002", VF_GUEST, mdev_uuid=gone)  # not created since boot
+    defined_guest(root, "instance-00000003", NIC_GUEST, pci_address="0000:41:00.6")
+    broken_guest(root, "instance-00000004")
+    held = guests.held_mdevs()
+    assert [(m.guest.name, m.guest.state, m.uuid, m.parent, m.type_id) for m in held] == [
+        ("instance-00000001", "running", on_vf, "0000:41:00.5", "nvidia-474"),
+        ("instance-00000002", "shut off", gone, None, None),
+        ("/etc/libvirt/qemu/instance-00000004.xml", "shut off", "", None, None),
+    ]
 
 
 def test_an_mdev_counts_only_when_its_parent_is_one_of_ours(root):
@@ -109,8 +227,9 @@ def test_ensure_no_guests_raises_with_names(qemu):
         guests.ensure_no_guests(NVIDIA_VFS)
     assert isinstance(e.value, VgpuError)
     assert [g.name for g in e.value.guests] == ["instance-0000002a", "instance-0000002b"]
-    assert str(e.value) == (f"2 running guest(s) use vGPUs: instance-0000002a ({MDEV_GUEST}), "
-                            f"instance-0000002b ({VF_GUEST})")
+    assert str(e.value) == (f"2 running guest(s) use vGPUs: instance-0000002a "
+                            f"(vm-instance-0000002a, {MDEV_GUEST}), instance-0000002b "
+                            f"(vm-instance-0000002b, {VF_GUEST})")
 
 
 def test_ensure_no_guests_forced_returns_them(qemu):

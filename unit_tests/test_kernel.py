@@ -224,14 +224,13 @@ def test_update_initramfs_gets_a_bounded_time():
 
 def test_a_blacklist_that_cannot_be_deleted_says_why_in_words(root, tools, monkeypatch):
     import errno
-    from pathlib import Path
 
     kernel.ensure_nouveau_blacklisted()
 
-    def read_only(self, missing_ok=False):
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+    def read_only(path, *, dir_fd=None):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
-    monkeypatch.setattr(Path, "unlink", read_only)
+    monkeypatch.setattr(os, "unlink", read_only)
     with pytest.raises(InstallError) as error:
         kernel.remove_blacklist()
     assert str(error.value) == f"cannot remove /{kernel.BLACKLIST}: Read-only file system"

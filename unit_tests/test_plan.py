@@ -225,3 +225,76 @@ def test_four_offered_types_are_all_named_without_a_more(root):
     assert build("{nvidia-109: [c1:00.0]}").errors == (
         "nvidia-109: 0000:c1:00.0 (NVIDIA 0x1db4) does not offer nvidia-109; it offers "
         "nvidia-105, nvidia-106, nvidia-107, nvidia-108",)
+
+
+# -- taking a type from a GPU while a guest holds one of its mdevs ----------------------
+
+def test_what_a_new_mapping_takes_from_each_function(root):
+    v100_host(root)
+    host = pci.discover()
+    c1, e1 = "0000:c1:00.0", "0000:e1:00.0"
+    published = {"nvidia-108": (c1,), "nvidia-109": (e1,), "CUSTOM_VGPU_L40S_12Q": ("x",)}
+    assert plan.removed_mdev_types(published, published, host) == {}
+    assert plan.removed_mdev_types(published, {"nvidia-108": (c1, e1)}, host) == {
+        e1: ("nvidia-109",)}
+    assert plan.removed_mdev_types(published, {"nvidia-109": (c1,)}, host) == {
+        c1: ("nvidia-108",), e1: ("nvidia-109",)}
+    assert plan.removed_mdev_types(published, {}, host) == {c1: ("nvidia-108",), e1: ("nvidia-109",)}
+    assert plan.removed_mdev_types({}, {"nvidia-109": (c1,)}, host) == {}
+    # Queens to Train: a type without addresses serves every function offering it.
+    assert plan.removed_mdev_types({"nvidia-108": ()}, {"nvidia-108": (c1,)}, host) == {
+        e1: ("nvidia-108",)}
+    assert plan.removed_mdev_types({"nvidia-108": (c1,)}, {"nvidia-108": ()}, host) == {}
+
+
+def held(name, uuid, parent, type_id, state="shut off", problem=""):
+    from vgpu import guests
+    guest = guests.Guest(name, "" if problem else "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
+                         (), state, "" if problem else f"vm-{name}", problem)
+    return guests.HeldMdev(guest, uuid, parent, type_id)
+
+
+MDEV = "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f"
+
+
+def test_a_guest_holding_an_mdev_of_a_type_taken_from_its_gpu_is_a_conflict(root):
+    a100_host(root)
+    host = pci.discover()
+    vf = vfs("0000:41:00.0", 1)[0]
+    removed = {vf: ("nvidia-474",)}
+    assert plan.mdev_conflicts(removed, [held("instance-1", MDEV, vf, "nvidia-474")], host) == [
+        "instance-1 (vm-instance-1, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1, shut off) holds an "
+        f"nvidia-474 mdev ({MDEV}) on VF {vf} of GPU 0000:41:00.0, which the new mapping takes "
+        "away"]
+    # Another type, another function, another vendor's device: no conflict.
+    assert plan.mdev_conflicts(removed, [held("i", MDEV, vf, "nvidia-475"),
+                                         held("i", MDEV, vfs("0000:41:00.0", 1, 5)[0], "nvidia-474"),
+                                         held("i", MDEV, "0000:00:02.0", "i915-GVTg_V5_4")],
+                               host) == []
+    # Nothing taken: nothing is a conflict, not even what cannot be known.
+    unknown = [held("instance-2", MDEV, None, None), held("/etc/libvirt/qemu/x.xml", "", None,
+                                                           None, problem="not XML: oops")]
+    assert plan.mdev_conflicts({}, unknown, host) == []
+    assert plan.mdev_conflicts(removed, unknown, host) == [
+        "instance-2 (vm-instance-2, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1, shut off) holds mdev "
+        f"{MDEV}, which is not on this host now: its GPU and type are unknown",
+        "/etc/libvirt/qemu/x.xml (not XML: oops; counted as in use)"]
+
+
+def test_an_mdev_on_a_whole_gpu_names_the_gpu(root):
+    v100_host(root)
+    found = plan.mdev_conflicts({"0000:c1:00.0": ("nvidia-108",)},
+                                [held("instance-1", MDEV, "0000:c1:00.0", "nvidia-108", "running")],
+                                pci.discover())
+    assert found == ["instance-1 (vm-instance-1, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1) holds an "
+                     f"nvidia-108 mdev ({MDEV}) on GPU 0000:c1:00.0, which the new mapping takes away"]
+
+
+def test_a_type_without_addresses_serves_the_vfs_offering_it(root):
+    a100_host(root)
+    host = pci.discover()
+    first, second = vfs("0000:41:00.0", 2)
+    taken = plan.removed_mdev_types({"nvidia-474": ()}, {"nvidia-474": (first,)}, host)
+    assert second in taken and first not in taken
+    assert taken[second] == ("nvidia-474",)
+    assert len(taken) == 15  # the other VFs; the A100 itself offers no type

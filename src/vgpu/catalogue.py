@@ -17,7 +17,7 @@ small file and writes none.
 
 import json
 import logging
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from . import files, hostroot, pci
 
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 STATE_DIR = "var/lib/nova-compute-nvidia-vgpu"
 FILE = f"{STATE_DIR}/vgpu-types.json"
+LIMIT = 1 << 20  # bytes; a real table holds a few kilobytes per GPU model and driver
 
 Table = Dict[str, Dict[str, str]]  # "<device id> <driver version>" -> {"<type id>": name}
 
@@ -35,19 +36,35 @@ def key(gpu: pci.Gpu, driver_version: Optional[str]) -> str:
 
 
 def load() -> Table:
-    """The learnt table; empty when missing or unreadable (it is relearnt)."""
+    """The learnt table; empty when missing, unreadable or not a table (it is relearnt).
+
+    The file is read through :func:`files.read` (no link followed, at most
+    ``LIMIT`` bytes) and anything JSON cannot parse, nested past Python's
+    recursion limit included, counts as absent.
+    """
+    path = hostroot.path(FILE)
     try:
-        data = json.loads(hostroot.path(FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = files.read(path, LIMIT)
+        data = None if raw is None else json.loads(raw.decode("utf-8"))
+    except OSError as error:
+        log.warning("ignoring /%s: %s", FILE, error.strerror or error)
+        return {}
+    except (ValueError, RecursionError) as error:
+        log.warning("ignoring /%s: not a table of vGPU types (%s)", FILE, type(error).__name__)
         return {}
     if not isinstance(data, dict):
         return {}
-    return {k: {str(n): str(v) for n, v in t.items()} for k, t in data.items()
+    return {k: {n: v for n, v in t.items() if isinstance(v, str)} for k, t in data.items()
             if isinstance(t, dict)}
 
 
-def learn(host: pci.Host, driver_version: Optional[str], table: Optional[Table] = None) -> Table:
-    """The table with every type the host's VFIO GPUs list now; saved when it grew."""
+def learn(host: pci.Host, driver_version: Optional[str], table: Optional[Table] = None,
+          problems: Optional[List[str]] = None) -> Table:
+    """The table with every type the host's VFIO GPUs list now; saved when it grew.
+
+    Why it could not be saved joins ``problems`` (once): later hooks, with the
+    VFs full, would no longer know the names.
+    """
     table = load() if table is None else table
     grown = {k: dict(v) for k, v in table.items()}
     for gpu in host.gpus:
@@ -60,27 +77,32 @@ def learn(host: pci.Host, driver_version: Optional[str], table: Optional[Table] 
         if not known:
             del grown[key(gpu, driver_version)]
     if grown != table:
-        save(grown)
+        problem = save(grown)
+        if problem and problems is not None and problem not in problems:
+            problems.append(problem)
     return grown
 
 
-def save(table: Mapping[str, Mapping[str, str]]) -> None:
-    """Write the table; a host that refuses it only loses what was learnt (logged)."""
+def save(table: Mapping[str, Mapping[str, str]]) -> Optional[str]:
+    """Write the table; a host that refuses it only loses what was learnt (logged, and returned)."""
     target = hostroot.path(FILE)
     try:
         files.write_atomic(target, json.dumps(table, sort_keys=True, indent=1) + "\n")
     except OSError as error:
-        log.warning("cannot save learnt vGPU types to %s: %s", target, error.strerror or error)
-        return
+        why = error.strerror or str(error)
+        log.warning("cannot save learnt vGPU types to %s: %s", target, why)
+        return f"cannot save learnt vGPU types to /{FILE}: {why}"
     log.info("learnt vGPU types saved to %s", target)
+    return None
 
 
 def forget() -> None:
-    """Delete the learnt table (charm removal)."""
-    try:
-        hostroot.path(FILE).unlink()
-    except FileNotFoundError:
-        pass
+    """Delete the learnt table and the state directory if that leaves it empty (charm removal).
+
+    Raises OSError when they cannot be removed (a link on the way is not followed).
+    """
+    files.remove(hostroot.path(FILE))
+    files.remove_empty_directory(hostroot.path(STATE_DIR))
 
 
 def offered(host: pci.Host, driver_version: Optional[str],

@@ -41,13 +41,15 @@ class ServiceError(VgpuError):
 
 
 class GuestsRunningError(VgpuError):
-    """Running guests use vGPUs, so the host driver must not be touched."""
+    """Guests (running, or shut off with their devices kept) hold vGPUs that must not change."""
 
     def __init__(self, guests):
-        """Name every guest with its instance uuid in the message; ``guests`` keeps them."""
+        """Name every guest (``vgpu.guests.Guest.describe``) in the message; ``guests`` keeps them."""
         self.guests = list(guests)
-        names = ", ".join(f"{g.name} ({g.instance_uuid})" for g in self.guests)
-        super().__init__(f"{len(self.guests)} running guest(s) use vGPUs: {names}")
+        names = ", ".join(g.describe() for g in self.guests)
+        running = all(g.state == "running" and not g.problem for g in self.guests)
+        head = "running guest(s) use vGPUs" if running else "guest(s) hold vGPUs, running or shut off"
+        super().__init__(f"{len(self.guests)} {head}: {names}")
 
 
 class SriovError(VgpuError):

@@ -15,8 +15,13 @@ holds and the owner Nova wrote into ``<metadata><nova:instance>``:
 namespace is ``http://openstack.org/xmlns/libvirt/nova/1.1`` (``1.0``
 before); any version is read.
 
-Files that cannot be read or parsed are logged and skipped; files with a
-DOCTYPE (where entities would be declared) are skipped unparsed.
+What guards a change (retyping a VF, taking an mdev type from a GPU, pausing
+or upgrading the driver) is fail safe: a domain file that cannot be read or
+parsed, or that declares a DOCTYPE (where entities would be declared: it is
+never parsed), counts as a guest holding vGPUs, named by its path. The usage
+report and the capacity count log such files and skip them. Only a file that
+is complete (it ends with its closing tag) and names no ``<hostdev`` is left
+unparsed.
 """
 
 from __future__ import annotations
@@ -43,28 +48,104 @@ SHUT_OFF = "shut off"
 
 
 class Guest(NamedTuple):
-    """A libvirt domain that holds vGPUs, as the guard against touching the driver sees it."""
-    name: str  # libvirt domain name, e.g. instance-0000002a
+    """A libvirt domain that holds vGPUs, as the guards against changing them see it."""
+    name: str  # libvirt domain name, e.g. instance-0000002a; a file's host path for a problem
     instance_uuid: str  # domain <uuid> = Nova instance uuid
     vgpus: Tuple[str, ...]  # mdev uuids and PCI addresses (dddd:bb:dd.f) it holds
+    state: str = RUNNING  # RUNNING, or SHUT_OFF when only its definition holds them
+    nova_name: str = ""  # the instance's display name, from Nova's metadata
+    problem: str = ""  # why its file could not be read or parsed: counted as holding any vGPU
+
+    def describe(self) -> str:
+        """``instance-0000002a (vm-1, <uuid>, shut off)``, or the file and why it counts."""
+        if self.problem:
+            return f"{self.name} ({self.problem}; counted as in use)"
+        details = [d for d in (self.nova_name, self.instance_uuid) if d]
+        if self.state != RUNNING:
+            details.append(self.state)
+        return f"{self.name} ({', '.join(details)})" if details else self.name
+
+
+class HeldMdev(NamedTuple):
+    """An mdev a running or defined domain holds, and where sysfs has it now."""
+    guest: Guest
+    uuid: str  # "" for a file that could not be read
+    parent: Optional[str]  # the GPU or VF it was created on; None when it does not exist now
+    type_id: Optional[str]  # its mdev type (nvidia-108); None when it does not exist now
 
 
 def running_vgpu_guests(pci_addresses: Iterable[str]) -> List[Guest]:
-    """Running guests holding an mdev or one of ``pci_addresses``, sorted by name."""
+    """Running guests holding an mdev or one of ``pci_addresses`` (see :func:`vgpu_guests`)."""
+    return vgpu_guests(pci_addresses, defined=False)
+
+
+def vgpu_guests(pci_addresses: Iterable[str], defined: bool = True) -> List[Guest]:
+    """Guests holding an NVIDIA mdev or one of ``pci_addresses``, by name; then unreadable files.
+
+    Running guests, and with ``defined`` the domains defined in
+    ``/etc/libvirt/qemu`` too (a shut-off instance keeps its devices). A
+    domain both running and defined is one guest, holding what either file
+    names. Raises HostReadError when a domain directory cannot be listed.
+    """
     wanted = {a.strip().lower() for a in pci_addresses}
-    guests = []
-    for path in sorted(hostroot.path(STATUS_DIR).glob("*.xml")):
-        domain = _domain(path)
-        if domain is None:
-            continue
-        vgpus = _vgpus(domain, wanted)
+    holders, problems = _holders(defined)
+    found = []
+    for guest, devices in holders:
+        vgpus = _vgpus(devices, wanted)
         if vgpus:
-            guests.append(Guest(
-                name=(domain.findtext("name") or path.stem).strip(),
-                instance_uuid=(domain.findtext("uuid") or "").strip().lower(),
-                vgpus=vgpus,
-            ))
-    return sorted(guests)  # by name first
+            found.append(guest._replace(vgpus=vgpus))
+    return sorted(found) + problems
+
+
+def held_mdevs() -> List[HeldMdev]:
+    """Every mdev a running or defined domain holds, with its parent and type; unreadable files last.
+
+    Raises HostReadError when a domain directory cannot be listed.
+    """
+    holders, problems = _holders(defined=True)
+    out = []
+    for guest, devices in sorted(holders):
+        for kind, value in devices:
+            if kind == "mdev":
+                parent, type_id = _mdev_where(value) or (None, None)
+                out.append(HeldMdev(guest._replace(vgpus=(value,)), value, parent, type_id))
+    return out + [HeldMdev(problem, "", None, None) for problem in problems]
+
+
+def _holders(defined: bool) -> Tuple[List[Tuple[Guest, List[Tuple[str, str]]]], List[Guest]]:
+    """(each domain with its hostdevs, merged by uuid; a Guest per file that cannot be read)."""
+    merged: Dict[str, Tuple[Guest, List[Tuple[str, str]]]] = {}
+    problems: List[Guest] = []
+    running = _listed(STATUS_DIR)
+    places = [running, _listed(DEFINED_DIR)] if defined else [running]
+    names = {path.name for path in running}  # libvirt names both files after the domain
+    for paths in places:
+        for path in paths:
+            state = RUNNING if path.name in names else SHUT_OFF
+            domain, problem = _parse(path, require="<hostdev")
+            if problem:
+                problems.append(Guest(hostroot.shown(path), "", (), state, problem=problem))
+            if domain is None:
+                continue
+            devices = list(_hostdevs(domain))
+            uuid = (domain.findtext("uuid") or "").strip().lower()
+            name = (domain.findtext("name") or path.stem).strip()
+            key = uuid or name
+            if key in merged:
+                merged[key][1].extend(d for d in devices if d not in merged[key][1])
+            elif devices:
+                merged[key] = (Guest(name, uuid, (), state, _nova_metadata(domain)["nova_name"]),
+                               devices)
+    return list(merged.values()), problems
+
+
+def _listed(directory: str) -> List[Path]:
+    """The ``*.xml`` files of a domain directory, sorted; HostReadError if it cannot be listed."""
+    where = hostroot.path(directory)
+    names = hostroot.listdir(where)
+    if names is None:
+        return []
+    return [where / name for name in sorted(names) if name.endswith(".xml")]
 
 
 class Domain(NamedTuple):
@@ -115,9 +196,13 @@ def held_devices() -> Tuple[Set[str], Set[str]]:
     return mdevs, pci
 
 
-def ensure_no_guests(pci_addresses: Iterable[str], force: bool = False) -> List[Guest]:
-    """Raise GuestsRunningError if guests hold vGPUs, unless ``force``; return them."""
-    guests = running_vgpu_guests(pci_addresses)
+def ensure_no_guests(pci_addresses: Iterable[str], force: bool = False,
+                     defined: bool = False) -> List[Guest]:
+    """Raise GuestsRunningError if guests hold vGPUs, unless ``force``; return them.
+
+    Running guests only, or with ``defined`` shut-off ones too (see :func:`vgpu_guests`).
+    """
+    guests = vgpu_guests(pci_addresses, defined=defined)
     if guests and not force:
         raise GuestsRunningError(guests)
     if guests:
@@ -127,41 +212,44 @@ def ensure_no_guests(pci_addresses: Iterable[str], force: bool = False) -> List[
 
 
 def _domain(path: Path, require: str = "") -> Optional[ET.Element]:
-    """The ``<domain>`` element of a status or domain XML file, or None.
+    """The ``<domain>`` element of a status or domain XML file, or None (logged when unreadable).
 
-    A file whose text lacks ``require`` is skipped unparsed.
+    A complete file whose text lacks ``require`` is skipped unparsed.
     """
+    domain, problem = _parse(path, require)
+    if problem:
+        log.warning("skipping %s: %s", hostroot.shown(path), problem)
+    return domain
+
+
+def _parse(path: Path, require: str = "") -> Tuple[Optional[ET.Element], str]:
+    """(the ``<domain>`` element or None, why the file could not be read or parsed or "")."""
     try:
         text = hostroot.read_text(path, clean=False)
     except HostReadError as error:
-        log.warning("%s", error)
-        return None
+        return None, str(error)
     if text is None:
-        return None  # gone since it was listed (the guest stopped)
-    if require and require not in text:
-        return None
+        return None, ""  # gone since it was listed (the guest stopped)
+    if require and require not in text and text.rstrip().endswith(("</domain>", "</domstatus>")):
+        return None, ""  # complete, and names no such element
     # Entities can only be declared inside a DOCTYPE: without one, nothing expands.
     if "<!DOCTYPE" in text:
-        log.warning("skipping %s: DOCTYPE declarations are not accepted", hostroot.shown(path))
-        return None
+        return None, "DOCTYPE declarations are not accepted"
     import xml.etree.ElementTree as ET
 
     try:
         root = ET.fromstring(text)
     except ET.ParseError as e:
-        log.warning("skipping %s: %s", hostroot.shown(path), e)
-        return None
+        return None, f"not XML: {e}"
     if root.tag == "domain":
-        return root
-    if root.tag == "domstatus" and root.find("domain") is not None:
-        return root.find("domain")
-    log.warning("skipping %s: no <domain> element", hostroot.shown(path))
-    return None
+        return root, ""
+    found = root.find("domain") if root.tag == "domstatus" else None
+    return (found, "") if found is not None else (None, "no <domain> element")
 
 
-def _vgpus(domain: ET.Element, wanted: Set[str]) -> Tuple[str, ...]:
+def _vgpus(devices: Iterable[Tuple[str, str]], wanted: Set[str]) -> Tuple[str, ...]:
     found = []
-    for kind, value in _hostdevs(domain):
+    for kind, value in devices:
         if kind == "mdev":
             parent = _mdev_parent(value)
             # An mdev of another vendor's parent (Intel GVT-g) is not a vGPU of ours;
@@ -226,13 +314,20 @@ def _text(value: Optional[str], limit: int = 255) -> str:
 
 def _mdev_parent(uuid: str) -> Optional[str]:
     """The PCI address of the device an mdev was created on (``sys/bus/mdev/devices``)."""
+    where = _mdev_where(uuid)
+    return where[0] if where else None
+
+
+def _mdev_where(uuid: str) -> Optional[Tuple[str, str]]:
+    """(parent address, mdev type) of a created mdev; None when it does not exist now."""
     if not re.fullmatch(r"[0-9a-f-]{36}", uuid):
         return None
     try:
-        return os.path.basename(os.path.dirname(os.path.realpath(
-            hostroot.path("sys/bus/mdev/devices", uuid), strict=True)))
+        device = os.path.realpath(hostroot.path("sys/bus/mdev/devices", uuid), strict=True)
+        type_dir = os.path.realpath(os.path.join(device, "mdev_type"), strict=True)
     except OSError:
         return None
+    return os.path.basename(os.path.dirname(device)), os.path.basename(type_dir)
 
 
 def _pci(address: ET.Element) -> Optional[str]:

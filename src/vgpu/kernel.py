@@ -63,7 +63,7 @@ def _ensure_blacklisted() -> bool:
         update_initramfs()
     except InstallError:
         if previous is None:
-            target.unlink()
+            files.remove(target)
         else:
             files.write_atomic(target, previous)
         raise
@@ -85,7 +85,7 @@ def _remove_blacklist() -> bool:
     previous = hostroot.read_bytes(target)
     if previous is None:
         return False
-    target.unlink()
+    files.remove(target)
     try:
         update_initramfs()
     except InstallError:

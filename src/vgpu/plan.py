@@ -19,9 +19,12 @@ A GPU takes one profile; MIG-backed profiles and mixed-size mode are refused.
 """
 
 import re
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 from . import pci
+
+if TYPE_CHECKING:
+    from .guests import HeldMdev
 
 CLASS_PREFIX = "CUSTOM_VGPU_"  # the Placement resource class of a profile: CUSTOM_VGPU_L40S_12Q
 
@@ -205,6 +208,66 @@ class _Draft:
             self.errors.extend(problems)
             out.extend(made)
         return out
+
+
+def removed_mdev_types(published: Mapping[str, Sequence[str]], wanted: Mapping[str, Sequence[str]],
+                       host: pci.Host) -> Dict[str, Tuple[str, ...]]:
+    """``{function address: mdev types}`` that ``published`` gives it and ``wanted`` takes away.
+
+    Both are mappings as nova-compute gets them (``novaconf.mapping_from_sections``):
+    ``{type id: addresses}``, where a type without addresses (Queens to Train)
+    serves every function offering it; VFIO resource classes are left out.
+    """
+    taken: Dict[str, List[str]] = {}
+    for address, type_id in sorted(_served(published, host) - _served(wanted, host)):
+        taken.setdefault(address, []).append(type_id)
+    return {address: tuple(types) for address, types in taken.items()}
+
+
+def _served(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Set[Tuple[str, str]]:
+    """(function address, mdev type id) for every function ``mapping`` gives an mdev type."""
+    pairs: Set[Tuple[str, str]] = set()
+    for type_id, addresses in mapping.items():
+        if not _TYPE_ID.fullmatch(type_id):
+            continue
+        if addresses:
+            pairs.update((address, type_id) for address in addresses)
+            continue
+        for gpu in host.gpus:
+            offering = [gpu.address] if any(t.id == type_id for t in gpu.types) else []
+            offering += [vf.address for vf in gpu.vfs if any(t.id == type_id for t in vf.types)]
+            pairs.update((address, type_id) for address in offering)
+    return pairs
+
+
+def mdev_conflicts(removed: Mapping[str, Sequence[str]], held: Sequence["HeldMdev"],
+                   host: pci.Host) -> List[str]:
+    """Why taking ``removed`` (see :func:`removed_mdev_types`) would strand a guest's mdev.
+
+    Nova recreates or reuses an instance's mdev on its parent with its type
+    (at nova-compute's start, before Nova 32 failing with
+    InvalidLibvirtMdevConfig when the parent no longer has that type), and
+    keeps a shut-off instance's mdev. An mdev that does not exist now (its
+    parent and type unknown) and a domain file that cannot be read count
+    against any type taken from any function.
+    """
+    if not removed:
+        return []
+    out = []
+    for mdev in held:
+        who = mdev.guest.describe()
+        if mdev.guest.problem:
+            out.append(who)
+        elif mdev.parent is None:
+            out.append(f"{who} holds mdev {mdev.uuid}, which is not on this host now: its GPU and "
+                       "type are unknown")
+        elif mdev.type_id in removed.get(mdev.parent, ()):
+            gpu = host.gpu(mdev.parent)
+            where = (f"GPU {mdev.parent}" if gpu is None or gpu.address == mdev.parent
+                     else f"VF {mdev.parent} of GPU {gpu.address}")
+            out.append(f"{who} holds an {mdev.type_id} mdev ({mdev.uuid}) on {where}, which the "
+                       "new mapping takes away")
+    return out
 
 
 def _single_type_problem(assignments: Sequence["Assignment"], release) -> Optional[str]:

@@ -6,8 +6,9 @@ take depends on its siblings, so ``nvidia/creatable_vgpu_types`` is read
 again right before each write, and the file is read back afterwards.
 
 The charm owns the types of every VFIO GPU on its host: VFs the plan does
-not name are released. Nothing is changed while a running guest holds a VF
-whose type would change (libvirt's status XML, :mod:`vgpu.guests`).
+not name are released. Nothing is changed while a guest holds a VF whose
+type would change: a running one, or a shut-off one whose definition keeps it
+(Nova keeps a shut-off instance's VF and allocation), see :mod:`vgpu.guests`.
 """
 
 import logging
@@ -39,15 +40,15 @@ def desired(plan, host: pci.Host) -> Dict[str, Tuple[int, int]]:
 def ensure_types(plan, host: pci.Host) -> List[str]:
     """Write the plan's types to the VFs, releasing the others first; returns what was done.
 
-    Raises GuestsRunningError (changing nothing) when running guests hold VFs
-    that would change, VfTypeError when a VF refuses a type.
+    Raises GuestsRunningError (changing nothing) when guests, running or shut
+    off, hold VFs that would change, VfTypeError when a VF refuses a type.
     """
     changes = desired(plan, host)
     if not changes:
         return []
     from . import guests  # XML parsing only when something is to change
 
-    guests.ensure_no_guests(changes)
+    guests.ensure_no_guests(changes, defined=True)
     done = []
     # Address order is virtfn order: a VF's routing ID is its PF's plus offset + index x stride.
     for address, (current, target) in sorted(changes.items()):
