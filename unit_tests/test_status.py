@@ -206,7 +206,7 @@ def test_reboot_reasons_are_blocked():
     # nova-compute's pause no longer stops them: masked by anyone else, the guests lost their GPUs.
     (status.Services(down=("nvidia-vgpu-mgr", "nvidia-vgpud"), masked=("nvidia-vgpu-mgr", "nvidia-vgpud")),
      (), ("blocked", "nvidia-vgpu-mgr, nvidia-vgpud stopped and masked outside this charm: "
-                     "juju run vgpu/3 resume to unmask and start it")),
+                     "juju run vgpu/3 resume to unmask and start them")),
     (status.Services(down=("nvidia-vgpu-mgr",), masked=("nvidia-vgpu-mgr",)), (),
      ("blocked", "nvidia-vgpu-mgr stopped and masked outside this charm: juju run vgpu/3 resume "
                  "to unmask and start it")),

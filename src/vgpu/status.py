@@ -21,6 +21,11 @@ ACTIVE = "active"
 
 Status = Tuple[str, str]  # (kind, message)
 
+# Why [pci] report_in_placement is still published (an active note).
+REPORTING_KEPT = (f"{PCI_IN_PLACEMENT} is off but [pci] report_in_placement stays True: Nova "
+                  "refuses to start once it is turned off after devices were reported (README: "
+                  "Removal)")
+
 
 class Services(NamedTuple):
     """What ``systemctl`` answered about the driver's services (nothing asked: all empty)."""
@@ -87,12 +92,6 @@ def statuses(inputs: Inputs) -> List[Status]:
     out.extend(_driver_statuses(inputs, notes))
     out.append((ACTIVE, "; ".join([serving_message(inputs)] + notes)))
     return out
-
-
-# Why [pci] report_in_placement is still published (an active note).
-REPORTING_KEPT = (f"{PCI_IN_PLACEMENT} is off but [pci] report_in_placement stays True: Nova "
-                  "refuses to start once it is turned off after devices were reported (README: "
-                  "Removal)")
 
 
 def run_hint(inputs: Inputs, action: str) -> str:
@@ -218,8 +217,9 @@ def _service_statuses(inputs: Inputs) -> List[Status]:
         return [(BLOCKED, f"{', '.join(ours)} left stopped and masked by this charm's pause that "
                           f"failed: {resume}")]
     if down and masked == down:
+        them = "them" if len(down) > 1 else "it"
         return [(BLOCKED, f"{', '.join(down)} stopped and masked outside this charm: {resume} "
-                          "to unmask and start it")]
+                          f"to unmask and start {them}")]
     if down:
         return [(BLOCKED, f"{', '.join(down)} not running: check journalctl -u {down[0]}")]
     return []
