@@ -16,7 +16,9 @@ from typing import Dict, List, Optional, Union
 import ops
 
 from vgpu import (
+    LIVE_MIGRATION,
     OPTION,
+    PCI_IN_PLACEMENT,
     RELATION,
     RESOURCE,
     catalogue,
@@ -109,8 +111,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 version = here.loaded_driver_version
                 table = catalogue.learn(here.pci, version, problems=self._problems)
                 offered = catalogue.offered(here.pci, version, table)
-            self._validation = mappings.against_host(self._checked_text(), here.pci,
-                                                     here.supported_release(), offered)
+            self._validation = mappings.against_host(
+                self._checked_text(), here.pci, here.supported_release(), offered,
+                pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
+                live_migration=bool(self.config.get(LIVE_MIGRATION)))
         return self._validation
 
     def _checked_text(self) -> mappings.Validation:
@@ -141,7 +145,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 except (ops.ModelError, NameError):
                     path = None
                 try:
-                    found = driver.inspect_deb(path)
+                    found = driver.inspect_deb(path, app=self.app.name)
                 except (ResourceMissingError, ResourceInvalidError) as error:
                     found = error
                 self._fetched = True
@@ -172,7 +176,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 self._ensure_driver()
             self._ensure_vfs()
             if self._stored.paused and self._resumed_elsewhere():
-                logger.info("the vGPU services run again (nova-compute's resume?): no longer paused")
+                logger.info("the vGPU services run again (started outside this charm): "
+                            "no longer paused")
                 self._stored.paused = False
                 self._stored.masked = []
             self._publish()
@@ -182,7 +187,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             self._problems.append(str(error))
 
     def _resumed_elsewhere(self) -> bool:
-        """A paused unit whose daemons run again was resumed by someone else."""
+        """A paused unit whose daemons run again was resumed outside this charm.
+
+        Only by hand (systemctl unmask and start, a reinstalled package):
+        nova-compute's pause and resume leave them alone, as none is published
+        in ``services``.
+        """
         daemons = self._daemons()
         try:
             return bool(daemons) and all(services.active(daemons).values())
@@ -238,11 +248,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return list(self._facts().services)
 
     def _daemons(self) -> List[str]:
-        """The driver's daemons: what is published in ``services``, and all that pause stops.
+        """The driver's daemons: what this charm's pause stops and its status expects running.
 
-        nova-compute checks, pauses and resumes the published units; the charm
-        acts on the same ones, so neither leaves the other's work half done.
-        nvidia-vgpud prepares the GPUs and exits, so it is neither listed nor paused.
+        None is published in ``services``: nova-compute's pause would stop them
+        under running guests (it leaves libvirt and the guests up), and its
+        OpenStack upgrade would restart them. nvidia-vgpud prepares the GPUs
+        and exits, so it is not paused.
         """
         return [name for name in self._facts().services if name in driver.DAEMONS]
 
@@ -267,7 +278,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 try:
                     sections = novaconf.plan_sections(
                         plan, release, mdev_class=bool(self.config.get(MDEV_CLASS)),
-                        keep_placement_reporting=self._published_reporting())
+                        pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
+                        keep_placement_reporting=self._published_reporting(),
+                        live_migratable=bool(self.config.get(LIVE_MIGRATION)))
                 except ValueError as error:  # sysfs gave something nova.conf must not get
                     self._problems.append(f"not publishing: {error}")
                     ok = False
@@ -280,9 +293,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             # Every mapped GPU seems gone (a driver reload, a bad read): keep what
             # nova-compute has rather than empty its config; the status says so.
             sections = None
-        # Only daemons: nova-compute reports any listed service that is not running.
-        data = novaconf.relation_data(sections or {}, services=self._daemons(),
-                                      packages=[installed.name] if installed else [])
+        data = novaconf.relation_data(sections or {}, packages=[installed.name] if installed else [])
         if sections is None:
             del data["subordinate_configuration"]
         for relation in self.model.relations[RELATION]:
@@ -420,7 +431,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         forced = bool(self.config.get("force-install-nvidia-vgpu"))
         published = self._published_mapping()
         inputs = status.Inputs(
-            facts=here, app=self.app.name, related=bool(self.model.relations[RELATION]),
+            facts=here, app=self.app.name, principal=self._principal(), unit=self.unit.name,
+            reporting_kept=(not self.config.get(PCI_IN_PLACEMENT)
+                            and self._published_reporting()),
+            related=bool(self.model.relations[RELATION]),
             forced=forced, published=published, problems=tuple(self._problems),
             paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
             vf_failures=dict(self._vf_failures))
@@ -429,6 +443,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         validation = self._mapping()
         return inputs._replace(validation=validation, **self._driver_inputs(),
                                services=self._service_answers(), capacity=self._capacity(published))
+
+    def _principal(self) -> str:
+        """The principal's application name: nova-vgpu's remote app, else juju-info's."""
+        for endpoint in (RELATION, "juju-info"):
+            for relation in self.model.relations[endpoint]:
+                if relation.app is not None:
+                    return relation.app.name
+        return "nova-compute"
 
     def _driver_inputs(self) -> dict:
         """The attached package (or why there is none) and how it compares with the installed one."""

@@ -135,10 +135,15 @@ class VgpuGuestTest(test_utils.OpenStackBaseTest):
                           'or Blackwell GPU on Ubuntu 24.04 with vGPU 17+')
 
     def map_vfio_type(self):
-        """Map gpu-0 to its first type; return the VFs nova.conf must list."""
+        """Map gpu-0 to its first type; return the VFs nova.conf must list.
+
+        pci-in-placement goes on with it (test_200 reads Placement's inventory);
+        Nova keeps reporting on this host from then on, whatever the option says.
+        """
         self.require_vfio()
         zaza.model.set_application_config(
-            APP, {OPTION: json.dumps({self.vgpu_type['id']: [self.gpu['address']]})},
+            APP, {OPTION: json.dumps({self.vgpu_type['id']: [self.gpu['address']]}),
+                  'pci-in-placement': 'true'},
             model_name=self.model_name)
         zaza.model.block_until_all_units_idle(model_name=self.model_name)
         wait_for_unit_status(self.unit, 'active', re.escape(self.vgpu_type['id']),

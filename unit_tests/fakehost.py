@@ -385,10 +385,16 @@ class FakeHost:
         (admin / "available").touch()
 
     def nova(self, version: str) -> None:
-        """Install nova-common at ``version`` (e.g. ``3:29.0.0-0ubuntu1``) among other packages."""
+        """Install nova-common at ``version`` (e.g. ``3:29.0.0-0ubuntu1``) among other packages.
+
+        nova-common ships /etc/nova/nova.conf and nova-compute renders its own
+        there: a host with Nova has one (without a ``[pci]`` of the principal's).
+        """
         self.dpkg_status({"adduser": "3.137ubuntu1", "nova-common": version,
                           "nova-compute": version, "python3-nova": version,
                           "zlib1g": "1:1.3.dfsg-3.1ubuntu2"})
+        if not (self.root / "etc/nova/nova.conf").exists():
+            self.principal_nova_conf()
 
     def principal_nova_conf(self, whitelist: Optional[str] = None, aliases: Sequence[str] = (),
                             subordinate: str = "") -> Path:

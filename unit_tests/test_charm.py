@@ -71,8 +71,8 @@ def test_install_puts_the_attached_driver_on_a_gpu_host(ctx, v100, root, tools, 
     assert out.unit_status == testing.ActiveStatus(
         "2 GPUs (Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings")
     data = ours(out)
-    # nova-compute checks that listed services run: only the daemon is listed.
-    assert principal.services(data) == {MGR}
+    # No service is listed: nova-compute's pause and upgrade would stop the daemon under guests.
+    assert principal.services(data) == set()
     assert principal.release_packages(data).install == {"nvidia-vgpu-ubuntu-570"}
     assert principal.release_packages(data).purge == set()
 
@@ -376,12 +376,13 @@ def test_pause_stops_services_and_stays_paused_until_resume(ctx, ready, tools):
     published = ctx.run(ctx.on.config_changed(), state(resource=ready))
     tools.log.write_text("")
     out = ctx.run(ctx.on.action("pause"), published)
-    # What pause stops is what nova-compute was given in ``services``: the daemon.
+    # This charm's pause stops the daemon; nova-compute is given none to stop.
     assert ctx.action_results == {"stopped": MGR}
-    assert principal.services(ours(out)) == {MGR}
+    assert principal.services(ours(out)) == set()
     assert [c for c in tools.calls() if not c.startswith("systemctl is-")] == [
         f"systemctl stop {MGR}", f"systemctl disable {MGR}", f"systemctl mask {MGR}"]
-    paused = testing.MaintenanceStatus("paused: vGPU services stopped; run the resume action to start them")
+    paused = testing.MaintenanceStatus(
+        "paused: vGPU services stopped; juju run nova-compute-nvidia-vgpu/0 resume to start them")
     assert out.unit_status == paused
     out = ctx.run(ctx.on.update_status(), out)
     assert out.unit_status == paused
@@ -649,20 +650,24 @@ def test_an_openstack_upgrade_switches_the_option_names_on_the_next_hook(ctx, re
                               "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n")
 
 
-def test_services_resumed_by_nova_compute_end_the_pause(ctx, ready, tools):
+def test_services_started_outside_the_charm_end_the_pause(ctx, ready, tools):
     out = ctx.run(ctx.on.update_status(), state(resource=ready, paused=True))  # they run again
     assert out.unit_status.name == "active"
     out = ctx.run(ctx.on.update_status(), out)
     assert out.unit_status.name == "active"
 
 
-def test_services_paused_by_nova_compute_are_maintenance_not_a_failure(ctx, ready, tools):
+def test_services_masked_outside_the_charm_block_and_resume_brings_them_back(ctx, ready, tools):
     for unit in (MGR, VGPUD):
         subprocess.run(["systemctl", "stop", unit], check=True)
         subprocess.run(["systemctl", "mask", unit], check=True)
     out = ctx.run(ctx.on.update_status(), state(resource=ready))
-    assert out.unit_status == testing.MaintenanceStatus(
-        f"{MGR} stopped and masked outside this charm (nova-compute's pause?): resume it there")
+    assert out.unit_status == testing.BlockedStatus(
+        f"{MGR} stopped and masked outside this charm: juju run nova-compute-nvidia-vgpu/0 resume "
+        "to unmask and start it")
+    out = ctx.run(ctx.on.action("resume"), out)
+    assert tools.enabled(MGR) == "enabled"
+    assert out.unit_status.name == "active"
 
 
 def test_upgrade_is_refused_while_paused(ctx, ready, root, tools, packages):
@@ -695,25 +700,34 @@ def test_relation_values_are_canonical_json(ctx, ready):
         assert value == json.dumps(json.loads(value), sort_keys=True, separators=(",", ":"))
 
 
-# -- pause and resume act on the same units as nova-compute ---------------------------
+# -- nova-compute's pause and upgrade leave the vGPU daemon alone -----------------------
 
-def nova_compute_resumes(out, tools):
-    """nova-compute's resume action: charmhelpers' service_resume of the published services."""
+def nova_compute_pauses(out):
+    """nova-compute's pause action: charmhelpers' service_pause of the published services."""
     for unit in sorted(principal.services(ours(out))):
-        for verb in ("unmask", "enable", "start"):
+        for verb in ("stop", "disable", "mask"):
             subprocess.run(["systemctl", verb, unit], check=True)
 
 
-def test_after_nova_computes_resume_nothing_stays_masked(ctx, ready, tools):
-    out = ctx.run(ctx.on.config_changed(), state(resource=ready))
-    out = ctx.run(ctx.on.action("pause"), out)
-    assert out.unit_status.name == "maintenance"
-    nova_compute_resumes(out, tools)
+def test_nova_computes_pause_leaves_the_daemon_running_under_the_guests(ctx, ready, tools):
+    # An older revision of this charm listed the daemon: the next hook takes it back.
+    older = relation(local={"services": json.dumps([MGR])})
+    assert principal.services(older.local_unit_data) == {MGR}
+    out = ctx.run(ctx.on.upgrade_charm(), state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"},
+                                                relations=[older], resource=ready))
+    assert ours(out)["services"] == "[]"
+    nova_compute_pauses(out)
+    is_active = subprocess.run(["systemctl", "is-active", MGR], capture_output=True, text=True)
+    assert (tools.enabled(MGR), is_active.stdout.strip()) == ("enabled", "active")
     out = ctx.run(ctx.on.update_status(), out)
     assert out.unit_status.name == "active"
-    assert (tools.enabled(MGR), tools.enabled(VGPUD)) == ("enabled", "enabled")
-    ctx.run(ctx.on.remove(), out)
-    assert (tools.enabled(MGR), tools.enabled(VGPUD)) == ("enabled", "enabled")
+
+
+def test_a_daemon_stopped_under_the_charm_is_its_own_status_to_report(ctx, ready, tools):
+    tools.set_active(MGR, False)
+    out = ctx.run(ctx.on.update_status(), state(resource=ready))
+    assert out.unit_status == testing.BlockedStatus(
+        f"{MGR} not running: check journalctl -u {MGR}")
 
 
 def test_a_pause_that_fails_halfway_is_rolled_back_and_nova_compute_is_not_blamed(ctx, ready, tools):
@@ -738,7 +752,8 @@ def test_units_a_failed_pause_left_masked_are_the_charms_to_undo(ctx, ready, too
     # This charm tried to pause: it does not send the operator to nova-compute.
     out = ctx.run(ctx.on.update_status(), failure.value.state)
     assert out.unit_status == testing.BlockedStatus(
-        f"{MGR} left stopped and masked by this charm's pause that failed: run the resume action")
+        f"{MGR} left stopped and masked by this charm's pause that failed: "
+        "juju run nova-compute-nvidia-vgpu/0 resume")
 
 
 def test_remove_unmasks_what_the_charm_masked(ctx, ready, tools):

@@ -17,7 +17,8 @@ from ops import testing
 from unit_tests import debs, principal
 from unit_tests.fakehost import l40s_host, v100_host
 from unit_tests.test_charm import ours
-from unit_tests.test_charm_sriov import H200, L40S, MAPPING, again, ready, types_of, vfs
+from unit_tests.test_charm_sriov import H200, L40S, MAPPING, ready, types_of, vfs
+from unit_tests.test_charm_sriov import again as next_hook
 
 APP = "compute-gpu"
 NIC = '{"vendor_id": "15b3", "product_id": "101d", "physical_network": "physnet1"}'
@@ -35,9 +36,18 @@ def vfio(root, tools, deb):
     return host
 
 
+# Placement reporting on: the devname and Placement conflicts apply (pci-in-placement).
+PLACEMENT = {"pci-in-placement": True}
+
+
+def again(out, config=None):
+    """The next hook; a new config keeps pci-in-placement on."""
+    return next_hook(out, None if config is None else {**PLACEMENT, **config})
+
+
 def state(config, deb, local=None):
     return testing.State(
-        config=dict(config),
+        config={**PLACEMENT, **config},
         relations=[testing.SubordinateRelation("nova-vgpu", remote_app_name=APP,
                                                local_unit_data=dict(local or {}))],
         resources={testing.Resource(name="nvidia-vgpu-software", path=deb)})
@@ -154,7 +164,9 @@ def test_without_nova_conf_it_waits_and_publishes_no_pci(ctx, vfio, root, deb):
 def test_an_mdev_host_never_reads_nova_conf(ctx, root, tools, deb):
     host = v100_host(root)
     ready(host, root, tools, deb)
-    (root / "etc/nova/nova.conf").mkdir(parents=True)  # would block if it were read
+    conf = root / "etc/nova/nova.conf"
+    conf.unlink()
+    conf.mkdir()  # would block if it were read
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"}, deb))
     assert out.unit_status.name == "active", out.unit_status
     assert "[mdev_nvidia-108]" in principal.render_nova_conf(principal.nova_context(ours(out)))

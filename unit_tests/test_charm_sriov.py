@@ -86,7 +86,7 @@ def test_vfio_types_are_written_and_published_as_pci_devices(ctx, vfio, root, to
     # nova-compute never restarts for a reordered line.
     assert ('device_spec = {"address": "0000:81:00.4", "managed": "no", "product_id": "26ba", '
             '"resource_class": "CUSTOM_VGPU_L40S_12Q", "vendor_id": "10de"}\n') in conf
-    assert conf.endswith("report_in_placement = True\n")
+    assert "report_in_placement" not in conf  # pci-in-placement is off by default
     assert "[devices]" not in conf
     # The boot unit brings the VFs and their types back after a reboot.
     unit = sriov.unit_path().read_text()
@@ -268,14 +268,6 @@ def test_vfio_gpus_on_nova_before_epoxy_block_naming_the_gpu_and_release(ctx, vf
         "(Nova 30) (+1 more)")
     assert types_of(root, L40S, 4) == [0] * 4
     assert "subordinate_configuration" not in ours(out)
-
-
-def test_placement_reporting_stays_on_once_published(ctx, vfio, root, deb):
-    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
-    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": ""}))
-    # Nova refuses to start when reporting is turned off after devices were reported.
-    assert nova_conf(out) == "[pci]\nreport_in_placement = True\n"
-    assert types_of(root, L40S, 4) == [0] * 4
 
 
 def test_a_hostile_device_id_in_sysfs_never_reaches_nova_conf(ctx, vfio, root, deb):

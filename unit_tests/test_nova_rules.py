@@ -47,13 +47,13 @@ enabled = False
 """
 
 
-def published(root):
+def published(root, **options):
+    """The plan for MAPPING and nova-compute's view of it; ``options``: plan_sections' switches."""
     l40s_host(root)
     checked = mappings.check_text(MAPPING)
     built = plan.build(checked.mapping, pci.discover(), EPOXY)
     assert built.ok, built.errors
-    data = novaconf.relation_data(novaconf.plan_sections(built, EPOXY, mdev_class=False,
-                                                         keep_placement_reporting=False))
+    data = novaconf.relation_data(novaconf.plan_sections(built, EPOXY, mdev_class=False, **options))
     return built, principal.nova_context(data)
 
 
@@ -82,6 +82,8 @@ def nova_devspec(text):
     address = tags.pop("address")
     assert re.fullmatch(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", address)  # single
     assert tags.pop("managed").lower() in ("yes", "no", "true", "false")  # bool_from_string strict
+    # _normalize_device_spec_tag, strict as managed (Nova 31+, nova/pci/devspec.py).
+    assert tags.pop("live_migratable", "yes").lower() in ("yes", "no", "true", "false")
     rc = tags.pop("resource_class")
     assert "devname" not in spec  # refused with report_in_placement
     assert tags == {}, f"unknown tags {tags}"
@@ -96,7 +98,7 @@ def placement_class(rc):
 
 
 def test_the_charms_pci_entries_hold_beside_the_principals_own(root, tmp_path):
-    built, context = published(root)
+    built, context = published(root, pci_in_placement=True)
     conf_path = tmp_path / "nova.conf"
     conf_path.write_text(PRINCIPAL_PCI + principal.render_nova_conf(context))
     assert conf_path.read_text().count("[pci]") == 2
@@ -141,3 +143,68 @@ def test_nova_itself_accepts_the_entries_where_it_is_installed(root):
             assert spec.get_tags()["managed"] == "false"
             rc = spec.get_tags()["resource_class"]
             assert translator._normalize_resource_class(rc) == rc
+
+
+def test_by_default_reporting_stays_off_and_the_classes_are_inert(root, tmp_path):
+    """Without pci-in-placement: no report_in_placement; resource_class is a tag Nova's pools ignore.
+
+    nova/pci/stats.py leaves ``resource_class`` and ``traits`` out of its pools
+    (``ignored_pool_tags``) and out of alias matching (``ignored_spec_tags``);
+    only the Placement translator reads them, and only with reporting on.
+    """
+    built, context = published(root)
+    conf_path = tmp_path / "nova.conf"
+    conf_path.write_text(PRINCIPAL_PCI + principal.render_nova_conf(context))
+    conf = oslo_conf(conf_path)
+    assert conf.pci.report_in_placement is False
+    ours = [s for s in conf.pci.device_spec if '"10de"' in s]
+    assert len(ours) == len(built.vfio()) == 8
+    for text in ours:
+        nova_devspec(text)
+        assert "one_time_use" not in json.loads(text)  # Nova refuses it without reporting
+
+
+def test_live_migratable_entries_pass_novas_device_spec_rules(root):
+    _, context = published(root, live_migratable=True)
+    entries = [v for k, v in context["sections"]["pci"] if k == "device_spec"]
+    assert len(entries) == 8
+    for text in entries:
+        nova_devspec(text)
+        assert json.loads(text)["live_migratable"] == "yes"
+
+
+# nova/pci/request.py's _ALIAS_SCHEMA (Nova 31+), replicated: no other key is allowed.
+ALIAS_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 256},
+        "capability_type": {"type": "string", "enum": ["pci"]},
+        "product_id": {"type": "string", "pattern": "^([0-9a-fA-F]{4})$"},
+        "vendor_id": {"type": "string", "pattern": "^([0-9a-fA-F]{4})$"},
+        "device_type": {"type": "string", "enum": ["type-PCI", "type-PF", "type-VF"]},
+        "numa_policy": {"type": "string"},
+        "resource_class": {"type": "string"},
+        "traits": {"type": "string"},
+        "live_migratable": {"type": "string"},
+    },
+}
+
+
+@pytest.mark.parametrize("live,placement", [(False, False), (True, False), (False, True),
+                                            (True, True)])
+def test_the_alias_matches_the_specs_and_passes_novas_alias_rules(root, live, placement):
+    import jsonschema
+    built, context = published(root, live_migratable=live, pci_in_placement=placement)
+    specs = [json.loads(v) for k, v in context["sections"]["pci"] if k == "device_spec"]
+    first = built.vfio()[0]
+    made = novaconf.alias(first.name, first.product_id, live_migratable=live,
+                          pci_in_placement=placement)
+    jsonschema.validate(made, ALIAS_SCHEMA)
+    # _validate_required_ids: without the scheduler's pci_in_placement, vendor and product id.
+    assert {"vendor_id", "product_id"} <= set(made)
+    matched = [s for s in specs if (s["vendor_id"], s["product_id"]) ==
+               (made["vendor_id"], made["product_id"])]
+    assert matched and all(s["resource_class"] == plan.resource_class(first.name) for s in matched)
+    # Nova live-migrates only when the alias and the device asked for it agree.
+    assert {s.get("live_migratable") for s in matched} == {made.get("live_migratable")}
+    assert made.get("resource_class") == (plan.resource_class(first.name) if placement else None)

@@ -2,7 +2,15 @@
 
 import pytest
 
-from unit_tests.fakehost import A100_TYPES, FakeHost, MdevType, a100_host, l40s_host, v100_host
+from unit_tests.fakehost import (
+    A100_TYPES,
+    L40S_TYPES,
+    FakeHost,
+    MdevType,
+    a100_host,
+    l40s_host,
+    v100_host,
+)
 from vgpu import catalogue, mappings, pci, plan, releases
 
 CARACAL = releases.from_major(29)
@@ -298,3 +306,62 @@ def test_a_type_without_addresses_serves_the_vfs_offering_it(root):
     assert second in taken and first not in taken
     assert taken[second] == ("nvidia-474",)
     assert len(taken) == 15  # the other VFs; the A100 itself offers no type
+
+
+# -- what the options ask of Nova (plain inputs) ---------------------------------------------
+
+def vfio_on(gpu, name, product_id, number=1):
+    return plan.Assignment(gpu=gpu, address=gpu[:-1] + "4", number=number, name=name,
+                           framework=pci.VFIO, product_id=product_id)
+
+
+TWO_L40S = (vfio_on("0000:81:00.0", "NVIDIA L40S-12Q", "26ba", 1139),
+            vfio_on("0000:82:00.0", "NVIDIA L40S-24Q", "26ba", 1142))
+
+
+def test_two_profiles_on_one_vf_product_id_are_refused_without_pci_in_placement():
+    assert plan.option_problems(TWO_L40S, EPOXY, pci_in_placement=False, live_migration=False) == [
+        "profiles L40S-12Q, L40S-24Q share VF product id 26ba, which a PCI alias by vendor and "
+        "product id cannot tell apart: map one profile per GPU model or set pci-in-placement=true"]
+    assert plan.option_problems(TWO_L40S, EPOXY, pci_in_placement=True, live_migration=False) == []
+
+
+@pytest.mark.parametrize("assignments", [
+    TWO_L40S[:1] + (vfio_on("0000:82:00.0", "NVIDIA L40S-12Q", "26ba", 1139),),  # one profile
+    TWO_L40S[:1] + (vfio_on("0000:c1:00.0", "NVIDIA H200X-35C", "233c", 1282),),  # two models
+    TWO_L40S[:1] + (plan.Assignment("0000:41:00.0", "0000:41:00.4", 475, "GRID A100-20C",
+                                    pci.MDEV, "26ba"),),  # mdev: Placement's classes tell them apart
+])
+def test_one_profile_per_vf_product_id_needs_no_placement(assignments):
+    assert plan.option_problems(assignments, EPOXY, pci_in_placement=False,
+                                live_migration=False) == []
+
+
+@pytest.mark.parametrize("major,problems", [
+    (30, ["vfio-live-migration needs Nova 31 (2025.1 epoxy) or later; this host runs 2024.2 "
+          "dalmatian (Nova 30): upgrade Nova or set vfio-live-migration=false"]),
+    (31, []),
+])
+def test_live_migration_needs_the_first_nova_that_takes_live_migratable(major, problems):
+    release = releases.from_major(major)
+    assert plan.option_problems((), release, pci_in_placement=True, live_migration=True) == problems
+    assert plan.option_problems((), release, pci_in_placement=True, live_migration=False) == []
+    assert plan.option_problems((), None, pci_in_placement=True, live_migration=True) == []
+
+
+def test_the_options_reach_the_plans_errors(root):
+    host = FakeHost(root)
+    host.pci_ids()
+    for pf in ("0000:81:00.0", "0000:82:00.0"):
+        host.add_sriov_gpu(pf, device="0x26b9", vf_device="0x26ba", count=4,
+                           vfio_types=L40S_TYPES, totalvfs=32)
+    mapping = {"L40S-12Q": ("0000:81:00.0",), "L40S-24Q": ("0000:82:00.0",)}
+    refused = plan.build(mapping, pci.discover(), EPOXY)
+    assert refused.errors == ("profiles L40S-12Q, L40S-24Q share VF product id 26ba, which a PCI "
+                              "alias by vendor and product id cannot tell apart: map one profile "
+                              "per GPU model or set pci-in-placement=true",)
+    assert plan.build(mapping, pci.discover(), EPOXY, pci_in_placement=True).errors == ()
+    old = releases.from_major(29)
+    assert plan.build({}, pci.discover(), old, live_migration=True).errors == (
+        "vfio-live-migration needs Nova 31 (2025.1 epoxy) or later; this host runs 2024.1 caracal "
+        "(Nova 29): upgrade Nova or set vfio-live-migration=false",)

@@ -33,7 +33,8 @@ def host(*gpus, driver_package=DRIVER, nova=NOVA, iommu=True):
 
 
 def inputs(facts, **changes):
-    base = status.Inputs(facts=facts, app="vgpu", related=True, forced=False, published={},
+    base = status.Inputs(facts=facts, app="vgpu", unit="vgpu/3", related=True, forced=False,
+                         published={},
                          validation=mappings.Validation(mapping={}, plan=Plan()))
     return base._replace(**changes)
 
@@ -165,7 +166,8 @@ def test_plan_notes_come_before_driver_notes():
 def test_paused_is_maintenance_and_hides_service_states():
     down = status.Services(down=("nvidia-vgpu-mgr",))
     pairs = status.statuses(inputs(host(gpu()), paused=True, services=down))
-    assert pairs[0] == ("maintenance", "paused: vGPU services stopped; run the resume action to start them")
+    assert pairs[0] == ("maintenance", "paused: vGPU services stopped; juju run vgpu/3 resume to "
+                                       "start them")
     assert [kind for kind, _ in pairs] == ["maintenance", "active"]
 
 
@@ -196,17 +198,18 @@ def test_reboot_reasons_are_blocked():
      ("blocked", "systemctl is-active failed: bus")),
     (status.Services(down=("nvidia-vgpu-mgr",), masked=("nvidia-vgpu-mgr",)), ("nvidia-vgpu-mgr",),
      ("blocked", "nvidia-vgpu-mgr left stopped and masked by this charm's pause that failed: "
-                 "run the resume action")),
+                 "juju run vgpu/3 resume")),
     (status.Services(down=("nvidia-vgpu-mgr", "nvidia-vgpud"), masked=("nvidia-vgpu-mgr", "nvidia-vgpud")),
      ("nvidia-vgpu-mgr", "nvidia-vgpud"),
      ("blocked", "nvidia-vgpu-mgr, nvidia-vgpud left stopped and masked by this charm's pause that "
-                 "failed: run the resume action")),
+                 "failed: juju run vgpu/3 resume")),
+    # nova-compute's pause no longer stops them: masked by anyone else, the guests lost their GPUs.
     (status.Services(down=("nvidia-vgpu-mgr", "nvidia-vgpud"), masked=("nvidia-vgpu-mgr", "nvidia-vgpud")),
-     (), ("maintenance", "nvidia-vgpu-mgr, nvidia-vgpud stopped and masked outside this charm "
-                         "(nova-compute's pause?): resume it there")),
+     (), ("blocked", "nvidia-vgpu-mgr, nvidia-vgpud stopped and masked outside this charm: "
+                     "juju run vgpu/3 resume to unmask and start them")),
     (status.Services(down=("nvidia-vgpu-mgr",), masked=("nvidia-vgpu-mgr",)), (),
-     ("maintenance", "nvidia-vgpu-mgr stopped and masked outside this charm (nova-compute's pause?): "
-                     "resume it there")),
+     ("blocked", "nvidia-vgpu-mgr stopped and masked outside this charm: juju run vgpu/3 resume "
+                 "to unmask and start it")),
     (status.Services(down=("nvidia-vgpu-mgr", "nvidia-vgpud"), masked=("nvidia-vgpu-mgr",)), (),
      ("blocked", "nvidia-vgpu-mgr, nvidia-vgpud not running: check journalctl -u nvidia-vgpu-mgr")),
 ])
@@ -220,3 +223,30 @@ def test_serving_message_counts_models():
     line = status.serving_message(inputs(facts, published={"nvidia-1": (L4, "0000:42:00.0")}))
     assert line.startswith("3 GPUs (")
     assert "2 L4" in line and "1 A40" in line and line.endswith("), nvidia-1 on 2")
+
+
+def test_hints_name_the_application_and_principal_as_deployed():
+    facts = host(gpu(), nova=None)
+    pairs = status.statuses(inputs(facts, app="gpu-a", principal="compute-gpu", unit="gpu-a/2",
+                                   related=False, paused=True))
+    assert pairs[:2] == [
+        ("waiting", "waiting for compute-gpu to install nova-common"),
+        ("blocked", "relate to compute-gpu: juju integrate compute-gpu:nova-vgpu gpu-a:nova-vgpu")]
+    assert ("maintenance", "paused: vGPU services stopped; juju run gpu-a/2 resume to start them") \
+        in pairs
+    assert not [m for _, m in pairs if "nova-compute" in m or "vgpu/3" in m]
+
+
+def test_without_a_unit_name_the_hint_names_the_action():
+    pairs = status.statuses(inputs(host(gpu()), unit="", paused=True))
+    assert pairs[0] == ("maintenance", "paused: vGPU services stopped; run the resume action to "
+                                       "start them")
+
+
+def test_placement_reporting_kept_against_the_option_is_a_note_pointing_to_removal():
+    plain = status.statuses(inputs(host(gpu()), published={"nvidia-1": (L4,)}))
+    kept = status.statuses(inputs(host(gpu()), published={"nvidia-1": (L4,)}, reporting_kept=True))
+    assert kept[:-1] == plain[:-1] and kept[-1][0] == "active"
+    assert kept[-1][1] == (
+        f"{plain[-1][1]}; pci-in-placement is off but [pci] report_in_placement stays True: "
+        "Nova refuses to start once it is turned off after devices were reported (README: Removal)")

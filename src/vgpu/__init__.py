@@ -9,4 +9,6 @@ stays thin and every module can be tested on a fixture tree.
 APP = "nova-compute-nvidia-vgpu"
 RESOURCE = "nvidia-vgpu-software"
 OPTION = "vgpu-device-mappings"  # the charm option that maps vGPU types to GPUs
+PCI_IN_PLACEMENT = "pci-in-placement"  # VFIO VFs reported to Placement ([pci] report_in_placement)
+LIVE_MIGRATION = "vfio-live-migration"  # VFIO device specs and aliases live_migratable
 RELATION = "nova-vgpu"  # the endpoint to nova-compute

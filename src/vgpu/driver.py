@@ -90,28 +90,33 @@ def hint_architecture() -> str:
     return _DEBIAN_ARCH.get(platform.machine(), "<arch>")
 
 
-def attach_hint(arch: Optional[str] = None) -> str:
-    """The command that attaches the resource, for status messages (starts no process)."""
+def attach_hint(arch: Optional[str] = None, app: str = APP) -> str:
+    """The command that attaches the resource to application ``app``, for status messages.
+
+    Starts no process.
+    """
     arch = arch or hint_architecture()
-    return (f"juju attach-resource {APP} "
+    return (f"juju attach-resource {app} "
             f"{RESOURCE}=./{PREFIX}<branch>_<version>_{arch}.deb")
 
 
-def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None) -> DebInfo:
+def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None,
+                app: str = APP) -> DebInfo:
     """Check that ``path`` is NVIDIA's vGPU host driver for this machine.
 
     ``arch`` defaults to ``dpkg --print-architecture``, asked only when there
     is a file to check. Raises ResourceMissingError when nothing (or an empty
-    file) is attached and ResourceInvalidError when the file is anything but
-    the host driver.
+    file) is attached, its message naming application ``app`` in the attach
+    command, and ResourceInvalidError when the file is anything but the host
+    driver.
     """
     if path is None:
-        raise ResourceMissingError(f"{RESOURCE} resource is not attached: {attach_hint(arch)}")
+        raise ResourceMissingError(f"{RESOURCE} resource is not attached: {attach_hint(arch, app)}")
     path = Path(path)
     if not path.is_file():
-        raise ResourceMissingError(f"{RESOURCE} resource file is missing: {attach_hint(arch)}")
+        raise ResourceMissingError(f"{RESOURCE} resource file is missing: {attach_hint(arch, app)}")
     if path.stat().st_size == 0:
-        raise ResourceMissingError(f"{RESOURCE} resource is empty: {attach_hint(arch)}")
+        raise ResourceMissingError(f"{RESOURCE} resource is empty: {attach_hint(arch, app)}")
     arch = arch or machine_architecture()
 
     need = f"need {PREFIX}<branch>_<version>_{arch}.deb"

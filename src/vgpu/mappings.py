@@ -143,17 +143,20 @@ def check_text(text: Optional[str]) -> Validation:
         return Validation({}, (str(error),))
 
 
-def against_host(checked: Validation, host, release=None, offered=None) -> Validation:
+def against_host(checked: Validation, host, release=None, offered=None, *,
+                 pci_in_placement: bool = False, live_migration: bool = False) -> Validation:
     """``checked`` (from check_text) resolved on the host into a plan.
 
     The host's and the release's objections become its errors. ``offered``:
-    learnt types per GPU.
+    learnt types per GPU; ``pci_in_placement`` and ``live_migration``: the
+    charm options of those names (see plan.option_problems).
     """
     if not checked.ok:
         return checked
     from . import plan
 
-    built = plan.build(checked.mapping, host, release, offered)
+    built = plan.build(checked.mapping, host, release, offered,
+                       pci_in_placement=pci_in_placement, live_migration=live_migration)
     return Validation(checked.mapping, built.errors, built)
 
 

@@ -51,25 +51,32 @@ def sections(mapping: Mapping[str, Tuple[str, ...]], release) -> Sections:
     return out
 
 
-def plan_sections(plan, release, *, mdev_class: bool, keep_placement_reporting: bool) -> Sections:
+def plan_sections(plan, release, *, mdev_class: bool, pci_in_placement: bool = False,
+                  keep_placement_reporting: bool = False, live_migratable: bool = False) -> Sections:
     """nova.conf sections for a :class:`vgpu.plan.Plan` in ``release``'s spelling.
 
     mdev types become ``[devices]`` and ``[mdev_<type>]`` (with ``mdev_class =
     CUSTOM_VGPU_<PROFILE>`` when ``mdev_class`` is on, Xena onwards); VFs on the
-    vendor-specific VFIO framework become one ``[pci] device_spec`` each, with
-    ``report_in_placement = True``. ``keep_placement_reporting``: this unit
-    published ``report_in_placement`` before; Nova refuses to start once it is
-    turned off after devices were reported, so it stays.
+    vendor-specific VFIO framework become one ``[pci] device_spec`` each
+    (``live_migratable`` adds ``"live_migratable": "yes"``; raises ValueError
+    on a release that does not take it). ``report_in_placement = True`` joins
+    them only with ``pci_in_placement``, or with ``keep_placement_reporting``
+    (this unit published it before): Nova refuses to start once it is turned
+    off after devices were reported, so it stays, with or without VFs.
     """
     for assignment in plan.assignments:  # one by one: a comma would split a joined list
         _checked("address", assignment.address)
+    if live_migratable and not release.live_migratable:
+        raise ValueError(f"{release} does not take live_migratable in [pci] device_spec")
     out = sections(plan.mdev_mapping(), release)
     if mdev_class and release.config_format == releases.MDEV_GROUPS:
         for vgpu_type, name in plan.mdev_names().items():
             out[f"mdev_{vgpu_type}"].append(["mdev_class", resource_class(name)])
-    specs = [["device_spec", device_spec(a)] for a in plan.vfio()]
-    if specs or keep_placement_reporting:
-        out["pci"] = specs + [["report_in_placement", "True"]]
+    specs = [["device_spec", device_spec(a, live_migratable=live_migratable)]
+             for a in plan.vfio()]
+    reporting = (bool(specs) and pci_in_placement) or keep_placement_reporting
+    if specs or reporting:
+        out["pci"] = specs + ([["report_in_placement", "True"]] if reporting else [])
     check(out)
     return out
 
@@ -81,8 +88,14 @@ def resource_class(name: str) -> str:
     return rc(name)
 
 
-def device_spec(assignment) -> str:
-    """One ``[pci] device_spec`` value: the VF by vendor, product and address, unmanaged."""
+def device_spec(assignment, *, live_migratable: bool = False) -> str:
+    """One ``[pci] device_spec`` value: the VF by vendor, product and address, unmanaged.
+
+    ``resource_class`` is always there: Nova uses it only while it reports the
+    VFs to Placement, and its PCI pools ignore it otherwise
+    (``nova/pci/stats.py``, ``ignored_pool_tags``), so turning reporting on
+    later finds each VF in its profile's class.
+    """
     spec = {
         "vendor_id": NVIDIA_VENDOR,
         "product_id": assignment.product_id,
@@ -90,9 +103,39 @@ def device_spec(assignment) -> str:
         "managed": "no",
         "resource_class": assignment.resource_class,
     }
+    if live_migratable:
+        spec["live_migratable"] = "yes"
     for field in ("address", "product_id", "resource_class"):
         _checked(field, spec[field])
     return json.dumps(spec, sort_keys=True)
+
+
+def alias(name: str, product_id: str, *, live_migratable: bool = False,
+          pci_in_placement: bool = False) -> Dict[str, str]:
+    """The ``[pci] alias`` a flavor asks for one VF of type ``name`` with (``pci_passthrough:alias``).
+
+    ``name`` is the driver's name for the type (``NVIDIA L40S-12Q``; the alias is
+    ``vgpu-l40s-12q``), ``product_id`` the VF's PCI device id (4 hex digits).
+    It matches the device specs published with the same options:
+    ``live_migratable`` adds ``"live_migratable": "yes"`` (Nova needs it on
+    both for live migration), ``pci_in_placement`` the profile's resource
+    class (Nova 32+ refuses an alias without vendor and product id unless the
+    scheduler has pci_in_placement, so the ids always stay). Raises
+    ValueError for a product id that is not 4 lowercase hex digits.
+    """
+    from .plan import alias_name
+
+    out = {
+        "name": alias_name(name),
+        "vendor_id": NVIDIA_VENDOR,
+        "product_id": _checked("product_id", product_id),
+        "device_type": "type-VF",
+    }
+    if live_migratable:
+        out["live_migratable"] = "yes"
+    if pci_in_placement:
+        out["resource_class"] = resource_class(name)
+    return out
 
 
 def check(config_sections: Sections) -> None:
@@ -125,11 +168,15 @@ def _check_report_in_placement(value: str) -> None:
         raise ValueError(f"unexpected report_in_placement {value!r}")
 
 
+_SPEC_KEYS = frozenset({"vendor_id", "product_id", "address", "managed", "resource_class"})
+
+
 def _check_device_spec(value: str) -> None:
     spec = json.loads(value)
-    if set(spec) != {"vendor_id", "product_id", "address", "managed", "resource_class"} \
+    keys = set(spec)
+    if keys not in (_SPEC_KEYS, _SPEC_KEYS | {"live_migratable"}) \
             or spec["vendor_id"] != NVIDIA_VENDOR or spec["managed"] != "no" \
-            or "\n" in value:
+            or spec.get("live_migratable", "yes") != "yes" or "\n" in value:
         raise ValueError(f"unexpected device_spec {value!r}")
     for field in ("address", "product_id", "resource_class"):
         _checked(field, spec[field])
@@ -157,14 +204,20 @@ def reports_in_placement(config_sections: Sections) -> bool:
     return ["report_in_placement", "True"] in [list(p) for p in config_sections.get("pci", [])]
 
 
-def relation_data(config_sections: Sections, services: Iterable[str] = (),
-                  packages: Iterable[str] = ()) -> Dict[str, str]:
-    """The unit databag nova-compute reads, serialised deterministically."""
+def relation_data(config_sections: Sections, packages: Iterable[str] = ()) -> Dict[str, str]:
+    """The unit databag nova-compute reads, serialised deterministically.
+
+    ``services`` is always an empty list: nova-compute's pause stops and masks
+    every service listed there while libvirt and the guests run on, and its
+    OpenStack upgrade restarts them, so listing nvidia-vgpu-mgr would take
+    running guests' GPUs away. The key stays, well-formed, for charmhelpers'
+    ``get_subordinate_services``; this charm's own status watches the daemon.
+    """
     subordinate = {"nova": {NOVA_CONF: {"sections": config_sections}}}
     package_map = {PACKAGES_RELEASE_KEY: {"deb": {"install": sorted(set(packages)), "purge": []}}}
     return {
         "subordinate_configuration": _dumps(subordinate),
-        "services": _dumps(sorted(set(services))),
+        "services": _dumps([]),
         "releases-packages-map": _dumps(package_map),
     }
 

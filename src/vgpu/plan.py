@@ -21,7 +21,7 @@ A GPU takes one profile; MIG-backed profiles and mixed-size mode are refused.
 import re
 from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
-from . import pci
+from . import LIVE_MIGRATION, PCI_IN_PLACEMENT, pci, releases
 
 if TYPE_CHECKING:
     from .guests import HeldMdev
@@ -104,8 +104,14 @@ def alias_name(name: str) -> str:
 
 
 def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
-          offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]] = None) -> Plan:
-    """The plan for a checked mapping on ``host``; ``offered`` adds learnt VFIO types per GPU."""
+          offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]] = None, *,
+          pci_in_placement: bool = False, live_migration: bool = False) -> Plan:
+    """The plan for a checked mapping on ``host``; ``offered`` adds learnt VFIO types per GPU.
+
+    ``pci_in_placement`` and ``live_migration`` are the charm options of
+    those names: what the plan needs of Nova follows from them (see
+    :func:`option_problems`).
+    """
     draft = _Draft(host, offered)
     for key, addresses in mapping.items():
         if tuple(addresses) == (ALL,):
@@ -118,6 +124,8 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
     if single:
         errors.insert(0, single)
     errors.extend(_shared_class_problems(assignments))
+    errors.extend(option_problems(assignments, release, pci_in_placement=pci_in_placement,
+                                  live_migration=live_migration))
     return Plan(assignments=tuple(sorted(assignments, key=lambda a: a.address)),
                 errors=tuple(dict.fromkeys(errors)), notes=tuple(draft.notes),
                 missing_vfs=tuple(sorted(set(draft.missing))))
@@ -286,6 +294,35 @@ def _shared_class_problems(assignments: Sequence["Assignment"]) -> List[str]:
         classes.setdefault(a.resource_class, set()).add(pci.profile_name(a.name))
     return [f"profiles {', '.join(sorted(names))} would share Placement's resource class {cls}"
             for cls, names in sorted(classes.items()) if len(names) > 1]
+
+
+def option_problems(assignments: Sequence["Assignment"], release, *, pci_in_placement: bool,
+                    live_migration: bool) -> List[str]:
+    """What the options ask of Nova that this plan on this release cannot give.
+
+    ``live_migration`` needs a Nova that takes ``live_migratable`` (on any
+    host: the option is the operator's request). Without ``pci_in_placement``
+    a flavor reaches a VFIO vGPU through a ``[pci] alias`` by vendor and
+    product id, and Nova's PCI pools ignore the resource class, so two
+    profiles on VFs of one product id on this host cannot be told apart.
+    """
+    problems: List[str] = []
+    if live_migration and release is not None and not release.live_migratable:
+        minimum = releases.from_major(releases.LIVE_MIGRATABLE_MAJOR)
+        problems.append(f"{LIVE_MIGRATION} needs Nova {minimum.nova_major} ({minimum.series} "
+                        f"{minimum.codename}) or later; this host runs {release}: upgrade Nova "
+                        f"or set {LIVE_MIGRATION}=false")
+    if not pci_in_placement:
+        profiles: Dict[str, set] = {}
+        for a in assignments:
+            if a.framework == pci.VFIO:
+                profiles.setdefault(a.product_id, set()).add(pci.profile_name(a.name))
+        problems.extend(
+            f"profiles {', '.join(sorted(names))} share VF product id {product}, which a PCI "
+            f"alias by vendor and product id cannot tell apart: map one profile per GPU model "
+            f"or set {PCI_IN_PLACEMENT}=true" for product, names in sorted(profiles.items())
+            if len(names) > 1)
+    return problems
 
 
 def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):

@@ -43,6 +43,10 @@ SINGLE_TYPE = "single-type"    # queens..train: enabled_vgpu_types, first type o
 VGPU_GROUPS = "vgpu-groups"    # ussuri..wallaby: enabled_vgpu_types + [vgpu_<type>]
 MDEV_GROUPS = "mdev-groups"    # xena and later: enabled_mdev_types + [mdev_<type>]
 
+# The first Nova whose device_spec and alias take live_migratable (Nova commit
+# "Add live_migratable flag to PCI device specification", first in 31.0.0).
+LIVE_MIGRATABLE_MAJOR = 31
+
 
 class Release(NamedTuple):
     """An OpenStack release as Nova's major version identifies it."""
@@ -69,6 +73,11 @@ class Release(NamedTuple):
     def managed_no(self) -> bool:
         """``[pci] device_spec`` accepts ``"managed": "no"`` (epoxy, Nova 31, onwards)."""
         return self.nova_major >= 31
+
+    @property
+    def live_migratable(self) -> bool:
+        """``[pci] device_spec`` and ``alias`` take ``live_migratable`` (epoxy, Nova 31, onwards)."""
+        return self.nova_major >= LIVE_MIGRATABLE_MAJOR
 
     def __str__(self) -> str:
         """The release as a status message names it: ``2024.1 caracal (Nova 29)``."""

@@ -11,7 +11,7 @@ into the matching ops status and Juju shows the most severe.
 from types import MappingProxyType
 from typing import List, Mapping, NamedTuple, Optional, Tuple
 
-from . import OPTION, RELATION, driver, mappings, sriov, text
+from . import OPTION, PCI_IN_PLACEMENT, RELATION, driver, mappings, sriov, text
 from .facts import Facts
 
 BLOCKED = "blocked"
@@ -20,6 +20,11 @@ WAITING = "waiting"
 ACTIVE = "active"
 
 Status = Tuple[str, str]  # (kind, message)
+
+# Why [pci] report_in_placement is still published (an active note).
+REPORTING_KEPT = (f"{PCI_IN_PLACEMENT} is off but [pci] report_in_placement stays True: Nova "
+                  "refuses to start once it is turned off after devices were reported (README: "
+                  "Removal)")
 
 
 class Services(NamedTuple):
@@ -38,11 +43,14 @@ class Inputs(NamedTuple):
     """
 
     facts: Facts  # what the host says (devices, packages, modules)
-    app: str  # the application's name, for the integrate command
+    app: str  # this application's name, as deployed, for the integrate command
     related: bool  # whether the nova-vgpu relation exists
     forced: bool  # force-install-nvidia-vgpu
     published: Mapping[str, Tuple[str, ...]]  # the mapping nova-compute has now
     problems: Tuple[str, ...] = ()  # blocked messages from this hook's work
+    principal: str = "nova-compute"  # the principal's application name, as deployed
+    unit: str = ""  # this unit's name (gpu-a/0), for the actions to run; "" if unknown
+    reporting_kept: bool = False  # report_in_placement published though pci-in-placement is off
     validation: Optional[mappings.Validation] = None
     capacity: str = ""  # usage per published type, "" when nothing to count
     attached: Optional[driver.DebInfo] = None  # the attached driver package
@@ -79,9 +87,16 @@ def statuses(inputs: Inputs) -> List[Status]:
     out.extend(_vf_statuses(inputs))
     if validation is not None and validation.plan is not None:
         notes.extend(validation.plan.notes)
+    if inputs.reporting_kept:
+        notes.append(REPORTING_KEPT)
     out.extend(_driver_statuses(inputs, notes))
     out.append((ACTIVE, "; ".join([serving_message(inputs)] + notes)))
     return out
+
+
+def run_hint(inputs: Inputs, action: str) -> str:
+    """``juju run gpu-a/0 resume``, or ``run the resume action`` when the unit is unknown."""
+    return f"juju run {inputs.unit} {action}" if inputs.unit else f"run the {action} action"
 
 
 def _idle(inputs: Inputs) -> Status:
@@ -107,10 +122,10 @@ def _prerequisites(inputs: Inputs) -> List[Status]:
     if release_problem:
         out.append((BLOCKED, release_problem))
     elif inputs.facts.release() is None:
-        out.append((WAITING, "waiting for nova-compute to install nova-common"))
+        out.append((WAITING, f"waiting for {inputs.principal} to install nova-common"))
     if not inputs.related:
-        out.append((BLOCKED, f"relate to nova-compute: juju integrate nova-compute:{RELATION} "
-                             f"{inputs.app}:{RELATION}"))
+        out.append((BLOCKED, f"relate to {inputs.principal}: juju integrate "
+                             f"{inputs.principal}:{RELATION} {inputs.app}:{RELATION}"))
     # With the IOMMU off an SR-IOV GPU has no VFs, so any mapping error about
     # them would send the operator the wrong way: this comes before the mapping.
     iommu = inputs.facts.iommu_problem()
@@ -159,7 +174,8 @@ def _driver_statuses(inputs: Inputs, notes: List[str]) -> List[Status]:
         return out
     notes.extend(_version_notes(inputs))
     if inputs.paused:
-        out.append((MAINTENANCE, "paused: vGPU services stopped; run the resume action to start them"))
+        out.append((MAINTENANCE, f"paused: vGPU services stopped; {run_hint(inputs, 'resume')} "
+                                 "to start them"))
         return out
     out.extend((BLOCKED, f"reboot required: {reason}") for reason in inputs.facts.reboot_reasons())
     out.extend(_service_statuses(inputs))
@@ -185,18 +201,25 @@ def _version_notes(inputs: Inputs) -> List[str]:
 
 
 def _service_statuses(inputs: Inputs) -> List[Status]:
-    """Services down: masked by this charm's failed pause, by someone else, or just not running."""
+    """Services down: masked by this charm's failed pause, by someone else, or just not running.
+
+    nova-compute's pause does not touch them (none is published in
+    ``services``), so a daemon down is this unit's to report, always blocked:
+    guests on its GPUs lose their vGPUs.
+    """
     answer = inputs.services
     if answer.error is not None:
         return [(BLOCKED, answer.error)]
     down, masked = list(answer.down), list(answer.masked)
     ours = [name for name in masked if name in inputs.masked_by_us]
+    resume = run_hint(inputs, "resume")
     if ours:
         return [(BLOCKED, f"{', '.join(ours)} left stopped and masked by this charm's pause that "
-                          "failed: run the resume action")]
+                          f"failed: {resume}")]
     if down and masked == down:
-        return [(MAINTENANCE, f"{', '.join(down)} stopped and masked outside this charm "
-                              "(nova-compute's pause?): resume it there")]
+        them = "them" if len(down) > 1 else "it"
+        return [(BLOCKED, f"{', '.join(down)} stopped and masked outside this charm: {resume} "
+                          f"to unmask and start {them}")]
     if down:
         return [(BLOCKED, f"{', '.join(down)} not running: check journalctl -u {down[0]}")]
     return []

@@ -1,0 +1,208 @@
+"""pci-in-placement and vfio-live-migration through the charm, step by step.
+
+Each step runs the real charm (ops.testing) on a vendor-specific VFIO host
+and reads what it published the way nova-compute does (charmhelpers'
+SubordinateConfigContext), renders nova.conf beside the principal's own
+``[pci]`` and parses it with oslo.config and Nova's option definitions, as
+unit_tests/test_nova_rules.py does.
+"""
+
+import json
+
+import pytest
+from ops import testing
+
+from charm import NovaComputeNvidiaVgpuCharm
+from unit_tests import debs, principal
+from unit_tests.fakehost import L40S_TYPES, FakeHost, l40s_host, v100_host
+from unit_tests.test_charm import install_driver, ours, relation, state
+from unit_tests.test_charm_sriov import L40S, MAPPING, again, ready, types_of
+from unit_tests.test_nova_rules import PRINCIPAL_PCI, nova_devspec, oslo_conf
+from vgpu import driver, status
+
+PLACEMENT = "pci-in-placement"
+LIVE = "vfio-live-migration"
+
+
+def nova_reads(out, tmp_path):
+    """nova.conf as nova-compute renders it after this hook, parsed as Nova parses it."""
+    path = tmp_path / "nova.conf"
+    path.write_text(PRINCIPAL_PCI + principal.render_nova_conf(principal.nova_context(ours(out))))
+    return oslo_conf(path)
+
+
+def our_specs(conf):
+    return [json.loads(s) for s in conf.pci.device_spec if '"10de"' in s]
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory):
+    return debs.host_driver(tmp_path_factory.mktemp("debs"))
+
+
+@pytest.fixture
+def vfio(root, tools, deb):
+    """An L40S and an H200 on the VFIO framework, Nova 31, the driver installed and running."""
+    return ready(l40s_host(root), root, tools, deb)
+
+
+@pytest.fixture
+def v100(root, tools, deb):
+    """Two V100s (mediated devices), Nova 29, the driver installed and running."""
+    host = v100_host(root)
+    install_driver(root, deb)
+    tools.set_active("nvidia-vgpu-mgr")
+    tools.set_active("nvidia-vgpud")
+    return host
+
+
+# -- pci-in-placement ----------------------------------------------------------------
+
+def test_reporting_follows_the_option_and_stays_once_published(ctx, vfio, root, tmp_path):
+    # A fresh deployment: the VFs are published, reporting is not, and Nova takes every entry.
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    conf = nova_reads(out, tmp_path)
+    assert conf.pci.report_in_placement is False
+    assert len(our_specs(conf)) == 8
+    for spec in conf.pci.device_spec:
+        if '"10de"' in spec:
+            nova_devspec(spec)
+    assert out.unit_status.name == "active" and "report_in_placement" not in out.unit_status.message
+    # Turned on: published with the specs.
+    out = ctx.run(ctx.on.config_changed(), again(out, {"vgpu-device-mappings": MAPPING,
+                                                       PLACEMENT: True}))
+    conf = nova_reads(out, tmp_path)
+    assert conf.pci.report_in_placement is True and len(our_specs(conf)) == 8
+    assert "report_in_placement" not in out.unit_status.message
+    # Turned off again: Nova would not start without it, so it stays, and the status says why.
+    out = ctx.run(ctx.on.config_changed(), again(out, {"vgpu-device-mappings": MAPPING,
+                                                       PLACEMENT: False}))
+    conf = nova_reads(out, tmp_path)
+    assert conf.pci.report_in_placement is True and len(our_specs(conf)) == 8
+    assert out.unit_status.name == "active"
+    assert out.unit_status.message.endswith("; " + status.REPORTING_KEPT)
+    # And with the mapping cleared too: only the reporting is left.
+    out = ctx.run(ctx.on.config_changed(), again(out, {"vgpu-device-mappings": ""}))
+    conf = nova_reads(out, tmp_path)
+    assert (conf.pci.report_in_placement, our_specs(conf)) == (True, [])
+    assert types_of(root, L40S, 4) == [0] * 4  # the VFs were released
+
+
+def test_an_older_revisions_reporting_is_kept_after_the_upgrade(ctx, vfio, tmp_path):
+    before = {"nova": {"/etc/nova/nova.conf": {"sections": {"pci": [
+        ["report_in_placement", "True"]]}}}}
+    older = relation(local={"subordinate_configuration": json.dumps(before)})
+    out = ctx.run(ctx.on.upgrade_charm(), state({"vgpu-device-mappings": MAPPING},
+                                                relations=[older], resource=deb))
+    assert nova_reads(out, tmp_path).pci.report_in_placement is True
+    assert out.unit_status.message.endswith(status.REPORTING_KEPT)
+
+
+def test_the_option_on_a_mediated_device_host_publishes_no_reporting(ctx, v100, deb, tmp_path):
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}",
+                                                  PLACEMENT: True}, resource=deb))
+    # The principal's own passed-through devices must not be pulled into Placement.
+    assert nova_reads(out, tmp_path).pci.report_in_placement is False
+    assert "[mdev_nvidia-108]" in principal.render_nova_conf(principal.nova_context(ours(out)))
+
+
+def two_l40s(root, tools, deb):
+    host = FakeHost(root)
+    host.pci_ids()
+    for pf in ("0000:81:00.0", "0000:82:00.0"):
+        host.add_sriov_gpu(pf, device="0x26b9", vf_device="0x26ba", count=4,
+                           vfio_types=L40S_TYPES, totalvfs=32)
+    host.iommu_groups(8)
+    host.nova("3:31.0.0-0ubuntu1")
+    host.modules(["nvidia_vgpu_vfio", "nvidia"])
+    host.loaded_driver("570.158.02")
+    return ready(host, root, tools, deb)
+
+
+def test_two_profiles_on_one_gpu_model_need_placement(ctx, root, tools, deb, tmp_path):
+    two_l40s(root, tools, deb)
+    mapping = {"vgpu-device-mappings": "{L40S-12Q: ['81:00.0'], L40S-24Q: ['82:00.0']}"}
+    out = ctx.run(ctx.on.config_changed(), state(mapping, resource=deb))
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings: profiles L40S-12Q, L40S-24Q share VF product id 26ba, which a PCI "
+        "alias by vendor and product id cannot tell apart: map one profile per GPU model or set "
+        "pci-in-placement=true")
+    assert "subordinate_configuration" not in ours(out)
+    out = ctx.run(ctx.on.config_changed(), again(out, {**mapping, PLACEMENT: True}))
+    assert out.unit_status.name == "active"
+    conf = nova_reads(out, tmp_path)
+    assert conf.pci.report_in_placement is True
+    assert {s["resource_class"] for s in our_specs(conf)} == {"CUSTOM_VGPU_L40S_12Q",
+                                                              "CUSTOM_VGPU_L40S_24Q"}
+
+
+# -- vfio-live-migration -------------------------------------------------------------
+
+def test_live_migration_marks_every_spec_nova_accepts(ctx, vfio, tmp_path):
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING, LIVE: True},
+                                                 resource=deb))
+    specs = [s for s in nova_reads(out, tmp_path).pci.device_spec if '"10de"' in s]
+    assert len(specs) == 8
+    for text in specs:
+        nova_devspec(text)
+        assert json.loads(text)["live_migratable"] == "yes"
+    out = ctx.run(ctx.on.config_changed(), again(out, {"vgpu-device-mappings": MAPPING}))
+    assert not [s for s in our_specs(nova_reads(out, tmp_path)) if "live_migratable" in s]
+
+
+def test_live_migration_on_an_older_nova_blocks_and_keeps_what_was_published(ctx, v100, deb):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"},
+                                                   resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    out = ctx.run(ctx.on.config_changed(), again(first, {
+        "vgpu-device-mappings": "{nvidia-109: [e1:00.0]}", LIVE: True}))
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings: vfio-live-migration needs Nova 31 (2025.1 epoxy) or later; this "
+        "host runs 2024.1 caracal (Nova 29): upgrade Nova or set vfio-live-migration=false; "
+        "keeping nvidia-108 on 1")
+    assert ours(out)["subordinate_configuration"] == published
+
+
+# -- names as deployed ---------------------------------------------------------------
+
+@pytest.fixture
+def gpu_a():
+    """The charm deployed as gpu-a, its unit gpu-a/3."""
+    return testing.Context(NovaComputeNvidiaVgpuCharm, app_name="gpu-a", unit_id=3)
+
+
+def placeholder(tmp_path):
+    """Charmhub's empty placeholder for the resource: nothing attached yet."""
+    path = tmp_path / "placeholder.deb"
+    path.touch()
+    return {testing.Resource(name="nvidia-vgpu-software", path=path)}
+
+
+def test_the_relate_hint_takes_the_principal_from_juju_info(gpu_a, root, tools, deb):
+    v100_host(root)
+    install_driver(root, deb)
+    tools.set_active("nvidia-vgpu-mgr")
+    info = testing.SubordinateRelation("juju-info", remote_app_name="compute-gpu")
+    out = gpu_a.run(gpu_a.on.update_status(), testing.State(relations=[info], resources={
+        testing.Resource(name="nvidia-vgpu-software", path=deb)}))
+    assert out.unit_status == testing.BlockedStatus(
+        "relate to compute-gpu: juju integrate compute-gpu:nova-vgpu gpu-a:nova-vgpu")
+
+
+def test_the_attach_and_resume_hints_name_this_application_and_unit(gpu_a, root, tools, deb,
+                                                                     tmp_path):
+    v100_host(root)
+    vgpu = testing.SubordinateRelation("nova-vgpu", remote_app_name="compute-gpu")
+    out = gpu_a.run(gpu_a.on.install(), testing.State(relations=[vgpu],
+                                                      resources=placeholder(tmp_path)))
+    assert out.unit_status == testing.BlockedStatus(
+        f"nvidia-vgpu-software resource is empty: {driver.attach_hint(app='gpu-a')}")
+    assert out.unit_status.message.endswith(
+        ": juju attach-resource gpu-a nvidia-vgpu-software=./nvidia-vgpu-ubuntu-<branch>_"
+        f"<version>_{driver.hint_architecture()}.deb")
+    install_driver(root, deb)
+    tools.set_active("nvidia-vgpu-mgr")
+    out = gpu_a.run(gpu_a.on.action("pause"), testing.State(
+        relations=[vgpu], resources={testing.Resource(name="nvidia-vgpu-software", path=deb)}))
+    assert out.unit_status == testing.MaintenanceStatus(
+        "paused: vGPU services stopped; juju run gpu-a/3 resume to start them")
