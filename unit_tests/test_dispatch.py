@@ -1,0 +1,408 @@
+"""The packed charm, run the way Juju runs it: ``./dispatch`` with Juju's environment and hook tools.
+
+ops.testing, the demo and ``make pack-check`` all import the charm's class,
+so none of them notices what only a unit shows: a ``src/charm.py`` that git
+stores without its executable bit makes every hook fail with "Permission
+denied". Here the charm is built by charmcraft's own charm plugin and charm
+builder from what git stores (file modes included), zipped as ``charmcraft
+pack`` zips it, unzipped as Juju unpacks it, checked by ``charmcraft
+analyse``'s linters, and then run hook after hook and action after action on
+one unit (unit_tests/fakejuju.py): each dispatch is a real process started
+through the ``dispatch`` script charmcraft wrote, with the charm's own
+``venv/`` and a bare interpreter, on a host tree from unit_tests/fakehost.py,
+with stand-ins for systemctl and update-initramfs (unit_tests/faketools.py)
+and for Juju's hook tools. What is checked is what Juju would see: exit
+statuses, status-set calls, relation data (read back the way nova-compute
+reads it), action results, and state kept between dispatches.
+
+The charm is built once per session (see unit_tests/packing.py: its
+dependencies are installed from PyPI on the first build and reused after
+that by charmcraft's own dependency hash).
+"""
+
+import os
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from unit_tests import debs, packing, principal
+from unit_tests.fakehost import l40s_host
+from unit_tests.fakejuju import Unit
+from unit_tests.libvirt import running_guest
+from vgpu import kernel, sriov
+
+UNIT = "nova-compute-nvidia-vgpu/0"
+PRINCIPAL = "nova-compute/0"
+MGR = "nvidia-vgpu-mgr"
+VGPUD = "nvidia-vgpud"
+RESOURCE = "nvidia-vgpu-software"
+V100_MAPPING = "{nvidia-108: ['c1:00.0'], nvidia-109: ['00000000:E1:00.0']}"
+V100_ACTIVE = ("2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1; "
+               "nvidia-108: 0 used, 2 free; nvidia-109: 0 used, 1 free")
+# A key that would open a [DEFAULT] section in nova.conf, and an address ending a list.
+HOSTILE = ['{"nvidia-108\\n[DEFAULT]\\ndebug": ["0000:c1:00.0"]}',
+           "{nvidia-108: ['0000:c1:00.0]']}"]
+MDEV = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
+VM = "11111111-1111-4111-8111-111111111111"
+PAUSED = ("maintenance", "paused: vGPU services stopped; run the resume action to start them")
+
+
+def _why_not() -> str:
+    """Why the packed charm cannot be built here ('' when it can)."""
+    if "MUTANT_UNDER_TEST" in os.environ:
+        return "mutmut: a packed charm runs the unmutated checkout in its own process"
+    if not packing.in_git_checkout():
+        return "not a git checkout: the charm is built from what git stores"
+    try:
+        import charmcraft  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        return "charmcraft is not installed: make test installs it (pyproject's unit extra)"
+    return ""
+
+
+@pytest.fixture(scope="session")
+def packed(tmp_path_factory):
+    """The charm built by charmcraft's charm plugin, packed, and analysed as charmcraft analyse does."""
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    work = tmp_path_factory.mktemp("packed")
+    python_bin = packing.unit_python(work / "unit-python")
+    prime = packing.build(python_bin, work / "build.log")
+    charm_file = packing.pack(prime, work / "nova-compute-nvidia-vgpu.charm")
+    return SimpleNamespace(file=charm_file, python_bin=python_bin, prime=prime,
+                           analysis=packing.analyse(charm_file))
+
+
+def _unit(packed, tmp_path, root, tools) -> Unit:
+    charm_dir = packing.unpack(packed.file, tmp_path / "charm")
+    state = tmp_path / "juju"
+    state.mkdir()
+    env = {"VGPU_HOST_ROOT": str(root), "FAKE_LOG": str(tools.log), "FAKE_STATE": str(tools.state)}
+    path = [str(tools.bin), str(packed.python_bin), "/usr/local/sbin", "/usr/local/bin",
+            "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+    return Unit(charm_dir, state, UNIT, PRINCIPAL, env, path)
+
+
+@pytest.fixture
+def unit(packed, tmp_path, root, tools) -> Unit:
+    return _unit(packed, tmp_path, root, tools)
+
+
+def ok(dispatched):
+    """The dispatch exited 0 and every hook tool it called took the command line."""
+    assert dispatched.returncode == 0, dispatched.explain()
+    refused = [c["argv"] for c in dispatched.calls if c["rc"] == 2]
+    assert not refused, f"hook tools refused {refused}\n{dispatched.explain()}"
+    return dispatched
+
+
+def nova_conf(data) -> str:
+    return principal.render_nova_conf(principal.nova_context(data))
+
+
+# -- what git stores, and what charmcraft makes of it -----------------------------------
+
+def test_git_stores_the_entrypoint_executable():
+    if not packing.in_git_checkout():
+        pytest.skip("not a git checkout")
+    modes = packing.git_modes()
+    # dispatch runs `exec ./src/charm.py`: without this bit every hook fails.
+    assert modes["src/charm.py"] == packing.GIT_EXECUTABLE
+    assert modes["charmcraft.yaml"] == packing.GIT_FILE
+
+
+def test_charmcraft_analyse_finds_an_ops_charm_with_nothing_wrong(packed):
+    results = packed.analysis
+    assert results["language"][0] == "python"
+    assert results["framework"][0] == "operator"
+    for name in ("entrypoint", "ops-main-call", "metadata", "juju-actions", "juju-config",
+                 "naming-conventions"):
+        assert results[name][0] == "ok", (name, results[name])
+    # The rest need charmcraft's build directories, charm libraries, or a venv with bin/
+    # (the charm plugin ships site-packages only): not applicable here, or fine.
+    for name in ("additional-files", "pydeps", "pip-check"):
+        assert results[name][0] in ("ok", "nonapplicable"), (name, results[name])
+    assert len(results) == 11  # every checker charmcraft analyse runs was looked at above
+
+
+def test_the_unpacked_charm_keeps_git_modes_and_charmcraft_dispatch(packed, tmp_path):
+    charm = packing.unpack(packed.file, tmp_path / "charm")
+    dispatch = (charm / "dispatch").read_text()
+    assert dispatch.rstrip().endswith("exec ./src/charm.py")
+    assert 'PYTHONPATH=lib:venv' in dispatch
+    assert os.access(charm / "dispatch", os.X_OK)
+    for hook in ("install", "start", "upgrade-charm"):
+        assert (charm / "hooks" / hook).read_text() == dispatch
+    assert (charm / "src/charm.py").read_text().startswith("#!/usr/bin/env python3\n")
+    assert (charm / "venv/ops/__init__.py").is_file()
+    assert (charm / "venv/jsonschema/__init__.py").is_file()
+    for left_out in ("unit_tests", "tools", "tests", ".ci", "Makefile", "requirements.txt",
+                     "staging-venv", ".git"):
+        assert not (charm / left_out).exists(), left_out
+    shipped = {rel: mode for rel, mode in packing.git_modes().items() if (charm / rel).is_file()}
+    assert "src/charm.py" in shipped and "src/vgpu/pci.py" in shipped
+    for rel, mode in shipped.items():
+        assert os.access(charm / rel, os.X_OK) == (mode == packing.GIT_EXECUTABLE), rel
+
+
+# -- one unit, hook after hook ------------------------------------------------------------
+
+def test_a_v100_unit_from_install_to_remove(unit, v100, root, tools, packages):
+    unit.attach(RESOURCE, packages["old"])
+    install = ok(unit.hook("install"))
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+    assert kernel.blacklist_path().exists()
+    assert "update-initramfs -u" in tools.calls()
+    assert install.statuses() == [
+        ("maintenance", "installing nvidia-vgpu-ubuntu-570 570.158.02"),
+        ("blocked", "relate to nova-compute: juju integrate nova-compute:nova-vgpu "
+                    "nova-compute-nvidia-vgpu:nova-vgpu")]
+    assert (unit.charm_dir / ".unit-state.db").is_file()  # ops' state, kept for the next hooks
+
+    # Juju brings the subordinate's relations, leadership, config and start.
+    juju_info = unit.relate("juju-info", 5, "nova-compute")
+    nova_vgpu = unit.relate("nova-vgpu", 7, "nova-compute")
+    for name, relation in (("juju-info-relation-created", juju_info),
+                           ("nova-vgpu-relation-created", nova_vgpu)):
+        ok(unit.hook(name, relation))
+    for name in ("leader-elected", "config-changed", "start"):
+        ok(unit.hook(name))
+    for relation in (juju_info, nova_vgpu):
+        unit.join(relation, PRINCIPAL)
+        for kind in ("joined", "changed"):
+            ok(unit.hook(f"{relation.endpoint}-relation-{kind}", relation, remote_unit=PRINCIPAL))
+    assert unit.status() == (
+        "active", "2 GPUs (Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings")
+    data = unit.relation_data(nova_vgpu)
+    assert principal.services(data) == {MGR}
+    assert principal.release_packages(data).install == {"nvidia-vgpu-ubuntu-570"}
+    assert principal.nova_context(data) == {}
+
+    unit.configure(vgpu_device_mappings=V100_MAPPING)
+    changed = ok(unit.hook("config-changed"))
+    assert changed.statuses()[-1] == ("active", V100_ACTIVE)
+    published = unit.relation_data(nova_vgpu)
+    conf = nova_conf(published)
+    assert "[devices]\nenabled_mdev_types = nvidia-108,nvidia-109\n" in conf
+    assert "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0\n" in conf
+    assert "[mdev_nvidia-109]\ndevice_addresses = 0000:e1:00.0\n" in conf
+
+    steady = ok(unit.hook("update-status"))
+    assert steady.statuses() == [("active", V100_ACTIVE)]
+    assert "relation-set" not in steady.tools()  # nothing changed, nothing written
+    assert "resource-get" not in steady.tools()  # the resource's record from install answers
+
+    types = ok_action(unit, "list-vgpu-types")
+    assert sorted(types.results["gpus"]) == ["gpu-0", "gpu-1"]
+    assert types.results["gpus"]["gpu-0"]["types"]["nvidia-108"]["name"] == "GRID V100-8Q"
+    assert types.results["table"].splitlines()[0].split()[:3] == ["ADDRESS", "MODEL", "TYPE"]
+    assert ok_action(unit, "vgpu-usage").results == {
+        "summary": "no vGPU in use on this host", "table": "no vGPU in use on this host"}
+
+    tools.log.write_text("")
+    paused = ok_action(unit, "pause")
+    assert paused.results == {"stopped": MGR}
+    assert [c for c in tools.calls() if not c.startswith("systemctl is-")] == [
+        f"systemctl stop {MGR}", f"systemctl disable {MGR}", f"systemctl mask {MGR}"]
+    assert paused.dispatched.statuses() == [PAUSED]
+    # The next hook is a new process: the paused flag comes from ops' state in the charm dir.
+    assert ok(unit.hook("update-status")).statuses() == [PAUSED]
+    resumed = ok_action(unit, "resume")
+    assert resumed.results == {"started": MGR}
+    assert (tools.enabled(MGR), tools.enabled(VGPUD)) == ("enabled", "enabled")
+    assert ok(unit.hook("update-status")).statuses() == [("active", V100_ACTIVE)]
+
+    # juju attach-resource: Juju runs upgrade-charm, then the operator runs upgrade.
+    unit.attach(RESOURCE, packages["new"])
+    noted = ok(unit.hook("upgrade-charm"))
+    assert "resource-get" in noted.tools()
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"  # hooks leave that to upgrade
+    upgraded = ok_action(unit, "upgrade")
+    assert (upgraded.results["previous"], upgraded.results["version"],
+            upgraded.results["reboot-required"]) == ("nvidia-vgpu-ubuntu-570 570.158.02",
+                                                     "570.172.08", "yes")
+    assert debs.dpkg_query(root) == "install ok installed 570.172.08"
+    reason = "NVIDIA driver 570.158.02 is loaded, 570.172.08 installed"
+    assert unit.status() == ("blocked", f"reboot required: {reason}")
+    v100.loaded_driver("570.172.08")  # the reboot
+    assert ok(unit.hook("update-status")).statuses() == [("active", V100_ACTIVE)]
+
+    # A guest takes a vGPU: vgpu-usage names it, and pause refuses (action-fail; exit 0).
+    v100.add_mdev("0000:c1:00.0", "nvidia-108", MDEV)
+    running_guest(root, "instance-0000002a", VM, mdev_uuid=MDEV)
+    usage = ok_action(unit, "vgpu-usage")
+    assert usage.results["summary"] == "1 vGPU in running guests (1 RTX Virtual Workstation)"
+    assert usage.results["vgpus"]["vgpu-0"]["instance"] == VM
+    assert usage.results["vgpus"]["vgpu-0"]["profile"] == "V100-8Q"
+    refused = unit.action("pause")
+    ok(refused.dispatched)
+    assert refused.failed == f"not paused: 1 running guest(s) use vGPUs: instance-0000002a ({VM})"
+    assert tools.enabled(MGR) == "enabled"
+
+    for text in HOSTILE:
+        unit.configure(vgpu_device_mappings=text)
+        hostile = ok(unit.hook("config-changed"))
+        status, message = hostile.statuses()[-1]
+        assert status == "blocked" and message.startswith("vgpu-device-mappings: "), message
+        assert message.endswith("; keeping nvidia-108 on 1, nvidia-109 on 1")
+        assert "\n" not in message
+        assert unit.relation_data(nova_vgpu) == published  # the last good mapping stays
+        assert "debug" not in nova_conf(unit.relation_data(nova_vgpu))
+
+    # nova-compute goes away: first the nova-vgpu relation, then the container relation.
+    for relation in (nova_vgpu, juju_info):
+        unit.depart(relation, PRINCIPAL)
+        ok(unit.hook(f"{relation.endpoint}-relation-departed", relation, remote_unit=PRINCIPAL,
+                     departing=PRINCIPAL))
+        ok(unit.hook(f"{relation.endpoint}-relation-broken", relation))
+        unit.forget(relation)
+    ok(unit.hook("stop"))
+    ok(unit.hook("remove"))
+    assert not kernel.blacklist_path().exists()
+    assert debs.dpkg_query(root) == "install ok installed 570.172.08"  # the package stays
+    # Juju saw every call's command line accepted, and nothing logged as a problem,
+    # over the whole life of the unit.
+    assert not [c["argv"] for c in unit.calls() if c["rc"] == 2]
+    assert not [e for e in unit.log() if e["level"] in ("WARNING", "ERROR")]
+
+
+def ok_action(unit, name, **params):
+    run = unit.action(name, **params)
+    ok(run.dispatched)
+    assert run.failed is None, f"{name} failed: {run.failed}\n{run.dispatched.explain()}"
+    return run
+
+
+def current_type(root, address: str) -> int:
+    return int((root / f"sys/bus/pci/devices/{address}/nvidia/current_vgpu_type").read_text())
+
+
+L40S_MAPPING = "{L40S-12Q: all, 'NVIDIA H200X-35C': ['c1:00.0']}"
+
+
+def test_an_l40s_unit_writes_vf_types_and_removes_its_boot_unit(packed, tmp_path, root, tools,
+                                                                 packages):
+    host = l40s_host(root)
+    unit = _unit(packed, tmp_path, root, tools)
+    for name in (MGR, VGPUD):
+        tools.set_active(name)
+    unit.attach(RESOURCE, packages["old"])
+    nova_vgpu = unit.relate("nova-vgpu", 7, "nova-compute")
+    ok(unit.hook("install"))
+    host.install_sriov_manage()  # the stand-in, over the placeholder the package brought
+    unit.join(nova_vgpu, PRINCIPAL)
+    ok(unit.hook("nova-vgpu-relation-joined", nova_vgpu, remote_unit=PRINCIPAL))
+    unit.configure(vgpu_device_mappings=L40S_MAPPING)
+    changed = ok(unit.hook("config-changed"))
+    status, message = changed.statuses()[-1]
+    assert status == "active", message
+    assert message.startswith("2 GPUs (1 H200 NVL, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, "
+                              "CUSTOM_VGPU_L40S_12Q on 4"), message
+    conf = nova_conf(unit.relation_data(nova_vgpu))
+    assert conf.count("device_spec = ") == 8
+    assert '"resource_class": "CUSTOM_VGPU_L40S_12Q"' in conf
+    l40s_vfs = [f"0000:81:00.{n}" for n in range(4, 8)] + ["0000:81:01.0", "0000:81:01.1"]
+    assert [current_type(root, vf) for vf in l40s_vfs] == [1139] * 4 + [0, 0]
+    assert sriov.unit_path().is_file()
+    assert ok(unit.hook("update-status")).statuses()[-1] == changed.statuses()[-1]
+    listed = ok_action(unit, "list-vgpu-types")
+    entry = listed.results["gpus"]["gpu-0"]["types"]["nvidia-1139"]
+    assert entry["flavor-property"] == "pci_passthrough:alias=vgpu-l40s-12q:1"
+    unit.configure(vgpu_device_mappings=HOSTILE[0])
+    hostile = ok(unit.hook("config-changed"))
+    assert hostile.statuses()[-1][0] == "blocked"
+    assert nova_conf(unit.relation_data(nova_vgpu)) == conf
+    unit.depart(nova_vgpu, PRINCIPAL)
+    ok(unit.hook("nova-vgpu-relation-departed", nova_vgpu, remote_unit=PRINCIPAL,
+                 departing=PRINCIPAL))
+    ok(unit.hook("nova-vgpu-relation-broken", nova_vgpu))
+    unit.forget(nova_vgpu)
+    ok(unit.hook("stop"))
+    ok(unit.hook("remove"))
+    assert not sriov.unit_path().exists()
+    assert not kernel.blacklist_path().exists()
+
+
+# -- the stand-in hook tools themselves -------------------------------------------------------
+
+def test_the_stand_in_hook_tools_take_what_ops_sends_and_refuse_the_rest(packed, tmp_path, root,
+                                                                          tools, monkeypatch):
+    from ops import hookcmds
+
+    unit = _unit(packed, tmp_path, root, tools)
+    rel = unit.relate("nova-vgpu", 7, "nova-compute")
+    unit.join(rel, PRINCIPAL, {"restart-trigger": "x"})
+    env = unit.environ("hooks/update-status")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    # ops' own hook-command code, against the stand-ins.
+    hookcmds.status_set("blocked", "a message\nwith a newline")
+    assert hookcmds.status_get().message == "a message\nwith a newline"
+    assert unit.status() == ("blocked", "a message\nwith a newline")
+    hookcmds.relation_set({"a": "1", "b": "2"}, 7, endpoint="nova-vgpu")
+    hookcmds.relation_set({"a": ""}, 7, endpoint="nova-vgpu")  # Juju deletes an emptied key
+    assert hookcmds.relation_get(7, endpoint="nova-vgpu", unit=UNIT)["b"] == "2"
+    assert "a" not in unit.relation_data(rel)
+    assert hookcmds.relation_get(7, endpoint="nova-vgpu", unit=PRINCIPAL) == {"restart-trigger": "x"}
+    assert hookcmds.relation_ids("nova-vgpu") == ["nova-vgpu:7"]
+    assert hookcmds.relation_list(7, endpoint="nova-vgpu") == [PRINCIPAL]
+    assert hookcmds.config_get()["vgpu-device-mappings"] == ""
+    assert hookcmds.is_leader() is True
+    hookcmds.app_version_set("570.158.02")
+    assert hookcmds.opened_ports() == []
+    assert set(hookcmds.goal_state().relations["nova-vgpu"]) == {"nova-compute", PRINCIPAL}
+    with pytest.raises(hookcmds.Error) as missing:  # nothing attached yet
+        hookcmds.resource_get(RESOURCE)
+    assert "not found" in missing.value.stderr
+    placeholder = tmp_path / "empty.deb"
+    placeholder.write_bytes(b"")
+    attached = unit.attach(RESOURCE, placeholder)
+    assert hookcmds.resource_get(RESOURCE) == attached
+    assert attached.name == "nvidia-vgpu.deb"  # metadata.yaml's filename, as Juju names it
+    with pytest.raises(hookcmds.Error):  # not in an action
+        hookcmds.action_get()
+    with pytest.raises(hookcmds.Error) as gone:
+        hookcmds.relation_get(9, endpoint="nova-vgpu", unit=PRINCIPAL)
+    assert "relation not found" in gone.value.stderr
+    # Command lines ops does not send are refused, whatever Juju's own tools would do.
+    bin_dir = unit.bin
+    for argv in (["status-set", "active", "no --application"],
+                 ["status-set", "--application=False", "error", "--", "not settable"],
+                 ["config-get"],
+                 ["relation-get", "-r", "nova-vgpu:7", "-", UNIT],
+                 ["relation-set", "-r", "nova-vgpu:7", "a=1"],
+                 ["juju-log", "no level"],
+                 ["is-leader"]):
+        done = subprocess.run([str(bin_dir / argv[0]), *argv[1:]], capture_output=True, text=True,
+                              env=env, stdin=subprocess.DEVNULL)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert unit.calls()[-1] == {"argv": argv, "rc": 2, "hook": "hooks/update-status"}
+    assert unit.status() == ("blocked", "a message\nwith a newline")
+    # Action results keep Juju's nesting; a key Juju refuses fails the call.
+    action_env = unit.action_environ("pause")
+    for key, value in action_env.items():
+        monkeypatch.setenv(key, value)
+    assert hookcmds.action_get() == {"force": False}
+    hookcmds.action_set({"a": {"b": "c"}, "d": "e"})
+    with pytest.raises(hookcmds.Error):
+        hookcmds.action_set({"Upper": "x"})
+    hookcmds.action_log("-starts with a dash")
+    hookcmds.action_fail("why")
+    record = unit.action_record(action_env)
+    assert (record["results"], record["failed"], record["log"]) == (
+        {"a": {"b": "c"}, "d": "e"}, "why", ["-starts with a dash"])
+
+
+def test_a_charm_stored_without_its_executable_bit_fails_every_hook(packed, tmp_path, root, tools):
+    """The fault this file exists for: what a unit does with a non-executable entrypoint."""
+    unit = _unit(packed, tmp_path, root, tools)
+    (unit.charm_dir / "src/charm.py").chmod(0o644)
+    done = unit.hook("install")
+    # sh's exec cannot run it (126): the interpreter never starts, no hook tool is called.
+    assert done.returncode == 126, done.explain()
+    assert "Permission denied" in done.stderr
+    assert unit.calls() == []
