@@ -506,10 +506,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(str(error))
             return
         offered = catalogue.offered(host, here.loaded_driver_version, self._learnt(host))
+        options = {"mdev_class": bool(self.config.get(MDEV_CLASS)),
+                   "pci_in_placement": bool(self.config.get("pci-in-placement")),
+                   "live_migration": bool(self.config.get("vfio-live-migration"))}
         event.set_results(table.fit({
-            "gpus": report.gpu_results(host, offered=offered,
-                                       mdev_class=bool(self.config.get(MDEV_CLASS))),
-            "table": report.types_table(host, offered),
+            "gpus": report.gpu_results(host, offered=offered, **options),
+            "table": report.types_table(host, offered, **options),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod

@@ -14,6 +14,7 @@ charmhelpers, as nova-compute reads it).
     make demo ARGS="--host a100 --mappings '{A100-20C: all}'"
     make demo ARGS="--host l40s"                    # vendor-specific VFIO: L40S + H200
     make demo ARGS="--nova 2:21.2.4-0ubuntu2"      # ussuri spelling
+    make demo ARGS="--host l40s --config pci-in-placement=true"   # any other option
 
 systemctl and update-initramfs are stand-ins that record their calls, so
 nothing on this machine is touched.
@@ -54,9 +55,12 @@ def main(argv=None) -> int:
     parser.add_argument("--mappings", help="vgpu-device-mappings (YAML or JSON)")
     parser.add_argument("--nova", help="installed nova-common version (default: caracal; "
                                        "epoxy for --host l40s)")
+    parser.add_argument("--config", action="append", default=[], metavar="OPTION=VALUE",
+                        help="another charm option (true/false for booleans); may repeat")
     parser.add_argument("--keep", action="store_true", help="keep the sample host tree")
     args = parser.parse_args(argv)
     mappings = args.mappings if args.mappings is not None else DEFAULT_MAPPINGS[args.host]
+    config = {"vgpu-device-mappings": mappings, **options(args.config)}
 
     work = Path(tempfile.mkdtemp(prefix="vgpu-sample-host-"))
     root = work / "host"
@@ -78,10 +82,13 @@ def main(argv=None) -> int:
     print(f"$ juju attach-resource nova-compute-nvidia-vgpu nvidia-vgpu-software=./{package.name}")
     state = ctx.run(ctx.on.install(), state)
     print(f"  installed: {debs.dpkg_query(root) or 'nothing'}")
+    for key in sorted(config):
+        if key != "vgpu-device-mappings":
+            print(f"$ juju config nova-compute-nvidia-vgpu {key}={str(config[key]).lower()}")
     print(f"$ juju config nova-compute-nvidia-vgpu vgpu-device-mappings=\"{mappings}\"")
     state = ctx.run(ctx.on.config_changed(),
-                    testing.State(config={"vgpu-device-mappings": mappings},
-                                  relations=state.relations, resources=state.resources))
+                    testing.State(config=config, relations=state.relations,
+                                  resources=state.resources))
     print()
     status = state.unit_status
     width = len(UNIT)
@@ -92,7 +99,7 @@ def main(argv=None) -> int:
     context = principal.nova_context(data)
     print("/etc/nova/nova.conf, the sections nova-compute renders from nova-vgpu:")
     print(principal.render_nova_conf(context).rstrip() if context else "  (none)")
-    print(f"services for nova-compute's pause/resume: {sorted(principal.services(data)) or 'none'}")
+    print(f"services nova-compute's pause stops: {sorted(principal.services(data)) or 'none'}")
     written = vf_types(root)
     if written:
         print()
@@ -102,7 +109,7 @@ def main(argv=None) -> int:
     print("$ juju run nova-compute-nvidia-vgpu/0 list-vgpu-types")
     ctx.run(ctx.on.action("list-vgpu-types"), state)
     print(ctx.action_results["table"])
-    flavors = flavor_lines(ctx.action_results["gpus"], context)
+    flavors = flavor_lines(ctx.action_results["gpus"], context, held_types(root))
     if flavors:
         print()
         print("Flavors for what is published (from list-vgpu-types):")
@@ -116,36 +123,60 @@ def main(argv=None) -> int:
 def vf_types(root: Path):
     """``<GPU>: <first VF>..<last VF> -> <type>`` for VFs holding a type, per GPU and type."""
     held = {}
-    for link in sorted((root / "sys/bus/pci/devices").iterdir()):
+    for vf, type_id in sorted(held_types(root).items()):
+        gpu = os.path.basename(os.readlink(root / "sys/bus/pci/devices" / vf / "physfn"))
+        held.setdefault((gpu, type_id), []).append(vf)
+    return [f"  GPU {gpu}: {len(vfs)} VFs ({vfs[0]} .. {vfs[-1]}) hold {type_id}"
+            for (gpu, type_id), vfs in sorted(held.items())]
+
+
+def options(pairs):
+    """``--config`` values as ops.testing wants them: booleans for true/false."""
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        out[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return out
+
+
+def held_types(root: Path):
+    """``{VF address: type id}`` of the VFs holding a vGPU type (vendor-specific VFIO)."""
+    held = {}
+    for link in (root / "sys/bus/pci/devices").iterdir():
         current = link / "nvidia/current_vgpu_type"
         if current.exists() and current.read_text().strip() not in ("", "0"):
-            gpu = os.path.basename(os.readlink(link / "physfn"))
-            held.setdefault((gpu, current.read_text().strip()), []).append(link.name)
-    return [f"  GPU {gpu}: {len(vfs)} VFs ({vfs[0]} .. {vfs[-1]}) hold nvidia-{number}"
-            for (gpu, number), vfs in sorted(held.items())]
+            held[link.name] = f"nvidia-{current.read_text().strip()}"
+    return held
 
 
-def flavor_lines(gpus: dict, context: dict):
-    """The flavor property (and [pci] alias) of every type the relation publishes."""
+def flavor_lines(gpus: dict, context: dict, held: dict):
+    """The flavor property of every type the relation publishes, then the aliases they need.
+
+    mdev types are published by id in ``[devices]``; VFIO types as one
+    ``[pci] device_spec`` per VF, whose address ``held`` maps to its type.
+    """
     sections = context.get("sections", {}) if context else {}
     published = set()
     for key, value in sections.get("devices", []):
         if key in ("enabled_mdev_types", "enabled_vgpu_types"):
             published.update(value.split(","))
-    classes = {json.loads(v)["resource_class"] for k, v in sections.get("pci", [])
-               if k == "device_spec"}
-    lines, seen = [], set()
+    published.update(held.get(json.loads(v).get("address"), "") for k, v in sections.get("pci", [])
+                     if k == "device_spec")
+    lines, seen, aliases = [], set(), []
     for gpu in gpus.values():
         types = gpu["types"] if isinstance(gpu["types"], dict) else {}
         for type_id, entry in types.items():
-            if (type_id in published or entry.get("resource-class") in classes) \
-                    and entry["name"] not in seen:
+            if type_id in published and entry["name"] not in seen:
                 seen.add(entry["name"])
                 lines.append(f"  {entry['name']}: openstack flavor set <flavor> --property "
                              f"{entry['flavor-property']}")
                 if "pci-alias" in entry:
-                    lines.append(f"    [pci] alias = {entry['pci-alias']}  "
-                                 "(nova-cloud-controller and nova-compute pci-alias)")
+                    aliases.append(entry["pci-alias"])
+    if aliases:
+        value = aliases[0] if len(aliases) == 1 else f"[{', '.join(aliases)}]"
+        lines.append("PCI aliases those flavors name, on the controllers and the computes:")
+        lines += [f"  juju config {app} pci-alias='{value}'"
+                  for app in ("nova-cloud-controller", "nova-compute")]
     return lines
 
 

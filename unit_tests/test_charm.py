@@ -360,10 +360,11 @@ def test_list_vgpu_types(ctx, ready):
         "flavor-property": "resources:VGPU=1"}
     assert sorted(results["gpus"]) == ["gpu-0", "gpu-1"]
     lines = results["table"].splitlines()
-    assert lines[0].split() == ["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE"]
+    assert lines[0].split() == ["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",
+                                "FLAVOR"]
     assert lines[-1].split() == ["0000:e1:00.0", "Tesla", "V100", "PCIe", "16GB", "nvidia-109",
-                                 "GRID", "V100-16Q", "16384", "MiB", "1", "1"]
-    assert len(lines) == 1 + 2 * 5
+                                 "GRID", "V100-16Q", "16384", "MiB", "1", "1", "resources:VGPU=1"]
+    assert len(lines) == 1 + 2 * 5  # mdev types need no [pci] alias: nothing under the table
 
 
 def test_list_vgpu_types_without_gpus(ctx, root, tools):

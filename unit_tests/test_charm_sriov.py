@@ -285,14 +285,19 @@ def test_list_vgpu_types_gives_the_flavor_property_and_the_pci_alias(ctx, vfio, 
     l40s = ctx.action_results["gpus"]["gpu-0"]
     entry = l40s["types"]["nvidia-1139"]  # listed although the full GPU offers nothing now
     assert entry["flavor-property"] == "pci_passthrough:alias=vgpu-l40s-12q:1"
-    # What the operator pastes into nova.conf's [pci] alias, keys in one order.
+    # What the operator pastes into pci-alias, keys in one order: by ids, which nova-compute
+    # 32+ requires at start; the resource class only with pci-in-placement (test_report.py).
     assert entry["pci-alias"] == (
         '{"device_type": "type-VF", "name": "vgpu-l40s-12q", "product_id": "26ba", '
-        '"resource_class": "CUSTOM_VGPU_L40S_12Q", "vendor_id": "10de"}')
+        '"vendor_id": "10de"}')
+    assert entry["resource-class"] == "CUSTOM_VGPU_L40S_12Q"
+    table = ctx.action_results["table"]
+    assert f"\n  {entry['pci-alias']}\n" in table  # under the table, with its siblings'
+    assert table.count('"name": "vgpu-l40s-') == 6  # one per L40S type, not one per VF
     assert l40s["virtual-functions"] == ",".join(vfs(L40S, 16))
     # The full GPU lists nothing: the learnt type carries no counts, shown as "-".
     row = next(line for line in ctx.action_results["table"].splitlines() if " nvidia-1139 " in line)
-    assert row.split()[-4:] == ["12288", "MiB", "-", "-"]
+    assert row.split()[-5:] == ["12288", "MiB", "-", "-", "pci_passthrough:alias=vgpu-l40s-12q:1"]
 
 
 def test_remove_stops_and_deletes_the_boot_unit(ctx, vfio, root, tools, deb):

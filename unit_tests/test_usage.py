@@ -300,9 +300,9 @@ def test_list_vgpu_types_counts_one_vgpu_per_free_vf_up_to_what_the_type_fits(ro
     a100_host(root)
     lines = report.types_table(pci.with_available(pci.discover())).splitlines()[1:]
     rows = {next(w for w in line.split() if w.startswith("nvidia-")): line.split() for line in lines}
-    assert rows["nvidia-474"][-1] == "4"   # GRID A100-10C: max_instance 4 on the GPU
-    assert rows["nvidia-476"][-1] == "1"   # GRID A100-40C: the whole GPU
-    assert rows["nvidia-471"][-1] == "10"  # GRID A100-4C: 10 fit, 16 VFs free
+    assert rows["nvidia-474"][-2] == "4"   # GRID A100-10C: max_instance 4 on the GPU
+    assert rows["nvidia-476"][-2] == "1"   # GRID A100-40C: the whole GPU
+    assert rows["nvidia-471"][-2] == "10"  # GRID A100-4C: 10 fit, 16 VFs free
 
 
 def test_an_mdev_type_without_a_readable_name_keeps_its_id_and_described_framebuffer(v100_guests, root):

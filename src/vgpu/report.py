@@ -1,4 +1,20 @@
-"""What the list-vgpu-types action returns: nested results and a readable table."""
+"""What the list-vgpu-types action returns: nested results and a readable table.
+
+Each type says how a flavor asks for it, which depends on the framework:
+
+* mediated devices (mdev): ``resources:VGPU=1``, or with
+  ``mdev-class-per-profile`` ``resources:CUSTOM_VGPU_<PROFILE>=1``;
+* vendor-specific VFIO: ``pci_passthrough:alias=<alias>:1``, with the
+  ``[pci] alias`` that nova-cloud-controller and nova-compute need. A
+  ``resources:`` property creates no PCI request, so on a VFIO host the guest
+  would boot without a GPU.
+
+Every alias names ``vendor_id`` and ``product_id``: nova-compute 32 and later
+validates ``[pci] alias`` at start and, without ``[filter_scheduler]
+pci_in_placement`` on that host, refuses an alias without them
+(``nova/pci/request.py``, ``_validate_required_ids``). With
+``pci-in-placement`` the alias adds the profile's ``resource_class``.
+"""
 
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -6,38 +22,48 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from . import table
 from .pci import VFIO, Host, VgpuType
 
+NVIDIA_VENDOR = "10de"
+ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
+ALIAS_WHERE = "nova-cloud-controller and nova-compute pci-alias"
+
+
+def pci_alias(name: str, product_id: str, *, resource_class: Optional[str] = None,
+              live_migratable: bool = False) -> Dict[str, str]:
+    """The ``[pci] alias`` that asks for one VF of a vendor-specific VFIO type.
+
+    ``name``: the alias name (``vgpu-l40s-12q``); ``product_id``: the VF's own
+    device id (four hex digits, lowercase). ``resource_class``: added only when
+    the scheduler places PCI devices (``pci-in-placement``); Nova ignores it
+    otherwise. ``live_migratable``: ``"yes"`` when the device specs say so too
+    (``vfio-live-migration``, Nova 31 and later): Nova needs it in both.
+    """
+    alias = {"name": name, "device_type": "type-VF",
+             "vendor_id": NVIDIA_VENDOR, "product_id": product_id}
+    if resource_class:
+        alias["resource_class"] = resource_class
+    if live_migratable:
+        alias["live_migratable"] = "yes"
+    return alias
+
 
 def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None,
-                mdev_class: bool = False) -> Dict[str, dict]:
+                mdev_class: bool = False, pci_in_placement: bool = False,
+                live_migration: bool = False) -> Dict[str, dict]:
     """Per GPU (keys gpu-0, gpu-1, ... in address order): address, model, types.
 
     Juju result keys allow only lowercase letters, digits and hyphens, so the
     addresses and type names are values, never keys. Each type says the
     flavor property that asks for it and, on vendor-specific VFIO GPUs, the
-    ``[pci] alias`` that nova-cloud-controller (and nova-compute) need.
-    ``offered``: every type per GPU, learnt ones included (a full VFIO GPU
-    lists none in sysfs).
+    ``[pci] alias`` that nova-cloud-controller (and nova-compute) need
+    (``pci_in_placement``, ``live_migration``: the charm's options of those
+    names, shaping the alias). ``offered``: every type per GPU, learnt ones
+    included (a full VFIO GPU lists none in sysfs).
     """
-    from .plan import alias_name, flavor_property, resource_class
-
     out: Dict[str, dict] = {}
     for index, gpu in enumerate(host.gpus):
         types: Dict[str, dict] = {}
         for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
-            entry = {
-                "id": vgpu_type.id,
-                "name": vgpu_type.name,
-                "framework": vgpu_type.framework,
-                "flavor-property": flavor_property(vgpu_type, gpu.framework, mdev_class),
-            }
-            if gpu.framework == VFIO and gpu.vfs:
-                entry["resource-class"] = resource_class(vgpu_type.name)
-                entry["pci-alias"] = json.dumps({
-                    "name": alias_name(vgpu_type.name), "device_type": "type-VF",
-                    "vendor_id": "10de", "product_id": gpu.vfs[0].device_id.lower().removeprefix("0x"),
-                    "resource_class": resource_class(vgpu_type.name)}, sort_keys=True)
-            elif mdev_class:
-                entry["resource-class"] = resource_class(vgpu_type.name)
+            entry = _type_entry(gpu, vgpu_type, mdev_class, pci_in_placement, live_migration)
             for key, value in (("framebuffer-mb", vgpu_type.framebuffer_mb),
                                ("max-instances", vgpu_type.max_instances),
                                ("available-instances", _available(gpu, vgpu_type))):
@@ -57,24 +83,86 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     return out
 
 
-def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None) -> str:
-    """A fixed-width table, one row per GPU and type (``offered``: learnt types too), bounded."""
+def _type_entry(gpu, vgpu_type: VgpuType, mdev_class: bool, pci_in_placement: bool,
+                live_migration: bool) -> Dict[str, str]:
+    """id, name, framework, the flavor property and (VFIO) the alias of one type."""
+    from .plan import alias_name, flavor_property, resource_class
+
+    entry = {
+        "id": vgpu_type.id,
+        "name": vgpu_type.name,
+        "framework": vgpu_type.framework,
+        "flavor-property": flavor_property(vgpu_type, gpu.framework, mdev_class),
+    }
+    if gpu.framework == VFIO and gpu.vfs:
+        rc = resource_class(vgpu_type.name)
+        entry["resource-class"] = rc
+        entry["pci-alias"] = json.dumps(pci_alias(
+            alias_name(vgpu_type.name), _product_id(gpu),
+            resource_class=rc if pci_in_placement else None,
+            live_migratable=live_migration), sort_keys=True)
+    elif mdev_class:
+        entry["resource-class"] = resource_class(vgpu_type.name)
+    return entry
+
+
+def _product_id(gpu) -> str:
+    """The VFs' own device id, as ``[pci]`` wants it: ``26ba``."""
+    return gpu.vfs[0].device_id.lower().removeprefix("0x")
+
+
+def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None, *,
+                mdev_class: bool = False, pci_in_placement: bool = False,
+                live_migration: bool = False) -> str:
+    """A fixed-width table, one row per GPU and type (``offered``: learnt types too), bounded.
+
+    FLAVOR is the flavor property that asks for one vGPU of the type; the
+    keyword arguments are the charm's options, as for :func:`gpu_results`.
+    Under the table, the ``[pci] alias`` of each VFIO type (at most
+    ``ALIASES_SHOWN``; every one is in the nested results).
+    """
+    from .plan import alias_name, flavor_property, resource_class
+
     if not host.gpus:
         return "no NVIDIA GPU on this host"
-    rows: List[List[str]] = [["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE"]]
+    rows: List[List[str]] = [["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",
+                              "FLAVOR"]]
+    aliases: Dict[str, str] = {}
     for gpu in host.gpus:
         types = (offered or {}).get(gpu.address) or gpu.offered_types()
         if not types:
             why = "no VFs enabled" if gpu.vfs_missing else "driver not loaded?"
-            rows.append([gpu.address, gpu.model, "-", f"no types ({why})", "-", "-", "-"])
+            rows.append([gpu.address, gpu.model, "-", f"no types ({why})", "-", "-", "-", "-"])
         for vgpu_type in types:
             fb = vgpu_type.framebuffer_mb
             rows.append([
                 gpu.address, gpu.model, vgpu_type.id, vgpu_type.name,
                 f"{fb} MiB" if fb is not None else "-",
                 _text(vgpu_type.max_instances), _text(_available(gpu, vgpu_type)),
+                flavor_property(vgpu_type, gpu.framework, mdev_class),
             ])
-    return table.render(rows[0], rows[1:], what="types")
+            if gpu.framework == VFIO and gpu.vfs:
+                name = alias_name(vgpu_type.name)
+                aliases.setdefault(name, json.dumps(pci_alias(
+                    name, _product_id(gpu),
+                    resource_class=resource_class(vgpu_type.name) if pci_in_placement else None,
+                    live_migratable=live_migration), sort_keys=True))
+    footer = _alias_lines(list(aliases.values()))
+    body = table.render(rows[0], rows[1:], what="types",
+                        max_bytes=table.MAX_TABLE_BYTES - len(footer.encode()))
+    return body + footer
+
+
+def _alias_lines(aliases: List[str]) -> str:
+    """``[pci] alias`` lines under the table, at most ``ALIASES_SHOWN`` of them."""
+    if not aliases:
+        return ""
+    lines = [f"\n\n[pci] alias of each VFIO type ({ALIAS_WHERE}):"]
+    lines += [f"  {alias}" for alias in aliases[:ALIASES_SHOWN]]
+    if len(aliases) > ALIASES_SHOWN:
+        lines.append(f"  ... and {len(aliases) - ALIASES_SHOWN} more; see pci-alias in the "
+                     "nested results")
+    return "\n".join(lines)
 
 
 def _available(gpu, vgpu_type):
