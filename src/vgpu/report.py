@@ -19,31 +19,11 @@ pci_in_placement`` on that host, refuses an alias without them
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from . import table
+from . import novaconf, table
 from .pci import VFIO, Host, VgpuType
 
-NVIDIA_VENDOR = "10de"
 ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
 ALIAS_WHERE = "nova-cloud-controller and nova-compute pci-alias"
-
-
-def pci_alias(name: str, product_id: str, *, resource_class: Optional[str] = None,
-              live_migratable: bool = False) -> Dict[str, str]:
-    """The ``[pci] alias`` that asks for one VF of a vendor-specific VFIO type.
-
-    ``name``: the alias name (``vgpu-l40s-12q``); ``product_id``: the VF's own
-    device id (four hex digits, lowercase). ``resource_class``: added only when
-    the scheduler places PCI devices (``pci-in-placement``); Nova ignores it
-    otherwise. ``live_migratable``: ``"yes"`` when the device specs say so too
-    (``vfio-live-migration``, Nova 31 and later): Nova needs it in both.
-    """
-    alias = {"name": name, "device_type": "type-VF",
-             "vendor_id": NVIDIA_VENDOR, "product_id": product_id}
-    if resource_class:
-        alias["resource_class"] = resource_class
-    if live_migratable:
-        alias["live_migratable"] = "yes"
-    return alias
 
 
 def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None,
@@ -86,7 +66,7 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
 def _type_entry(gpu, vgpu_type: VgpuType, mdev_class: bool, pci_in_placement: bool,
                 live_migration: bool) -> Dict[str, str]:
     """id, name, framework, the flavor property and (VFIO) the alias of one type."""
-    from .plan import alias_name, flavor_property, resource_class
+    from .plan import flavor_property, resource_class
 
     entry = {
         "id": vgpu_type.id,
@@ -97,9 +77,8 @@ def _type_entry(gpu, vgpu_type: VgpuType, mdev_class: bool, pci_in_placement: bo
     if gpu.framework == VFIO and gpu.vfs:
         rc = resource_class(vgpu_type.name)
         entry["resource-class"] = rc
-        entry["pci-alias"] = json.dumps(pci_alias(
-            alias_name(vgpu_type.name), _product_id(gpu),
-            resource_class=rc if pci_in_placement else None,
+        entry["pci-alias"] = json.dumps(novaconf.alias(
+            vgpu_type.name, _product_id(gpu), pci_in_placement=pci_in_placement,
             live_migratable=live_migration), sort_keys=True)
     elif mdev_class:
         entry["resource-class"] = resource_class(vgpu_type.name)
@@ -121,7 +100,7 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     Under the table, the ``[pci] alias`` of each VFIO type (at most
     ``ALIASES_SHOWN``; every one is in the nested results).
     """
-    from .plan import alias_name, flavor_property, resource_class
+    from .plan import alias_name, flavor_property
 
     if not host.gpus:
         return "no NVIDIA GPU on this host"
@@ -143,9 +122,8 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
             ])
             if gpu.framework == VFIO and gpu.vfs:
                 name = alias_name(vgpu_type.name)
-                aliases.setdefault(name, json.dumps(pci_alias(
-                    name, _product_id(gpu),
-                    resource_class=resource_class(vgpu_type.name) if pci_in_placement else None,
+                aliases.setdefault(name, json.dumps(novaconf.alias(
+                    vgpu_type.name, _product_id(gpu), pci_in_placement=pci_in_placement,
                     live_migratable=live_migration), sort_keys=True))
     footer = _alias_lines(list(aliases.values()))
     body = table.render(rows[0], rows[1:], what="types",
