@@ -175,7 +175,9 @@ def test_a_failed_attempt_is_retried_after_a_pause(rebooted, root, tools, journa
     stand_in(real, f'#!/bin/sh\nif [ ! -e {once} ]; then touch {once}; '
                    'echo "NVRM: GPU not ready" >&2; exit 1; fi\n'
                    f'exec {real.with_name("sriov-manage.real")} "$@"\n')
-    assert boot.restore(data(gpu(H200, ["H200X-70C"]))) == 0
+    started = time.monotonic()
+    assert boot.restore(data(gpu(H200, ["H200X-70C"]), limits={"delay": 0.5})) == 0
+    assert time.monotonic() - started >= 0.5  # it paused before trying again
     assert types_of(root, H200, 2) == [1283, 0]
     assert f"GPU {H200}: 8 virtual functions enabled by sriov-manage -e (attempt 2)" in said(journal)
 
@@ -262,3 +264,33 @@ def test_the_units_own_command_line_restores_the_host(rebooted, root, tools):
     assert f"GPU {L40S}: VF 0000:81:00.5 (virtfn1) now holds NVIDIA L40S-12Q (nvidia-1139)" \
         in out.stdout
     assert json.loads((root / boot.DATA_FILE).read_text())["gpus"][0]["address"] == L40S
+
+
+def test_an_unexpected_error_on_one_gpu_is_logged_and_the_next_still_restored(
+        rebooted, root, journal, monkeypatch):
+    counted = boot._vf_count
+
+    def failing(entry):
+        if entry.endswith(L40S):
+            raise PermissionError(13, "Permission denied")
+        return counted(entry)
+
+    monkeypatch.setattr(boot, "_vf_count", failing)
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]))) == 1
+    assert types_of(root, H200, 2) == [1282, 0]
+    assert f"GPU {L40S}: [Errno 13] Permission denied" in said(journal)
+
+
+def test_the_data_cannot_stretch_the_boot_step_past_the_units_timeout():
+    assert boot.Limits.of({"total": 10 ** 6, "attempts": 0}) == boot.Limits(attempts=1)
+    assert boot.Limits.of({"total": 30}).total == 30
+    with pytest.raises(boot.DataError, match="limits.call is not a number of seconds"):
+        boot.Limits.of({"call": "300"})
+
+
+def test_a_charm_path_systemd_would_split_is_refused(monkeypatch):
+    from vgpu.errors import SriovError
+
+    monkeypatch.setattr(sriov, "BOOT_SCRIPT", "/var/lib/juju/agents/unit x/charm/src/vgpu_boot.py")
+    with pytest.raises(SriovError, match="unusual characters"):
+        sriov.render_unit()

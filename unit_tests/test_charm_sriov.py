@@ -556,6 +556,7 @@ def test_a_masked_boot_unit_is_left_masked_and_the_status_says_so(ctx, vfio, roo
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert target.is_symlink() and str(target.readlink()) == "/dev/null"
     assert not [c for c in tools.calls() if sriov.UNIT in c]
+    assert not sriov.data_path().exists()
     assert out.unit_status.name == "active"
     assert out.unit_status.message.endswith(
         f"; {sriov.UNIT} is masked: VFs and vGPU types are not restored at boot")

@@ -70,3 +70,13 @@ def test_every_sriov_manage_run_of_a_hook_fits_in_its_budget(root, tools, tmp_pa
     assert tried.read_text().split() == ["0000:81:00.0", "0000:c1:00.0", "0000:e1:00.0"]
     assert failures["0000:81:00.0"] == \
         "sriov-manage -e 0000:81:00.0 timed out after 0.8s and was stopped"
+
+
+def test_gpus_left_without_time_in_a_hook_are_not_tried_and_say_so(root, tools, tmp_path):
+    l40s_host(root, enabled=False)
+    tried = tmp_path / "tried"
+    stand_in(root / sriov.SRIOV_MANAGE, f'#!/bin/sh\necho "$2" >> {tried}\n')
+    assert sriov.enable(["0000:81:00.0", "0000:c1:00.0"], budget=0.4) == {
+        a: "not tried: this hook's time for sriov-manage was spent; retrying on the next hook"
+        for a in ("0000:81:00.0", "0000:c1:00.0")}
+    assert not tried.exists()

@@ -74,6 +74,11 @@ def test_all_selects_sriov_gpus_bound_to_nvidia_and_addresses_select_their_gpu(r
     assert sriov.selected({"x": ("all",)}, found) == sriov.Selection(("0000:81:00.0",), {})
     assert sriov.selected({"x": ("0000:c1:00.0",)}, found).refused == {
         "0000:c1:00.0": "it is bound to no driver, not nvidia"}
+    # Two GPUs without VFs on one bus: a VF address there cannot tell which; neither.
+    host.add_gpu("0000:a1:00.0", device="0x26b9", totalvfs=32)
+    host.add_gpu("0000:a1:00.1", device="0x26b9", totalvfs=32)
+    assert sriov.selected({"L40S-12Q": ("0000:a1:00.4",)}, pci.discover()).wanted == ()
+    assert sriov.selected({"L40S-12Q": ("0000:a1:00.1",)}, pci.discover()).wanted == ("0000:a1:00.1",)
 
 
 def test_the_unit_is_written_and_enabled_only_when_it_changes(root, tools):
@@ -82,6 +87,11 @@ def test_the_unit_is_written_and_enabled_only_when_it_changes(root, tools):
     assert tools.calls() == ["systemctl daemon-reload", f"systemctl enable {sriov.UNIT}"]
     assert (root / "etc/systemd/system/nvidia-vgpu-vfs.service").read_text() == "[Unit]\n"
     assert sriov.remove_unit() is True and sriov.remove_unit() is False
+    sriov.unit_path().symlink_to("/dev/null")  # the operator's mask
+    assert sriov.unit_masked() is True
+    assert sriov.ensure_unit("[Unit]\n") is False
+    assert sriov.remove_unit() is False
+    assert str(sriov.unit_path().readlink()) == "/dev/null"
     assert tools.calls()[2:] == [f"systemctl stop {sriov.UNIT}", f"systemctl disable {sriov.UNIT}",
                                  "systemctl daemon-reload"]
 
