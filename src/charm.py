@@ -231,17 +231,23 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             self._problems.append(f"blacklisting nouveau failed: {error}")
 
     def _ensure_vfs(self) -> None:
-        """Enable the VFs of SR-IOV GPUs that have none (after a reboot, a driver reload)."""
+        """Enable the VFs of the SR-IOV GPUs the mapping selects that have none (after a reboot).
+
+        Only GPUs bound to the nvidia driver are touched, within sriov's time
+        limit per hook; with the IOMMU off nothing is tried (the status asks for it).
+        """
         here = self._facts()
         if here.driver is None or not here.driver.installed or self._stored.paused:
             return
-        missing = [gpu.address for gpu in here.pci.gpus if gpu.vfs_missing]
+        if here.iommu_problem():
+            return
+        choice = sriov.selected(self._checked_text().mapping, here.pci)
+        self._vf_failures = dict(choice.refused)
+        missing = [g.address for g in here.pci.gpus if g.address in choice.wanted and g.vfs_missing]
         if not missing:
             return
-        failures = sriov.enable(missing)
+        self._vf_failures.update(sriov.enable(missing))
         self._refresh()
-        why = "; ".join(failures)
-        self._vf_failures = {address: why for address in missing}
 
     def _vgpu_services(self) -> List[str]:
         """Every vGPU service the installed driver ships: the status checks them all."""
@@ -387,16 +393,21 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return True
 
     def _ensure_boot_unit(self, plan) -> None:
-        """The boot-time unit that enables VFs (and rewrites VFIO types) on SR-IOV hosts."""
+        """The boot-time unit and its data: the selected GPUs' VFs and their profiles by name.
+
+        A unit the operator masked is left alone (the status says so).
+        """
         here = self._facts()
         if here.driver is None or not here.driver.installed:
             return
-        if not any(gpu.sriov for gpu in here.pci.gpus):
+        if not any(gpu.sriov for gpu in here.pci.gpus) or sriov.unit_masked():
             return
-        if plan is None and sriov.unit_path().exists():
-            return  # the plan is not in force: the unit keeps the types last applied
         try:
-            sriov.ensure_unit(sriov.render_unit(here.pci, plan))
+            if plan is not None or not sriov.data_path().exists():
+                # Without a plan in force the data keeps the types last applied.
+                wanted = sriov.selected(self._checked_text().mapping, here.pci).wanted
+                sriov.write_boot_data(sriov.boot_data(here.pci, plan, wanted, self._daemons()))
+            sriov.ensure_unit(sriov.render_unit())
         except SriovError as error:
             self._problems.append(f"{sriov.UNIT}: {error}")
 
@@ -440,6 +451,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             vf_failures=dict(self._vf_failures))
         if not status.checks_host(here, forced, published):
             return inputs
+        if any(gpu.sriov for gpu in here.pci.gpus):
+            choice = sriov.selected(self._checked_text().mapping, here.pci)
+            inputs = inputs._replace(vf_selected=choice.addresses, vf_refused=dict(choice.refused),
+                                     boot_unit_masked=sriov.unit_masked())
         validation = self._mapping()
         return inputs._replace(validation=validation, **self._driver_inputs(),
                                services=self._service_answers(), capacity=self._capacity(published))

@@ -9,6 +9,8 @@ the sriov-manage and systemctl calls.
 """
 
 import json
+import os
+import time
 
 import pytest
 from ops import testing
@@ -90,11 +92,9 @@ def test_vfio_types_are_written_and_published_as_pci_devices(ctx, vfio, root, to
     assert "[devices]" not in conf
     # The boot unit brings the VFs and their types back after a reboot.
     unit = sriov.unit_path().read_text()
-    assert f"ExecStart=/usr/lib/nvidia/sriov-manage -e {L40S}\n" in unit
-    assert f"ExecStart=/usr/lib/nvidia/sriov-manage -e {H200}\n" in unit
-    assert ("ExecStart=/bin/sh -c 'echo 1139 > /sys/bus/pci/devices/0000:81:00.4/nvidia/"
-            "current_vgpu_type'") in unit
-    assert unit.count("echo 1282 >") == 4
+    boot = json.loads(sriov.data_path().read_text())
+    assert [(g["address"], [v["name"] for v in g["vfs"]]) for g in boot["gpus"]] == [
+        (L40S, ["NVIDIA L40S-12Q"] * 4), (H200, ["NVIDIA H200X-35C"] * 4)]
     assert "Before=nova-compute.service libvirtd.service" in unit
     assert "After=nvidia-vgpu-mgr.service" in unit
     assert ["systemctl daemon-reload", f"systemctl enable {sriov.UNIT}"] == [
@@ -125,9 +125,10 @@ def test_a_new_profile_releases_the_vfs_first_then_fills_them_again(ctx, vfio, r
     # 24Q fits twice; it was only creatable once the four 12Q VFs were released.
     assert types_of(root, L40S, 5) == [1141, 1141, 0, 0, 0]
     assert types_of(root, H200, 5) == [0, 0, 0, 0, 0]  # no longer mapped: released
-    unit = sriov.unit_path().read_text()  # the next boot brings back the new plan
-    assert (unit.count("echo 1141 >"), unit.count("echo 1139 >"), unit.count("echo 1282 >")) == \
-        (2, 0, 0)
+    boot = json.loads(sriov.data_path().read_text())  # the next boot brings back the new plan
+    # `all` selects the H200 too (its VFs are enabled at boot), though it offers no L40S-24Q.
+    assert [(g["address"], [v["name"] for v in g["vfs"]]) for g in boot["gpus"]] == [
+        (L40S, ["NVIDIA L40S-24Q"] * 2), (H200, [])]
     assert [json.loads(v)["resource_class"] for k, v in
             principal.nova_context(ours(out))["sections"]["pci"] if k == "device_spec"] == \
         ["CUSTOM_VGPU_L40S_24Q"] * 2
@@ -429,9 +430,8 @@ def test_a100_gpu_address_expands_to_the_first_vfs_the_type_fits(ctx, a100, tool
     assert nova_conf(out) == (
         "[devices]\nenabled_mdev_types = nvidia-474\n[mdev_nvidia-474]\n"
         "device_addresses = 0000:41:00.4,0000:41:00.5,0000:41:00.6,0000:41:00.7\n")
-    unit = sriov.unit_path().read_text()
-    assert "ExecStart=/usr/lib/nvidia/sriov-manage -e 0000:41:00.0\n" in unit
-    assert "current_vgpu_type" not in unit
+    boot = json.loads(sriov.data_path().read_text())
+    assert boot["gpus"] == [{"address": "0000:41:00.0", "model": "A100 PCIe 40GB", "vfs": []}]
     assert not [c for c in tools.calls() if c.startswith("sriov-manage")]  # VFs were there
 
 
@@ -525,3 +525,130 @@ def test_update_status_on_a_served_vfio_host_stays_light(root, tmp_path, tools):
     # (ops.testing itself imports PyYAML, so yaml is not checked here).
     assert result.stdout.split()[-1] == "[]", result.stdout + result.stderr
     assert not [c for c in tools.calls() if not c.startswith("systemctl is-")]
+
+
+# -- only what is ours: the GPUs the mapping selects, bound to nvidia ------------------------
+
+def bind(root, address: str, driver: str) -> None:
+    """Bind a PCI function to another driver, as sysfs shows it (the ``driver`` link)."""
+    link = root / f"sys/bus/pci/devices/{address}/driver"
+    link.unlink()
+    target = root / "sys/bus/pci/drivers" / driver
+    target.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(target, link.parent))
+
+
+def sriov_calls(tools):
+    return [c for c in tools.calls() if c.startswith("sriov-manage")]
+
+
+@pytest.fixture
+def rebooted(root, tools, deb):
+    """The L40S and the H200 after a reboot: driver installed, no VFs yet."""
+    return ready(l40s_host(root, enabled=False), root, tools, deb)
+
+
+def test_only_the_gpu_the_mapping_names_gets_its_vfs(ctx, rebooted, root, tools, deb):
+    out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": "{L40S-12Q: ['81:00.0']}"},
+                                        resource=deb))
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"]
+    assert not (root / f"sys/bus/pci/devices/{H200}/virtfn0").exists()
+    assert out.unit_status.name == "active", out.unit_status  # the H200 is not ours: no block
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+
+
+def test_a_vf_address_selects_the_gpu_on_its_bus_before_the_vfs_exist(ctx, rebooted, tools, deb):
+    out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": "{L40S-12Q: ['81:00.5']}"},
+                                        resource=deb))
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"]
+    assert out.unit_status.name == "active", out.unit_status
+
+
+def test_without_a_mapping_no_gpu_is_touched(ctx, rebooted, tools, deb):
+    out = ctx.run(ctx.on.start(), state(resource=deb))
+    assert sriov_calls(tools) == []
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (1 H200 NVL, 1 L40S), no vGPU type mapped: set vgpu-device-mappings")
+
+
+def test_all_leaves_a_gpu_bound_to_vfio_pci_alone(ctx, rebooted, root, tools, deb):
+    bind(root, H200, "vfio-pci")  # kept for whole-GPU passthrough
+    out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": "{L40S-12Q: all}"}, resource=deb))
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"]
+    assert out.unit_status.name == "active", out.unit_status
+    assert nova_conf(out).count("device_spec") == 4
+
+
+def test_a_named_gpu_bound_to_another_driver_is_not_touched_and_named(ctx, rebooted, root, tools,
+                                                                      deb):
+    bind(root, H200, "vfio-pci")
+    out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"]
+    assert out.unit_status == testing.BlockedStatus(
+        f"SR-IOV GPU {H200} (H200 NVL) is bound to vfio-pci, not nvidia: its VFs are left "
+        "alone; bind it to nvidia or leave it out of vgpu-device-mappings")
+
+
+def test_with_the_iommu_off_sriov_manage_is_not_run_and_the_status_says_why(ctx, rebooted, root,
+                                                                            tools, deb):
+    (root / "sys/kernel/iommu_groups").rename(root / "iommu_groups_off")
+    first = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    ctx.run(ctx.on.update_status(), again(first))
+    assert sriov_calls(tools) == []
+    assert first.unit_status.message.startswith(f"IOMMU is off but SR-IOV GPU {L40S} needs it")
+
+
+def test_sriov_manage_has_a_time_limit_per_hook(ctx, rebooted, root, tools, deb, monkeypatch,
+                                               tmp_path):
+    from unit_tests.faketools import stand_in
+
+    tried = tmp_path / "tried"
+    stand_in(root / sriov.SRIOV_MANAGE, f'#!/bin/sh\necho "$2" >> {tried}\nexec sleep 60\n')
+    monkeypatch.setattr(sriov, "HOOK_BUDGET", 2)
+    started = time.monotonic()
+    out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert time.monotonic() - started < 10
+    assert tried.read_text().split() == [L40S, H200]  # each GPU had its share
+    assert out.unit_status.name == "blocked"
+    assert "timed out after 1s" in out.unit_status.message
+
+
+# -- the boot unit: profiles by name, and an operator's mask respected ----------------------
+
+def test_the_boot_data_names_profiles_and_the_unit_runs_the_boot_step(ctx, vfio, root, tools, deb):
+    from vgpu import boot
+
+    ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    unit = sriov.unit_path().read_text()
+    assert "src/vgpu_boot.py /var/lib/nova-compute-nvidia-vgpu/boot.json" in unit
+    assert "1139" not in unit and "sriov-manage" not in unit.split("[Unit]")[1]
+    saved = json.loads((root / boot.DATA_FILE).read_text())
+    assert saved["wait_for"] == [MGR]
+    assert [g["address"] for g in saved["gpus"]] == [L40S, H200]
+    assert saved["gpus"][0]["vfs"] == [{"index": n, "name": "NVIDIA L40S-12Q", "number": 1139}
+                                       for n in range(4)]
+    assert [v["name"] for v in saved["gpus"][1]["vfs"]] == ["NVIDIA H200X-35C"] * 4
+
+
+def test_a_masked_boot_unit_is_left_masked_and_the_status_says_so(ctx, vfio, root, tools, deb):
+    target = sriov.unit_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to("/dev/null")  # systemctl mask, after the operator removed the charm's file
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert target.is_symlink() and str(target.readlink()) == "/dev/null"
+    assert not [c for c in tools.calls() if sriov.UNIT in c]
+    assert not sriov.data_path().exists()
+    assert out.unit_status.name == "active"
+    assert out.unit_status.message.endswith(
+        f"; {sriov.UNIT} is masked: VFs and vGPU types are not restored at boot")
+    ctx.run(ctx.on.remove(), again(out))
+    assert target.is_symlink()  # removal leaves the operator's mask too
+
+
+def test_a_runtime_mask_is_respected_too(ctx, vfio, root, tools, deb):
+    runtime = root / "run/systemd/system" / sriov.UNIT
+    runtime.parent.mkdir(parents=True)
+    runtime.symlink_to("/dev/null")  # systemctl mask --runtime
+    ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert not sriov.unit_path().exists()
+    assert not [c for c in tools.calls() if sriov.UNIT in c]

@@ -14,7 +14,7 @@ def test_sriov_manage_creates_the_vfs_and_its_calls_are_recorded(root, tools):
     host = a100_host(root, enabled=False)
     host.install_sriov_manage()
     assert pci.discover().gpus[0].vfs_missing
-    assert sriov.enable(["0000:41:00.0"]) == []
+    assert sriov.enable(["0000:41:00.0"]) == {}
     gpu = pci.discover().gpus[0]
     assert len(gpu.vfs) == 16 and not gpu.vfs_missing and gpu.framework == pci.MDEV
     assert tools.calls() == ["sriov-manage -e 0000:41:00.0"]
@@ -22,43 +22,63 @@ def test_sriov_manage_creates_the_vfs_and_its_calls_are_recorded(root, tools):
 
 def test_sriov_manage_failures_are_one_line_each(root, tools):
     host = l40s_host(root, enabled=False)
-    assert sriov.enable(["0000:81:00.0"]) == [
-        "/usr/lib/nvidia/sriov-manage not found (is the vGPU host driver installed?)"]
+    assert sriov.enable(["0000:81:00.0"]) == {
+        "0000:81:00.0": "/usr/lib/nvidia/sriov-manage not found (is the vGPU host driver installed?)"}
     host.install_sriov_manage()
     host.fail_sriov_manage("0000:c1:00.0")
-    assert sriov.enable(["0000:81:00.0", "0000:c1:00.0"]) == [
-        "sriov-manage -e 0000:c1:00.0 failed: Enabling VFs on 0000:c1:00.0 failed: "
-        "Input/output error"]
+    assert sriov.enable(["0000:81:00.0", "0000:c1:00.0"]) == {
+        "0000:c1:00.0": "sriov-manage -e 0000:c1:00.0 failed: Enabling VFs on 0000:c1:00.0 failed: "
+                        "Input/output error"}
     (root / sriov.SRIOV_MANAGE).chmod(0o644)
-    assert sriov.enable(["0000:c1:00.0"])[0].startswith(
+    assert sriov.enable(["0000:c1:00.0"])["0000:c1:00.0"].startswith(
         "sriov-manage -e 0000:c1:00.0 could not run: Permission denied")
 
 
 def test_a_failure_said_on_stdout_is_named(root, tools):
     l40s_host(root, enabled=False)
     stand_in(root / sriov.SRIOV_MANAGE, '#!/bin/sh\necho "Cannot enable VFs on $2: device busy"\nexit 1\n')
-    assert sriov.enable(["0000:c1:00.0"]) == [
-        "sriov-manage -e 0000:c1:00.0 failed: Cannot enable VFs on 0000:c1:00.0: device busy"]
+    assert sriov.enable(["0000:c1:00.0"]) == {
+        "0000:c1:00.0": "sriov-manage -e 0000:c1:00.0 failed: Cannot enable VFs on 0000:c1:00.0: "
+                        "device busy"}
 
 
-def test_the_unit_enables_every_sriov_gpu_and_rewrites_only_vfio_types(root):
+def test_the_boot_data_keeps_the_selected_gpus_and_each_vfs_profile_by_name(root):
     host = l40s_host(root)
-    host.add_gpu("0000:e1:00.0")  # a V100: no SR-IOV, not in the unit
+    host.add_gpu("0000:e1:00.0")  # a V100: no SR-IOV, never selected
     found = pci.discover()
     epoxy = releases.from_major(31)
-    built = plan.build(mappings.check_text("{L40S-24Q: all}").mapping, found, epoxy)
-    unit = sriov.render_unit(found, built)
-    execs = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
-    assert execs == [
-        "ExecStart=/usr/lib/nvidia/sriov-manage -e 0000:81:00.0",
-        "ExecStart=/usr/lib/nvidia/sriov-manage -e 0000:c1:00.0",
-        "ExecStart=/bin/sh -c 'echo 1141 > /sys/bus/pci/devices/0000:81:00.4/nvidia/current_vgpu_type'",
-        "ExecStart=/bin/sh -c 'echo 1141 > /sys/bus/pci/devices/0000:81:00.5/nvidia/current_vgpu_type'",
-    ]
-    for line in ("Type=oneshot", "RemainAfterExit=yes", "WantedBy=multi-user.target",
-                 "After=nvidia-vgpu-mgr.service nvidia-vgpud.service",
-                 "Before=nova-compute.service libvirtd.service"):
-        assert line in unit.splitlines()
+    mapping = mappings.check_text("{L40S-24Q: ['81:00.0']}").mapping
+    built = plan.build(mapping, found, epoxy)
+    choice = sriov.selected(mapping, found)
+    assert choice.wanted == ("0000:81:00.0",) and not choice.refused
+    assert sriov.boot_data(found, built, choice.wanted, ["nvidia-vgpu-mgr"]) == {
+        "version": 1, "wait_for": ["nvidia-vgpu-mgr"],
+        "gpus": [{"address": "0000:81:00.0", "model": "L40S",
+                  "vfs": [{"index": 0, "name": "NVIDIA L40S-24Q", "number": 1141},
+                          {"index": 1, "name": "NVIDIA L40S-24Q", "number": 1141}]}]}
+    assert sriov.write_boot_data({"version": 1}) is True
+    assert sriov.write_boot_data({"version": 1}) is False  # unchanged: not written again
+
+
+def test_all_selects_sriov_gpus_bound_to_nvidia_and_addresses_select_their_gpu(root):
+    host = l40s_host(root, enabled=False)
+    host.add_gpu("0000:e1:00.0")  # a V100: no SR-IOV
+    found = pci.discover()
+    assert sriov.selected({"L40S-12Q": ("all",)}, found).wanted == ("0000:81:00.0", "0000:c1:00.0")
+    assert sriov.selected({}, found) == sriov.Selection()
+    # Before the VFs exist, a VF address selects the GPU without VFs on its bus.
+    assert sriov.selected({"L40S-12Q": ("0000:81:00.6",)}, found).wanted == ("0000:81:00.0",)
+    assert sriov.selected({"L40S-12Q": ("0000:82:00.4", "0000:e1:00.0")}, found).wanted == ()
+    (root / "sys/bus/pci/devices/0000:c1:00.0/driver").unlink()
+    found = pci.discover()
+    assert sriov.selected({"x": ("all",)}, found) == sriov.Selection(("0000:81:00.0",), {})
+    assert sriov.selected({"x": ("0000:c1:00.0",)}, found).refused == {
+        "0000:c1:00.0": "it is bound to no driver, not nvidia"}
+    # Two GPUs without VFs on one bus: a VF address there cannot tell which; neither.
+    host.add_gpu("0000:a1:00.0", device="0x26b9", totalvfs=32)
+    host.add_gpu("0000:a1:00.1", device="0x26b9", totalvfs=32)
+    assert sriov.selected({"L40S-12Q": ("0000:a1:00.4",)}, pci.discover()).wanted == ()
+    assert sriov.selected({"L40S-12Q": ("0000:a1:00.1",)}, pci.discover()).wanted == ("0000:a1:00.1",)
 
 
 def test_the_unit_is_written_and_enabled_only_when_it_changes(root, tools):
@@ -67,6 +87,11 @@ def test_the_unit_is_written_and_enabled_only_when_it_changes(root, tools):
     assert tools.calls() == ["systemctl daemon-reload", f"systemctl enable {sriov.UNIT}"]
     assert (root / "etc/systemd/system/nvidia-vgpu-vfs.service").read_text() == "[Unit]\n"
     assert sriov.remove_unit() is True and sriov.remove_unit() is False
+    sriov.unit_path().symlink_to("/dev/null")  # the operator's mask
+    assert sriov.unit_masked() is True
+    assert sriov.ensure_unit("[Unit]\n") is False
+    assert sriov.remove_unit() is False
+    assert str(sriov.unit_path().readlink()) == "/dev/null"
     assert tools.calls()[2:] == [f"systemctl stop {sriov.UNIT}", f"systemctl disable {sriov.UNIT}",
                                  "systemctl daemon-reload"]
 

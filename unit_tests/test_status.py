@@ -92,6 +92,23 @@ def test_iommu_comes_before_the_mapping_error_and_the_error_says_what_is_kept():
     assert pairs[1][1] == "vgpu-device-mappings: first wrong (+1 more); keeping nvidia-1 on 1"
 
 
+def test_with_the_iommu_off_missing_vfs_are_not_blamed_on_sriov_manage():
+    pairs = status.statuses(inputs(host(gpu(sriov=16), iommu=False)))
+    assert [m for _, m in pairs if "virtual functions" in m] == []
+    assert pairs[0][1].startswith(f"IOMMU is off but SR-IOV GPU {L4} needs it")
+
+
+def test_only_selected_gpus_missing_vfs_block_and_refused_ones_say_why():
+    gpus = [gpu(address=f"0000:4{n}:00.0", sriov=16) for n in range(3)]
+    pairs = status.statuses(inputs(host(*gpus), vf_selected=("0000:41:00.0", "0000:42:00.0"),
+                                   vf_refused={"0000:42:00.0": "it is bound to vfio-pci, not nvidia"}))
+    assert [p for p in pairs if p[0] == "blocked"] == [
+        ("blocked", "SR-IOV GPU 0000:42:00.0 (L4) is bound to vfio-pci, not nvidia: its VFs are left "
+                    "alone; bind it to nvidia or leave it out of vgpu-device-mappings"),
+        ("blocked", "no virtual functions on SR-IOV GPU 0000:41:00.0 (L4) after sriov-manage -e: "
+                    "check journalctl -u nvidia-vgpu-vfs.service and -u nvidia-vgpu-mgr")]
+
+
 def test_missing_vfs_name_three_gpus_and_the_sriov_manage_failure():
     gpus = [gpu(address=f"0000:4{n}:00.0", sriov=16) for n in range(4)]
     failures = {"0000:40:00.0": "sriov-manage -e 0000:40:00.0 failed: no such device"}

@@ -161,7 +161,8 @@ class _Draft:
         found = False
         for gpu in self.host.gpus:
             if gpu.vfs_missing:
-                self.missing.append(gpu.address)
+                if gpu.driver == "nvidia":  # bound elsewhere (passthrough): not `all`'s
+                    self.missing.append(gpu.address)
                 continue
             vgpu_type, problem = _resolve(key, gpu, self.types_of(gpu))
             if vgpu_type is None:

@@ -1,17 +1,29 @@
 """SR-IOV virtual functions: enabled now, and again at every boot by a systemd unit.
 
 VFs do not survive a reboot or a driver reload. NVIDIA's
-``/usr/lib/nvidia/sriov-manage -e <GPU address>`` creates them; the charm runs
-it for every SR-IOV GPU that has none, on every reconcile. The unit
-``nvidia-vgpu-vfs.service`` (rendered from ``templates/``) does the same at
-boot, after the vGPU manager and before nova-compute and libvirt, and writes
-the vendor-specific VFIO types of the plan to their VFs again.
+``/usr/lib/nvidia/sriov-manage -e <GPU address>`` creates them. Only GPUs that
+are ours are touched (:func:`selected`): those ``vgpu-device-mappings``
+selects, and only while they are bound to the ``nvidia`` driver; a GPU left
+for whole-GPU passthrough (bound to vfio-pci) is never enabled. The charm
+runs it for such GPUs that have no VFs, within :data:`HOOK_BUDGET` seconds per
+hook. The unit ``nvidia-vgpu-vfs.service`` (rendered from ``templates/``)
+runs :mod:`vgpu.boot` at boot, after the vGPU manager and before nova-compute
+and libvirt: it reads the GPUs and the VFs' profile names from
+:data:`DATA_FILE` (:func:`boot_data`), so the unit's text names no type id
+that a driver upgrade could renumber. A unit the operator masked is left
+masked (:func:`unit_masked`).
 """
 
+import json
 import logging
+import os
+import re
+import sys
+import time
 from pathlib import Path
 from string import Template
-from typing import Iterable, List
+from types import MappingProxyType
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Sequence
 
 from . import APP, files, hostroot, kernel, pci, run, services, text
 from .errors import CommandError, ServiceError, SriovError
@@ -21,40 +33,173 @@ log = logging.getLogger(__name__)
 SRIOV_MANAGE = "usr/lib/nvidia/sriov-manage"
 UNIT = "nvidia-vgpu-vfs.service"
 UNIT_FILE = f"etc/systemd/system/{UNIT}"
+RUNTIME_UNIT_FILE = f"run/systemd/system/{UNIT}"  # where ``systemctl mask --runtime`` links
 TEMPLATE = kernel.CHARM_ROOT / "templates" / UNIT
-TIMEOUT = 300
+BOOT_SCRIPT = kernel.CHARM_ROOT / "src" / "vgpu_boot.py"
+DATA_FILE = "var/lib/nova-compute-nvidia-vgpu/boot.json"  # beside catalogue.FILE
+DATA_VERSION = 1
+NVIDIA_DRIVER = "nvidia"
+TIMEOUT = 300  # one sriov-manage run
+HOOK_BUDGET = 480  # every sriov-manage run of one hook together
+MIN_CALL = 0.5  # a GPU with less time than this left is not tried in this hook
+_SYSTEMD_WORD = re.compile(r"[A-Za-z0-9/._+@:-]+")
 
 
-def enable(addresses: Iterable[str]) -> List[str]:
-    """Run ``sriov-manage -e`` for each GPU; returns the failures, one line each."""
-    tool = hostroot.path(SRIOV_MANAGE)
-    failures = []
-    for address in addresses:
-        if not tool.exists():
-            failures.append(f"/{SRIOV_MANAGE} not found (is the vGPU host driver installed?)")
-            break
-        what = f"sriov-manage -e {address}"
-        try:
-            out = run.run([str(tool), "-e", address], TIMEOUT, check=False, what=what)
-        except CommandError as error:  # could not run, or ran out of time
-            failures.append(str(error))
+class Selection(NamedTuple):
+    """The SR-IOV GPUs a mapping selects: ``wanted`` are ours; ``refused``, why not."""
+
+    wanted: tuple = ()  # GPU addresses bound to nvidia: their VFs are enabled
+    refused: Mapping[str, str] = MappingProxyType({})  # GPU address -> why it is left alone
+
+    @property
+    def addresses(self) -> tuple:
+        """Every GPU the mapping selects, ours or refused."""
+        return (*self.wanted, *self.refused)
+
+
+def selected(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Selection:
+    """Which SR-IOV GPUs ``mapping`` (checked, normalised) selects, before or after their VFs exist.
+
+    ``all`` selects every SR-IOV GPU bound to the nvidia driver: before its VFs
+    exist nobody can tell which types a GPU offers, so each is enabled and the
+    plan then serves those that offer the type. A GPU bound to another driver
+    (vfio-pci: whole-GPU passthrough) is not selected by ``all``. An address
+    selects its GPU: the GPU's own, one of its VFs, or, while the VFs do not
+    exist, a VF address on the bus of a GPU without VFs (NVIDIA's VFs follow
+    their GPU's routing ID on its bus). A GPU named by address but bound to
+    another driver is refused, with the reason.
+    """
+    gpus = [gpu for gpu in host.gpus if gpu.sriov]
+    chosen: Dict[str, pci.Gpu] = {}
+    named: Dict[str, pci.Gpu] = {}
+    for addresses in mapping.values():
+        if tuple(addresses) == ("all",):
+            chosen.update((g.address, g) for g in gpus if g.driver == NVIDIA_DRIVER)
             continue
-        if out.returncode != 0:  # the script may say why on either stream
-            why = text.cause(out.stderr or out.stdout) or f"exit status {out.returncode}"
-            failures.append(f"{what} failed: {why}")
+        for address in addresses:
+            gpu = host.gpu(address)
+            gpu = gpu if gpu is not None else _by_bus(address, gpus)
+            if gpu is not None and gpu.sriov:
+                named[gpu.address] = gpu
+    chosen.update(named)
+    wanted = tuple(a for a in sorted(chosen) if chosen[a].driver == NVIDIA_DRIVER)
+    refused = {a: f"it is bound to {chosen[a].driver or 'no driver'}, not {NVIDIA_DRIVER}"
+               for a in sorted(chosen) if chosen[a].driver != NVIDIA_DRIVER}
+    return Selection(wanted, refused)
+
+
+def _by_bus(address: str, gpus: Sequence[pci.Gpu]):
+    """The GPU without VFs on ``address``'s domain and bus (``0000:81``), if exactly one."""
+    bus = address.rsplit(":", 1)[0]
+    found = [g for g in gpus if g.vfs_missing and g.address.rsplit(":", 1)[0] == bus]
+    return found[0] if len(found) == 1 else None
+
+
+def enable(addresses: Iterable[str], budget: float = 0) -> Dict[str, str]:
+    """Run ``sriov-manage -e`` for each GPU within ``budget`` seconds; ``{GPU: why}`` for failures.
+
+    Each GPU gets at most :data:`TIMEOUT`, and at most an even share of the
+    time left, so one that hangs cannot starve the next. ``budget`` 0 means
+    :data:`HOOK_BUDGET`.
+    """
+    addresses = list(addresses)
+    deadline = time.monotonic() + (budget or HOOK_BUDGET)
+    failures: Dict[str, str] = {}
+    for n, address in enumerate(addresses):
+        share = (deadline - time.monotonic()) / (len(addresses) - n)
+        if share < MIN_CALL:
+            failures[address] = ("not tried: this hook's time for sriov-manage was spent; "
+                                 "retrying on the next hook")
+            continue
+        why = enable_one(address, min(TIMEOUT, share))
+        if why:
+            failures[address] = why
         else:
             log.info("enabled the virtual functions of %s", address)
     return failures
 
 
-def render_unit(host: pci.Host, plan=None) -> str:
-    """The unit's text: enable every SR-IOV GPU's VFs, then write the plan's VFIO types."""
-    lines = [f"ExecStart=/{SRIOV_MANAGE} -e {gpu.address}" for gpu in host.gpus if gpu.sriov]
+def enable_one(address: str, timeout: float) -> str:
+    """Run ``sriov-manage -e <address>`` once; '' when it succeeded, else why not (one line)."""
+    tool = hostroot.path(SRIOV_MANAGE)
+    if not tool.exists():
+        return f"/{SRIOV_MANAGE} not found (is the vGPU host driver installed?)"
+    what = f"sriov-manage -e {address}"
+    try:
+        out = run.run([str(tool), "-e", address], round(timeout, 1), check=False, what=what)
+    except CommandError as error:  # could not run, or ran out of time
+        return str(error)
+    if out.returncode != 0:  # the script may say why on either stream
+        why = text.cause(out.stderr or out.stdout) or f"exit status {out.returncode}"
+        return f"{what} failed: {why}"
+    return ""
+
+
+def boot_data(host: pci.Host, plan, wanted: Sequence[str], wait_for: Sequence[str]) -> dict:
+    """What the boot step restores: the wanted GPUs and, per VF index, the profile it takes.
+
+    Profiles are kept by the driver's name (``NVIDIA L40S-12Q``); the boot
+    step finds each one's id in what the VF lists then. ``number`` is the id
+    under today's driver, used only for a type that was never named.
+    """
+    assigned: Dict[str, List[dict]] = {}
     for assignment in (plan.vfio() if plan is not None else ()):
-        target = f"/sys/bus/pci/devices/{assignment.address}/nvidia/current_vgpu_type"
-        lines.append(f"ExecStart=/bin/sh -c 'echo {assignment.number} > {target}'")
+        gpu = host.gpu(assignment.gpu)
+        vf = gpu.function(assignment.address) if gpu is not None else None
+        if gpu is None or not isinstance(vf, pci.VirtualFunction):
+            continue
+        assigned.setdefault(gpu.address, []).append(
+            {"index": vf.index, "name": assignment.name, "number": assignment.number})
+    gpus = []
+    for gpu in host.gpus:
+        if gpu.address in wanted or gpu.address in assigned:
+            entries: List[dict] = assigned.get(gpu.address, [])
+            entries.sort(key=lambda entry: int(entry["index"]))
+            gpus.append({"address": gpu.address, "model": gpu.model, "vfs": entries})
+    return {"version": DATA_VERSION, "wait_for": list(wait_for), "gpus": gpus}
+
+
+def data_path() -> Path:
+    """Where the boot step's data lives under the host root."""
+    return hostroot.path(DATA_FILE)
+
+
+def write_boot_data(data: Mapping) -> bool:
+    """Write the boot step's data when it changed; True when it did. SriovError if it cannot."""
+    content = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    target = data_path()
+    try:
+        if target.exists() and target.read_text(encoding="utf-8") == content:
+            return False
+        files.write_atomic(target, content)
+    except OSError as error:
+        raise SriovError(f"cannot write /{DATA_FILE}: {error.strerror or error}") from None
+    log.info("boot data written to /%s: %d GPUs", DATA_FILE, len(data.get("gpus", ())))
+    return True
+
+
+def render_unit() -> str:
+    """The unit's text: the charm's Python runs the boot step on :data:`DATA_FILE`."""
+    from . import boot  # its limits bound the unit's start timeout
+
+    words = (sys.executable, str(BOOT_SCRIPT), f"/{DATA_FILE}")
+    for word in words:
+        if not _SYSTEMD_WORD.fullmatch(word):
+            raise SriovError(f"cannot name {text.quote(word)} in {UNIT}: unusual characters")
     return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
-        charm=APP, exec_lines="\n".join(lines))
+        charm=APP, python=words[0], script=words[1], data=words[2],
+        timeout=int(boot.Limits().total) + 60)
+
+
+def unit_masked() -> bool:
+    """Whether the operator masked the unit (its file, or the runtime one, links to /dev/null)."""
+    for where in (UNIT_FILE, RUNTIME_UNIT_FILE):
+        try:
+            if os.readlink(hostroot.path(where)) == os.devnull:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def unit_path() -> Path:
@@ -63,7 +208,12 @@ def unit_path() -> Path:
 
 
 def ensure_unit(content: str) -> bool:
-    """Install and enable the unit when its text changed; True when it did."""
+    """Install and enable the unit when its text changed; True when it did.
+
+    A masked unit is never written over nor enabled (False).
+    """
+    if unit_masked():
+        return False
     target = unit_path()
     try:
         previous = target.read_text(encoding="utf-8")
@@ -87,9 +237,16 @@ def ensure_unit(content: str) -> bool:
 
 
 def remove_unit() -> bool:
-    """Stop, disable and delete the unit (charm removal); True when there was one."""
+    """Stop, disable and delete the unit and its data (charm removal); True when there was one.
+
+    A masked unit is the operator's: it is left as it is.
+    """
+    try:
+        data_path().unlink()
+    except FileNotFoundError:
+        pass
     target = unit_path()
-    if not target.exists():
+    if unit_masked() or not target.exists():
         return False
     services.stop_and_disable(UNIT)
     target.unlink()

@@ -62,6 +62,9 @@ class Inputs(NamedTuple):
     masked_by_us: Tuple[str, ...] = ()  # what this charm's pause masked
     services: Services = Services()
     vf_failures: Mapping[str, str] = MappingProxyType({})  # GPU address -> why sriov-manage failed
+    vf_selected: Optional[Tuple[str, ...]] = None  # SR-IOV GPUs the mapping selects (None: all)
+    vf_refused: Mapping[str, str] = MappingProxyType({})  # selected GPU -> why it is left alone
+    boot_unit_masked: bool = False  # the operator masked the boot-time unit
 
 
 def checks_host(facts: Facts, forced: bool, published: Mapping[str, Tuple[str, ...]]) -> bool:
@@ -89,6 +92,8 @@ def statuses(inputs: Inputs) -> List[Status]:
         notes.extend(validation.plan.notes)
     if inputs.reporting_kept:
         notes.append(REPORTING_KEPT)
+    if inputs.boot_unit_masked:
+        notes.append(f"{sriov.UNIT} is masked: VFs and vGPU types are not restored at boot")
     out.extend(_driver_statuses(inputs, notes))
     out.append((ACTIVE, "; ".join([serving_message(inputs)] + notes)))
     return out
@@ -143,15 +148,26 @@ def mapping_message(validation: mappings.Validation, published: Mapping[str, Tup
 
 
 def _vf_statuses(inputs: Inputs) -> List[Status]:
-    """SR-IOV GPUs whose VFs are missing once the driver is installed."""
+    """Selected SR-IOV GPUs whose VFs are missing once the driver is installed (IOMMU on)."""
     installed = inputs.facts.driver is not None and inputs.facts.driver.installed
-    missing = [gpu for gpu in inputs.facts.pci.gpus if gpu.vfs_missing]
-    if not (missing and installed):
+    if not installed or inputs.facts.iommu_problem():
         return []
-    why = (inputs.vf_failures.get(missing[0].address)
-           or f"check journalctl -u {sriov.UNIT} and -u {driver.DAEMONS[0]}")
-    names = text.listing([f"{gpu.address} ({gpu.model})" for gpu in missing], limit=3)
-    return [(BLOCKED, f"no virtual functions on SR-IOV GPU {names} after sriov-manage -e: {why}")]
+    gpus = inputs.facts.pci.gpus
+    selected = inputs.vf_selected
+    missing = [gpu for gpu in gpus if gpu.vfs_missing and gpu.address not in inputs.vf_refused
+               and (selected is None or gpu.address in selected)]
+    out: List[Status] = [
+        (BLOCKED, f"SR-IOV GPU {gpu.address} ({gpu.model}) is {why}: its VFs are left alone; "
+                  f"bind it to nvidia or leave it out of {OPTION}")
+        for gpu in gpus if gpu.vfs_missing
+        for why in [inputs.vf_refused.get(gpu.address, "").removeprefix("it is ")] if why]
+    if missing:
+        why = (inputs.vf_failures.get(missing[0].address)
+               or f"check journalctl -u {sriov.UNIT} and -u {driver.DAEMONS[0]}")
+        names = text.listing([f"{gpu.address} ({gpu.model})" for gpu in missing], limit=3)
+        out.append((BLOCKED, f"no virtual functions on SR-IOV GPU {names} after sriov-manage -e: "
+                             f"{why}"))
+    return out
 
 
 def _driver_statuses(inputs: Inputs, notes: List[str]) -> List[Status]:

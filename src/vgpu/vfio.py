@@ -69,6 +69,24 @@ def ensure_types(plan, host: pci.Host) -> List[str]:
     return done
 
 
+def creatable(address: str) -> Tuple[pci.VgpuType, ...]:
+    """What the VF at ``address`` lists in ``nvidia/creatable_vgpu_types`` now; VfTypeError if unreadable."""
+    return pci.parse_creatable(_read(address, "creatable_vgpu_types"))
+
+
+def held(address: str) -> int:
+    """The type id the VF at ``address`` holds (0: none); VfTypeError if unreadable."""
+    value = _read(address, "current_vgpu_type").strip()
+    if not value.isdigit():
+        raise VfTypeError(f"VF {address} holds {value or 'nothing'} in current_vgpu_type")
+    return int(value)
+
+
+def assign(address: str, number: int) -> None:
+    """Write type ``number`` to the VF and read it back; VfTypeError when the VF refuses it."""
+    _write(address, number)
+
+
 def _path(address: str, name: str):
     return hostroot.path(PCI_DEVICES, address, "nvidia", name)
 

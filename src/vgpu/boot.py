@@ -1,0 +1,338 @@
+"""The boot step of ``nvidia-vgpu-vfs.service``: VFs and their vGPU types back after a reboot.
+
+systemd runs ``<the charm's python3> <charm>/src/vgpu_boot.py
+/var/lib/nova-compute-nvidia-vgpu/boot.json`` after nvidia-vgpu-mgr and before
+nova-compute and libvirt (see :mod:`vgpu.sriov`, which writes that file on
+hooks). Each GPU is handled on its own, so one that fails never stops the
+next:
+
+1. the units in ``wait_for`` (the vGPU manager) are waited for, at most
+   ``manager`` seconds, then the step goes on regardless;
+2. a GPU not bound to the ``nvidia`` driver is left alone; one without VFs
+   gets ``sriov-manage -e``, retried ``attempts`` times with a growing pause;
+3. each VF gets its profile by name: its id is looked up in the VF's
+   ``nvidia/creatable_vgpu_types`` read right before the write (the list
+   shrinks as siblings take types, and ids change between driver releases).
+   A VF that lists nothing while no sibling holds a type is waited for (the
+   manager is still starting); one that holds a type already is left alone.
+
+Everything takes at most ``total`` seconds; each GPU gets an even share of
+what is left. What it does, GPU by GPU and VF by VF, goes to stdout, which
+systemd keeps in the journal (``journalctl -u nvidia-vgpu-vfs``). Exit status:
+0 all restored, 1 something was not (the unit shows failed), 2 the data could
+not be read (nothing done).
+"""
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+from . import hostroot, kernel, pci, services, sriov, vfio
+from .errors import HostReadError, ServiceError, VfTypeError, VgpuError
+
+log = logging.getLogger(__name__)
+
+DATA_FILE = sriov.DATA_FILE
+_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_UNNAMED = re.compile(r"nvidia-[0-9]+\Z")
+RESTORED, LEFT_ALONE, FAILED = "restored", "left alone", "not restored"
+
+
+class DataError(ValueError):
+    """The boot data is missing, not JSON, or not shaped as :func:`vgpu.sriov.boot_data` writes it."""
+
+
+class Limits(NamedTuple):
+    """How long the boot step may take, in seconds (``attempts``: sriov-manage runs per GPU)."""
+
+    total: float = 600  # everything; the unit's TimeoutStartSec is a minute more
+    manager: float = 180  # waiting for the vGPU manager, within ``total``
+    call: float = 300  # one sriov-manage run
+    attempts: int = 3
+    delay: float = 5  # the pause after a failed attempt, doubled each time
+    poll: float = 1  # between looks at a VF that lists nothing yet
+
+    @classmethod
+    def of(cls, given) -> "Limits":
+        """The data's limits (defaults for what it leaves out); ``total`` never above the default."""
+        if given is None:
+            return cls()
+        if not isinstance(given, dict):
+            raise DataError("limits is not a JSON object")
+        values: Dict[str, Any] = {}
+        for field in cls._fields:
+            value = given.get(field)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise DataError(f"limits.{field} is not a number of seconds")
+            values[field] = int(value) if field == "attempts" else value
+        limits = cls()._replace(**values)
+        return limits._replace(total=min(limits.total, cls().total), attempts=max(1, limits.attempts))
+
+
+class VfPlan(NamedTuple):
+    """One VF (by its ``virtfn`` index) and the profile it takes."""
+
+    virtfn: int  # a NamedTuple field may not be called index (tuple.index)
+    name: str  # the driver's name (NVIDIA L40S-12Q) or the profile (L40S-12Q)
+    number: int = 0  # its id when the data was written: used only for a type never named
+
+
+class GpuPlan(NamedTuple):
+    """One GPU whose VFs are enabled, and its VFs' profiles."""
+
+    address: str
+    model: str = ""
+    vfs: Tuple[VfPlan, ...] = ()
+
+
+def main(argv: Sequence[str]) -> int:
+    """Restore what the data file ``argv[0]`` names; every step is logged to stdout."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    package = logging.getLogger("vgpu")
+    level = package.level
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    try:
+        if len(argv) != 1:
+            log.error("usage: vgpu_boot.py <boot data file>")
+            return 2
+        try:
+            return restore(load(argv[0]))
+        except DataError as error:
+            log.error("%s: %s; nothing restored", argv[0], error)
+            return 2
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(level)
+
+
+def load(where: str) -> dict:
+    """The boot data at host path ``where``; DataError saying why it cannot be used."""
+    try:
+        raw = hostroot.read_text(hostroot.path(where))
+    except HostReadError as error:
+        raise DataError(str(error)) from None
+    if raw is None:
+        raise DataError("does not exist (the charm writes it once a mapping is in force)")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise DataError("is not JSON") from None
+    if not isinstance(data, dict):
+        raise DataError("is not a JSON object")
+    return data
+
+
+def parse(data: Mapping) -> Tuple[List[GpuPlan], List[str], Limits]:
+    """(GPUs, units to wait for, limits) from the data; DataError when it is not as written."""
+    version = data.get("version")
+    if version != sriov.DATA_VERSION:
+        raise DataError(f"version {version} is not one this charm knows")
+    gpus = data.get("gpus")
+    wait_for = data.get("wait_for", [])
+    if not isinstance(gpus, list) or not isinstance(wait_for, list) \
+            or not all(isinstance(u, str) for u in wait_for):
+        raise DataError("gpus and wait_for must be lists")
+    return [_gpu(entry) for entry in gpus], list(wait_for), Limits.of(data.get("limits"))
+
+
+def _gpu(entry) -> GpuPlan:
+    address = entry.get("address") if isinstance(entry, dict) else None
+    if not isinstance(address, str) or not _ADDRESS.match(address):
+        raise DataError(f"an entry names no GPU address: {str(entry)[:80]}")
+    vfs = []
+    for vf in entry.get("vfs") or []:
+        index, name, number = (vf.get(k) for k in ("index", "name", "number")) \
+            if isinstance(vf, dict) else (None, None, None)
+        if not (isinstance(index, int) and index >= 0 and isinstance(name, str) and name
+                and isinstance(number or 0, int)):
+            raise DataError(f"GPU {address}: a VF entry is not an index and a name: {str(vf)[:80]}")
+        vfs.append(VfPlan(index, name, number or 0))
+    return GpuPlan(address, str(entry.get("model") or ""), tuple(sorted(vfs)))
+
+
+def restore(data: Mapping) -> int:
+    """Enable the VFs and give them their types, as :mod:`vgpu.boot` describes; the exit status."""
+    gpus, wait_for, limits = parse(data)
+    if not gpus:
+        log.info("no GPU to restore: vgpu-device-mappings selects none")
+        return 0
+    deadline = time.monotonic() + limits.total
+    if not kernel.iommu_enabled():
+        log.error("IOMMU is off: no virtual function can be enabled; nothing restored "
+                  "(see the charm's status)")
+        return 1
+    _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager), limits.poll)
+    outcome = {}
+    for n, gpu in enumerate(gpus):
+        until = time.monotonic() + (deadline - time.monotonic()) / (len(gpus) - n)
+        try:
+            outcome[gpu.address] = _restore_gpu(gpu, until, limits)
+        except (VgpuError, OSError) as error:  # whatever it was, the next GPU still gets its turn
+            log.error("GPU %s: %s", gpu.address, error)
+            outcome[gpu.address] = FAILED
+    summary = f"restored {sum(o == RESTORED for o in outcome.values())} of {len(gpus)} GPUs"
+    for kind in (LEFT_ALONE, FAILED):
+        named = [a for a, o in outcome.items() if o == kind]
+        if named:
+            summary += f"; {kind}: {', '.join(named)}"
+    log.info("%s", summary)
+    return 1 if FAILED in outcome.values() else 0
+
+
+def _wait_for(units: Sequence[str], until: float, poll: float) -> None:
+    """Wait until every unit is active, or ``until``; either way the boot step goes on."""
+    if not units:
+        return
+    started = time.monotonic()
+    names = ", ".join(units)
+    while True:
+        try:
+            up = services.active(units)
+        except (ServiceError, ValueError) as error:
+            log.warning("cannot ask systemd about %s: %s", names, error)
+            up = {}
+        if up and all(up.values()):
+            log.info("%s is active after %.1f s", names, time.monotonic() - started)
+            return
+        if time.monotonic() + poll > until:
+            log.warning("%s not active after %.1f s: going on; sriov-manage may fail until it is",
+                        names, time.monotonic() - started)
+            return
+        time.sleep(poll)
+
+
+def _restore_gpu(gpu: GpuPlan, until: float, limits: Limits) -> str:
+    entry = hostroot.text_path(pci.PCI_DEVICES, gpu.address)
+    if not os.path.exists(entry):
+        log.error("GPU %s: not found on this host", gpu.address)
+        return FAILED
+    try:
+        driver: Optional[str] = os.path.basename(os.readlink(os.path.join(entry, "driver")))
+    except OSError:
+        driver = None
+    if driver is None:
+        log.error("GPU %s: bound to no driver (is the nvidia module loaded?): not restored",
+                  gpu.address)
+        return FAILED
+    if driver != sriov.NVIDIA_DRIVER:
+        log.warning("GPU %s: bound to %s, not nvidia: left alone (whole-GPU passthrough?)",
+                    gpu.address, driver)
+        return LEFT_ALONE
+    present = _vf_count(entry)
+    if present:
+        log.info("GPU %s: %d virtual functions there already", gpu.address, present)
+    elif not _enable(gpu.address, entry, until, limits):
+        return FAILED
+    results = [_give(gpu.address, entry, vf, until, limits.poll) for vf in gpu.vfs]
+    return RESTORED if all(results) else FAILED
+
+
+def _vf_count(entry: str) -> int:
+    try:
+        return sum(name.startswith("virtfn") for name in os.listdir(entry))
+    except OSError:
+        return 0
+
+
+def _enable(address: str, entry: str, until: float, limits: Limits) -> bool:
+    """``sriov-manage -e``, retried with a growing pause; True once the VFs are there."""
+    attempt = 0
+    while attempt < limits.attempts:
+        left = until - time.monotonic()
+        if left < sriov.MIN_CALL:
+            log.error("GPU %s: no time left for sriov-manage -e", address)
+            break
+        attempt += 1
+        why = sriov.enable_one(address, min(limits.call, left))
+        count = _vf_count(entry)
+        if not why and count:
+            log.info("GPU %s: %d virtual functions enabled by sriov-manage -e (attempt %d)",
+                     address, count, attempt)
+            return True
+        log.warning("GPU %s: sriov-manage -e attempt %d of %d failed: %s", address, attempt,
+                    limits.attempts, why or "it succeeded but no virtual function appeared")
+        if attempt < limits.attempts:
+            time.sleep(max(0.0, min(limits.delay * 2 ** (attempt - 1), until - time.monotonic())))
+    log.error("GPU %s: no virtual functions after %d attempt%s; its vGPU types are not restored",
+              address, attempt, "" if attempt == 1 else "s")
+    return False
+
+
+def _give(gpu: str, entry: str, vf: VfPlan, until: float, poll: float) -> bool:
+    """Give one VF its profile, found by name in what it lists now; True when it holds one."""
+    try:
+        address = os.path.basename(os.readlink(os.path.join(entry, f"virtfn{vf.virtfn}")))
+    except OSError:
+        log.error("GPU %s: has no virtfn%d: %s not given", gpu, vf.virtfn, vf.name)
+        return False
+    where = f"GPU {gpu}: VF {address} (virtfn{vf.virtfn})"
+    while True:
+        try:
+            holds = vfio.held(address)
+            listed: Optional[Tuple[pci.VgpuType, ...]] = vfio.creatable(address)
+            why = "lists nothing creatable"
+        except VfTypeError as error:  # no nvidia/ files yet: the manager is still starting
+            holds, listed, why = 0, None, str(error)
+        if holds:
+            log.info("%s holds nvidia-%d already: left as it is", where, holds)
+            return True
+        if listed:
+            return _write(where, address, vf, listed)
+        if (listed is not None and _siblings_hold(entry)) or time.monotonic() + poll > until:
+            log.error("%s %s: %s not given", where, why, vf.name)
+            return False
+        time.sleep(poll)
+
+
+def _write(where: str, address: str, vf: VfPlan, listed: Sequence[pci.VgpuType]) -> bool:
+    found = named(vf, listed)
+    if found is None:
+        log.error("%s does not list %s; it lists %s", where, vf.name,
+                  ", ".join(pci.profile_name(t.name) for t in listed))
+        return False
+    try:
+        vfio.assign(address, found.number)
+    except VfTypeError as error:
+        log.error("%s: %s", where, error)
+        return False
+    log.info("%s now holds %s (nvidia-%d)", where, found.name, found.number)
+    return True
+
+
+def named(vf: VfPlan, listed: Sequence[pci.VgpuType]) -> Optional[pci.VgpuType]:
+    """The listed type ``vf.name`` names: the driver's name, else the one profile of that name.
+
+    A type the charm never saw named (``nvidia-1139``) is taken by its id, as
+    the only thing known of it.
+    """
+    wanted = " ".join(vf.name.split()).upper()
+    for vgpu_type in listed:
+        if " ".join(vgpu_type.name.split()).upper() == wanted:
+            return vgpu_type
+    short = pci.profile_name(wanted)
+    found = [t for t in listed if pci.profile_name(t.name).upper() == short]
+    if len(found) == 1:
+        return found[0]
+    if _UNNAMED.match(vf.name):
+        return next((t for t in listed if t.number == vf.number), None)
+    return None
+
+
+def _siblings_hold(entry: str) -> bool:
+    """Whether any VF of the GPU holds a type (then an empty list means full, not starting)."""
+    for name in os.listdir(entry):
+        if name.startswith("virtfn"):
+            try:
+                if vfio.held(os.path.basename(os.readlink(os.path.join(entry, name)))):
+                    return True
+            except (OSError, VfTypeError):
+                continue
+    return False

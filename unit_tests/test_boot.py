@@ -1,0 +1,296 @@
+"""The boot step of nvidia-vgpu-vfs.service, run against fixture trees.
+
+Hosts after a reboot: GPUs without VFs until the stand-in sriov-manage
+creates them, and (L40S, H200) the fixture's VFIO kernel model, in which a
+VF's creatable_vgpu_types shrinks as its siblings take types. The boot step
+runs in this process (so the kernel model applies), with the fake systemctl
+answering for nvidia-vgpu-mgr; one test runs the unit's own ExecStart line.
+"""
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from unit_tests.fakehost import L40S_TYPES, FakeHost, l40s_host
+from unit_tests.faketools import stand_in
+from vgpu import boot, sriov
+
+MGR = "nvidia-vgpu-mgr"
+L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
+# Small bounds: every wait below is a fraction of a second to a few seconds.
+FAST = {"total": 20, "manager": 5, "call": 10, "attempts": 3, "delay": 0.05, "poll": 0.05}
+
+
+def vfs(pf: str, count: int):
+    return [f"{pf[:-4]}{(4 + n) // 8:02x}.{(4 + n) % 8}" for n in range(count)]
+
+
+def current(root, address: str) -> int:
+    return int((root / f"sys/bus/pci/devices/{address}/nvidia/current_vgpu_type").read_text())
+
+
+def types_of(root, pf: str, count: int):
+    return [current(root, a) for a in vfs(pf, count)]
+
+
+def gpu(address, profiles=(), name=None, number=0):
+    """One GPU's entry: VFs 0.. given ``profiles`` in order (or ``count`` copies of ``name``)."""
+    return {"address": address, "model": "x",
+            "vfs": [{"index": n, "name": p, "number": number} for n, p in enumerate(profiles)]}
+
+
+def data(*gpus, limits=None, wait_for=(MGR,)):
+    return {"version": 1, "wait_for": list(wait_for), "limits": dict(FAST, **(limits or {})),
+            "gpus": list(gpus)}
+
+
+def sriov_calls(tools):
+    return [c for c in tools.calls() if c.startswith("sriov-manage")]
+
+
+@pytest.fixture
+def rebooted(root, tools):
+    """An L40S and an H200 after a reboot: no VFs yet, the vGPU manager up."""
+    host = l40s_host(root, enabled=False)
+    host.install_sriov_manage()
+    tools.set_active(MGR)
+    return host
+
+
+@pytest.fixture
+def journal(caplog):
+    caplog.set_level(logging.INFO, logger="vgpu.boot")
+    return caplog
+
+
+def said(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "vgpu.boot"]
+
+
+def test_both_gpus_get_their_vfs_and_types_by_name(rebooted, root, tools, journal):
+    rc = boot.restore(data(gpu(L40S, ["NVIDIA L40S-12Q"] * 4, number=1139),
+                           gpu(H200, ["H200X-35C"] * 2)))
+    assert rc == 0
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert types_of(root, H200, 3) == [1282, 1282, 0]
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}", f"sriov-manage -e {H200}"]
+    lines = said(journal)
+    assert f"GPU {L40S}: 16 virtual functions enabled by sriov-manage -e (attempt 1)" in lines
+    assert (f"GPU {L40S}: VF 0000:81:00.4 (virtfn0) now holds NVIDIA L40S-12Q "
+            "(nvidia-1139)") in lines
+    assert f"GPU {H200}: VF 0000:c1:00.5 (virtfn1) now holds NVIDIA H200X-35C (nvidia-1282)" in lines
+    assert lines[-1] == "restored 2 of 2 GPUs"
+
+
+def test_the_first_gpus_sriov_manage_failing_does_not_stop_the_second(rebooted, root, tools,
+                                                                        journal):
+    rebooted.fail_sriov_manage(L40S)
+    rc = boot.restore(data(gpu(L40S, ["NVIDIA L40S-12Q"] * 4), gpu(H200, ["NVIDIA H200X-35C"] * 4)))
+    assert rc == 1  # the unit shows failed: not everything was restored
+    assert not (root / f"sys/bus/pci/devices/{L40S}/virtfn0").exists()
+    assert types_of(root, H200, 5) == [1282] * 4 + [0]
+    # Retried (bounded), then the next GPU.
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"] * 3 + [f"sriov-manage -e {H200}"]
+    lines = said(journal)
+    assert (f"GPU {L40S}: sriov-manage -e attempt 1 of 3 failed: sriov-manage -e {L40S} failed: "
+            f"Enabling VFs on {L40S} failed: Input/output error") in lines
+    assert f"GPU {L40S}: no virtual functions after 3 attempts; its vGPU types are not restored" \
+        in lines
+    assert lines[-1] == f"restored 1 of 2 GPUs; not restored: {L40S}"
+
+
+def test_types_renumbered_by_a_driver_upgrade_are_found_by_name(root, tools, journal):
+    # The unit's data was written under the old driver (L40S-12Q was 1139); the new one
+    # numbers every type 1000 higher.
+    host = FakeHost(root)
+    host.pci_ids()
+    host.iommu_groups(2)
+    renumbered = {n + 1000: name for n, name in L40S_TYPES.items()}
+    host.add_sriov_gpu(L40S, device="0x26b9", vf_device="0x26ba", count=8, vfio_types=renumbered,
+                       enabled=False)
+    host.install_sriov_manage()
+    tools.set_active(MGR)
+    rc = boot.restore(data(gpu(L40S, ["NVIDIA L40S-24Q", "L40S-24Q"], number=1141)))
+    assert rc == 0
+    assert types_of(root, L40S, 3) == [2141, 2141, 0]
+    assert (f"GPU {L40S}: VF 0000:81:00.5 (virtfn1) now holds NVIDIA L40S-24Q (nvidia-2141)"
+            in said(journal))
+
+
+def test_each_vf_list_is_read_again_before_its_write(rebooted, root, tools, journal):
+    # Two 24Q fill the 48 GB L40S: a third finds nothing creatable and is not written,
+    # while the first two are (the lists shrink as siblings take types).
+    started = time.monotonic()
+    rc = boot.restore(data(gpu(L40S, ["L40S-24Q"] * 3)))
+    assert rc == 1
+    assert time.monotonic() - started < 5  # a full GPU is not waited for as a starting one
+    assert types_of(root, L40S, 3) == [1141, 1141, 0]
+    assert (f"GPU {L40S}: VF 0000:81:00.6 (virtfn2) lists nothing creatable: L40S-24Q not given"
+            in said(journal))
+
+
+def test_a_name_the_driver_no_longer_lists_is_said_with_what_it_lists(rebooted, root, journal):
+    assert boot.restore(data(gpu(L40S, ["L40S-3Q"]))) == 1
+    assert current(root, "0000:81:00.4") == 0
+    assert (f"GPU {L40S}: VF 0000:81:00.4 (virtfn0) does not list L40S-3Q; it lists "
+            "L40S-2B, L40S-4Q, L40S-12Q, L40S-16Q, L40S-24Q, L40S-48Q") in said(journal)
+
+
+def test_the_boot_step_waits_for_the_manager_that_comes_up_late(root, tools, journal):
+    host = l40s_host(root, enabled=False)
+    host.install_sriov_manage()
+    # The real sriov-manage fails while the vGPU manager is not up: so does this one.
+    real = root / sriov.SRIOV_MANAGE
+    real.rename(real.with_name("sriov-manage.real"))
+    stand_in(real, f'#!/bin/sh\ngrep -qx active "$FAKE_STATE/{MGR}" 2>/dev/null || '
+                   '{ echo "nvidia-vgpu-mgr is not running" >&2; exit 1; }\n'
+                   f'exec {real.with_name("sriov-manage.real")} "$@"\n')
+    tools.set_active(MGR, False)
+    later = threading.Timer(0.6, tools.set_active, (MGR,))
+    later.start()
+    try:
+        started = time.monotonic()
+        rc = boot.restore(data(gpu(L40S, ["L40S-12Q"]), limits={"attempts": 1}))
+    finally:
+        later.cancel()
+    assert rc == 0
+    assert time.monotonic() - started >= 0.6
+    assert types_of(root, L40S, 2) == [1139, 0]
+    polls = [c for c in tools.calls() if c == f"systemctl is-active {MGR}"]
+    assert len(polls) >= 2
+    assert any(line.startswith(f"{MGR} is active after ") for line in said(journal))
+
+
+def test_a_failed_attempt_is_retried_after_a_pause(rebooted, root, tools, journal, tmp_path):
+    real = root / sriov.SRIOV_MANAGE
+    real.rename(real.with_name("sriov-manage.real"))
+    once = tmp_path / "failed-once"
+    stand_in(real, f'#!/bin/sh\nif [ ! -e {once} ]; then touch {once}; '
+                   'echo "NVRM: GPU not ready" >&2; exit 1; fi\n'
+                   f'exec {real.with_name("sriov-manage.real")} "$@"\n')
+    started = time.monotonic()
+    assert boot.restore(data(gpu(H200, ["H200X-70C"]), limits={"delay": 0.5})) == 0
+    assert time.monotonic() - started >= 0.5  # it paused before trying again
+    assert types_of(root, H200, 2) == [1283, 0]
+    assert f"GPU {H200}: 8 virtual functions enabled by sriov-manage -e (attempt 2)" in said(journal)
+
+
+def test_the_total_time_is_bounded_however_the_tools_hang(rebooted, root, tools, journal, tmp_path):
+    tried = tmp_path / "tried"
+    stand_in(root / sriov.SRIOV_MANAGE, f'#!/bin/sh\necho "$2" >> {tried}\nexec sleep 60\n')
+    tools.set_active(MGR, False)  # and the manager never comes up
+    started = time.monotonic()
+    rc = boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]),
+                           limits={"total": 3, "manager": 1, "call": 300}))
+    took = time.monotonic() - started
+    assert rc == 1
+    assert took < 4.5, took
+    # Each GPU got its share of what was left: the first one's hang did not starve the second.
+    assert tried.read_text().split() == [L40S, H200]
+    lines = said(journal)
+    assert any(line.startswith(f"{MGR} not active after ") for line in lines)
+    assert any(line.startswith(f"GPU {L40S}: sriov-manage -e attempt 1 of 3 failed: ")
+               and "timed out" in line for line in lines)
+    assert lines[-1] == f"restored 0 of 2 GPUs; not restored: {L40S}, {H200}"
+
+
+def test_a_gpu_bound_to_another_driver_is_left_alone(rebooted, root, tools, journal):
+    link = root / f"sys/bus/pci/devices/{H200}/driver"
+    link.unlink()
+    (root / "sys/bus/pci/drivers/vfio-pci").mkdir(parents=True)
+    link.symlink_to(os.path.relpath(root / "sys/bus/pci/drivers/vfio-pci", link.parent))
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]))) == 0
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"]
+    assert (f"GPU {H200}: bound to vfio-pci, not nvidia: left alone (whole-GPU passthrough?)"
+            in said(journal))
+
+
+def test_without_the_iommu_nothing_is_tried(rebooted, root, tools, journal):
+    (root / "sys/kernel/iommu_groups").rename(root / "iommu_groups_off")
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]))) == 1
+    assert sriov_calls(tools) == []
+    assert said(journal)[-1].startswith("IOMMU is off: no virtual function can be enabled")
+
+
+def test_a_vf_that_holds_a_type_already_is_left_as_it_is(rebooted, root, tools, journal):
+    wanted = data(gpu(L40S, ["L40S-12Q"] * 2))
+    assert boot.restore(wanted) == 0
+    assert boot.restore(wanted) == 0  # run again (systemctl restart): nothing changes
+    assert types_of(root, L40S, 3) == [1139, 1139, 0]
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"]
+    assert (f"GPU {L40S}: VF 0000:81:00.5 (virtfn1) holds nvidia-1139 already: left as it is"
+            in said(journal))
+
+
+@pytest.mark.parametrize("text,why", [
+    ("{not json", "is not JSON"),
+    ('{"version": 9, "gpus": []}', "version 9 is not one this charm knows"),
+    ('{"version": 1, "gpus": [{"address": "../../etc"}]}', "an entry names no GPU address"),
+])
+def test_data_that_cannot_be_read_restores_nothing_and_says_why(root, tools, capsys, text, why):
+    path = root / boot.DATA_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    assert boot.main([f"/{boot.DATA_FILE}"]) == 2
+    out = capsys.readouterr().out
+    assert f"/{boot.DATA_FILE}: {why}" in out
+    assert sriov_calls(tools) == []
+
+
+def test_the_units_own_command_line_restores_the_host(rebooted, root, tools):
+    """What systemd runs: the charm's Python on the charm's own module, output to the journal."""
+    rebooted.vfio_model(L40S).frozen = True  # a separate process: no kernel model there
+    sriov.write_boot_data(data(gpu(L40S, ["NVIDIA L40S-12Q"] * 2)))
+    unit = sriov.render_unit()
+    execs = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert len(execs) == 1
+    argv = shlex.split(execs[0])
+    assert argv[0] == sys.executable and argv[1].endswith("/src/vgpu_boot.py")
+    assert argv[2] == f"/{boot.DATA_FILE}"
+    # The unit names profiles through its data, never type ids.
+    assert "1139" not in unit and "current_vgpu_type" not in unit
+    timeout = next(line for line in unit.splitlines() if line.startswith("TimeoutStartSec="))
+    assert int(timeout.split("=")[1]) > boot.Limits().total
+    out = subprocess.run(argv, env=dict(os.environ), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert types_of(root, L40S, 3) == [1139, 1139, 0]
+    assert f"GPU {L40S}: VF 0000:81:00.5 (virtfn1) now holds NVIDIA L40S-12Q (nvidia-1139)" \
+        in out.stdout
+    assert json.loads((root / boot.DATA_FILE).read_text())["gpus"][0]["address"] == L40S
+
+
+def test_an_unexpected_error_on_one_gpu_is_logged_and_the_next_still_restored(
+        rebooted, root, journal, monkeypatch):
+    counted = boot._vf_count
+
+    def failing(entry):
+        if entry.endswith(L40S):
+            raise PermissionError(13, "Permission denied")
+        return counted(entry)
+
+    monkeypatch.setattr(boot, "_vf_count", failing)
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]))) == 1
+    assert types_of(root, H200, 2) == [1282, 0]
+    assert f"GPU {L40S}: [Errno 13] Permission denied" in said(journal)
+
+
+def test_the_data_cannot_stretch_the_boot_step_past_the_units_timeout():
+    assert boot.Limits.of({"total": 10 ** 6, "attempts": 0}) == boot.Limits(attempts=1)
+    assert boot.Limits.of({"total": 30}).total == 30
+    with pytest.raises(boot.DataError, match="limits.call is not a number of seconds"):
+        boot.Limits.of({"call": "300"})
+
+
+def test_a_charm_path_systemd_would_split_is_refused(monkeypatch):
+    from vgpu.errors import SriovError
+
+    monkeypatch.setattr(sriov, "BOOT_SCRIPT", "/var/lib/juju/agents/unit x/charm/src/vgpu_boot.py")
+    with pytest.raises(SriovError, match="unusual characters"):
+        sriov.render_unit()
