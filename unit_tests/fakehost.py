@@ -24,6 +24,7 @@ Two pieces of kernel behaviour are modelled, since plain files cannot show them:
 
 import json
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ A100_TYPES = {
 # Vendor-specific VFIO: ids as creatable_vgpu_types lists them on a free GPU.
 L40S_TYPES = {1134: "NVIDIA L40S-2B", 1136: "NVIDIA L40S-4Q", 1139: "NVIDIA L40S-12Q",
               1140: "NVIDIA L40S-16Q", 1141: "NVIDIA L40S-24Q", 1142: "NVIDIA L40S-48Q"}
+# H200X profiles are the H200 SXM's (the H200 NVL's are H200-*); these ids are the fixture's own.
 H200_TYPES = {1281: "NVIDIA H200X-18C", 1282: "NVIDIA H200X-35C", 1283: "NVIDIA H200X-70C",
               1284: "NVIDIA H200X-141C", 1290: "NVIDIA H200X-1-18C"}
 
@@ -78,7 +80,9 @@ PCI_IDS = """\
 \t\t10de 1214  Tesla V100 PCIe 16GB
 \t20b5  GA100 [A100 PCIe 80GB]
 \t20f1  GA100 [A100 PCIe 40GB]
+\t2335  GH100 [H200 SXM 141GB]
 \t233b  GH100 [H200 NVL]
+\t2bb5  GB202GL [RTX PRO 6000 Blackwell Server Edition]
 \t26b9  AD102GL [L40S]
 \t1eb8  TU104GL [Tesla T4]
 15b3  Mellanox Technologies
@@ -93,7 +97,8 @@ def _gb(name: str) -> int:
 
 
 def _mig(name: str) -> bool:
-    return name.count("-") >= 2
+    """MIG-backed: two numbers after the model (H200X-1-18C, DC-1-8Q; not RTX6000-Ada-12Q)."""
+    return re.search(r"-[0-9]+-[0-9]+[A-Za-z]+\Z", name) is not None
 
 
 class VfioModel:
@@ -204,7 +209,8 @@ class FakeHost:
     def add_pci(self, address: str, vendor: str, device: str, class_code: str,
                 driver: Optional[str] = None, bridge: str = "0000:00:01.0",
                 mdev_types: Optional[Mapping[str, MdevType]] = None) -> Path:
-        directory = self.devices / bridge / address
+        # Each PCI domain has its own root: sys/devices/pci0000:00, sys/devices/pci0001:00.
+        directory = self.root / "sys/devices" / f"pci{bridge.rsplit(':', 2)[0]}:00" / bridge / address
         directory.mkdir(parents=True, exist_ok=True)
         for name, value in (("vendor", vendor), ("device", device), ("class", class_code)):
             (directory / name).write_text(value + "\n")
@@ -223,7 +229,7 @@ class FakeHost:
                 driver: Optional[str] = "nvidia", mdev_types: Optional[Mapping[str, MdevType]] = None,
                 totalvfs: int = 0, bridge: Optional[str] = None) -> Path:
         directory = self.add_pci(address, NVIDIA, device, class_code, driver,
-                                 bridge or f"0000:00:{address[5:7]}.0", mdev_types)
+                                 bridge or f"{address[:-8]}:00:{address[-7:-5]}.0", mdev_types)
         if totalvfs:
             (directory / "sriov_totalvfs").write_text(f"{totalvfs}\n")
             (directory / "sriov_numvfs").write_text("0\n")
@@ -252,10 +258,12 @@ class FakeHost:
     def add_sriov_gpu(self, address: str, device: str, vf_device: str, count: int,
                       mdev_types: Optional[Mapping[str, MdevType]] = None,
                       vfio_types: Optional[Mapping[int, str]] = None,
-                      enabled: bool = True, totalvfs: Optional[int] = None) -> Path:
+                      enabled: bool = True, totalvfs: Optional[int] = None,
+                      first_function: int = 4) -> Path:
         """An SR-IOV GPU with ``count`` VFs (device id ``vf_device``) offering mdev or VFIO types.
 
         ``enabled=False``: the VFs are only recorded, for sriov-manage to create.
+        ``first_function``: VF 0's function number (4: <bus>:00.4; the RTX PRO 6000's is 2).
         """
         directory = self.add_gpu(address, device=device, totalvfs=totalvfs or count)
         if vfio_types:
@@ -264,7 +272,8 @@ class FakeHost:
         recipe = {"count": count, "device": vf_device,
                   "mdev": {k: [t.name, t.framebuffer_mb, t.max_instance]
                            for k, t in (mdev_types or {}).items()},
-                  "vfio": {str(k): v for k, v in (vfio_types or {}).items()}}
+                  "vfio": {str(k): v for k, v in (vfio_types or {}).items()},
+                  "first": first_function}
         if enabled:
             self._create_vfs(address, recipe)
         else:
@@ -287,7 +296,8 @@ class FakeHost:
         mdev = {k: MdevType(*v) for k, v in recipe["mdev"].items()} or None
         vfio = {int(k): v for k, v in recipe["vfio"].items()} or None
         for index in range(recipe["count"]):
-            self.add_vf(address, index, _vf_address(address, index), mdev_types=mdev,
+            self.add_vf(address, index, _vf_address(address, index, recipe.get("first", 4)),
+                        mdev_types=mdev,
                         vfio_types=vfio, device=recipe["device"])
 
     def enable_recorded_vfs(self, args: Sequence[str]) -> int:
@@ -443,17 +453,18 @@ def a100_host(root, nova: str = "3:29.0.0-0ubuntu1", gpus: int = 1, vfs: int = 1
 
 
 def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True) -> FakeHost:
-    """An L40S and an H200 NVL on NVIDIA's vendor-specific VFIO framework (no mdev at all).
+    """An L40S and an H200 SXM on NVIDIA's vendor-specific VFIO framework (no mdev at all).
 
-    Their VFs have device ids of their own (0x26ba, 0x233c); Nova 2025.1 epoxy.
+    Their VFs carry their GPU's device id (0x26b9, 0x2335), as on real hosts (see
+    rtx_pro_6000_host); Nova 2025.1 epoxy.
     """
     host = FakeHost(root)
     host.pci_ids()
     # 16 of the L40S's 32 VFs and 8 of the H200's 16 keep the trees small (sysfs-sized
     # trees cost about a millisecond per file); every rule still shows.
-    host.add_sriov_gpu("0000:81:00.0", device="0x26b9", vf_device="0x26ba", count=16,
+    host.add_sriov_gpu("0000:81:00.0", device="0x26b9", vf_device="0x26b9", count=16,
                        vfio_types=L40S_TYPES, enabled=enabled, totalvfs=32)
-    host.add_sriov_gpu("0000:c1:00.0", device="0x233b", vf_device="0x233c", count=8,
+    host.add_sriov_gpu("0000:c1:00.0", device="0x2335", vf_device="0x2335", count=8,
                        vfio_types=H200_TYPES, enabled=enabled, totalvfs=16)
     host.iommu_groups(8)
     host.nova(nova)

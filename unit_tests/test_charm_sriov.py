@@ -69,22 +69,22 @@ MAPPING = "{L40S-12Q: all, 'NVIDIA H200X-35C': ['c1:00.0']}"
 def test_vfio_types_are_written_and_published_as_pci_devices(ctx, vfio, root, tools, deb):
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert out.unit_status == testing.ActiveStatus(
-        "2 GPUs (1 H200 NVL, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4; "
+        "2 GPUs (1 H200 SXM 141GB, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4; "
         "CUSTOM_VGPU_H200X_35C: 0 used, 4 free; CUSTOM_VGPU_L40S_12Q: 0 used, 4 free")
     # 48 GB / 12 GB: four L40S VFs hold L40S-12Q, in virtfn order; the rest stay free.
     assert types_of(root, L40S, 6) == [1139, 1139, 1139, 1139, 0, 0]
     assert types_of(root, H200, 5) == [1282, 1282, 1282, 1282, 0]
     specs = [json.loads(v) for k, v in principal.nova_context(ours(out))["sections"]["pci"]
              if k == "device_spec"]
-    assert specs[0] == {"vendor_id": "10de", "product_id": "26ba", "address": "0000:81:00.4",
+    assert specs[0] == {"vendor_id": "10de", "product_id": "26b9", "address": "0000:81:00.4",
                         "managed": "no", "resource_class": "CUSTOM_VGPU_L40S_12Q"}
     assert [s["address"] for s in specs] == vfs(L40S, 4) + vfs(H200, 4)
-    assert {s["product_id"] for s in specs[4:]} == {"233c"}
+    assert {s["product_id"] for s in specs[4:]} == {"2335"}
     conf = nova_conf(out)
     assert conf.count("device_spec = ") == 8
     # Keys in one order, always: the same host renders the same bytes, so
     # nova-compute never restarts for a reordered line.
-    assert ('device_spec = {"address": "0000:81:00.4", "managed": "no", "product_id": "26ba", '
+    assert ('device_spec = {"address": "0000:81:00.4", "managed": "no", "product_id": "26b9", '
             '"resource_class": "CUSTOM_VGPU_L40S_12Q", "vendor_id": "10de"}\n') in conf
     assert conf.endswith("report_in_placement = True\n")
     assert "[devices]" not in conf
@@ -246,7 +246,7 @@ def test_placement_reporting_stays_on_once_published(ctx, vfio, root, deb):
 
 
 def test_a_hostile_device_id_in_sysfs_never_reaches_nova_conf(ctx, vfio, root, deb):
-    (root / "sys/bus/pci/devices/0000:81:00.4/device").write_text("0x26ba\n[DEFAULT]\ndebug=1\n")
+    (root / "sys/bus/pci/devices/0000:81:00.4/device").write_text("0x26b9\n[DEFAULT]\ndebug=1\n")
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
                                                  resource=deb))
     assert out.unit_status.name == "blocked"
@@ -262,7 +262,7 @@ def test_list_vgpu_types_gives_the_flavor_property_and_the_pci_alias(ctx, vfio, 
     assert entry["flavor-property"] == "pci_passthrough:alias=vgpu-l40s-12q:1"
     # What the operator pastes into nova.conf's [pci] alias, keys in one order.
     assert entry["pci-alias"] == (
-        '{"device_type": "type-VF", "name": "vgpu-l40s-12q", "product_id": "26ba", '
+        '{"device_type": "type-VF", "name": "vgpu-l40s-12q", "product_id": "26b9", '
         '"resource_class": "CUSTOM_VGPU_L40S_12Q", "vendor_id": "10de"}')
     assert l40s["virtual-functions"] == ",".join(vfs(L40S, 16))
     # The full GPU lists nothing: the learnt type carries no counts, shown as "-".
@@ -326,7 +326,7 @@ def test_a_gpu_whose_vfs_stay_missing_is_named_and_nothing_is_published(ctx, roo
     host.fail_sriov_manage(H200)
     out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert out.unit_status == testing.BlockedStatus(
-        "no virtual functions on SR-IOV GPU 0000:c1:00.0 (H200 NVL) after sriov-manage -e: "
+        "no virtual functions on SR-IOV GPU 0000:c1:00.0 (H200 SXM 141GB) after sriov-manage -e: "
         "sriov-manage -e 0000:c1:00.0 failed: Enabling VFs on 0000:c1:00.0 failed: "
         "Input/output error")
     assert "subordinate_configuration" not in ours(out)

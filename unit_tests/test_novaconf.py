@@ -11,7 +11,7 @@ import pytest
 
 from vgpu import novaconf
 
-SPEC = {"vendor_id": "10de", "product_id": "26ba", "address": "0000:81:00.4",
+SPEC = {"vendor_id": "10de", "product_id": "26b9", "address": "0000:81:00.4",
         "managed": "no", "resource_class": "CUSTOM_VGPU_L40S_12Q"}
 
 

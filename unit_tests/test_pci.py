@@ -116,9 +116,9 @@ def test_vendor_specific_vfio_types_come_from_creatable_vgpu_types(root):
         ("nvidia-1139", "NVIDIA L40S-12Q"), ("nvidia-1140", "NVIDIA L40S-16Q"),
         ("nvidia-1141", "NVIDIA L40S-24Q"), ("nvidia-1142", "NVIDIA L40S-48Q")]
     assert vf.current_type == 0 and vf.framework == pci.VFIO
-    # A VF's device id is its own, not its GPU's.
+    # A VF's device id is read from its own device file; on L40S and H200 it is its GPU's.
     assert (l40s.device_id, vf.device_id, h200.device_id, h200.vfs[0].device_id) == (
-        "0x26b9", "0x26ba", "0x233b", "0x233c")
+        "0x26b9", "0x26b9", "0x2335", "0x2335")
     assert (len(l40s.vfs), l40s.sriov_totalvfs, len(h200.vfs)) == (16, 32, 8)
     assert not os.path.exists(root / "sys/class/mdev_bus")
 

@@ -63,7 +63,7 @@ def test_a_name_that_matches_two_types_is_refused_and_the_full_name_picks_one(ro
                                              "nvidia-480": MdevType("NVIDIA A100-20C", 20480, 2)})
     assert build("{A100-20C: [c1:00.0]}").errors == (
         "A100-20C: names 2 types on 0000:c1:00.0 (NVIDIA 0x1db4): nvidia-475 (GRID A100-20C), "
-        "nvidia-480 (NVIDIA A100-20C); use the type id",)
+        "nvidia-480 (NVIDIA A100-20C); use the type id or the full name",)
     assert build("{NVIDIA A100-20C: [c1:00.0]}").mdev_mapping() == {"nvidia-480": ("0000:c1:00.0",)}
 
 
@@ -108,7 +108,7 @@ def test_vfio_profiles_get_as_many_vfs_as_the_framebuffer_fits(root, key, gpu, c
     assert built.errors == ()
     assert [a.address for a in built.vfio()] == list(vfs(gpu, count))
     first = built.vfio()[0]
-    assert first.product_id == ("26ba" if gpu == "0000:81:00.0" else "233c")
+    assert first.product_id == ("26b9" if gpu == "0000:81:00.0" else "2335")
     assert first.resource_class == "CUSTOM_VGPU_" + key.replace("-", "_")
 
 
@@ -192,13 +192,13 @@ def test_mdev_class_is_set_from_xena_on_only(root, major, expected):
 
 @pytest.mark.parametrize("field,value", [
     ("address", "0000:81:00.4\n[DEFAULT]"), ("address", "0000:81:00.4,0000:81:00.5"),
-    ("product_id", "26ba\ndebug"), ("product_id", "26bax"),
+    ("product_id", "26b9\ndebug"), ("product_id", "26b9x"),
     ("framework", pci.MDEV),  # the same hostile-free assignment, but as an mdev with a bad address
 ])
 def test_nothing_but_what_novaconf_builds_can_be_published(field, value):
     from vgpu import novaconf
     fields = {"gpu": "0000:81:00.0", "address": "0000:81:00.4", "number": 1139,
-              "name": "NVIDIA L40S-12Q", "framework": pci.VFIO, "product_id": "26ba"}
+              "name": "NVIDIA L40S-12Q", "framework": pci.VFIO, "product_id": "26b9"}
     fields[field] = value
     if field == "framework":
         fields["address"] = "0000:81:00.4,0000:82:00.4"
