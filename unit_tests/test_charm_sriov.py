@@ -3,9 +3,11 @@
 Hosts: an A100 with 16 VFs offering mdev types; an L40S plus an H200 on the
 vendor-specific VFIO framework (the fixture's kernel model shrinks each VF's
 creatable_vgpu_types as siblings take types); and both after a reboot, with no
-VFs until the stand-in sriov-manage creates them. Checked: the relation data
-as nova-compute renders it, the current_vgpu_type files, the systemd unit,
-the sriov-manage and systemctl calls.
+VFs until the stand-in sriov-manage creates them; then hosts as public
+transcripts show them: four RTX PRO 6000 in PCI domains 0000 and 0001, an
+L40S on two driver branches. Checked: the relation data as nova-compute
+renders it, the current_vgpu_type files, the systemd unit, the sriov-manage
+and systemctl calls.
 """
 
 import json
@@ -14,12 +16,19 @@ import pytest
 from ops import testing
 
 from unit_tests import debs, principal
-from unit_tests.fakehost import a100_host, l40s_host
+from unit_tests.fakehost import (
+    RTX_PRO_6000_TYPES,
+    a100_host,
+    l40s_branch_host,
+    l40s_host,
+    rtx_pro_6000_host,
+)
 from unit_tests.libvirt import running_guest
 from unit_tests.test_charm import install_driver, nova_conf, ours, relation, state
 from vgpu import catalogue, sriov
 
 MGR = "nvidia-vgpu-mgr"
+RTX_TYPES = {str(n): t for n, t in RTX_PRO_6000_TYPES.items()}
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
 
 
@@ -444,3 +453,68 @@ def test_update_status_on_a_served_vfio_host_stays_light(root, tmp_path, tools):
     # (ops.testing itself imports PyYAML, so yaml is not checked here).
     assert result.stdout.split()[-1] == "[]", result.stdout + result.stderr
     assert not [c for c in tools.calls() if not c.startswith("systemctl is-")]
+
+
+# -- hosts as public transcripts show them ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def branch_debs(tmp_path_factory):
+    """The host driver at the version each transcript-built host has loaded."""
+    out = tmp_path_factory.mktemp("branch-debs")
+    return {v: debs.build(out, f"nvidia-vgpu-ubuntu-{v.split('.')[0]}", v, debs.machine_arch(),
+                          debs.host_files())
+            for v in ("580.105.06", "570.158.02", "550.90.05")}
+
+
+def rtx_vfs(pf: str, count: int):
+    """The RTX PRO 6000's VFs start at function .2 (cubecos #312)."""
+    return [f"{pf[:-4]}{(2 + n) // 8:02x}.{(2 + n) % 8}" for n in range(count)]
+
+
+def test_rtx_pro_6000_in_two_pci_domains_by_nvidia_smis_address_and_the_short_form(
+        ctx, root, tools, branch_debs):
+    deb = branch_debs["580.105.06"]
+    ready(rtx_pro_6000_host(root, vfs=16), root, tools, deb)
+    # nvidia-smi's spelling of the address, NVIDIA's tables' spelling of the type.
+    mapping = "{DC-8Q: ['00000001:C8:00.0'], 'NVIDIA RTX Pro 6000 Blackwell DC-24Q': ['42:00.0']}"
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": mapping}, resource=deb))
+    assert out.unit_status == testing.ActiveStatus(
+        "4 GPUs (RTX PRO 6000 Blackwell Server Edition), "
+        "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_24Q on 4, CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_8Q "
+        "on 12; CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_24Q: 0 used, 4 free; "
+        "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_8Q: 0 used, 12 free")
+    specs = [json.loads(v) for k, v in principal.nova_context(ours(out))["sections"]["pci"]
+             if k == "device_spec"]
+    # Exactly sysfs's names (what Nova derives from libvirt's pci_0001_c8_00_2), VF 0 at .2.
+    assert [s["address"] for s in specs] == rtx_vfs("0000:42:00.0", 4) + rtx_vfs("0001:c8:00.0", 12)
+    assert all((root / "sys/bus/pci/devices" / s["address"] / "physfn").exists() for s in specs)
+    assert {s["product_id"] for s in specs} == {"2bb5"}  # the VFs' own id, which is the GPU's
+    dc8q = int(next(n for n, t in RTX_TYPES.items() if t.endswith(" DC-8Q")))
+    held = [current(root, a) for a in rtx_vfs("0001:c8:00.0", 13)]
+    assert held == [dc8q] * 12 + [0]
+    assert [current(root, a) for a in rtx_vfs("0001:04:00.0", 2)] == [0, 0]  # not mapped
+    unit = sriov.unit_path().read_text()
+    assert "ExecStart=/usr/lib/nvidia/sriov-manage -e 0001:c8:00.0\n" in unit
+    assert f"echo {dc8q} > /sys/bus/pci/devices/0001:c8:00.2/nvidia/current_vgpu_type" in unit
+    ctx.run(ctx.on.action("list-vgpu-types"), again(out))
+    gpu = next(g for g in ctx.action_results["gpus"].values() if g["address"] == "0001:c8:00.0")
+    alias = json.loads(gpu["types"][f"nvidia-{dc8q}"]["pci-alias"])
+    assert (alias["product_id"], alias["device_type"], alias["name"]) == (
+        "2bb5", "type-VF", "vgpu-rtx-pro-6000-blackwell-dc-8q")
+
+
+@pytest.mark.parametrize("branch,number", [("570", 1139), ("550", 1153)])
+def test_a_mapping_by_name_survives_a_driver_branch_with_other_type_ids(
+        ctx, root, tools, branch_debs, branch, number):
+    host = l40s_branch_host(root, branch)
+    deb = branch_debs[(root / "sys/module/nvidia/version").read_text().strip()]
+    ready(host, root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                 resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    assert [current(root, a) for a in vfs("0000:26:00.0", 5)] == [number] * 4 + [0]
+    specs = [json.loads(v) for k, v in principal.nova_context(ours(out))["sections"]["pci"]
+             if k == "device_spec"]
+    assert {(s["resource_class"], s["product_id"]) for s in specs} == {
+        ("CUSTOM_VGPU_L40S_12Q", "26b9")}
+    assert f"echo {number} > " in sriov.unit_path().read_text()

@@ -232,7 +232,8 @@ def _shared_class_problems(assignments: Sequence["Assignment"]) -> List[str]:
 def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
     """(type, problem): the type ``key`` names on ``gpu``.
 
-    A type is returned with a problem when it exists but cannot be used (MIG-backed).
+    A type is returned with a problem when it exists but cannot be used (MIG-backed, or
+    one of two the key names).
     """
     where = f"{gpu.address} ({gpu.model})"
     if not types and gpu.vfs and gpu.framework is None:
@@ -250,8 +251,8 @@ def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
                           f"{_summary([t.id for t in types])}")
     else:
         found, problem = _by_name(key, where, types)
-        if problem:
-            return None, problem
+        if problem:  # a key naming two types names something here: with `all` too, refused
+            return (found[0] if found else None), problem
     vgpu_type = found[0]
     named = vgpu_type.profile
     if named is not None and named.mig:
@@ -261,7 +262,7 @@ def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
 
 
 def _by_name(key: str, where: str, types: Sequence[pci.VgpuType]):
-    """([type], problem): the one type ``key`` names in any spelling :func:`pci.name_keys` gives.
+    """([types], problem): the types ``key`` names in any spelling :func:`pci.name_keys` gives.
 
     A key that names two types (``A100-20C`` for ``GRID A100-20C`` and ``NVIDIA
     A100-20C``, or NVIDIA's short form for two models) is refused with the candidates.
@@ -275,7 +276,7 @@ def _by_name(key: str, where: str, types: Sequence[pci.VgpuType]):
                     f"{key}: {where} offers no vGPU types yet (is the vGPU host driver "
                     "loaded?)")
     if len(found) > 1:
-        return [], (f"{key}: names {len(found)} types on {where}: "
+        return found, (f"{key}: names {len(found)} types on {where}: "
                     f"{_summary([f'{t.id} ({t.name})' for t in found])}; use the type id or the full name")
     return found, None
 
