@@ -52,6 +52,15 @@ def test_a_device_spec_field_nova_conf_must_not_get_is_refused(field, value):
         novaconf.check(pci(["device_spec", spec(**{field: value})]))
 
 
+@pytest.mark.parametrize("address", ["00000001:c8:00.2", "00001:c8:00.2", "0001:C8:00.2", "1:c8:00.2"])
+def test_only_sysfs_spelling_of_an_address_is_published(address):
+    """Nova compares addresses as strings with libvirt's (0001:c8:00.2): any other spelling never matches."""
+    with pytest.raises(ValueError, match=f"^refusing address '{address}' for nova.conf"):
+        novaconf.check(pci(["device_spec", spec(address=address)]))
+    for good in ("0001:c8:00.2", "10000:01:00.0"):  # a VMD domain above ffff keeps its digits
+        novaconf.check(pci(["device_spec", spec(address=good)]))
+
+
 @pytest.mark.parametrize("value", ["False", "true", "True\n[DEFAULT]"])
 def test_report_in_placement_is_only_ever_true(value):
     with pytest.raises(ValueError) as error:
