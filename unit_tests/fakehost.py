@@ -1,6 +1,6 @@
 """Host trees shaped like a real one, for tests and the sample-host demo.
 
-Devices live under ``sys/devices/pci0000:00/<bridge>/<address>`` and are
+Devices live under ``sys/devices/pci<domain>:00/<bridge>/<address>`` and are
 reached through symlinks in ``sys/bus/pci/devices``, with ``driver``,
 ``virtfnN`` and ``physfn`` links and ``mdev_supported_types`` or
 ``nvidia/creatable_vgpu_types`` as the kernel lays them out. dpkg's status
