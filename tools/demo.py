@@ -12,7 +12,8 @@ charmhelpers, as nova-compute reads it).
     make demo
     make demo ARGS="--mappings '{nvidia-108: [c1:00.0, c1:00.0], nvidia-109: [c1:00.0]}'"
     make demo ARGS="--host a100 --mappings '{A100-20C: all}'"
-    make demo ARGS="--host l40s"                    # vendor-specific VFIO: L40S + H200
+    make demo ARGS="--host l40s"                    # vendor-specific VFIO: L40S + H200 SXM
+    make demo ARGS="--host rtxpro6000"              # 4 RTX PRO 6000, PCI domains 0000 and 0001
     make demo ARGS="--nova 2:21.2.4-0ubuntu2"      # ussuri spelling
     make demo ARGS="--host l40s --config pci-in-placement=true"   # any other option
 
@@ -41,9 +42,12 @@ DEFAULT_MAPPINGS = {
     "v100": "{nvidia-108: ['0000:c1:00.0'], nvidia-109: ['e1:00.0']}",
     "a100": "{GRID A100-10C: ['0000:41:00.0']}",
     "l40s": "{L40S-12Q: all, NVIDIA H200X-35C: ['c1:00.0']}",
+    # NVIDIA's tables' short form, nvidia-smi's address form; time-sliced profiles.
+    "rtxpro6000": "{DC-8Q: ['00000001:C8:00.0'], NVIDIA RTX Pro 6000 Blackwell DC-24Q: "
+                  "['0000:42:00.0']}",
     "empty": "{nvidia-108: ['0000:c1:00.0']}",
 }
-DEFAULT_NOVA = {"l40s": "3:31.0.0-0ubuntu1"}  # VFIO needs epoxy; others: caracal
+DEFAULT_NOVA = {"l40s": "3:31.0.0-0ubuntu1", "rtxpro6000": "3:31.0.0-0ubuntu1"}  # VFIO: epoxy
 UNIT = "nova-compute-nvidia-vgpu/0"
 
 
@@ -51,7 +55,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", choices=sorted(DEFAULT_MAPPINGS), default="v100",
                         help="sample host: two V100s (mdev), an SR-IOV A100 (mdev on VFs), "
-                             "an L40S and an H200 (vendor-specific VFIO), or no NVIDIA GPU")
+                             "an L40S and an H200 SXM, four RTX PRO 6000 (vendor-specific "
+                             "VFIO), or no NVIDIA GPU")
     parser.add_argument("--mappings", help="vgpu-device-mappings (YAML or JSON)")
     parser.add_argument("--nova", help="installed nova-common version (default: caracal; "
                                        "epoxy for --host l40s)")
@@ -70,7 +75,7 @@ def main(argv=None) -> int:
     build(args.host, root, nova=args.nova or DEFAULT_NOVA.get(args.host, "3:29.0.0-0ubuntu1"))
     for unit in ("nvidia-vgpu-mgr", "nvidia-vgpud"):
         tools.set_active(unit)
-    package = debs.host_driver(work)
+    package = driver_package(work, root)
 
     ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
     relation = testing.SubordinateRelation("nova-vgpu", remote_app_name="nova-compute")
@@ -81,7 +86,7 @@ def main(argv=None) -> int:
     print(f"Sample host at {root}" if args.keep else "Sample host (temporary)")
     print(f"$ juju attach-resource nova-compute-nvidia-vgpu nvidia-vgpu-software=./{package.name}")
     state = ctx.run(ctx.on.install(), state)
-    print(f"  installed: {debs.dpkg_query(root) or 'nothing'}")
+    print(f"  installed: {debs.dpkg_query(root, package.name.split('_')[0]) or 'nothing'}")
     for key in sorted(config):
         if key != "vgpu-device-mappings":
             print(f"$ juju config nova-compute-nvidia-vgpu {key}={str(config[key]).lower()}")
@@ -118,6 +123,16 @@ def main(argv=None) -> int:
         import shutil
         shutil.rmtree(work)
     return 0 if status.name == "active" else 1
+
+
+def driver_package(work: Path, root: Path) -> Path:
+    """The host driver package at the version the sample host has loaded (no reboot pending)."""
+    loaded = root / "sys/module/nvidia/version"
+    version = loaded.read_text().strip() if loaded.exists() else debs.OLD
+    if version == debs.OLD:
+        return debs.host_driver(work)
+    return debs.build(work, f"nvidia-vgpu-ubuntu-{version.split('.')[0]}", version,
+                      debs.machine_arch(), debs.host_files())
 
 
 def vf_types(root: Path):

@@ -1,6 +1,6 @@
 """Host trees shaped like a real one, for tests and the sample-host demo.
 
-Devices live under ``sys/devices/pci0000:00/<bridge>/<address>`` and are
+Devices live under ``sys/devices/pci<domain>:00/<bridge>/<address>`` and are
 reached through symlinks in ``sys/bus/pci/devices``, with ``driver``,
 ``virtfnN`` and ``physfn`` links and ``mdev_supported_types`` or
 ``nvidia/creatable_vgpu_types`` as the kernel lays them out. dpkg's status
@@ -24,6 +24,7 @@ Two pieces of kernel behaviour are modelled, since plain files cannot show them:
 
 import json
 import os
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -66,8 +67,46 @@ A100_TYPES = {
 # Vendor-specific VFIO: ids as creatable_vgpu_types lists them on a free GPU.
 L40S_TYPES = {1134: "NVIDIA L40S-2B", 1136: "NVIDIA L40S-4Q", 1139: "NVIDIA L40S-12Q",
               1140: "NVIDIA L40S-16Q", 1141: "NVIDIA L40S-24Q", 1142: "NVIDIA L40S-48Q"}
+# H200X profiles are the H200 SXM's (the H200 NVL's are H200-*); these ids are the fixture's own.
 H200_TYPES = {1281: "NVIDIA H200X-18C", 1282: "NVIDIA H200X-35C", 1283: "NVIDIA H200X-70C",
               1284: "NVIDIA H200X-141C", 1290: "NVIDIA H200X-1-18C"}
+
+# -- Tables from real hosts' transcripts (sources beside each fact; "inferred" = not seen) ------
+# L40S, another driver branch: harvester/pcidevices pkg/util/gpuhelper/testdata
+# (sys/bus/pci/devices/0000:26:00.4/nvidia/creatable_vgpu_types): L40S-12Q is 1153 there,
+# 1139 in L40S_TYPES. Type ids change between branches; names do not.
+L40S_TYPES_1153 = {1145: "NVIDIA L40S-1B", 1146: "NVIDIA L40S-2B", 1147: "NVIDIA L40S-1Q",
+                   1148: "NVIDIA L40S-2Q", 1149: "NVIDIA L40S-3Q", 1150: "NVIDIA L40S-4Q",
+                   1151: "NVIDIA L40S-6Q", 1152: "NVIDIA L40S-8Q", 1153: "NVIDIA L40S-12Q",
+                   1154: "NVIDIA L40S-16Q", 1155: "NVIDIA L40S-24Q", 1156: "NVIDIA L40S-48Q",
+                   1157: "NVIDIA L40S-1A", 1158: "NVIDIA L40S-2A", 1159: "NVIDIA L40S-3A",
+                   1160: "NVIDIA L40S-4A", 1161: "NVIDIA L40S-6A", 1162: "NVIDIA L40S-8A",
+                   1163: "NVIDIA L40S-12A", 1164: "NVIDIA L40S-16A", 1165: "NVIDIA L40S-24A",
+                   1166: "NVIDIA L40S-48A", 2164: "NVIDIA L40S-3B"}
+# One table per driver branch, with the driver version the host reports (both versions
+# inferred: the harvester listing names none; 570.158.02 is the other fixtures' driver).
+L40S_BRANCHES = {"570": (L40S_TYPES, "570.158.02"), "550": (L40S_TYPES_1153, "550.90.05")}
+# H200 SXM 141GB: 1414 and 1428 from NVIDIA/kubevirt-gpu-device-plugin PR 192 (an 8x H200 SXM
+# host on 580.159.01; "1428 : NVIDIA H200X-141C", "1414 : NVIDIA H200X-1-18C"); the other
+# time-sliced H200X ids are inferred, their names from NVIDIA's Hopper vGPU type table.
+H200_SXM_TYPES = {1414: "NVIDIA H200X-1-18C", 1420: "NVIDIA H200X-18C", 1424: "NVIDIA H200X-35C",
+                  1426: "NVIDIA H200X-70C", 1428: "NVIDIA H200X-141C"}
+# H200 NVL: NVIDIA's Hopper table names its profiles H200-<GB>C (H200-4C fits 32, H200-35C
+# fits 4); every id is inferred.
+H200_NVL_TYPES = {1500: "NVIDIA H200-4C", 1501: "NVIDIA H200-8C", 1502: "NVIDIA H200-17C",
+                  1503: "NVIDIA H200-35C", 1504: "NVIDIA H200-70C", 1505: "NVIDIA H200-141C",
+                  1510: "NVIDIA H200-1-18C"}
+# RTX PRO 6000 Blackwell Server Edition: the driver's names as bigstack-oss/cubecos issue 312
+# lists them ("NVIDIA RTX Pro 6000 Blackwell DC-1-8Q", ... on 580.105.06); NVIDIA's type
+# tables call the time-sliced ones DC-<GB><series> (DC-8Q). Every id is inferred, and so are
+# the time-sliced sizes (96 GB: DC-96Q is the whole GPU).
+RTX_PRO_6000_TYPES = {
+    **{2000 + n: f"NVIDIA RTX Pro 6000 Blackwell DC-{gb}Q"
+       for n, gb in enumerate((2, 4, 8, 12, 16, 24, 32, 48, 96))},
+    2020: "NVIDIA RTX Pro 6000 Blackwell DC-8A", 2021: "NVIDIA RTX Pro 6000 Blackwell DC-8C",
+    2022: "NVIDIA RTX Pro 6000 Blackwell DC-96C",
+    2030: "NVIDIA RTX Pro 6000 Blackwell DC-1-8Q", 2031: "NVIDIA RTX Pro 6000 Blackwell DC-2-16Q",
+    2032: "NVIDIA RTX Pro 6000 Blackwell DC-4-24Q"}
 
 PCI_IDS = """\
 # List of PCI ID's (sample)
@@ -78,7 +117,9 @@ PCI_IDS = """\
 \t\t10de 1214  Tesla V100 PCIe 16GB
 \t20b5  GA100 [A100 PCIe 80GB]
 \t20f1  GA100 [A100 PCIe 40GB]
+\t2335  GH100 [H200 SXM 141GB]
 \t233b  GH100 [H200 NVL]
+\t2bb5  GB202GL [RTX PRO 6000 Blackwell Server Edition]
 \t26b9  AD102GL [L40S]
 \t1eb8  TU104GL [Tesla T4]
 15b3  Mellanox Technologies
@@ -88,12 +129,13 @@ PCI_IDS = """\
 
 def _gb(name: str) -> int:
     """Framebuffer in GB from a profile name: NVIDIA L40S-12Q -> 12, H200X-1-18C -> 18."""
-    tail = name.rsplit("-", 1)[-1]
-    return int("".join(c for c in tail if c.isdigit()))
+    digits = "".join(c for c in name.rsplit("-", 1)[-1] if c.isdigit())
+    return int(digits) if digits else 0  # a name that is no profile: no size
 
 
 def _mig(name: str) -> bool:
-    return name.count("-") >= 2
+    """MIG-backed: two numbers after the model (H200X-1-18C, DC-1-8Q; not RTX6000-Ada-12Q)."""
+    return re.search(r"-[0-9]+-[0-9]+[A-Za-z]+\Z", name) is not None
 
 
 class VfioModel:
@@ -204,7 +246,8 @@ class FakeHost:
     def add_pci(self, address: str, vendor: str, device: str, class_code: str,
                 driver: Optional[str] = None, bridge: str = "0000:00:01.0",
                 mdev_types: Optional[Mapping[str, MdevType]] = None) -> Path:
-        directory = self.devices / bridge / address
+        # Each PCI domain has its own root: sys/devices/pci0000:00, sys/devices/pci0001:00.
+        directory = self.root / "sys/devices" / f"pci{bridge.rsplit(':', 2)[0]}:00" / bridge / address
         directory.mkdir(parents=True, exist_ok=True)
         for name, value in (("vendor", vendor), ("device", device), ("class", class_code)):
             (directory / name).write_text(value + "\n")
@@ -223,7 +266,7 @@ class FakeHost:
                 driver: Optional[str] = "nvidia", mdev_types: Optional[Mapping[str, MdevType]] = None,
                 totalvfs: int = 0, bridge: Optional[str] = None) -> Path:
         directory = self.add_pci(address, NVIDIA, device, class_code, driver,
-                                 bridge or f"0000:00:{address[5:7]}.0", mdev_types)
+                                 bridge or f"{address[:-8]}:00:{address[-7:-5]}.0", mdev_types)
         if totalvfs:
             (directory / "sriov_totalvfs").write_text(f"{totalvfs}\n")
             (directory / "sriov_numvfs").write_text("0\n")
@@ -252,10 +295,12 @@ class FakeHost:
     def add_sriov_gpu(self, address: str, device: str, vf_device: str, count: int,
                       mdev_types: Optional[Mapping[str, MdevType]] = None,
                       vfio_types: Optional[Mapping[int, str]] = None,
-                      enabled: bool = True, totalvfs: Optional[int] = None) -> Path:
+                      enabled: bool = True, totalvfs: Optional[int] = None,
+                      first_function: int = 4) -> Path:
         """An SR-IOV GPU with ``count`` VFs (device id ``vf_device``) offering mdev or VFIO types.
 
         ``enabled=False``: the VFs are only recorded, for sriov-manage to create.
+        ``first_function``: VF 0's function number (4: <bus>:00.4; the RTX PRO 6000's is 2).
         """
         directory = self.add_gpu(address, device=device, totalvfs=totalvfs or count)
         if vfio_types:
@@ -264,7 +309,8 @@ class FakeHost:
         recipe = {"count": count, "device": vf_device,
                   "mdev": {k: [t.name, t.framebuffer_mb, t.max_instance]
                            for k, t in (mdev_types or {}).items()},
-                  "vfio": {str(k): v for k, v in (vfio_types or {}).items()}}
+                  "vfio": {str(k): v for k, v in (vfio_types or {}).items()},
+                  "first": first_function}
         if enabled:
             self._create_vfs(address, recipe)
         else:
@@ -287,7 +333,8 @@ class FakeHost:
         mdev = {k: MdevType(*v) for k, v in recipe["mdev"].items()} or None
         vfio = {int(k): v for k, v in recipe["vfio"].items()} or None
         for index in range(recipe["count"]):
-            self.add_vf(address, index, _vf_address(address, index), mdev_types=mdev,
+            self.add_vf(address, index, _vf_address(address, index, recipe.get("first", 4)),
+                        mdev_types=mdev,
                         vfio_types=vfio, device=recipe["device"])
 
     def enable_recorded_vfs(self, args: Sequence[str]) -> int:
@@ -552,23 +599,109 @@ def a100_host(root, nova: str = "3:29.0.0-0ubuntu1", gpus: int = 1, vfs: int = 1
 
 
 def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True) -> FakeHost:
-    """An L40S and an H200 NVL on NVIDIA's vendor-specific VFIO framework (no mdev at all).
+    """An L40S and an H200 SXM on NVIDIA's vendor-specific VFIO framework (no mdev at all).
 
-    Their VFs have device ids of their own (0x26ba, 0x233c); Nova 2025.1 epoxy.
+    Their VFs carry their GPU's device id (0x26b9, 0x2335), as on real hosts (see
+    rtx_pro_6000_host); Nova 2025.1 epoxy.
     """
     host = FakeHost(root)
     host.pci_ids()
     # 16 of the L40S's 32 VFs and 8 of the H200's 16 keep the trees small (sysfs-sized
     # trees cost about a millisecond per file); every rule still shows.
-    host.add_sriov_gpu("0000:81:00.0", device="0x26b9", vf_device="0x26ba", count=16,
+    host.add_sriov_gpu("0000:81:00.0", device="0x26b9", vf_device="0x26b9", count=16,
                        vfio_types=L40S_TYPES, enabled=enabled, totalvfs=32)
-    host.add_sriov_gpu("0000:c1:00.0", device="0x233b", vf_device="0x233c", count=8,
+    host.add_sriov_gpu("0000:c1:00.0", device="0x2335", vf_device="0x2335", count=8,
                        vfio_types=H200_TYPES, enabled=enabled, totalvfs=16)
     host.iommu_groups(8)
     host.nova(nova)
     host.principal_nova_conf()
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
     host.loaded_driver("570.158.02")
+    return host
+
+
+def rtx_pro_6000_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
+                      vfs: int = 48, gpus: int = 4) -> FakeHost:
+    """Four RTX PRO 6000 Blackwell Server Editions in PCI domains 0000 and 0001 (VFIO).
+
+    From bigstack-oss/cubecos issue 312: the GPUs at 0000:42:00.0, 0000:8c:00.0,
+    0001:04:00.0 and 0001:c8:00.0 ("Enabling VFs on ..."), device 10de:2bb5, class 0302
+    (lspci: "3D controller [0302]"); every VF also reads 10de:2bb5 ("set device 10de:2bb5
+    at 0000:42:00.2"); VF 0 at function .2 ("virtfn0 -> ../0001:04:00.2", virtfn14 at
+    04:02.0); 48 VFs per GPU; nvidia-smi names the GPUs 00000000:42:00.0 and
+    00000001:C8:00.0; driver 580.105.06. Types: RTX_PRO_6000_TYPES (ids inferred).
+    ``vfs``/``gpus`` shrink the tree for tests that need fewer.
+    """
+    host = FakeHost(root)
+    host.pci_ids()
+    for address in ("0000:42:00.0", "0000:8c:00.0", "0001:04:00.0", "0001:c8:00.0")[:gpus]:
+        host.add_sriov_gpu(address, device="0x2bb5", vf_device="0x2bb5", count=vfs,
+                           vfio_types=RTX_PRO_6000_TYPES, enabled=enabled, totalvfs=48,
+                           first_function=2)
+    host.iommu_groups(8)
+    host.nova(nova)
+    host.modules(["nvidia_vgpu_vfio", "nvidia"])
+    host.loaded_driver("580.105.06")
+    return host
+
+
+def h200_sxm_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
+                  vfs: int = 8) -> FakeHost:
+    """Two H200 SXM 141GB (10de:2335) on the VFIO framework, VFs carrying the GPU's id.
+
+    Addresses: two of the eight in bigstack-oss/cubecos issue 259's lspci ("18:00.0 3D
+    controller [0302]: NVIDIA Corporation GH100 [H200 SXM 141GB] [10de:2335]"); the VFs'
+    id: NVIDIA/kubevirt-gpu-device-plugin PR 192 ("every VF ... shares the same PCI
+    vendor:device id as the whole card") on the host of NVIDIA/gpu-operator issue 2594
+    (10de:2335, driver 580.159.01). Inferred: 32 VFs per GPU (``vfs`` of them enabled),
+    VF 0 at .4.
+    """
+    host = FakeHost(root)
+    host.pci_ids()
+    for address in ("0000:18:00.0", "0000:2a:00.0"):
+        host.add_sriov_gpu(address, device="0x2335", vf_device="0x2335", count=vfs,
+                           vfio_types=H200_SXM_TYPES, enabled=enabled, totalvfs=32)
+    host.iommu_groups(4)
+    host.nova(nova)
+    host.modules(["nvidia_vgpu_vfio", "nvidia"])
+    host.loaded_driver("580.159.01")
+    return host
+
+
+def h200_nvl_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
+                  vfs: int = 32) -> FakeHost:
+    """One H200 NVL (10de:233b) with 32 VFs (apache/cloudstack issue 12960), H200-* types.
+
+    Inferred: the address, the VFs' id (the GPU's, as on the L40S, H200 SXM and RTX PRO
+    6000), VF 0 at .4, the type ids (H200_NVL_TYPES) and the driver version.
+    """
+    host = FakeHost(root)
+    host.pci_ids()
+    host.add_sriov_gpu("0000:41:00.0", device="0x233b", vf_device="0x233b", count=vfs,
+                       vfio_types=H200_NVL_TYPES, enabled=enabled, totalvfs=32)
+    host.iommu_groups(4)
+    host.nova(nova)
+    host.modules(["nvidia_vgpu_vfio", "nvidia"])
+    host.loaded_driver("580.105.06")
+    return host
+
+
+def l40s_branch_host(root, branch: str, nova: str = "3:31.0.0-0ubuntu1",
+                     vfs: int = 8) -> FakeHost:
+    """One L40S (VF 0 at 0000:26:00.4, as in harvester/pcidevices' testdata) on a driver branch.
+
+    ``branch``: a key of L40S_BRANCHES; the same profile has another type id on each. 32
+    VFs per L40S (harvester/harvester issue 6487: "the device and the 32VFs").
+    """
+    types, driver = L40S_BRANCHES[branch]
+    host = FakeHost(root)
+    host.pci_ids()
+    host.add_sriov_gpu("0000:26:00.0", device="0x26b9", vf_device="0x26b9", count=vfs,
+                       vfio_types=types, totalvfs=32)
+    host.iommu_groups(4)
+    host.nova(nova)
+    host.modules(["nvidia_vgpu_vfio", "nvidia"])
+    host.loaded_driver(driver)
     return host
 
 
@@ -583,13 +716,16 @@ def empty_host(root, nova: str = "3:29.0.0-0ubuntu1") -> FakeHost:
 
 
 def build(kind: str, root, **kwargs) -> FakeHost:
-    hosts = {"v100": v100_host, "a100": a100_host, "l40s": l40s_host, "empty": empty_host}
+    hosts = {"v100": v100_host, "a100": a100_host, "l40s": l40s_host, "empty": empty_host,
+             "rtxpro6000": rtx_pro_6000_host, "h200sxm": h200_sxm_host, "h200nvl": h200_nvl_host}
     return hosts[kind](root, **kwargs)
 
 
 __all__: Sequence[str] = ("FakeHost", "MdevType", "VfioModel", "v100_host", "a100_host",
                           "l40s_host", "empty_host", "build", "V100_TYPES", "A100_TYPES",
-                          "L40S_TYPES", "H200_TYPES")
+                          "L40S_TYPES", "H200_TYPES", "rtx_pro_6000_host", "h200_sxm_host",
+                          "h200_nvl_host", "l40s_branch_host", "L40S_TYPES_1153", "L40S_BRANCHES",
+                          "H200_SXM_TYPES", "H200_NVL_TYPES", "RTX_PRO_6000_TYPES")
 
 
 def assign_vfio_type(host: FakeHost, vf_address: str, number: int,

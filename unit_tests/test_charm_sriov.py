@@ -3,9 +3,11 @@
 Hosts: an A100 with 16 VFs offering mdev types; an L40S plus an H200 on the
 vendor-specific VFIO framework (the fixture's kernel model shrinks each VF's
 creatable_vgpu_types as siblings take types); and both after a reboot, with no
-VFs until the stand-in sriov-manage creates them. Checked: the relation data
-as nova-compute renders it, the current_vgpu_type files, the systemd unit,
-the sriov-manage and systemctl calls.
+VFs until the stand-in sriov-manage creates them; then hosts as public
+transcripts show them: four RTX PRO 6000 in PCI domains 0000 and 0001, an
+L40S on two driver branches. Checked: the relation data as nova-compute
+renders it, the current_vgpu_type files, the systemd unit, the sriov-manage
+and systemctl calls.
 """
 
 import json
@@ -16,12 +18,19 @@ import pytest
 from ops import testing
 
 from unit_tests import debs, principal
-from unit_tests.fakehost import a100_host, l40s_host
+from unit_tests.fakehost import (
+    RTX_PRO_6000_TYPES,
+    a100_host,
+    l40s_branch_host,
+    l40s_host,
+    rtx_pro_6000_host,
+)
 from unit_tests.libvirt import running_guest
 from unit_tests.test_charm import install_driver, nova_conf, ours, relation, state
 from vgpu import catalogue, sriov
 
 MGR = "nvidia-vgpu-mgr"
+RTX_TYPES = {str(n): t for n, t in RTX_PRO_6000_TYPES.items()}
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
 
 
@@ -71,22 +80,22 @@ MAPPING = "{L40S-12Q: all, 'NVIDIA H200X-35C': ['c1:00.0']}"
 def test_vfio_types_are_written_and_published_as_pci_devices(ctx, vfio, root, tools, deb):
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert out.unit_status == testing.ActiveStatus(
-        "2 GPUs (1 H200 NVL, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4; "
+        "2 GPUs (1 H200 SXM 141GB, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4; "
         "CUSTOM_VGPU_H200X_35C: 0 used, 4 free; CUSTOM_VGPU_L40S_12Q: 0 used, 4 free")
     # 48 GB / 12 GB: four L40S VFs hold L40S-12Q, in virtfn order; the rest stay free.
     assert types_of(root, L40S, 6) == [1139, 1139, 1139, 1139, 0, 0]
     assert types_of(root, H200, 5) == [1282, 1282, 1282, 1282, 0]
     specs = [json.loads(v) for k, v in principal.nova_context(ours(out))["sections"]["pci"]
              if k == "device_spec"]
-    assert specs[0] == {"vendor_id": "10de", "product_id": "26ba", "address": "0000:81:00.4",
+    assert specs[0] == {"vendor_id": "10de", "product_id": "26b9", "address": "0000:81:00.4",
                         "managed": "no", "resource_class": "CUSTOM_VGPU_L40S_12Q"}
     assert [s["address"] for s in specs] == vfs(L40S, 4) + vfs(H200, 4)
-    assert {s["product_id"] for s in specs[4:]} == {"233c"}
+    assert {s["product_id"] for s in specs[4:]} == {"2335"}
     conf = nova_conf(out)
     assert conf.count("device_spec = ") == 8
     # Keys in one order, always: the same host renders the same bytes, so
     # nova-compute never restarts for a reordered line.
-    assert ('device_spec = {"address": "0000:81:00.4", "managed": "no", "product_id": "26ba", '
+    assert ('device_spec = {"address": "0000:81:00.4", "managed": "no", "product_id": "26b9", '
             '"resource_class": "CUSTOM_VGPU_L40S_12Q", "vendor_id": "10de"}\n') in conf
     assert "report_in_placement" not in conf  # pci-in-placement is off by default
     assert "[devices]" not in conf
@@ -272,7 +281,7 @@ def test_vfio_gpus_on_nova_before_epoxy_block_naming_the_gpu_and_release(ctx, vf
 
 
 def test_a_hostile_device_id_in_sysfs_never_reaches_nova_conf(ctx, vfio, root, deb):
-    (root / "sys/bus/pci/devices/0000:81:00.4/device").write_text("0x26ba\n[DEFAULT]\ndebug=1\n")
+    (root / "sys/bus/pci/devices/0000:81:00.4/device").write_text("0x26b9\n[DEFAULT]\ndebug=1\n")
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
                                                  resource=deb))
     assert out.unit_status.name == "blocked"
@@ -289,7 +298,7 @@ def test_list_vgpu_types_gives_the_flavor_property_and_the_pci_alias(ctx, vfio, 
     # What the operator pastes into pci-alias, keys in one order: by ids, which nova-compute
     # 32+ requires at start; the resource class only with pci-in-placement (test_report.py).
     assert entry["pci-alias"] == (
-        '{"device_type": "type-VF", "name": "vgpu-l40s-12q", "product_id": "26ba", '
+        '{"device_type": "type-VF", "name": "vgpu-l40s-12q", "product_id": "26b9", '
         '"vendor_id": "10de"}')
     assert entry["resource-class"] == "CUSTOM_VGPU_L40S_12Q"
     table = ctx.action_results["table"]
@@ -408,7 +417,7 @@ def test_a_gpu_whose_vfs_stay_missing_is_named_and_nothing_is_published(ctx, roo
     host.fail_sriov_manage(H200)
     out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert out.unit_status == testing.BlockedStatus(
-        "no virtual functions on SR-IOV GPU 0000:c1:00.0 (H200 NVL) after sriov-manage -e: "
+        "no virtual functions on SR-IOV GPU 0000:c1:00.0 (H200 SXM 141GB) after sriov-manage -e: "
         "sriov-manage -e 0000:c1:00.0 failed: Enabling VFs on 0000:c1:00.0 failed: "
         "Input/output error")
     assert "subordinate_configuration" not in ours(out)
@@ -652,3 +661,68 @@ def test_a_runtime_mask_is_respected_too(ctx, vfio, root, tools, deb):
     ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert not sriov.unit_path().exists()
     assert not [c for c in tools.calls() if sriov.UNIT in c]
+
+
+# -- hosts as public transcripts show them ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def branch_debs(tmp_path_factory):
+    """The host driver at the version each transcript-built host has loaded."""
+    out = tmp_path_factory.mktemp("branch-debs")
+    return {v: debs.build(out, f"nvidia-vgpu-ubuntu-{v.split('.')[0]}", v, debs.machine_arch(),
+                          debs.host_files())
+            for v in ("580.105.06", "570.158.02", "550.90.05")}
+
+
+def rtx_vfs(pf: str, count: int):
+    """The RTX PRO 6000's VFs start at function .2 (cubecos #312)."""
+    return [f"{pf[:-4]}{(2 + n) // 8:02x}.{(2 + n) % 8}" for n in range(count)]
+
+
+def test_rtx_pro_6000_in_two_pci_domains_by_nvidia_smis_address_and_the_short_form(
+        ctx, root, tools, branch_debs):
+    deb = branch_debs["580.105.06"]
+    ready(rtx_pro_6000_host(root, vfs=16), root, tools, deb)
+    # nvidia-smi's spelling of the address, NVIDIA's tables' spelling of the type.
+    mapping = "{DC-8Q: ['00000001:C8:00.0'], 'NVIDIA RTX Pro 6000 Blackwell DC-24Q': ['42:00.0']}"
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": mapping}, resource=deb))
+    assert out.unit_status == testing.ActiveStatus(
+        "4 GPUs (RTX PRO 6000 Blackwell Server Edition), "
+        "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_24Q on 4, CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_8Q "
+        "on 12; CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_24Q: 0 used, 4 free; "
+        "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_8Q: 0 used, 12 free")
+    specs = [json.loads(v) for k, v in principal.nova_context(ours(out))["sections"]["pci"]
+             if k == "device_spec"]
+    # Exactly sysfs's names (what Nova derives from libvirt's pci_0001_c8_00_2), VF 0 at .2.
+    assert [s["address"] for s in specs] == rtx_vfs("0000:42:00.0", 4) + rtx_vfs("0001:c8:00.0", 12)
+    assert all((root / "sys/bus/pci/devices" / s["address"] / "physfn").exists() for s in specs)
+    assert {s["product_id"] for s in specs} == {"2bb5"}  # the VFs' own id, which is the GPU's
+    dc8q = int(next(n for n, t in RTX_TYPES.items() if t.endswith(" DC-8Q")))
+    held = [current(root, a) for a in rtx_vfs("0001:c8:00.0", 13)]
+    assert held == [dc8q] * 12 + [0]
+    assert [current(root, a) for a in rtx_vfs("0001:04:00.0", 2)] == [0, 0]  # not mapped
+    unit = sriov.unit_path().read_text()
+    assert "ExecStart=/usr/lib/nvidia/sriov-manage -e 0001:c8:00.0\n" in unit
+    assert f"echo {dc8q} > /sys/bus/pci/devices/0001:c8:00.2/nvidia/current_vgpu_type" in unit
+    ctx.run(ctx.on.action("list-vgpu-types"), again(out))
+    gpu = next(g for g in ctx.action_results["gpus"].values() if g["address"] == "0001:c8:00.0")
+    alias = json.loads(gpu["types"][f"nvidia-{dc8q}"]["pci-alias"])
+    assert (alias["product_id"], alias["device_type"], alias["name"]) == (
+        "2bb5", "type-VF", "vgpu-rtx-pro-6000-blackwell-dc-8q")
+
+
+@pytest.mark.parametrize("branch,number", [("570", 1139), ("550", 1153)])
+def test_a_mapping_by_name_survives_a_driver_branch_with_other_type_ids(
+        ctx, root, tools, branch_debs, branch, number):
+    host = l40s_branch_host(root, branch)
+    deb = branch_debs[(root / "sys/module/nvidia/version").read_text().strip()]
+    ready(host, root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                 resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    assert [current(root, a) for a in vfs("0000:26:00.0", 5)] == [number] * 4 + [0]
+    specs = [json.loads(v) for k, v in principal.nova_context(ours(out))["sections"]["pci"]
+             if k == "device_spec"]
+    assert {(s["resource_class"], s["product_id"]) for s in specs} == {
+        ("CUSTOM_VGPU_L40S_12Q", "26b9")}
+    assert f"echo {number} > " in sriov.unit_path().read_text()

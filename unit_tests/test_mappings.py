@@ -34,6 +34,13 @@ def on_host(text, host, release):
      {"nvidia-99": ("0000:e1:00.0",), "nvidia-1000": ("0000:c1:00.0",)}),
     # A domain above ffff (VMD) keeps all its digits.
     ("{nvidia-108: ['10000:01:00.0']}", {"nvidia-108": ("10000:01:00.0",)}),
+    # nvidia-smi's 8-digit domain (cubecos #312: 00000001:C8:00.0) becomes sysfs's 0001:c8:00.0.
+    ("{DC-8Q: ['00000001:C8:00.0', '0001:04:00.0']}", {"DC-8Q": ("0001:04:00.0", "0001:c8:00.0")}),
+    # Every name form a key may take: hyphens inside a model, the short form, the full name.
+    ("{RTX6000-Ada-12Q: all}", {"RTX6000-Ada-12Q": ("all",)}),
+    ("{NVIDIA RTX6000-Ada-12Q: all}", {"NVIDIA RTX6000-Ada-12Q": ("all",)}),
+    ("{NVIDIA RTX Pro 6000 Blackwell DC-8Q: all}", {"NVIDIA RTX Pro 6000 Blackwell DC-8Q": ("all",)}),
+    ("{RTX Pro 6000 Blackwell DC-8Q: all}", {"RTX Pro 6000 Blackwell DC-8Q": ("all",)}),
 ])
 def test_accepted_forms(text, expected):
     result = mappings.check_text(text)
@@ -49,6 +56,9 @@ def test_accepted_forms(text, expected):
     ("{nvidia-108: ALL}", 'nvidia-108: expected a list of PCI addresses or "all", got "ALL"'),
     ("{'L40S 12Q': all}", 'type "L40S 12Q" is not a vGPU type id like nvidia-108 or a profile name'),
     ("{'GRID  A100-20C': all}", 'type "GRID  A100-20C" is not a vGPU type id'),
+    ("{'RTX6000--Ada-12Q': all}", 'type "RTX6000--Ada-12Q" is not a vGPU type id'),
+    ("{'-DC-8Q': all}", 'type "-DC-8Q" is not a vGPU type id'),
+    ("{'DC-8': all}", 'type "DC-8" is not a vGPU type id'),
     ("{nvidia-108: []}", "nvidia-108: lists no PCI address"),
     ("{nvidia-108: [c1:00.0], nvidia-108: [e1:00.0]}", 'lists "nvidia-108" twice'),
     ("{vgpu-108: [c1:00.0]}", 'type "vgpu-108" is not a vGPU type id'),
@@ -113,6 +123,7 @@ def test_long_values_are_cut_in_messages():
 def test_normalise_address():
     assert mappings.normalise_address("C1:00.0") == "0000:c1:00.0"
     assert mappings.normalise_address("00000000:c1:1f.7") == "0000:c1:1f.7"
+    assert mappings.normalise_address("00000001:C8:00.0") == "0001:c8:00.0"  # nvidia-smi's form
     with pytest.raises(ValueError):
         mappings.normalise_address("0000:c1:00.0\n")
 
@@ -324,3 +335,9 @@ def test_fingerprint_changes_with_the_validation_code(tmp_path, monkeypatch):
                                   {"nvidia-108": ["c1:00.0 "]}])
 def test_the_schema_alone_refuses_whitespace(data):
     assert mappings.check_schema(data)
+
+
+def test_the_schema_checks_keys_with_the_profile_grammar_of_pci():
+    """One grammar: the schema's name pattern is pci.NAME_KEY, anchored."""
+    schema = json.loads(mappings.SCHEMA_FILE.read_text())
+    assert {"pattern": f"^{pci.NAME_KEY}$"} in schema["propertyNames"]["anyOf"]

@@ -11,7 +11,7 @@ import pytest
 
 from vgpu import novaconf
 
-SPEC = {"vendor_id": "10de", "product_id": "26ba", "address": "0000:81:00.4",
+SPEC = {"vendor_id": "10de", "product_id": "26b9", "address": "0000:81:00.4",
         "managed": "no", "resource_class": "CUSTOM_VGPU_L40S_12Q"}
 
 
@@ -54,6 +54,15 @@ def test_a_device_spec_other_than_the_one_built_is_refused(value):
 def test_a_device_spec_field_nova_conf_must_not_get_is_refused(field, value):
     with pytest.raises(ValueError, match=f"^refusing {field} "):
         novaconf.check(pci(["device_spec", spec(**{field: value})]))
+
+
+@pytest.mark.parametrize("address", ["00000001:c8:00.2", "00001:c8:00.2", "0001:C8:00.2", "1:c8:00.2"])
+def test_only_sysfs_spelling_of_an_address_is_published(address):
+    """Nova compares addresses as strings with libvirt's (0001:c8:00.2): any other spelling never matches."""
+    with pytest.raises(ValueError, match=f"^refusing address '{address}' for nova.conf"):
+        novaconf.check(pci(["device_spec", spec(address=address)]))
+    for good in ("0001:c8:00.2", "10000:01:00.0"):  # a VMD domain above ffff keeps its digits
+        novaconf.check(pci(["device_spec", spec(address=good)]))
 
 
 @pytest.mark.parametrize("value", ["False", "true", "True\n[DEFAULT]"])

@@ -1,10 +1,25 @@
 """GPU discovery on host trees shaped like real sysfs."""
 
 import os
+import re
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from unit_tests.fakehost import INTEL, NVIDIA, V100_TYPES, FakeHost, MdevType, a100_host, l40s_host, v100_host
+from unit_tests.fakehost import (
+    INTEL,
+    NVIDIA,
+    V100_TYPES,
+    FakeHost,
+    MdevType,
+    a100_host,
+    h200_nvl_host,
+    h200_sxm_host,
+    l40s_host,
+    rtx_pro_6000_host,
+    v100_host,
+)
 from vgpu import pci
 
 
@@ -116,9 +131,9 @@ def test_vendor_specific_vfio_types_come_from_creatable_vgpu_types(root):
         ("nvidia-1139", "NVIDIA L40S-12Q"), ("nvidia-1140", "NVIDIA L40S-16Q"),
         ("nvidia-1141", "NVIDIA L40S-24Q"), ("nvidia-1142", "NVIDIA L40S-48Q")]
     assert vf.current_type == 0 and vf.framework == pci.VFIO
-    # A VF's device id is its own, not its GPU's.
+    # A VF's device id is read from its own device file; on L40S and H200 it is its GPU's.
     assert (l40s.device_id, vf.device_id, h200.device_id, h200.vfs[0].device_id) == (
-        "0x26b9", "0x26ba", "0x233b", "0x233c")
+        "0x26b9", "0x26b9", "0x2335", "0x2335")
     assert (len(l40s.vfs), l40s.sriov_totalvfs, len(h200.vfs)) == (16, 32, 8)
     assert not os.path.exists(root / "sys/class/mdev_bus")
 
@@ -230,6 +245,13 @@ def test_vfio_vfs_are_not_probed_for_mdev_types(root, monkeypatch):
     ("GRID A100-4-20C", ("A100-4-20C", "A100", 20, "C", True)),  # MIG: 4 slices
     ("NVIDIA A100-1-5CME", ("A100-1-5CME", "A100", 5, "CME", True)),  # MIG with media engines
     ("GRID RTX6000-4Q", ("RTX6000-4Q", "RTX6000", 4, "Q", False)),
+    # NVIDIA's docs: hyphens inside the model; the RTX PRO 6000's driver names (cubecos #312).
+    ("NVIDIA RTX6000-Ada-12Q", ("RTX6000-Ada-12Q", "RTX6000-Ada", 12, "Q", False)),
+    ("NVIDIA RTX Pro 6000 Blackwell DC-8Q",
+     ("RTX Pro 6000 Blackwell DC-8Q", "RTX Pro 6000 Blackwell DC", 8, "Q", False)),
+    ("NVIDIA RTX Pro 6000 Blackwell DC-1-8Q",
+     ("RTX Pro 6000 Blackwell DC-1-8Q", "RTX Pro 6000 Blackwell DC", 8, "Q", True)),
+    ("NVIDIA H200X-141C", ("H200X-141C", "H200X", 141, "C", False)),
 ])
 def test_profile_names_are_read_as_nvidia_spells_them(name, expected):
     found = pci.profile(name)
@@ -255,3 +277,81 @@ def test_type_names_and_descriptions_are_read_once_per_gpu_model(root, make):
         read = [p for p in opened.reads if p.name == leaf and "mdev_supported_types" in p.parts]
         assert sorted(p.parent.name for p in read) == sorted(offered)  # one function's copy of each
         assert set(opened.reads[p] for p in read) == {1}
+
+
+@pytest.mark.parametrize("name,keys", [
+    ("NVIDIA RTX Pro 6000 Blackwell DC-8Q",
+     ("NVIDIA RTX PRO 6000 BLACKWELL DC-8Q", "RTX PRO 6000 BLACKWELL DC-8Q", "DC-8Q")),
+    ("NVIDIA L40S-12Q", ("NVIDIA L40S-12Q", "L40S-12Q")),
+    ("NVIDIA RTX6000-Ada-12Q", ("NVIDIA RTX6000-ADA-12Q", "RTX6000-ADA-12Q")),
+    ("GRID  A100-20C", ("GRID A100-20C", "A100-20C")),
+])
+def test_a_type_name_is_keyed_in_full_without_vendor_and_by_its_short_form(name, keys):
+    assert pci.name_keys(name) == keys
+
+
+# Strings built from the pieces of profile names (and a few that are not).
+_NAMES = st.lists(st.sampled_from(["L40S", "RTX", "6000", "Ada", "DC", "1", "-", " ", "-8Q",
+                                   "-1-8Q", "Q", "_", ".", "-48CME"]),
+                  min_size=1, max_size=8).map("".join)
+
+
+@given(_NAMES)
+@settings(max_examples=300)
+@example("RTX6000-Ada-12Q")
+@example("RTX Pro 6000 Blackwell DC-1-8Q")
+@example("L40S-48CME")
+@example("DC-8")
+def test_the_key_pattern_and_the_profile_parser_are_one_grammar(text):
+    """What NAME_KEY (mapping keys, the JSON schema) accepts is exactly what profile() reads."""
+    if text != " ".join(text.split()) or re.match(r"(?i)(grid|nvidia) ", text):
+        return  # profile() normalises spaces and vendors; keys must be written plainly
+    assert (re.fullmatch(pci.NAME_KEY, text) is not None) == (pci.profile(text) is not None)
+
+
+# -- hosts as public transcripts show them ----------------------------------------------
+
+def test_rtx_pro_6000_host_in_two_pci_domains_with_48_vfs_from_function_2(root):
+    rtx_pro_6000_host(root)
+    host = pci.discover()
+    assert [g.address for g in host.gpus] == ["0000:42:00.0", "0000:8c:00.0",
+                                              "0001:04:00.0", "0001:c8:00.0"]
+    gpu = host.gpu("0001:04:00.0")
+    assert (gpu.model, gpu.device_id, gpu.class_code, gpu.framework) == (
+        "RTX PRO 6000 Blackwell Server Edition", "0x2bb5", "0x030200", pci.VFIO)
+    assert (len(gpu.vfs), gpu.sriov_totalvfs, gpu.sriov_numvfs) == (48, 48, 48)
+    # virtfn0 -> ../0001:04:00.2, virtfn14 -> ../0001:04:02.0 (cubecos #312).
+    assert (gpu.vfs[0].address, gpu.vfs[14].address, gpu.vfs[-1].address) == (
+        "0001:04:00.2", "0001:04:02.0", "0001:04:06.1")
+    assert [vf.index for vf in gpu.vfs] == list(range(48))
+    # Every VF reads the GPU's own id; a VF is a VF by its physfn link, never by id.
+    assert {vf.device_id for g in host.gpus for vf in g.vfs} == {"0x2bb5"}
+    assert len(host.addresses()) == 4 + 4 * 48
+    assert host.gpu("0001:04:00.2") is gpu and gpu.function("0001:04:00.2").index == 0
+    assert "NVIDIA RTX Pro 6000 Blackwell DC-8Q" in {t.name for t in gpu.offered_types()}
+
+
+def test_a_vf_is_known_by_its_physfn_link_not_by_its_device_id(root):
+    """Equal ids either way: a PF with an id like a VF's stays a GPU, a VF never becomes one."""
+    host = FakeHost(root)
+    host.add_sriov_gpu("0000:42:00.0", device="0x2bb5", vf_device="0x2bb5", count=2,
+                       vfio_types={2002: "NVIDIA RTX Pro 6000 Blackwell DC-8Q"}, first_function=2)
+    host.add_gpu("0000:43:00.0", device="0x2bb5")  # a second GPU, passed through whole
+    found = pci.discover()
+    assert [(g.address, [vf.address for vf in g.vfs]) for g in found.gpus] == [
+        ("0000:42:00.0", ["0000:42:00.2", "0000:42:00.3"]), ("0000:43:00.0", [])]
+    assert found.gpus[0].vfs[0].device_id == found.gpus[0].device_id == "0x2bb5"
+
+
+@pytest.mark.parametrize("make,model,device,count", [
+    (h200_sxm_host, "H200 SXM 141GB", "0x2335", 8),
+    (h200_nvl_host, "H200 NVL", "0x233b", 32),
+])
+def test_h200_hosts_vfs_carry_the_gpus_id(root, make, model, device, count):
+    make(root)
+    gpu = pci.discover().gpus[0]
+    assert (gpu.model, gpu.device_id, len(gpu.vfs), gpu.framework) == (model, device, count, pci.VFIO)
+    assert {vf.device_id for vf in gpu.vfs} == {device}
+    # H200X-* is the SXM's profile family, H200-* the NVL's.
+    family = {pci.profile(t.name).model for t in gpu.offered_types()}
+    assert family == ({"H200X"} if "SXM" in model else {"H200"})

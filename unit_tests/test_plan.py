@@ -1,17 +1,26 @@
 """The plan: which function gets which type, for both NVIDIA frameworks, on fixture hosts."""
 
+import json
+import os
+
 import pytest
 
+from unit_tests import principal
 from unit_tests.fakehost import (
     A100_TYPES,
+    L40S_BRANCHES,
     L40S_TYPES,
     FakeHost,
     MdevType,
     a100_host,
+    h200_nvl_host,
+    h200_sxm_host,
+    l40s_branch_host,
     l40s_host,
+    rtx_pro_6000_host,
     v100_host,
 )
-from vgpu import catalogue, mappings, pci, plan, releases
+from vgpu import catalogue, mappings, novaconf, pci, plan, releases
 
 CARACAL = releases.from_major(29)
 EPOXY = releases.from_major(31)
@@ -24,6 +33,7 @@ def build(text, release=CARACAL, offered=None):
 
 
 def vfs(pf: str, count: int, first: int = 4):
+    """The first ``count`` VF addresses of ``pf``, VF 0 at function ``first``."""
     return tuple(f"{pf[:-4]}{(first + n) // 8:02x}.{(first + n) % 8}" for n in range(count))
 
 
@@ -71,7 +81,7 @@ def test_a_name_that_matches_two_types_is_refused_and_the_full_name_picks_one(ro
                                              "nvidia-480": MdevType("NVIDIA A100-20C", 20480, 2)})
     assert build("{A100-20C: [c1:00.0]}").errors == (
         "A100-20C: names 2 types on 0000:c1:00.0 (NVIDIA 0x1db4): nvidia-475 (GRID A100-20C), "
-        "nvidia-480 (NVIDIA A100-20C); use the type id",)
+        "nvidia-480 (NVIDIA A100-20C); use the type id or the full name",)
     assert build("{NVIDIA A100-20C: [c1:00.0]}").mdev_mapping() == {"nvidia-480": ("0000:c1:00.0",)}
 
 
@@ -116,7 +126,7 @@ def test_vfio_profiles_get_as_many_vfs_as_the_framebuffer_fits(root, key, gpu, c
     assert built.errors == ()
     assert [a.address for a in built.vfio()] == list(vfs(gpu, count))
     first = built.vfio()[0]
-    assert first.product_id == ("26ba" if gpu == "0000:81:00.0" else "233c")
+    assert first.product_id == ("26b9" if gpu == "0000:81:00.0" else "2335")
     assert first.resource_class == "CUSTOM_VGPU_" + key.replace("-", "_")
 
 
@@ -200,13 +210,13 @@ def test_mdev_class_is_set_from_xena_on_only(root, major, expected):
 
 @pytest.mark.parametrize("field,value", [
     ("address", "0000:81:00.4\n[DEFAULT]"), ("address", "0000:81:00.4,0000:81:00.5"),
-    ("product_id", "26ba\ndebug"), ("product_id", "26bax"),
+    ("product_id", "26b9\ndebug"), ("product_id", "26b9x"),
     ("framework", pci.MDEV),  # the same hostile-free assignment, but as an mdev with a bad address
 ])
 def test_nothing_but_what_novaconf_builds_can_be_published(field, value):
     from vgpu import novaconf
     fields = {"gpu": "0000:81:00.0", "address": "0000:81:00.4", "number": 1139,
-              "name": "NVIDIA L40S-12Q", "framework": pci.VFIO, "product_id": "26ba"}
+              "name": "NVIDIA L40S-12Q", "framework": pci.VFIO, "product_id": "26b9"}
     fields[field] = value
     if field == "framework":
         fields["address"] = "0000:81:00.4,0000:82:00.4"
@@ -365,3 +375,116 @@ def test_the_options_reach_the_plans_errors(root):
     assert plan.build({}, pci.discover(), old, live_migration=True).errors == (
         "vfio-live-migration needs Nova 31 (2025.1 epoxy) or later; this host runs 2024.1 caracal "
         "(Nova 29): upgrade Nova or set vfio-live-migration=false",)
+
+
+# -- hosts as public transcripts show them -------------------------------------------------
+
+DC_8Q = "NVIDIA RTX Pro 6000 Blackwell DC-8Q"
+
+
+def type_id(name, table):
+    return next(f"nvidia-{n}" for n, t in table.items() if t == name)
+
+
+@pytest.mark.parametrize("key", [
+    "id", DC_8Q, "RTX Pro 6000 Blackwell DC-8Q", "nvidia rtx pro 6000 blackwell dc-8q", "DC-8Q",
+])
+def test_every_name_form_selects_the_same_rtx_pro_6000_type(root, key):
+    from unit_tests.fakehost import RTX_PRO_6000_TYPES
+    rtx_pro_6000_host(root, vfs=16)
+    key = type_id(DC_8Q, RTX_PRO_6000_TYPES) if key == "id" else key
+    built = build(f"{{'{key}': ['00000001:C8:00.0']}}", EPOXY)
+    assert built.errors == ()
+    # 96 GB / 8 GB = 12 VFs from function .2 on; the GPU's own id; sysfs's address form.
+    assert [a.address for a in built.vfio()] == list(vfs("0001:c8:00.0", 12, first=2))
+    assert {(a.name, a.product_id, a.resource_class) for a in built.vfio()} == {
+        (DC_8Q, "2bb5", "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_8Q")}
+
+
+def test_a_short_form_two_types_share_is_refused_with_both_and_the_full_name_picks_one(root):
+    host = FakeHost(root)
+    host.add_sriov_gpu("0000:42:00.0", device="0x2bb5", vf_device="0x2bb5", count=4,
+                       vfio_types={2002: DC_8Q, 3002: "NVIDIA RTX Pro 4500 Blackwell DC-8Q"},
+                       first_function=2)
+    assert build("{DC-8Q: all}", EPOXY).errors == (
+        "DC-8Q: names 2 types on 0000:42:00.0 (NVIDIA 0x2bb5): "
+        f"nvidia-2002 ({DC_8Q}), nvidia-3002 (NVIDIA RTX Pro 4500 Blackwell DC-8Q); "
+        "use the type id or the full name",)
+    assert {a.number for a in build(f"{{'{DC_8Q}': all}}", EPOXY).vfio()} == {2002}
+    assert {a.number for a in build("{RTX Pro 4500 Blackwell DC-8Q: all}", EPOXY).vfio()} == {3002}
+
+
+@pytest.mark.parametrize("key", ["nvidia-1712", "RTX6000-Ada-12Q", "NVIDIA RTX6000-Ada-12Q"])
+def test_a_model_with_hyphens_is_a_profile_by_id_and_by_name(root, key):
+    """NVIDIA's docs spell RTX6000-Ada-12Q: its size is read, so the VFs it fits are counted."""
+    host = FakeHost(root)
+    # RTX 6000 Ada (48 GB); the ids and the device id are the fixture's own.
+    host.add_sriov_gpu("0000:61:00.0", device="0x26b1", vf_device="0x26b1", count=8,
+                       vfio_types={1710: "NVIDIA RTX6000-Ada-4Q", 1712: "NVIDIA RTX6000-Ada-12Q",
+                                   1715: "NVIDIA RTX6000-Ada-48Q"})
+    built = build(f"{{'{key}': all}}", EPOXY)
+    assert built.errors == ()
+    assert [a.address for a in built.vfio()] == list(vfs("0000:61:00.0", 4))  # 48 / 12
+
+
+def test_a_vfio_type_whose_name_is_no_profile_says_so(root):
+    host = FakeHost(root)
+    host.add_sriov_gpu("0000:61:00.0", device="0x26b1", vf_device="0x26b1", count=4,
+                       vfio_types={1710: "NVIDIA RTX6000-Ada-4Q", 1799: "NVIDIA Custom Profile"})
+    assert build("{nvidia-1799: all}", EPOXY).errors == (
+        "nvidia-1799: cannot tell how many VFs of GPU 0000:61:00.0 (NVIDIA 0x26b1) nvidia-1799 "
+        "fits: its name NVIDIA Custom Profile does not read as a profile "
+        "(<model>-<GB><series>, like L40S-12Q)",)
+
+
+@pytest.mark.parametrize("branch,number", [("570", 1139), ("550", 1153)])
+def test_a_mapping_by_name_resolves_on_either_driver_branch(root, branch, number):
+    """L40S-12Q is 1139 on one branch and 1153 on another: the name finds each."""
+    l40s_branch_host(root, branch)
+    built = build("{L40S-12Q: all}", EPOXY)
+    assert built.errors == ()
+    assert {(a.number, a.product_id, a.resource_class) for a in built.vfio()} == {
+        (number, "26b9", "CUSTOM_VGPU_L40S_12Q")}
+    assert [a.address for a in built.vfio()] == list(vfs("0000:26:00.0", 4))
+    # The id of the other branch is not offered here.
+    other = 1153 if number == 1139 else 1139
+    assert build(f"{{nvidia-{other}: all}}", EPOXY).notes == (
+        f"nvidia-{other}: no GPU on this host offers it, nothing published for it",)
+    assert len(L40S_BRANCHES) == 2
+
+
+def test_published_rtx_pro_6000_addresses_are_sysfs_names_as_nova_derives_them(root):
+    """What Nova compares: libvirt's pci_0001_c8_00_2 read as 0001:c8:00.2 (driver.py)."""
+    rtx_pro_6000_host(root)
+    built = build("{DC-2Q: ['00000001:C8:00.0', '0000:42:00.0']}", EPOXY)
+    assert built.errors == ()
+    sections = novaconf.plan_sections(built, EPOXY, mdev_class=False, keep_placement_reporting=False)
+    specs = [json.loads(v) for k, v in
+             principal.nova_context(novaconf.relation_data(sections))["sections"]["pci"]
+             if k == "device_spec"]
+    addresses = [s["address"] for s in specs]
+    # DC-2Q fits 48: every VF of both GPUs, none of the others.
+    assert addresses == list(vfs("0000:42:00.0", 48, first=2)) + list(vfs("0001:c8:00.0", 48, 2))
+    sysfs = set(os.listdir(root / "sys/bus/pci/devices"))
+    assert set(addresses) <= sysfs
+    libvirt_names = {"pci_" + a.replace(":", "_").replace(".", "_") for a in sysfs}
+    assert set(addresses) <= {"{}:{}:{}.{}".format(*n[4:].split("_")) for n in libvirt_names}
+    assert {s["product_id"] for s in specs} == {"2bb5"}
+
+
+@pytest.mark.parametrize("make,key,count", [
+    (h200_sxm_host, "H200X-35C", 4),   # 141 // 35
+    (h200_nvl_host, "H200-4C", 32),    # 141 // 4 = 35, capped by the 32 VFs
+])
+def test_h200_sxm_and_nvl_profiles(root, make, key, count):
+    make(root)
+    built = build(f"{{{key}: all}}", EPOXY)
+    assert built.errors == ()
+    gpu = pci.discover().gpus[0]
+    assert [a.address for a in built.vfio() if a.gpu == gpu.address] == [
+        vf.address for vf in gpu.vfs[:count]]
+    assert {a.product_id for a in built.vfio()} == {gpu.device_id[2:]}
+    # The other family's name is no type of this GPU.
+    other = "H200-35C" if key.startswith("H200X") else "H200X-35C"
+    assert build(f"{{{other}: all}}", EPOXY).notes == (
+        f"{other}: no GPU on this host offers it, nothing published for it",)

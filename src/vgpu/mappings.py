@@ -2,8 +2,10 @@
 
 The option is YAML (or JSON), e.g. ``{'nvidia-108': ['0000:c1:00.0']}``,
 ``{L40S-12Q: all}`` or ``{'GRID A100-20C': ['41:00.0']}``. Keys are type ids,
-profile names or the driver's names for them, resolved per GPU by
-:mod:`vgpu.plan`; values are PCI addresses or ``all``. It is
+profile names (``RTX6000-Ada-12Q``, ``DC-8Q``) or the driver's names for them,
+resolved per GPU by :mod:`vgpu.plan`; values are PCI addresses (lspci's
+``c8:00.0``, nvidia-smi's ``00000001:C8:00.0``: both normalised to sysfs's
+``0001:c8:00.0``) or ``all``. It is
 parsed with every scalar kept as a string (so ``0000:04:00.0`` never becomes
 a YAML 1.1 sexagesimal number), without aliases, tags that build objects or
 duplicate keys, and within a size bound; then checked against a JSON Schema
@@ -21,6 +23,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
+from .pci import NAME_KEY
 from .text import quote
 
 if TYPE_CHECKING:  # plan is imported only where a host check needs it
@@ -31,8 +34,9 @@ MAX_BYTES = 64 * 1024
 MAX_DEPTH = 8
 
 _TYPE = re.compile(r"nvidia-(0|[1-9][0-9]{0,5})")
-# A pattern, compiled by ``re`` when a mapping's text is checked (not on steady hooks).
-_NAME = r"(?:(?:GRID|NVIDIA) )?[A-Za-z0-9]+(?: [A-Za-z0-9]+)*(?:-[0-9]+)?-[0-9]+[A-Za-z]{1,3}"  # IGNORECASE
+# The profile-name grammar of vgpu.pci (the schema's pattern too), compiled by ``re`` when a
+# mapping's text is checked (not on steady hooks).
+_NAME = NAME_KEY
 ALL = "all"
 _NULLS = ("", "~", "null", "Null", "NULL")  # YAML 1.1 and 1.2 spellings of null
 _ADDRESS = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7])")
@@ -117,7 +121,7 @@ def normalise(data) -> Mapping_:
     """
     mapping: Mapping_ = {}
     for key in sorted(data, key=_type_number):
-        if not (_TYPE.fullmatch(key) or re.fullmatch(_NAME, key, re.IGNORECASE)):
+        if not (_TYPE.fullmatch(key) or re.fullmatch(_NAME, key)):
             raise ValueError(f"type {quote(key)} is not a vGPU type id like nvidia-108 "
                              "or a profile name like A100-20C")
         value = data[key]
@@ -210,7 +214,7 @@ def _describe(error, schema) -> str:
             return f"maps {len(error.instance)} vGPU types; at most {schema['maxProperties']}"
         return ("vgpu-device-mappings must map vGPU types to lists of PCI addresses, "
                 "like {nvidia-108: ['0000:c1:00.0']}")
-    plain = _TYPE.fullmatch(str(path[0])) or re.fullmatch(_NAME, str(path[0]), re.IGNORECASE)
+    plain = _TYPE.fullmatch(str(path[0])) or re.fullmatch(_NAME, str(path[0]))
     vgpu_type = path[0] if plain else quote(path[0])
     if len(path) == 1:
         if error.validator == "minItems":

@@ -28,7 +28,9 @@ NVIDIA_VENDOR = "10de"
 _SAFE = {
     "section": re.compile(r"devices|pci|(?:mdev|vgpu)_nvidia-[0-9]{1,6}"),
     "type": re.compile(r"nvidia-[0-9]{1,6}"),
-    "address": re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]"),
+    # sysfs's form, which Nova compares as a string with libvirt's: a four-digit domain, or
+    # more digits only above ffff (never nvidia-smi's zero-padded 00000001:c8:00.0).
+    "address": re.compile(r"(?:[0-9a-f]{4}|[1-9a-f][0-9a-f]{4,7}):[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]"),
     "product_id": re.compile(r"[0-9a-f]{4}"),
     "resource_class": re.compile(r"CUSTOM_[A-Z0-9_]{1,200}"),
 }

@@ -76,7 +76,9 @@ class VirtualFunction:  # a dataclass: its field ``index`` would shadow tuple.in
     index: int
     types: Tuple[VgpuType, ...] = ()
     current_type: Optional[int] = None  # VFIO framework: 0 or None = none
-    device_id: str = ""  # VFIO VFs: the VF's own PCI device id (differs from its GPU's)
+    # VFIO VFs: the device id the VF's own ``device`` file reads, as Nova matches it. On L40S,
+    # H200 and RTX PRO 6000 hosts it is the GPU's own id: VFs are known by their physfn link.
+    device_id: str = ""
     framework: Optional[str] = None  # mdev, vfio, or None (neither is exposed yet)
 
 
@@ -348,14 +350,20 @@ class Profile(NamedTuple):
     """What a vGPU type's name says: ``GRID A100-20C`` is model A100, 20 GB, series C."""
 
     name: str  # without the driver's GRID/NVIDIA prefix: A100-20C
-    model: str
+    model: str  # A100, RTX6000-Ada, RTX Pro 6000 Blackwell DC
     framebuffer_gb: int
     series: str  # Q, B, A, C (and CME on MIG-backed media profiles: A100-1-5CME)
     mig: bool  # MIG-backed (A100-4-20C: 4 compute slices); not configured by this charm
 
 
+# The one grammar of profile names, in two spellings of the same language: NAME_KEY (what
+# a mapping key may be, also the JSON schema's pattern) and _PROFILE (its parts). A model is
+# words joined by spaces or hyphens (``L40S``, ``RTX6000-Ada``, ``RTX Pro 6000 Blackwell
+# DC``); then ``-<slices>`` on MIG-backed profiles; then ``-<GB><series>``.
+_WORDS = r"[A-Za-z0-9]+(?:[ -][A-Za-z0-9]+)*"
+NAME_KEY = rf"(?:(?:GRID|NVIDIA|grid|nvidia) )?{_WORDS}-[0-9]+[A-Za-z]{{1,3}}"
 _PREFIX = re.compile(r"(?:GRID|NVIDIA) ", re.IGNORECASE)
-_PROFILE = re.compile(r"(?P<model>[A-Za-z0-9]+(?: [A-Za-z0-9]+)*?)(?:-(?P<slices>[0-9]+))?"
+_PROFILE = re.compile(rf"(?P<model>{_WORDS}?)(?:-(?P<slices>[0-9]+))?"
                       r"-(?P<fb>[0-9]+)(?P<series>[A-Za-z]{1,3})")
 
 
@@ -364,6 +372,31 @@ def profile_name(name: str) -> str:
     name = " ".join(name.split())
     match = _PREFIX.match(name)
     return name[match.end():] if match else name
+
+
+def short_name(name: str) -> str:
+    """NVIDIA's tables' name for a type: its last word (``DC-8Q`` for ``... Blackwell DC-8Q``).
+
+    The same as :func:`profile_name` for one-word models (``L40S-12Q``, ``RTX6000-Ada-12Q``).
+    """
+    words = name.split()
+    return words[-1] if words else ""
+
+
+def name_keys(name: str) -> Tuple[str, ...]:
+    """Every spelling of a type name a mapping key may use, upper-cased, distinct.
+
+    The driver's full name, the name without its GRID/NVIDIA prefix and the
+    short form of NVIDIA's tables (:func:`short_name`). Keys are compared
+    upper-cased with single spaces (see :func:`key_form`).
+    """
+    full = key_form(name)
+    return tuple(dict.fromkeys((full, profile_name(full), short_name(full))))
+
+
+def key_form(key: str) -> str:
+    """A key or name as :func:`name_keys` compares it: single spaces, upper case."""
+    return " ".join(key.split()).upper()
 
 
 def profile(name: str) -> Optional[Profile]:

@@ -1,9 +1,13 @@
 """Which PCI function gets which vGPU type: one plan for both NVIDIA frameworks. Pure.
 
-The checked option maps selectors to GPUs: a type id (``nvidia-1139``), a
-profile name (``L40S-12Q``) or the driver's name for it (``NVIDIA L40S-12Q``),
-each resolved on every GPU it names; the value is a list of addresses or
-``all`` (every NVIDIA GPU on the host that offers it). The plan then says,
+The checked option maps selectors to GPUs: a type id (``nvidia-1139``), the
+driver's name for a type (``NVIDIA L40S-12Q``), that name without its vendor
+(``L40S-12Q``, ``RTX Pro 6000 Blackwell DC-8Q``) or the short form of NVIDIA's
+tables (``DC-8Q``), each resolved on every GPU it names, and refused where it
+names two types; the value is a list of addresses or ``all`` (every NVIDIA
+GPU on the host that offers it). Type ids change between driver branches
+(``L40S-12Q`` is 1139 on one, 1153 on another): names are resolved on the
+driver that runs. The plan then says,
 function by function, what Nova gets:
 
 * mediated devices on a GPU without SR-IOV (V100): the GPU itself;
@@ -329,7 +333,8 @@ def option_problems(assignments: Sequence["Assignment"], release, *, pci_in_plac
 def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
     """(type, problem): the type ``key`` names on ``gpu``.
 
-    A type is returned with a problem when it exists but cannot be used (MIG-backed).
+    A type is returned with a problem when it exists but cannot be used (MIG-backed, or
+    one of two the key names).
     """
     where = f"{gpu.address} ({gpu.model})"
     if not types and gpu.vfs and gpu.framework is None:
@@ -346,27 +351,35 @@ def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
             return None, (f"{key}: {where} does not offer {key}; it offers "
                           f"{_summary([t.id for t in types])}")
     else:
-        wanted = " ".join(key.split()).upper()
-        short = pci.profile_name(wanted)
-        prefixed = short != wanted
-        found = [t for t in types
-                 if (" ".join(t.name.split()).upper() == wanted if prefixed
-                     else pci.profile_name(t.name).upper() == short)]
-        if not found:
-            shown = [pci.profile_name(t.name) for t in types]
-            return None, (f"{key}: {where} offers no vGPU type of that name; it offers "
-                          f"{_summary(shown)}" if types else
-                          f"{key}: {where} offers no vGPU types yet (is the vGPU host driver "
-                          "loaded?)")
-        if len(found) > 1:
-            return None, (f"{key}: names {len(found)} types on {where}: "
-                          f"{_summary([f'{t.id} ({t.name})' for t in found])}; use the type id")
+        found, problem = _by_name(key, where, types)
+        if problem:  # a key naming two types names something here: with `all` too, refused
+            return (found[0] if found else None), problem
     vgpu_type = found[0]
     named = vgpu_type.profile
     if named is not None and named.mig:
         return vgpu_type, (f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {where} is MIG-backed; "
                            "this charm configures time-sliced profiles only")
     return vgpu_type, None
+
+
+def _by_name(key: str, where: str, types: Sequence[pci.VgpuType]):
+    """([types], problem): the types ``key`` names in any spelling :func:`pci.name_keys` gives.
+
+    A key that names two types (``A100-20C`` for ``GRID A100-20C`` and ``NVIDIA
+    A100-20C``, or NVIDIA's short form for two models) is refused with the candidates.
+    """
+    wanted = pci.key_form(key)
+    found = [t for t in types if wanted in pci.name_keys(t.name)]
+    if not found:
+        shown = [pci.profile_name(t.name) for t in types]
+        return [], (f"{key}: {where} offers no vGPU type of that name; it offers "
+                    f"{_summary(shown)}" if types else
+                    f"{key}: {where} offers no vGPU types yet (is the vGPU host driver "
+                    "loaded?)")
+    if len(found) > 1:
+        return found, (f"{key}: names {len(found)} types on {where}: "
+                    f"{_summary([f'{t.id} ({t.name})' for t in found])}; use the type id or the full name")
+    return found, None
 
 
 def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
@@ -384,9 +397,7 @@ def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
                     f"{release}"]
     fits = _fits(gpu, vgpu_type, types, framework)
     if fits < 0:
-        return [], [f"{key}: cannot tell how many VFs of GPU {gpu.address} ({gpu.model}) "
-                    f"{vgpu_type.id} fits: its name was never listed while VFs were free; "
-                    "release its VFs (write 0 to nvidia/current_vgpu_type) to let the charm learn it"]
+        return [], [_unknown_size(gpu, vgpu_type, key)]
     chosen_vfs = list(gpu.vfs[:fits]) if whole else []
     for address in explicit:
         vf = gpu.function(address)
@@ -397,6 +408,16 @@ def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
         return [], problems
     return [Assignment(gpu.address, vf.address, vgpu_type.number, vgpu_type.name, framework,
                        _hex4(vf.device_id)) for vf in sorted(chosen_vfs, key=lambda v: v.index)], []
+
+
+def _unknown_size(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str) -> str:
+    """Why the VFs a VFIO type fits cannot be counted: its name is unknown, or not a profile's."""
+    head = f"{key}: cannot tell how many VFs of GPU {gpu.address} ({gpu.model}) {vgpu_type.id} fits"
+    if vgpu_type.name != vgpu_type.id:
+        return (f"{head}: its name {vgpu_type.name} does not read as a profile "
+                "(<model>-<GB><series>, like L40S-12Q)")
+    return (f"{head}: its name was never listed while VFs were free; release its VFs "
+            "(write 0 to nvidia/current_vgpu_type) to let the charm learn it")
 
 
 def _vf_problems(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, framework: Optional[str],
