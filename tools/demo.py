@@ -42,8 +42,9 @@ DEFAULT_MAPPINGS = {
     "v100": "{nvidia-108: ['0000:c1:00.0'], nvidia-109: ['e1:00.0']}",
     "a100": "{GRID A100-10C: ['0000:41:00.0']}",
     "l40s": "{L40S-12Q: all, NVIDIA H200X-35C: ['c1:00.0']}",
-    # NVIDIA's tables' short form, nvidia-smi's address form; time-sliced profiles.
-    "rtxpro6000": "{DC-8Q: ['00000001:C8:00.0'], NVIDIA RTX Pro 6000 Blackwell DC-24Q: "
+    # NVIDIA's tables' short form and the driver's full name of one time-sliced profile
+    # (two profiles of one model on a host need pci-in-placement), nvidia-smi's address form.
+    "rtxpro6000": "{DC-8Q: ['00000001:C8:00.0'], NVIDIA RTX Pro 6000 Blackwell DC-8Q: "
                   "['0000:42:00.0']}",
     "empty": "{nvidia-108: ['0000:c1:00.0']}",
 }

@@ -110,7 +110,7 @@ def two_l40s(root, tools, deb):
     host = FakeHost(root)
     host.pci_ids()
     for pf in ("0000:81:00.0", "0000:82:00.0"):
-        host.add_sriov_gpu(pf, device="0x26b9", vf_device="0x26ba", count=4,
+        host.add_sriov_gpu(pf, device="0x26b9", vf_device="0x26b9", count=4,
                            vfio_types=L40S_TYPES, totalvfs=32)
     host.iommu_groups(8)
     host.nova("3:31.0.0-0ubuntu1")
@@ -124,7 +124,7 @@ def test_two_profiles_on_one_gpu_model_need_placement(ctx, root, tools, deb, tmp
     mapping = {"vgpu-device-mappings": "{L40S-12Q: ['81:00.0'], L40S-24Q: ['82:00.0']}"}
     out = ctx.run(ctx.on.config_changed(), state(mapping, resource=deb))
     assert out.unit_status == testing.BlockedStatus(
-        "vgpu-device-mappings: profiles L40S-12Q, L40S-24Q share VF product id 26ba, which a PCI "
+        "vgpu-device-mappings: profiles L40S-12Q, L40S-24Q share VF product id 26b9, which a PCI "
         "alias by vendor and product id cannot tell apart: map one profile per GPU model or set "
         "pci-in-placement=true")
     assert "subordinate_configuration" not in ours(out)

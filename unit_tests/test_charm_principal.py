@@ -3,7 +3,7 @@
 nova-compute (deployed here as ``compute-gpu``, to show the real application
 name reaches the messages) renders its ``pci-passthrough-whitelist`` into the
 same ``[pci]`` of /etc/nova/nova.conf as this unit's device specs, ahead of
-them. The VFIO host (an L40S and an H200 NVL) gets its nova.conf from
+them. The VFIO host (an L40S and an H200 SXM) gets its nova.conf from
 ``FakeHost.principal_nova_conf``, rendered as charm-nova-compute renders it.
 Checked: the status, the relation data as nova-compute reads it (the last good
 stays), and the VF types on the host.
@@ -90,13 +90,15 @@ def test_a_whitelisted_gpu_whose_vfs_would_be_published_blocks_before_any_vf_cha
 
 def test_a_conflict_keeps_the_last_published_sections(ctx, vfio, root, deb):
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, deb))
-    rendered(vfio, first, whitelist='{"vendor_id": "10de", "product_id": "26ba"}')
+    # One of our VFs by its address (by vendor and product id it would take the GPU too:
+    # an L40S's VFs carry the GPU's own id).
+    rendered(vfio, first, whitelist='{"vendor_id": "10de", "address": "0000:81:00.4"}')
     out = ctx.run(ctx.on.config_changed(),
                   again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
     assert out.unit_status.name == "blocked"
     assert out.unit_status.message.startswith(
-        "compute-gpu's pci-passthrough-whitelist entry {\"vendor_id\": \"10de\", \"product_id\": "
-        f"\"26ba\"}} matches VFs {', '.join(vfs(L40S, 4))} and 12 more of GPU {L40S}, which this unit "
+        "compute-gpu's pci-passthrough-whitelist entry {\"vendor_id\": \"10de\", \"address\": "
+        f"\"0000:81:00.4\"}} matches VFs 0000:81:00.4 of GPU {L40S}, which this unit "
         "publishes for vGPUs: Nova uses the first spec that matches")
     assert ours(out) == ours(first)
     assert [s["resource_class"] for s in published_specs(out)][:4] == ["CUSTOM_VGPU_L40S_12Q"] * 4

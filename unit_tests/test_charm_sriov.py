@@ -577,7 +577,7 @@ def test_without_a_mapping_no_gpu_is_touched(ctx, rebooted, tools, deb):
     out = ctx.run(ctx.on.start(), state(resource=deb))
     assert sriov_calls(tools) == []
     assert out.unit_status == testing.ActiveStatus(
-        "2 GPUs (1 H200 NVL, 1 L40S), no vGPU type mapped: set vgpu-device-mappings")
+        "2 GPUs (1 H200 SXM 141GB, 1 L40S), no vGPU type mapped: set vgpu-device-mappings")
 
 
 def test_all_leaves_a_gpu_bound_to_vfio_pci_alone(ctx, rebooted, root, tools, deb):
@@ -594,7 +594,7 @@ def test_a_named_gpu_bound_to_another_driver_is_not_touched_and_named(ctx, reboo
     out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"]
     assert out.unit_status == testing.BlockedStatus(
-        f"SR-IOV GPU {H200} (H200 NVL) is bound to vfio-pci, not nvidia: its VFs are left "
+        f"SR-IOV GPU {H200} (H200 SXM 141GB) is bound to vfio-pci, not nvidia: its VFs are left "
         "alone; bind it to nvidia or leave it out of vgpu-device-mappings")
 
 
@@ -685,7 +685,9 @@ def test_rtx_pro_6000_in_two_pci_domains_by_nvidia_smis_address_and_the_short_fo
     ready(rtx_pro_6000_host(root, vfs=16), root, tools, deb)
     # nvidia-smi's spelling of the address, NVIDIA's tables' spelling of the type.
     mapping = "{DC-8Q: ['00000001:C8:00.0'], 'NVIDIA RTX Pro 6000 Blackwell DC-24Q': ['42:00.0']}"
-    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": mapping}, resource=deb))
+    # Two profiles of one GPU model on one host: only Placement tells their VFs apart.
+    config = {"vgpu-device-mappings": mapping, "pci-in-placement": True}
+    out = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
     assert out.unit_status == testing.ActiveStatus(
         "4 GPUs (RTX PRO 6000 Blackwell Server Edition), "
         "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_24Q on 4, CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_8Q "
@@ -701,9 +703,10 @@ def test_rtx_pro_6000_in_two_pci_domains_by_nvidia_smis_address_and_the_short_fo
     held = [current(root, a) for a in rtx_vfs("0001:c8:00.0", 13)]
     assert held == [dc8q] * 12 + [0]
     assert [current(root, a) for a in rtx_vfs("0001:04:00.0", 2)] == [0, 0]  # not mapped
-    unit = sriov.unit_path().read_text()
-    assert "ExecStart=/usr/lib/nvidia/sriov-manage -e 0001:c8:00.0\n" in unit
-    assert f"echo {dc8q} > /sys/bus/pci/devices/0001:c8:00.2/nvidia/current_vgpu_type" in unit
+    # At boot the types come back by name on the very VFs that hold them now.
+    boot = {g["address"]: g["vfs"] for g in json.loads(sriov.data_path().read_text())["gpus"]}
+    assert [(vf["index"], vf["name"]) for vf in boot["0001:c8:00.0"]] == [
+        (n, RTX_TYPES[str(dc8q)]) for n in range(12)]
     ctx.run(ctx.on.action("list-vgpu-types"), again(out))
     gpu = next(g for g in ctx.action_results["gpus"].values() if g["address"] == "0001:c8:00.0")
     alias = json.loads(gpu["types"][f"nvidia-{dc8q}"]["pci-alias"])
@@ -725,4 +728,6 @@ def test_a_mapping_by_name_survives_a_driver_branch_with_other_type_ids(
              if k == "device_spec"]
     assert {(s["resource_class"], s["product_id"]) for s in specs} == {
         ("CUSTOM_VGPU_L40S_12Q", "26b9")}
-    assert f"echo {number} > " in sriov.unit_path().read_text()
+    assert str(number) not in sriov.unit_path().read_text()  # no type id frozen into the unit
+    boot = json.loads(sriov.data_path().read_text())["gpus"]
+    assert {vf["name"] for gpu in boot for vf in gpu["vfs"]} == {"NVIDIA L40S-12Q"}

@@ -302,7 +302,7 @@ def test_an_l40s_unit_writes_vf_types_and_removes_its_boot_unit(packed, tmp_path
     changed = ok(unit.hook("config-changed"))
     status, message = changed.statuses()[-1]
     assert status == "active", message
-    assert message.startswith("2 GPUs (1 H200 NVL, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, "
+    assert message.startswith("2 GPUs (1 H200 SXM 141GB, 1 L40S), CUSTOM_VGPU_H200X_35C on 4, "
                               "CUSTOM_VGPU_L40S_12Q on 4"), message
     conf = nova_conf(unit.relation_data(nova_vgpu))
     assert conf.count("device_spec = ") == 8

@@ -48,7 +48,7 @@ def test_a_device_spec_other_than_the_one_built_is_refused(value):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("address", "0000:81:00.4\n[DEFAULT]"), ("product_id", "26BA"),
+    ("address", "0000:81:00.4\n[DEFAULT]"), ("product_id", "26B9"),
     ("resource_class", "VGPU"),
 ])
 def test_a_device_spec_field_nova_conf_must_not_get_is_refused(field, value):
@@ -89,7 +89,7 @@ def test_anything_else_is_refused_by_name(sections, message):
 
 # -- device_spec, alias and the relation's services ------------------------------------
 
-def assignment(name="NVIDIA L40S-12Q", product_id="26ba"):
+def assignment(name="NVIDIA L40S-12Q", product_id="26b9"):
     from vgpu import pci, plan
     return plan.Assignment(gpu="0000:81:00.0", address="0000:81:00.4", number=1139, name=name,
                            framework=pci.VFIO, product_id=product_id)
@@ -108,13 +108,13 @@ def test_device_spec_gets_live_migratable_only_when_asked():
     (True, True, {"live_migratable": "yes", "resource_class": "CUSTOM_VGPU_L40S_12Q"}),
 ])
 def test_alias_by_vendor_and_product_with_what_the_options_add(live, placement, extra):
-    made = novaconf.alias("NVIDIA L40S-12Q", "26ba", live_migratable=live,
+    made = novaconf.alias("NVIDIA L40S-12Q", "26b9", live_migratable=live,
                           pci_in_placement=placement)
-    assert made == {"name": "vgpu-l40s-12q", "vendor_id": "10de", "product_id": "26ba",
+    assert made == {"name": "vgpu-l40s-12q", "vendor_id": "10de", "product_id": "26b9",
                     "device_type": "type-VF", **extra}
 
 
-@pytest.mark.parametrize("product_id", ["26BA", "0x26ba", "26ba\n[DEFAULT]", ""])
+@pytest.mark.parametrize("product_id", ["26B9", "0x26b9", "26b9\n[DEFAULT]", ""])
 def test_alias_refuses_a_product_id_nova_conf_must_not_get(product_id):
     with pytest.raises(ValueError, match="^refusing product_id "):
         novaconf.alias("NVIDIA L40S-12Q", product_id)

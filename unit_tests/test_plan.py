@@ -325,22 +325,22 @@ def vfio_on(gpu, name, product_id, number=1):
                            framework=pci.VFIO, product_id=product_id)
 
 
-TWO_L40S = (vfio_on("0000:81:00.0", "NVIDIA L40S-12Q", "26ba", 1139),
-            vfio_on("0000:82:00.0", "NVIDIA L40S-24Q", "26ba", 1142))
+TWO_L40S = (vfio_on("0000:81:00.0", "NVIDIA L40S-12Q", "26b9", 1139),
+            vfio_on("0000:82:00.0", "NVIDIA L40S-24Q", "26b9", 1142))
 
 
 def test_two_profiles_on_one_vf_product_id_are_refused_without_pci_in_placement():
     assert plan.option_problems(TWO_L40S, EPOXY, pci_in_placement=False, live_migration=False) == [
-        "profiles L40S-12Q, L40S-24Q share VF product id 26ba, which a PCI alias by vendor and "
+        "profiles L40S-12Q, L40S-24Q share VF product id 26b9, which a PCI alias by vendor and "
         "product id cannot tell apart: map one profile per GPU model or set pci-in-placement=true"]
     assert plan.option_problems(TWO_L40S, EPOXY, pci_in_placement=True, live_migration=False) == []
 
 
 @pytest.mark.parametrize("assignments", [
-    TWO_L40S[:1] + (vfio_on("0000:82:00.0", "NVIDIA L40S-12Q", "26ba", 1139),),  # one profile
-    TWO_L40S[:1] + (vfio_on("0000:c1:00.0", "NVIDIA H200X-35C", "233c", 1282),),  # two models
+    TWO_L40S[:1] + (vfio_on("0000:82:00.0", "NVIDIA L40S-12Q", "26b9", 1139),),  # one profile
+    TWO_L40S[:1] + (vfio_on("0000:c1:00.0", "NVIDIA H200X-35C", "2335", 1282),),  # two models
     TWO_L40S[:1] + (plan.Assignment("0000:41:00.0", "0000:41:00.4", 475, "GRID A100-20C",
-                                    pci.MDEV, "26ba"),),  # mdev: Placement's classes tell them apart
+                                    pci.MDEV, "26b9"),),  # mdev: Placement's classes tell them apart
 ])
 def test_one_profile_per_vf_product_id_needs_no_placement(assignments):
     assert plan.option_problems(assignments, EPOXY, pci_in_placement=False,
@@ -363,11 +363,11 @@ def test_the_options_reach_the_plans_errors(root):
     host = FakeHost(root)
     host.pci_ids()
     for pf in ("0000:81:00.0", "0000:82:00.0"):
-        host.add_sriov_gpu(pf, device="0x26b9", vf_device="0x26ba", count=4,
+        host.add_sriov_gpu(pf, device="0x26b9", vf_device="0x26b9", count=4,
                            vfio_types=L40S_TYPES, totalvfs=32)
     mapping = {"L40S-12Q": ("0000:81:00.0",), "L40S-24Q": ("0000:82:00.0",)}
     refused = plan.build(mapping, pci.discover(), EPOXY)
-    assert refused.errors == ("profiles L40S-12Q, L40S-24Q share VF product id 26ba, which a PCI "
+    assert refused.errors == ("profiles L40S-12Q, L40S-24Q share VF product id 26b9, which a PCI "
                               "alias by vendor and product id cannot tell apart: map one profile "
                               "per GPU model or set pci-in-placement=true",)
     assert plan.build(mapping, pci.discover(), EPOXY, pci_in_placement=True).errors == ()

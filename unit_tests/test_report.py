@@ -24,7 +24,7 @@ def test_a_vfio_alias_asks_by_ids_for_a_vf(vfio_host):
     assert entry["flavor-property"] == "pci_passthrough:alias=vgpu-l40s-12q:1"
     assert json.loads(entry["pci-alias"]) == {
         "name": "vgpu-l40s-12q", "device_type": "type-VF", "vendor_id": "10de",
-        "product_id": "26ba"}  # the VF's own id, not the GPU's
+        "product_id": "26b9"}  # the VF's own id (on an L40S the GPU's too)
     # What nova-compute 32+ accepts at start, without pci_in_placement on its host.
     nova_aliases([entry["pci-alias"]], pci_in_placement=False)
 
@@ -33,7 +33,7 @@ def test_with_pci_in_placement_the_alias_adds_the_profiles_class(vfio_host):
     entry = l40s_12q(report.gpu_results(vfio_host, pci_in_placement=True))
     alias = json.loads(entry["pci-alias"])
     assert alias["resource_class"] == entry["resource-class"] == "CUSTOM_VGPU_L40S_12Q"
-    assert (alias["vendor_id"], alias["product_id"]) == ("10de", "26ba")  # ids stay
+    assert (alias["vendor_id"], alias["product_id"]) == ("10de", "26b9")  # ids stay
     for in_placement in (False, True):  # the computes have no pci_in_placement; controllers do
         nova_aliases([entry["pci-alias"]], pci_in_placement=in_placement)
 
@@ -71,7 +71,7 @@ def test_the_table_gives_each_row_its_flavor_and_each_vfio_type_its_alias(vfio_h
     shown = [json.loads(line) for line in lines[1:]]
     assert len(shown) == len({a["name"] for a in shown}) == 11  # 6 L40S, 5 H200 types
     assert {"name": "vgpu-l40s-12q", "device_type": "type-VF", "vendor_id": "10de",
-            "product_id": "26ba", "resource_class": "CUSTOM_VGPU_L40S_12Q"} in shown
+            "product_id": "26b9", "resource_class": "CUSTOM_VGPU_L40S_12Q"} in shown
     nova_aliases(lines[1:], pci_in_placement=False)
 
 

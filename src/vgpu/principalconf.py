@@ -401,7 +401,7 @@ _NVIDIA = "10de"
 
 
 def _id(device_id: str) -> str:
-    """sysfs' ``0x26ba`` as Nova's ``26ba``."""
+    """sysfs' ``0x26ba`` as Nova's ``26b9``."""
     return device_id.lower().removeprefix("0x")
 
 

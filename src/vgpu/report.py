@@ -86,7 +86,7 @@ def _type_entry(gpu, vgpu_type: VgpuType, mdev_class: bool, pci_in_placement: bo
 
 
 def _product_id(gpu) -> str:
-    """The VFs' own device id, as ``[pci]`` wants it: ``26ba``."""
+    """The VFs' own device id, as ``[pci]`` wants it: ``26b9``."""
     return gpu.vfs[0].device_id.lower().removeprefix("0x")
 
 
