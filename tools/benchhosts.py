@@ -96,6 +96,7 @@ def sriov_host(root, framework: str, gpus: int, vfs: int,
         packages = {f"package-{n:04d}": "1.0-1" for n in range(PACKAGES)}
         packages.update({"nova-common": NOVA[framework], "nova-compute": NOVA[framework]})
         host.dpkg_status(packages)
+        host.principal_nova_conf()  # nova-compute's own, read before [pci] is published
     host.modules(["nvidia_vgpu_vfio", "nvidia", "vfio_pci", "vfio"] + [f"mod{n}" for n in range(150)])
     host.loaded_driver("570.158.02")
     host.iommu_groups(gpus * (vfs + 1) + OTHER_FUNCTIONS)
@@ -114,6 +115,7 @@ def base_root(root, framework: str) -> FakeHost:
     packages = {f"package-{n:04d}": "1.0-1" for n in range(PACKAGES)}
     packages.update({"nova-common": NOVA[framework], "nova-compute": NOVA[framework]})
     host.dpkg_status(packages)
+    host.principal_nova_conf()  # nova-compute's own, read before [pci] is published
     return host
 
 
