@@ -359,10 +359,59 @@ def mig_profile(name: str) -> Optional[pci.Profile]:
 
 
 def by_gpu(assignments: Sequence) -> Dict[str, List[str]]:
-    """``{GPU address: [MIG-backed profile names]}`` of a plan's assignments."""
+    """``{GPU address: [MIG-backed profiles, NVIDIA's short form]}`` of a plan's assignments."""
     out: Dict[str, List[str]] = {}
     for a in assignments:
         found = mig_profile(a.name)
-        if found is not None and found.name not in out.setdefault(a.gpu, []):
-            out[a.gpu].append(found.name)
+        short = pci.short_name(found.name) if found is not None else ""
+        if found is not None and short not in out.setdefault(a.gpu, []):
+            out[a.gpu].append(short)
     return out
+
+
+def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "") -> List[str]:
+    """Why the MIG-backed profiles ``wanted`` (``{GPU: [profile names]}``) cannot be given now.
+
+    One nvidia-smi run for all of them (:func:`modes`); a GPU out of MIG mode is
+    named with the command that turns it on (the ``enable-mig`` action, run by
+    the operator: hooks never change MIG mode); one whose mode is pending needs a
+    GPU reset or a reboot. What cannot be read counts as not in MIG mode.
+    """
+    from . import OPTION
+
+    if not wanted:
+        return []
+    try:
+        found = modes(wanted)
+    except MigError as error:
+        return [f"cannot tell whether GPU {text.listing(sorted(wanted))} is in MIG mode, which "
+                f"MIG-backed profiles need: {error}; no VF changed"]
+    out = []
+    run_it = f"juju run {unit} enable-mig" if unit else "run the enable-mig action with"
+    for address, names in sorted(wanted.items()):
+        mode = found[address]
+        if mode.enabled:
+            continue
+        head = (f"GPU {address} is not in MIG mode, which MIG-backed {', '.join(names)} "
+                f"({OPTION}) need")
+        if mode.awaiting_reset:
+            out.append(f"{head}: enabling it waits for a reset; reset the GPU (nvidia-smi -r -i "
+                       f"{smi_address(address)}, no guest or process on it) or reboot the host")
+        else:
+            out.append(f"{head}: {run_it} gpu={address} (it runs {enable_command(address)})")
+    return out
+
+
+def enable_results(address: str, done: Optional[Enabled]) -> Dict[str, str]:
+    """The enable-mig action's results: what nvidia-smi said, and whether a reset is needed."""
+    command = enable_command(address)
+    if done is None:
+        return {"gpu": address, "command": command, "reset-required": "no",
+                "message": f"GPU {address} is in MIG mode already; nothing run"}
+    if done.reset_needed:
+        message = (f"MIG mode is pending on GPU {address}: reset the GPU (nvidia-smi -r -i "
+                   f"{smi_address(address)}, no guest or process on it) or reboot the host")
+    else:
+        message = f"MIG mode enabled on GPU {address}"
+    return {"gpu": address, "command": command, "output": done.output or "(nothing)",
+            "reset-required": "yes" if done.reset_needed else "no", "message": message}

@@ -546,7 +546,9 @@ class _MigClaims:
         for held in claims:
             vfs, why = _mig_vfs(gpu, held, shape, taken)
             problems.extend(why)
-            counts[held.vgpu_type.profile] = len(vfs)
+            named = held.vgpu_type.profile
+            if named is not None:
+                counts[named] = len(vfs)
             made.extend(Assignment(gpu.address, vf.address, held.vgpu_type.number,
                                    held.vgpu_type.name, pci.VFIO, _hex4(vf.device_id))
                         for vf in vfs)
@@ -577,7 +579,8 @@ def _mig_vfs(gpu: pci.Gpu, held: _MigClaim, shape, taken: Dict[str, str]):
     from . import mig
 
     name = pci.profile_name(held.vgpu_type.name)
-    found = mig.slot(shape, held.vgpu_type.profile)
+    named = held.vgpu_type.profile
+    found = mig.slot(shape, named) if named is not None else None
     if found is None:
         return [], [f"{held.key}: {name} fits no GPU instance profile of {shape.model} "
                     f"(GPU {gpu.address})"]
