@@ -169,3 +169,23 @@ def test_several_mig_profiles_share_a_gpu_and_guests_keep_theirs(ctx, root, tool
     assert out.unit_status.name == "blocked"
     assert "guest(s) use vGPUs: instance-00000002" in out.unit_status.message
     assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b)] == ["1417", "1418"]
+
+
+def test_list_vgpu_types_and_vgpu_usage_show_slices_and_gpu_instances(ctx, root, tools, deb):
+    rtx(root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{DC-2-12Q: ['42:00.0']}"}, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    ctx.run(ctx.on.action("list-vgpu-types"), out)
+    gpu = ctx.action_results["gpus"]["gpu-0"]
+    entry = gpu["types"]["nvidia-2034"]
+    # 2 x 2g.48gb instances, 4 DC-2-12Q each: 8 per GPU, from the profile, not from sysfs.
+    assert (entry["mig-slices"], entry["max-instances"], entry["gpu-instance-profile"]) == (
+        "2", "8", "2g.48gb (at most 2, 4 vGPU each)")
+    assert gpu["gpu-instances"] == ",".join(f"{vf}={1 + n // 4}" for n, vf in enumerate(VF))
+    running_guest(root, "instance-00000003", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a03",
+                  pci_address=VF[5])
+    ctx.run(ctx.on.action("vgpu-usage"), out)
+    vgpu = ctx.action_results["vgpus"]["vgpu-0"]
+    assert (vgpu["address"], vgpu["mig-slices"], vgpu["gpu-instance"]) == (VF[5], "2", "2")
+    assert "RTX Pro 6000 Blackwell DC-2-12Q (2 slices, GI 2)" in ctx.action_results["table"]
