@@ -118,3 +118,11 @@ def test_gpu_instance_id_is_read_for_reports(root):
     vfio.assign(vf, 0)
     assert mig.instance_id(vf) is None
     assert host.vfio_model("0000:18:00.0").mig.instances == {}
+
+
+def test_mode_problems_count_what_cannot_be_read_as_out_of_mig_mode(root, tools):
+    h200_sxm_host(root, vfs=1)  # no nvidia-smi
+    assert mig.mode_problems({"0000:18:00.0": ["H200X-1-18C"]}, "gpu/0") == [
+        "cannot tell whether GPU 0000:18:00.0 is in MIG mode, which MIG-backed profiles need: "
+        "/usr/bin/nvidia-smi not found (is the vGPU host driver installed?); no VF changed"]
+    assert mig.mode_problems({}, "gpu/0") == []
