@@ -90,6 +90,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.pause_action, self._on_pause)
         framework.observe(on.resume_action, self._on_resume)
         framework.observe(on.upgrade_action, self._on_upgrade)
+        framework.observe(on.enable_mig_action, self._on_enable_mig)
         framework.observe(on.remove, self._on_remove)
 
     # -- reading the host, once per dispatch -------------------------------
@@ -292,7 +293,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                     ok = False
             # The principal's [pci] is checked before any VF takes a type from the plan.
             accepted = self._principal_accepts(sections)
-            ok = ok and accepted and self._give_vfs_types(plan)
+            ok = ok and accepted and self._mig_ready(plan) and self._give_vfs_types(plan)
             sections = sections if ok else None
             self._ensure_boot_unit(plan if ok else None)
         elif self._published_mapping():
@@ -391,6 +392,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if done:
             self._refresh()
         return True
+
+    def _mig_ready(self, plan) -> bool:
+        """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
+        from vgpu import mig
+
+        problems = mig.mode_problems(mig.by_gpu(plan.assignments), self.unit.name)
+        self._problems.extend(problems)
+        return not problems
 
     def _ensure_boot_unit(self, plan) -> None:
         """The boot-time unit and its data: the selected GPUs' VFs and their profiles by name.
@@ -669,6 +678,30 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             "reboot-required": reboot,
             "message": f"{package.package} {package.version} {done}; {why}",
         }
+
+    def _on_enable_mig(self, event: ops.ActionEvent) -> None:
+        """Turn MIG mode on for one GPU with nvidia-smi; refused while a guest holds its vGPUs."""
+        from vgpu import guests, mig
+        from vgpu.errors import MigError
+
+        try:
+            address = mappings.normalise_address(str(event.params.get("gpu") or ""))
+            gpu = self._facts().pci.gpu(address)
+            if gpu is None or gpu.address != address:
+                raise MigError(f"{address} is not an NVIDIA GPU on this host (GPUs: "
+                               f"{', '.join(g.address for g in self._facts().pci.gpus) or 'none'})")
+            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)], defined=True)
+            before = mig.modes([address])[address]
+            done = None if before.enabled else mig.enable(address)
+        except (ValueError, VgpuError) as error:
+            event.fail(f"MIG mode not enabled: {error}")
+            return
+        event.set_results(mig.enable_results(address, done))
+        self._refresh()
+        try:
+            self._publish()  # a mapping that waited for MIG mode applies now
+        except HostReadError as error:
+            logger.error("%s", error)
 
     # -- leaving ------------------------------------------------------------
     def _on_remove(self, _event: ops.RemoveEvent) -> None:

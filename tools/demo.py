@@ -14,6 +14,7 @@ charmhelpers, as nova-compute reads it).
     make demo ARGS="--host a100 --mappings '{A100-20C: all}'"
     make demo ARGS="--host l40s"                    # vendor-specific VFIO: L40S + H200 SXM
     make demo ARGS="--host rtxpro6000"              # 4 RTX PRO 6000, PCI domains 0000 and 0001
+    make demo ARGS="--host rtxpro6000-mig"          # the same in MIG mode: MIG-backed profiles
     make demo ARGS="--nova 2:21.2.4-0ubuntu2"      # ussuri spelling
     make demo ARGS="--host l40s --config pci-in-placement=true"   # any other option
 
@@ -46,9 +47,12 @@ DEFAULT_MAPPINGS = {
     # (two profiles of one model on a host need pci-in-placement), nvidia-smi's address form.
     "rtxpro6000": "{DC-8Q: ['00000001:C8:00.0'], NVIDIA RTX Pro 6000 Blackwell DC-8Q: "
                   "['0000:42:00.0']}",
+    # MIG-backed: four 1g.24gb GPU instances of one GPU, 3 x 8 GB vGPUs each (12 VFs).
+    "rtxpro6000-mig": "{DC-1-8Q: ['0000:42:00.0']}",
     "empty": "{nvidia-108: ['0000:c1:00.0']}",
 }
-DEFAULT_NOVA = {"l40s": "3:31.0.0-0ubuntu1", "rtxpro6000": "3:31.0.0-0ubuntu1"}  # VFIO: epoxy
+DEFAULT_NOVA = {"l40s": "3:31.0.0-0ubuntu1", "rtxpro6000": "3:31.0.0-0ubuntu1",
+                "rtxpro6000-mig": "3:31.0.0-0ubuntu1"}  # VFIO: epoxy
 UNIT = "nova-compute-nvidia-vgpu/0"
 
 
@@ -57,7 +61,7 @@ def main(argv=None) -> int:
     parser.add_argument("--host", choices=sorted(DEFAULT_MAPPINGS), default="v100",
                         help="sample host: two V100s (mdev), an SR-IOV A100 (mdev on VFs), "
                              "an L40S and an H200 SXM, four RTX PRO 6000 (vendor-specific "
-                             "VFIO), or no NVIDIA GPU")
+                             "VFIO), the same in MIG mode (MIG-backed), or no NVIDIA GPU")
     parser.add_argument("--mappings", help="vgpu-device-mappings (YAML or JSON)")
     parser.add_argument("--nova", help="installed nova-common version (default: caracal; "
                                        "epoxy for --host l40s)")
@@ -111,6 +115,10 @@ def main(argv=None) -> int:
         print()
         print("vGPU types written to virtual functions (nvidia/current_vgpu_type):")
         print("\n".join(written))
+        instances = gpu_instances(root)
+        if instances:
+            print("GPU instances of MIG-backed vGPUs (nvidia/gpu_instance_id):")
+            print("\n".join(instances))
     print()
     print("$ juju run nova-compute-nvidia-vgpu/0 list-vgpu-types")
     ctx.run(ctx.on.action("list-vgpu-types"), state)
@@ -144,6 +152,17 @@ def vf_types(root: Path):
         held.setdefault((gpu, type_id), []).append(vf)
     return [f"  GPU {gpu}: {len(vfs)} VFs ({vfs[0]} .. {vfs[-1]}) hold {type_id}"
             for (gpu, type_id), vfs in sorted(held.items())]
+
+
+def gpu_instances(root: Path):
+    """``GI <id>: <VFs>`` for VFs whose MIG-backed vGPU lives in a GPU instance."""
+    by_gi = {}
+    for vf in sorted(held_types(root)):
+        path = root / "sys/bus/pci/devices" / vf / "nvidia/gpu_instance_id"
+        if path.exists():
+            gpu = os.path.basename(os.readlink(root / "sys/bus/pci/devices" / vf / "physfn"))
+            by_gi.setdefault((gpu, int(path.read_text())), []).append(vf)
+    return [f"  GPU {gpu} GI {gi}: {', '.join(vfs)}" for (gpu, gi), vfs in sorted(by_gi.items())]
 
 
 def options(pairs):

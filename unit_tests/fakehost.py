@@ -20,6 +20,15 @@ Two pieces of kernel behaviour are modelled, since plain files cannot show them:
   only, while framebuffer is left) and is empty on a full GPU or on a VF that
   holds a type. A type written to a VF that could not take it reads back as
   ``0``, as the driver refuses the write.
+* MIG-backed vGPUs on that framework (:class:`VfioModel` with ``mig``): the
+  GPU's MIG mode is what the stand-in nvidia-smi (:func:`faketools.nvidia_smi`)
+  keeps in ``<root>.fake/nvidia-smi.json``. With MIG mode on, a VF lists only
+  the MIG-backed types that still have room: in a GPU instance of that type
+  with a free vGPU, or in a new instance at the lowest free placement; a VF
+  given one gets ``nvidia/gpu_instance_id`` (as bigstack-oss/cubecos issue 312
+  shows), released with its type. With MIG mode off, MIG-backed types are
+  listed as before but refused, as time-sliced ones are with MIG mode on
+  (inferred: no transcript shows either write).
 """
 
 import json
@@ -107,6 +116,22 @@ RTX_PRO_6000_TYPES = {
     2022: "NVIDIA RTX Pro 6000 Blackwell DC-96C",
     2030: "NVIDIA RTX Pro 6000 Blackwell DC-1-8Q", 2031: "NVIDIA RTX Pro 6000 Blackwell DC-2-16Q",
     2032: "NVIDIA RTX Pro 6000 Blackwell DC-4-24Q"}
+# MIG-backed forms (ids inferred): DC-1-24Q, DC-2-12Q as the brief and cubecos PR 903/1223 name
+# the RTX PRO 6000's (DC-1-2Q ... DC-1-24C on its 1g.24gb instance, DC-4-96A); H200X ones from
+# NVIDIA's Hopper vGPU table (H200X-1-18C fits 7, -2-35C 3, -3-71C 2, -4-71C and -7-141C 1).
+RTX_PRO_6000_MIG_TYPES = {
+    **RTX_PRO_6000_TYPES,
+    2033: "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q", 2034: "NVIDIA RTX Pro 6000 Blackwell DC-2-12Q",
+    2035: "NVIDIA RTX Pro 6000 Blackwell DC-2-48Q", 2036: "NVIDIA RTX Pro 6000 Blackwell DC-4-96Q"}
+H200_SXM_MIG_TYPES = {
+    **H200_SXM_TYPES, 1415: "NVIDIA H200X-1-35C", 1416: "NVIDIA H200X-2-35C",
+    1417: "NVIDIA H200X-3-71C", 1418: "NVIDIA H200X-4-71C", 1419: "NVIDIA H200X-7-141C"}
+# The fixture's own model of MIG geometry, (compute slices, GI GB) -> (memory slices it takes,
+# its placements), from NVIDIA's MIG user guide (H200) and the A30-like 4-slice layout
+# (RTX PRO 6000, inferred), written apart from vgpu.mig so that tests check one against the other.
+H200_GIS = {(1, 18): (1, range(7)), (1, 35): (2, (0, 2, 4, 6)), (2, 35): (2, (0, 2, 4)),
+            (3, 71): (4, (0, 4)), (4, 71): (4, (0,)), (7, 141): (8, (0,))}
+RTX_PRO_6000_GIS = {(1, 24): (1, range(4)), (2, 48): (2, (0, 2)), (4, 96): (4, (0,))}
 
 PCI_IDS = """\
 # List of PCI ID's (sample)
@@ -138,11 +163,79 @@ def _mig(name: str) -> bool:
     return re.search(r"-[0-9]+-[0-9]+[A-Za-z]+\Z", name) is not None
 
 
+def _slices(name: str) -> int:
+    """Compute slices of a MIG-backed name: H200X-2-35C -> 2."""
+    return int(name.rsplit("-", 2)[-2])
+
+
+class MigModel:
+    """GPU instances on one MIG-mode GPU, as the driver makes them when VFs take MIG types."""
+
+    def __init__(self, gis: Mapping[tuple, tuple]):
+        self.gis = dict(gis)
+        self.instances: Dict[int, dict] = {}  # GI id -> {"type", "start", "size", "vfs": {dir}}
+        self.state: Optional[Path] = None  # the stand-in nvidia-smi's state file
+        self.address = ""
+
+    def enabled(self) -> bool:
+        try:
+            state = json.loads(self.state.read_text()) if self.state else {}
+        except (OSError, ValueError):
+            return False
+        return state.get(self.address, {}).get("current") == "Enabled"
+
+    def shape(self, name: str):
+        """(GI GB, memory slices, placements) of the smallest GI that holds the type, or None."""
+        slices, gb = _slices(name), _gb(name)
+        fitting = sorted(k for k in self.gis if k[0] == slices and k[1] >= gb)
+        return (fitting[0][1], *self.gis[fitting[0]]) if fitting else None
+
+    def prune(self) -> None:
+        """Forget VFs that hold another type now (released), and instances left empty."""
+        for gi in list(self.instances):
+            entry = self.instances[gi]
+            entry["vfs"] = {d for d in entry["vfs"] if _current(d) == entry["type"]}
+            if not entry["vfs"]:
+                del self.instances[gi]
+
+    def room(self, number: int, name: str):
+        """``("join", gi)``, ``("new", start)`` or None: where one more vGPU of the type goes."""
+        shape = self.shape(name)
+        if shape is None:
+            return None
+        gi_gb, size, starts = shape
+        for gi, entry in sorted(self.instances.items()):
+            if entry["type"] == number and len(entry["vfs"]) < gi_gb // _gb(name):
+                return "join", gi
+        used = {s for e in self.instances.values() for s in range(e["start"], e["start"] + e["size"])}
+        for start in starts:
+            if not used & set(range(start, start + size)):
+                return "new", start
+        return None
+
+    def place(self, vf_dir: str, number: int, name: str) -> Optional[int]:
+        """The GI id the VF's vGPU lives in, placing it; None when it does not fit."""
+        for gi, entry in self.instances.items():
+            if vf_dir in entry["vfs"]:
+                return gi
+        where = self.room(number, name)
+        if where is None:
+            return None
+        if where[0] == "join":
+            self.instances[where[1]]["vfs"].add(vf_dir)
+            return where[1]
+        gi = min(set(range(1, 16)) - set(self.instances))
+        self.instances[gi] = {"type": number, "start": where[1], "size": self.shape(name)[1],
+                              "vfs": {vf_dir}}
+        return gi
+
+
 class VfioModel:
     """What NVIDIA's driver lists in a VF's creatable_vgpu_types, given its siblings."""
 
-    def __init__(self, types: Mapping[int, str]):
+    def __init__(self, types: Mapping[int, str], mig: Optional[Mapping[tuple, tuple]] = None):
         self.types = dict(types)
+        self.mig = MigModel(mig) if mig else None
         self.total = max(_gb(n) for n in self.types.values() if not _mig(n))
         self.refuse: set = set()  # VF addresses whose writes the driver refuses (reads back 0)
         self.hidden: set = set()  # VF addresses that list nothing creatable (and refuse all)
@@ -151,6 +244,10 @@ class VfioModel:
     def creatable(self, own: int, siblings: Iterable[int], vf: str = "") -> Dict[int, str]:
         if own or vf in self.hidden:
             return {}
+        if self.mig is not None and self.mig.enabled():
+            self.mig.prune()
+            return {n: name for n, name in self.types.items()
+                    if _mig(name) and self.mig.room(n, name) is not None}
         held = [t for t in siblings if t]
         sizes = {_gb(self.types[t]) for t in held if t in self.types}
         free = self.total - sum(_gb(self.types[t]) for t in held if t in self.types)
@@ -200,6 +297,8 @@ def _vfio_kernel(event, args):
         own = _current(vf_dir)
         nvidia = os.path.join(vf_dir, "nvidia")
         if name == "current_vgpu_type":
+            if model.mig is not None and _mig_write(model, vf_dir, own, nvidia):
+                return
             if own and (own not in model.creatable(0, others, os.path.basename(vf_dir))
                         or os.path.basename(vf_dir) in model.refuse):
                 with open(os.path.join(nvidia, "current_vgpu_type"), "w") as handle:
@@ -212,6 +311,34 @@ def _vfio_kernel(event, args):
             handle.write("\n".join(rows) + "\n")
     finally:
         _HOOK.busy = False
+
+
+def _mig_write(model: VfioModel, vf_dir: str, own: int, nvidia: str) -> bool:
+    """A VF's type read back on a MIG-capable GPU: placed in a GPU instance, or refused.
+
+    True when handled here: MIG mode on, or a MIG-backed type with MIG mode off.
+    """
+    mig = model.mig
+    name = model.types.get(own, "")
+    on = mig.enabled()
+    if not on and not _mig(name):
+        return False  # time-sliced on a GPU out of MIG mode: the plain model
+    mig.prune()
+    gi = None
+    if own and on and _mig(name) and os.path.basename(vf_dir) not in model.refuse:
+        gi = mig.place(vf_dir, own, name)
+    instance = os.path.join(nvidia, "gpu_instance_id")
+    if gi is None:
+        if own:
+            with open(os.path.join(nvidia, "current_vgpu_type"), "w") as handle:
+                handle.write("0\n")
+            mig.prune()
+        if os.path.exists(instance):
+            os.unlink(instance)
+    else:
+        with open(instance, "w") as handle:
+            handle.write(f"{gi}\n")
+    return True
 
 
 def _install_kernel_model() -> None:
@@ -296,7 +423,7 @@ class FakeHost:
                       mdev_types: Optional[Mapping[str, MdevType]] = None,
                       vfio_types: Optional[Mapping[int, str]] = None,
                       enabled: bool = True, totalvfs: Optional[int] = None,
-                      first_function: int = 4) -> Path:
+                      first_function: int = 4, mig: Optional[Mapping[tuple, tuple]] = None) -> Path:
         """An SR-IOV GPU with ``count`` VFs (device id ``vf_device``) offering mdev or VFIO types.
 
         ``enabled=False``: the VFs are only recorded, for sriov-manage to create.
@@ -304,7 +431,7 @@ class FakeHost:
         """
         directory = self.add_gpu(address, device=device, totalvfs=totalvfs or count)
         if vfio_types:
-            _MODELS[os.path.realpath(directory)] = VfioModel(vfio_types)
+            _MODELS[os.path.realpath(directory)] = VfioModel(vfio_types, mig)
             _install_kernel_model()
         recipe = {"count": count, "device": vf_device,
                   "mdev": {k: [t.name, t.framebuffer_mb, t.max_instance]
@@ -359,6 +486,34 @@ class FakeHost:
         recipes = self._recipes()
         recipes[address]["fails"] = True
         self.recipes.write_text(json.dumps(recipes))
+
+    def install_nvidia_smi(self, modes: Mapping[str, str]) -> Path:
+        """The stand-in /usr/bin/nvidia-smi; ``modes``: each MIG-capable GPU's mode.
+
+        A mode is ``Enabled``, ``Disabled``, or ``reset`` (disabled, and ``-mig 1``
+        leaves it pending until a reset, as on Ampere) or ``busy`` (pending: in use).
+        """
+        from unit_tests.faketools import nvidia_smi
+
+        state = self.recipes.parent / "nvidia-smi.json"
+        state.parent.mkdir(parents=True, exist_ok=True)
+        state.write_text(json.dumps({a: {"current": "Disabled" if m in ("reset", "busy") else m,
+                                         "pending": "Disabled" if m in ("reset", "busy") else m,
+                                         "hold": m in ("reset", "busy"), "busy": m == "busy"}
+                                     for a, m in modes.items()}))
+        for address in modes:
+            model = _MODELS.get(os.path.realpath(self.bus / address))
+            if model is not None and model.mig is not None:
+                model.mig.state, model.mig.address = state, address
+        path = self.root / "usr/bin/nvidia-smi"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(nvidia_smi(state))
+        path.chmod(0o755)
+        return path
+
+    def mig_mode(self, address: str) -> dict:
+        """What the stand-in nvidia-smi holds for a GPU: current, pending."""
+        return json.loads((self.recipes.parent / "nvidia-smi.json").read_text())[address]
 
     def install_sriov_manage(self) -> Path:
         """The stand-in /usr/lib/nvidia/sriov-manage (after the driver package put its own)."""
@@ -621,7 +776,7 @@ def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True) -> Fa
 
 
 def rtx_pro_6000_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
-                      vfs: int = 48, gpus: int = 4) -> FakeHost:
+                      vfs: int = 48, gpus: int = 4, mig: Optional[str] = None) -> FakeHost:
     """Four RTX PRO 6000 Blackwell Server Editions in PCI domains 0000 and 0001 (VFIO).
 
     From bigstack-oss/cubecos issue 312: the GPUs at 0000:42:00.0, 0000:8c:00.0,
@@ -630,14 +785,20 @@ def rtx_pro_6000_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = Tru
     at 0000:42:00.2"); VF 0 at function .2 ("virtfn0 -> ../0001:04:00.2", virtfn14 at
     04:02.0); 48 VFs per GPU; nvidia-smi names the GPUs 00000000:42:00.0 and
     00000001:C8:00.0; driver 580.105.06. Types: RTX_PRO_6000_TYPES (ids inferred).
-    ``vfs``/``gpus`` shrink the tree for tests that need fewer.
+    ``vfs``/``gpus`` shrink the tree for tests that need fewer. ``mig``: the MIG-backed
+    form (RTX_PRO_6000_MIG_TYPES, a stand-in nvidia-smi), every GPU's MIG mode that
+    (``Enabled``, ``Disabled``, ``reset``, ``busy``: see :meth:`FakeHost.install_nvidia_smi`).
     """
     host = FakeHost(root)
     host.pci_ids()
-    for address in ("0000:42:00.0", "0000:8c:00.0", "0001:04:00.0", "0001:c8:00.0")[:gpus]:
+    addresses = ("0000:42:00.0", "0000:8c:00.0", "0001:04:00.0", "0001:c8:00.0")[:gpus]
+    for address in addresses:
         host.add_sriov_gpu(address, device="0x2bb5", vf_device="0x2bb5", count=vfs,
-                           vfio_types=RTX_PRO_6000_TYPES, enabled=enabled, totalvfs=48,
-                           first_function=2)
+                           vfio_types=RTX_PRO_6000_MIG_TYPES if mig else RTX_PRO_6000_TYPES,
+                           enabled=enabled, totalvfs=48, first_function=2,
+                           mig=RTX_PRO_6000_GIS if mig else None)
+    if mig:
+        host.install_nvidia_smi({address: mig for address in addresses})
     host.iommu_groups(8)
     host.nova(nova)
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
@@ -646,7 +807,7 @@ def rtx_pro_6000_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = Tru
 
 
 def h200_sxm_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
-                  vfs: int = 8) -> FakeHost:
+                  vfs: int = 8, mig: Optional[str] = None) -> FakeHost:
     """Two H200 SXM 141GB (10de:2335) on the VFIO framework, VFs carrying the GPU's id.
 
     Addresses: two of the eight in bigstack-oss/cubecos issue 259's lspci ("18:00.0 3D
@@ -654,13 +815,16 @@ def h200_sxm_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
     id: NVIDIA/kubevirt-gpu-device-plugin PR 192 ("every VF ... shares the same PCI
     vendor:device id as the whole card") on the host of NVIDIA/gpu-operator issue 2594
     (10de:2335, driver 580.159.01). Inferred: 32 VFs per GPU (``vfs`` of them enabled),
-    VF 0 at .4.
+    VF 0 at .4. ``mig``: the MIG-backed form, as for :func:`rtx_pro_6000_host`.
     """
     host = FakeHost(root)
     host.pci_ids()
     for address in ("0000:18:00.0", "0000:2a:00.0"):
         host.add_sriov_gpu(address, device="0x2335", vf_device="0x2335", count=vfs,
-                           vfio_types=H200_SXM_TYPES, enabled=enabled, totalvfs=32)
+                           vfio_types=H200_SXM_MIG_TYPES if mig else H200_SXM_TYPES,
+                           enabled=enabled, totalvfs=32, mig=H200_GIS if mig else None)
+    if mig:
+        host.install_nvidia_smi({a: mig for a in ("0000:18:00.0", "0000:2a:00.0")})
     host.iommu_groups(4)
     host.nova(nova)
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
@@ -718,6 +882,8 @@ def empty_host(root, nova: str = "3:29.0.0-0ubuntu1") -> FakeHost:
 def build(kind: str, root, **kwargs) -> FakeHost:
     hosts = {"v100": v100_host, "a100": a100_host, "l40s": l40s_host, "empty": empty_host,
              "rtxpro6000": rtx_pro_6000_host, "h200sxm": h200_sxm_host, "h200nvl": h200_nvl_host}
+    if kind.endswith("-mig"):  # the MIG-backed form, MIG mode on: rtxpro6000-mig, h200sxm-mig
+        return hosts[kind[:-len("-mig")]](root, mig="Enabled", **kwargs)
     return hosts[kind](root, **kwargs)
 
 
@@ -725,7 +891,8 @@ __all__: Sequence[str] = ("FakeHost", "MdevType", "VfioModel", "v100_host", "a10
                           "l40s_host", "empty_host", "build", "V100_TYPES", "A100_TYPES",
                           "L40S_TYPES", "H200_TYPES", "rtx_pro_6000_host", "h200_sxm_host",
                           "h200_nvl_host", "l40s_branch_host", "L40S_TYPES_1153", "L40S_BRANCHES",
-                          "H200_SXM_TYPES", "H200_NVL_TYPES", "RTX_PRO_6000_TYPES")
+                          "H200_SXM_TYPES", "H200_NVL_TYPES", "RTX_PRO_6000_TYPES",
+                          "RTX_PRO_6000_MIG_TYPES", "H200_SXM_MIG_TYPES", "MigModel")
 
 
 def assign_vfio_type(host: FakeHost, vf_address: str, number: int,

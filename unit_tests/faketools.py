@@ -200,3 +200,58 @@ class Opened:
 
 
 OPENED = Opened()
+
+
+NVIDIA_SMI = '''#!{python}
+"""Stand-in nvidia-smi: the MIG-mode query and -mig 1 (only what the charm runs)."""
+import json, os, re, sys
+STATE = {state!r}
+args = sys.argv[1:]
+log = os.environ.get("FAKE_LOG")
+if log:
+    with open(log, "a") as handle:
+        handle.write("nvidia-smi " + " ".join(args) + "\\n")
+state = json.load(open(STATE))
+
+def smi(address):
+    domain, rest = address.split(":", 1)
+    return "%08X:%s" % (int(domain, 16), rest.upper())
+
+def sysfs(bus_id):
+    m = re.fullmatch(r"([0-9A-Fa-f]{{4,8}}):(..):(..)\\.([0-7])", bus_id)
+    return m and "%04x:%s:%s.%s" % (int(m.group(1), 16), m.group(2).lower(), m.group(3).lower(),
+                                    m.group(4))
+
+if args[:1] and args[0].startswith("--query-gpu=pci.bus_id,mig.mode.current"):
+    for address in sorted(state):
+        print("%s, %s, %s" % (smi(address), state[address]["current"], state[address]["pending"]))
+    sys.exit(0)
+if len(args) == 4 and args[0] == "-i" and args[2] == "-mig" and args[3] == "1":
+    address = sysfs(args[1])
+    if address not in state:
+        print("No devices were found")
+        sys.exit(6)
+    gpu = state[address]
+    gpu["pending"] = "Enabled"
+    if gpu.get("hold"):
+        # NVIDIA's MIG user guide, "Enable MIG Mode": the pending-state warning.
+        why = ":In use by another client" if gpu.get("busy") else ""
+        print("Warning: MIG mode is in pending enable state for GPU %s%s" % (smi(address), why))
+        print("%s is currently being used by one or more other processes (e.g. CUDA application "
+              "or a monitoring application such as another instance of nvidia-smi). Please first "
+              "kill all processes using the device and retry the command or reboot the system to "
+              "make MIG mode effective." % smi(address))
+    else:
+        gpu["current"] = "Enabled"
+        print("Enabled MIG Mode for GPU %s" % smi(address))
+    print("All done.")
+    json.dump(state, open(STATE, "w"))
+    sys.exit(0)
+print("nvidia-smi stand-in: not modelled: %s" % " ".join(args), file=sys.stderr)
+sys.exit(2)
+'''
+
+
+def nvidia_smi(state: Path) -> str:
+    """The stand-in nvidia-smi's text: MIG modes in ``state`` (JSON ``{address: {current, pending}}``)."""
+    return NVIDIA_SMI.format(python=sys.executable, state=str(state))

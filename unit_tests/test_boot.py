@@ -294,3 +294,31 @@ def test_a_charm_path_systemd_would_split_is_refused(monkeypatch):
     monkeypatch.setattr(sriov, "BOOT_SCRIPT", "/var/lib/juju/agents/unit x/charm/src/vgpu_boot.py")
     with pytest.raises(SriovError, match="unusual characters"):
         sriov.render_unit()
+
+
+def test_mig_backed_profiles_are_restored_by_name_larger_first(root, tools, journal):
+    from unit_tests.fakehost import h200_sxm_host
+
+    host = h200_sxm_host(root, enabled=False, vfs=4, mig="Enabled")
+    host.install_sriov_manage()
+    tools.set_active(MGR)
+    gpu_a = "0000:18:00.0"
+    # virtfn0 takes the 3g, virtfn1 the 4g: written in virtfn order the 3g would take
+    # start 0, the 4g's only one.
+    assert boot.restore(data(gpu(gpu_a, ["NVIDIA H200X-3-71C", "H200X-4-71C"]))) == 0
+    assert types_of(root, gpu_a, 3) == [1417, 1418, 0]
+    assert (root / "sys/bus/pci/devices/0000:18:00.5/nvidia/gpu_instance_id").read_text() == "1\n"
+
+
+def test_mig_backed_profiles_out_of_mig_mode_say_what_turns_it_on(root, tools, journal):
+    from unit_tests.fakehost import h200_sxm_host
+
+    host = h200_sxm_host(root, enabled=False, vfs=2, mig="Disabled")
+    host.install_sriov_manage()
+    tools.set_active(MGR)
+    assert boot.restore(data(gpu("0000:18:00.0", ["H200X-1-18C"]))) == 1
+    assert current(root, "0000:18:00.4") == 0
+    assert ("GPU 0000:18:00.0: VF 0000:18:00.4 (virtfn0): VF 0000:18:00.4 holds 0 after writing "
+            "1414; MIG-backed H200X-1-18C needs MIG mode on GPU 0000:18:00.0: run the charm's "
+            "enable-mig action (nvidia-smi -i 00000000:18:00.0 -mig 1)") in said(journal)
+    assert host.mig_mode("0000:18:00.0")["current"] == "Disabled"

@@ -85,13 +85,13 @@ def test_a_name_that_matches_two_types_is_refused_and_the_full_name_picks_one(ro
     assert build("{NVIDIA A100-20C: [c1:00.0]}").mdev_mapping() == {"nvidia-480": ("0000:c1:00.0",)}
 
 
-def test_mig_backed_profiles_are_refused_clearly(root):
+def test_mig_backed_profiles_on_mediated_devices_are_refused_clearly(root):
     a100_host(root)
     for text in ("{A100-4-20C: ['41:00.0']}", "{nvidia-699: all}"):
         assert build(text).errors == (
             f"{'A100-4-20C' if 'A100' in text else 'nvidia-699'}: GRID A100-4-20C (nvidia-699) on "
-            "0000:41:00.0 (A100 PCIe 40GB) is MIG-backed; this charm configures time-sliced "
-            "profiles only",)
+            "0000:41:00.0 (A100 PCIe 40GB) is MIG-backed; this charm configures MIG-backed "
+            "profiles on NVIDIA's vendor-specific VFIO framework only (Hopper, Blackwell)",)
 
 
 def test_one_gpu_takes_one_profile(root):
@@ -488,3 +488,89 @@ def test_h200_sxm_and_nvl_profiles(root, make, key, count):
     other = "H200-35C" if key.startswith("H200X") else "H200X-35C"
     assert build(f"{{{other}: all}}", EPOXY).notes == (
         f"{other}: no GPU on this host offers it, nothing published for it",)
+
+
+# -- MIG-backed profiles (vendor-specific VFIO) ---------------------------------------------
+
+H200_A, H200_B = "0000:18:00.0", "0000:2a:00.0"
+
+
+def mig_build(text, pci_in_placement=True):
+    """Several profiles of one model tell apart only by resource class: pci-in-placement on."""
+    checked = mappings.check_text(text)
+    assert checked.ok, checked.errors
+    return plan.build(checked.mapping, pci.discover(), EPOXY, pci_in_placement=pci_in_placement)
+
+
+def test_mig_backed_profiles_take_as_many_vfs_as_the_profile_fits(root):
+    h200_sxm_host(root, mig="Enabled")  # 8 VFs per GPU
+    one = mig_build("{H200X-1-18C: [18:00.0], H200X-3-71C: [2a:00.0]}")
+    assert one.errors == ()
+    assert [a.address for a in one.assignments if a.gpu == H200_A] == list(vfs(H200_A, 7))
+    assert [a.address for a in one.assignments if a.gpu == H200_B] == list(vfs(H200_B, 2))
+    assert {a.resource_class for a in one.assignments} == {"CUSTOM_VGPU_H200X_1_18C",
+                                                           "CUSTOM_VGPU_H200X_3_71C"}
+    assert len(mig_build("{NVIDIA H200X-7-141C: all}").assignments) == 2  # one per GPU
+
+
+def test_a_gpu_serves_time_sliced_or_mig_backed_profiles_never_both(root):
+    h200_sxm_host(root, mig="Disabled")  # out of MIG mode, the fixture lists both kinds
+    for text, timed in (("{H200X-18C: [18:00.0], H200X-1-18C: [18:00.5]}", "H200X-18C"),
+                        ("{H200X-1-18C: [18:00.4], H200X-35C: [18:00.0]}", "H200X-35C")):
+        assert mig_build(text).errors == (
+            f"GPU 0000:18:00.0 is mapped to both time-sliced {timed} and MIG-backed H200X-1-18C: "
+            "one GPU serves either time-sliced or MIG-backed profiles, never both",)
+
+
+def test_several_mig_backed_profiles_share_a_gpu_where_placements_allow(root):
+    h200_sxm_host(root, mig="Enabled")
+    a, b, c = vfs(H200_A, 3)
+    ok = mig_build(f"{{H200X-4-71C: ['{a}'], H200X-3-71C: ['{b}']}}")
+    assert ok.errors == () and [x.name for x in ok.assignments] == [
+        "NVIDIA H200X-4-71C", "NVIDIA H200X-3-71C"]
+    refused = mig_build(f"{{H200X-4-71C: ['{a}'], H200X-3-71C: ['{b}', '{c}']}}")
+    assert refused.errors == (
+        "GPU 0000:18:00.0 (H200 SXM 141GB): 2 x H200X-3-71C, 1 x H200X-4-71C need GPU instances "
+        "2 x 3g.71gb, 1 x 4g.71gb, which NVIDIA's MIG placements on H200 141GB (7 compute "
+        "slices) do not allow together",)
+    assert refused.assignments == ()
+    assert mig_build(f"{{H200X-4-71C: ['{a}'], H200X-3-71C: ['{b}']}}", False).errors == (
+        "profiles H200X-3-71C, H200X-4-71C share VF product id 2335, which a PCI alias by vendor "
+        "and product id cannot tell apart: map one profile per GPU model or set "
+        "pci-in-placement=true",)
+
+
+def test_mig_backed_sharing_needs_vfs_one_by_one_and_counts_are_kept(root):
+    h200_sxm_host(root, mig="Enabled")
+    assert mig_build(f"{{H200X-4-71C: [18:00.0], H200X-3-71C: ['{vfs(H200_A, 6)[5]}']}}",
+                 EPOXY).errors == (
+        "GPU 0000:18:00.0 is mapped whole to MIG-backed H200X-3-71C, H200X-4-71C: map the VFs of "
+        "each profile one by one to share a GPU between MIG-backed profiles",)
+    assert mig_build(f"{{H200X-3-71C: {list(vfs(H200_A, 3))}}}").errors == (
+        "H200X-3-71C: 3 virtual functions of GPU 0000:18:00.0 are mapped but H200X-3-71C fits 2 "
+        "per GPU (2 x 3g.71gb GPU instances, 1 each)",)
+    first = vfs(H200_A, 1)[0]
+    assert mig_build(f"{{H200X-1-18C: ['{first}'], H200X-2-35C: ['{first}']}}").errors == (
+        f"H200X-2-35C: VF {first} is mapped to both H200X-1-18C and H200X-2-35C",)
+
+
+def test_mig_backed_on_the_rtx_pro_6000_by_nvidia_names(root):
+    rtx_pro_6000_host(root, vfs=16, gpus=1, mig="Enabled")
+    gpu = "0000:42:00.0"
+    first = vfs(gpu, 4, first=2)
+    whole = mig_build("{DC-1-24Q: [42:00.0]}")
+    assert [a.address for a in whole.assignments] == list(first)
+    shared = mig_build(f"{{DC-1-24Q: ['{first[0]}', '{first[1]}'], "
+                   f"'NVIDIA RTX Pro 6000 Blackwell DC-2-48Q': ['{first[2]}']}}")
+    assert shared.errors == ()
+    assert len(mig_build("{DC-1-8Q: all}").assignments) == 12  # 3 per 1g.24gb, 4 instances
+
+
+def test_mig_backed_profiles_need_a_table_for_the_gpu_model(root):
+    host = h200_sxm_host(root, mig="Enabled", vfs=2)
+    # The same types on a model the charm has no MIG geometry for (device id changed).
+    for address in ("0000:18:00.0", "0000:2a:00.0"):
+        (host.bus / address / "device").resolve().write_text("0x2330\n")
+    assert mig_build("{H200X-1-18C: [18:00.0]}").errors == (
+        "GPU 0000:18:00.0 (NVIDIA 0x2330, device 0x2330): the charm has no MIG table for this "
+        "model, so MIG-backed H200X-1-18C cannot be counted",)

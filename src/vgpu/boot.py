@@ -231,8 +231,30 @@ def _restore_gpu(gpu: GpuPlan, until: float, limits: Limits) -> str:
         log.info("GPU %s: %d virtual functions there already", gpu.address, present)
     elif not _enable(gpu.address, entry, until, limits):
         return FAILED
-    results = [_give(gpu.address, entry, vf, until, limits.poll) for vf in gpu.vfs]
+    results = [_give(gpu.address, entry, vf, until, limits.poll) for vf in _mig_first(gpu.vfs)]
     return RESTORED if all(results) else FAILED
+
+
+def _mig_first(vfs: Sequence[VfPlan]) -> List[VfPlan]:
+    """Larger MIG-backed profiles first (their GPU instances have fewer starts), as on hooks.
+
+    See :func:`vgpu.vfio.write_order`; time-sliced profiles keep virtfn order.
+    """
+    return sorted(vfs, key=lambda vf: (-getattr(pci.profile(vf.name), "slices", 0), vf.virtfn))
+
+
+def _mig_hint(gpu: str, name: str) -> str:
+    """What a MIG-backed profile that failed needs; '' for a time-sliced one.
+
+    MIG mode may not survive a reboot (NVIDIA/gpu-operator issue 2600 on
+    Hopper); the boot step never changes it: the charm's enable-mig action does.
+    """
+    from . import mig
+
+    if mig.mig_profile(name) is None:
+        return ""
+    return (f"; MIG-backed {pci.profile_name(name)} needs MIG mode on GPU {gpu}: run the "
+            f"charm's enable-mig action ({mig.enable_command(gpu)})")
 
 
 def _vf_count(entry: str) -> int:
@@ -274,6 +296,7 @@ def _give(gpu: str, entry: str, vf: VfPlan, until: float, poll: float) -> bool:
         log.error("GPU %s: has no virtfn%d: %s not given", gpu, vf.virtfn, vf.name)
         return False
     where = f"GPU {gpu}: VF {address} (virtfn{vf.virtfn})"
+    hint = _mig_hint(gpu, vf.name)
     while True:
         try:
             holds = vfio.held(address)
@@ -285,23 +308,24 @@ def _give(gpu: str, entry: str, vf: VfPlan, until: float, poll: float) -> bool:
             log.info("%s holds nvidia-%d already: left as it is", where, holds)
             return True
         if listed:
-            return _write(where, address, vf, listed)
+            return _write(where, address, vf, listed, hint)
         if (listed is not None and _siblings_hold(entry)) or time.monotonic() + poll > until:
-            log.error("%s %s: %s not given", where, why, vf.name)
+            log.error("%s %s: %s not given%s", where, why, vf.name, hint)
             return False
         time.sleep(poll)
 
 
-def _write(where: str, address: str, vf: VfPlan, listed: Sequence[pci.VgpuType]) -> bool:
+def _write(where: str, address: str, vf: VfPlan, listed: Sequence[pci.VgpuType],
+           hint: str = "") -> bool:
     found = named(vf, listed)
     if found is None:
-        log.error("%s does not list %s; it lists %s", where, vf.name,
-                  ", ".join(pci.profile_name(t.name) for t in listed))
+        log.error("%s does not list %s; it lists %s%s", where, vf.name,
+                  ", ".join(pci.profile_name(t.name) for t in listed), hint)
         return False
     try:
         vfio.assign(address, found.number)
     except VfTypeError as error:
-        log.error("%s: %s", where, error)
+        log.error("%s: %s%s", where, error, hint)
         return False
     log.info("%s now holds %s (nvidia-%d)", where, found.name, found.number)
     return True

@@ -62,3 +62,7 @@ class VfTypeError(VgpuError):
 
 class PrincipalConfigError(VgpuError):
     """The principal's nova.conf cannot be parsed (oslo.config, so nova-compute, would refuse it)."""
+
+
+class MigError(VgpuError):
+    """MIG mode could not be read or changed (nvidia-smi missing, failing or silent)."""

@@ -353,7 +353,8 @@ class Profile(NamedTuple):
     model: str  # A100, RTX6000-Ada, RTX Pro 6000 Blackwell DC
     framebuffer_gb: int
     series: str  # Q, B, A, C (and CME on MIG-backed media profiles: A100-1-5CME)
-    mig: bool  # MIG-backed (A100-4-20C: 4 compute slices); not configured by this charm
+    mig: bool  # MIG-backed (A100-4-20C: 4 compute slices); see vgpu.mig
+    slices: int = 0  # a MIG-backed profile's compute slices (H200X-2-35C: 2); 0 when time-sliced
 
 
 # The one grammar of profile names, in two spellings of the same language: NAME_KEY (what
@@ -407,7 +408,8 @@ def profile(name: str) -> Optional[Profile]:
         return None
     series = match.group("series").upper()
     return Profile(name=short, model=match.group("model"), framebuffer_gb=int(match.group("fb")),
-                   series=series, mig=match.group("slices") is not None)
+                   series=series, mig=match.group("slices") is not None,
+                   slices=int(match.group("slices") or 0))
 
 
 def described_framebuffer_mb(description: str) -> Optional[int]:

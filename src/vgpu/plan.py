@@ -19,7 +19,9 @@ function by function, what Nova gets:
   given. The charm writes the type to each (see :mod:`vgpu.vfio`) and Nova
   takes them as PCI devices.
 
-A GPU takes one profile; MIG-backed profiles and mixed-size mode are refused.
+A GPU takes one time-sliced profile (mixed-size mode is refused), or one or
+more MIG-backed profiles (``H200X-1-18C``) where NVIDIA's MIG placements
+allow them together (see :mod:`vgpu.mig`), never both kinds.
 """
 
 import re
@@ -153,6 +155,7 @@ class _Draft:
             for function in (gpu.address, *(vf.address for vf in gpu.vfs)):
                 self.owner.setdefault(function, gpu)  # the first, as host.gpu() finds it
         self.types: Dict[str, Tuple[pci.VgpuType, ...]] = {}
+        self.mig = _MigClaims()  # GPU -> its MIG-backed profiles' claims (see vgpu.mig)
 
     def types_of(self, gpu: pci.Gpu) -> Tuple[pci.VgpuType, ...]:
         """What ``gpu`` offers: the learnt types when given, else what sysfs lists."""
@@ -197,6 +200,11 @@ class _Draft:
         if problem:
             self.errors.append(problem)
             return
+        problem = self.mig.claim(key, gpu, address, vgpu_type, self.chosen.get(gpu.address))
+        if problem is not None:
+            if problem:
+                self.errors.append(problem)
+            return
         held = self.chosen.setdefault(gpu.address, (vgpu_type, key, address))
         if held[0].number != vgpu_type.number:
             via = "" if address == gpu.address else f" (through {address})"
@@ -218,6 +226,10 @@ class _Draft:
             vgpu_type, key, _ = self.chosen[gpu.address]
             made, problems = _functions(gpu, vgpu_type, key, self.whole.get(gpu.address, False),
                                         self.explicit.get(gpu.address, []), self.types_of(gpu), release)
+            self.errors.extend(problems)
+            out.extend(made)
+        for gpu in self.host.gpus:
+            made, problems = self.mig.functions(gpu, release)
             self.errors.extend(problems)
             out.extend(made)
         return out
@@ -333,8 +345,8 @@ def option_problems(assignments: Sequence["Assignment"], release, *, pci_in_plac
 def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
     """(type, problem): the type ``key`` names on ``gpu``.
 
-    A type is returned with a problem when it exists but cannot be used (MIG-backed, or
-    one of two the key names).
+    A type is returned with a problem when it exists but cannot be used (one of two
+    the key names).
     """
     where = f"{gpu.address} ({gpu.model})"
     if not types and gpu.vfs and gpu.framework is None:
@@ -354,12 +366,7 @@ def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
         found, problem = _by_name(key, where, types)
         if problem:  # a key naming two types names something here: with `all` too, refused
             return (found[0] if found else None), problem
-    vgpu_type = found[0]
-    named = vgpu_type.profile
-    if named is not None and named.mig:
-        return vgpu_type, (f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {where} is MIG-backed; "
-                           "this charm configures time-sliced profiles only")
-    return vgpu_type, None
+    return found[0], None
 
 
 def _by_name(key: str, where: str, types: Sequence[pci.VgpuType]):
@@ -466,3 +473,125 @@ def _summary(items, limit: int = 4) -> str:
         return "none"
     shown = ", ".join(items[:limit])
     return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+
+
+# -- MIG-backed profiles ------------------------------------------------------------------
+
+class _MigClaim(NamedTuple):
+    """One MIG-backed profile claimed on one GPU: whole (by the GPU's address) or VF by VF."""
+
+    vgpu_type: pci.VgpuType
+    key: str
+    whole: bool = False
+    vfs: Tuple[str, ...] = ()
+
+
+class _MigClaims:
+    """The MIG-backed profiles each GPU is mapped to; counted from :mod:`vgpu.mig`'s tables.
+
+    A GPU serves time-sliced or MIG-backed profiles, never both; several
+    MIG-backed profiles share a GPU only VF by VF, and only where NVIDIA's
+    placements allow their GPU instances together. How many VFs a profile
+    takes comes from the profile and the GPU's geometry (``H200X-1-18C``: 7),
+    never from what the VFs list as creatable now.
+    """
+
+    def __init__(self):
+        self.claims: Dict[str, Dict[int, _MigClaim]] = {}
+
+    def claim(self, key: str, gpu: pci.Gpu, address: str, vgpu_type: pci.VgpuType,
+              time_sliced: Optional[Tuple[pci.VgpuType, str, str]]) -> Optional[str]:
+        """None: not MIG-backed on a GPU without MIG claims; '' claimed; else why refused."""
+        from . import mig
+
+        mine = self.claims.get(gpu.address, {})
+        profile = mig.mig_profile(vgpu_type.name)
+        other = time_sliced[0] if time_sliced is not None else None
+        if profile is None and mine:
+            other = next(iter(mine.values())).vgpu_type
+        if other is not None and (profile is not None or mine):
+            timed, backed = (vgpu_type, other) if profile is None else (other, vgpu_type)
+            return (f"GPU {gpu.address} is mapped to both time-sliced "
+                    f"{pci.profile_name(timed.name)} and MIG-backed "
+                    f"{pci.profile_name(backed.name)}: one GPU serves either time-sliced or "
+                    "MIG-backed profiles, never both")
+        if profile is None:
+            return None
+        if gpu.framework != pci.VFIO:
+            return (f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {gpu.address} ({gpu.model}) is "
+                    "MIG-backed; this charm configures MIG-backed profiles on NVIDIA's "
+                    "vendor-specific VFIO framework only (Hopper, Blackwell)")
+        held = mine.get(vgpu_type.number, _MigClaim(vgpu_type, key))
+        held = (held._replace(whole=True) if address == gpu.address
+                else held._replace(vfs=held.vfs + (address,)))
+        self.claims.setdefault(gpu.address, {})[vgpu_type.number] = held
+        return ""
+
+    def functions(self, gpu: pci.Gpu, release) -> Tuple[List[Assignment], List[str]]:
+        """The VFs each MIG-backed profile of ``gpu`` takes, or why they cannot."""
+        from . import mig
+
+        mine = self.claims.get(gpu.address)
+        if not mine:
+            return [], []
+        claims = [mine[n] for n in sorted(mine)]
+        problem = _mig_gpu_problem(gpu, claims, release)
+        if problem:
+            return [], [problem]
+        shape = mig.geometry(gpu)
+        made: List[Assignment] = []
+        problems: List[str] = []
+        taken: Dict[str, str] = {}
+        counts: Dict[pci.Profile, int] = {}
+        for held in claims:
+            vfs, why = _mig_vfs(gpu, held, shape, taken)
+            problems.extend(why)
+            named = held.vgpu_type.profile
+            if named is not None:
+                counts[named] = len(vfs)
+            made.extend(Assignment(gpu.address, vf.address, held.vgpu_type.number,
+                                   held.vgpu_type.name, pci.VFIO, _hex4(vf.device_id))
+                        for vf in vfs)
+        if not problems:
+            problems.extend(p for p in [mig.together_problem(gpu, counts)] if p)
+        return ([] if problems else made), problems
+
+
+def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:
+    """Why none of ``gpu``'s MIG-backed profiles can be planned: Nova, geometry, sharing."""
+    from . import mig
+
+    names = ", ".join(pci.profile_name(c.vgpu_type.name) for c in claims)
+    if release is not None and not release.managed_no:
+        return (f"GPU {gpu.address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO framework, "
+                f"which needs Nova 31 (2025.1 epoxy) or later; this host runs {release}")
+    if mig.geometry(gpu) is None:
+        return (f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the charm has no MIG "
+                f"table for this model, so MIG-backed {names} cannot be counted")
+    if len(claims) > 1 and any(c.whole for c in claims):
+        return (f"GPU {gpu.address} is mapped whole to MIG-backed {names}: map the VFs of each "
+                "profile one by one to share a GPU between MIG-backed profiles")
+    return ""
+
+
+def _mig_vfs(gpu: pci.Gpu, held: _MigClaim, shape, taken: Dict[str, str]):
+    """(VFs, problems): the VFs one MIG-backed profile takes; ``taken`` records VF -> profile."""
+    from . import mig
+
+    name = pci.profile_name(held.vgpu_type.name)
+    named = held.vgpu_type.profile
+    found = mig.slot(shape, named) if named is not None else None
+    if found is None:
+        return [], [f"{held.key}: {name} fits no GPU instance profile of {shape.model} "
+                    f"(GPU {gpu.address})"]
+    chosen = [vf for vf in gpu.vfs if vf.address not in taken][:found.fits] if held.whole else []
+    chosen += [vf for vf in (gpu.function(a) for a in held.vfs) if vf not in chosen]
+    problems = [f"{held.key}: VF {vf.address} is mapped to both {taken[vf.address]} and {name}"
+                for vf in chosen if taken.get(vf.address, name) != name]
+    taken.update((vf.address, name) for vf in chosen)
+    if len(chosen) > found.fits:
+        problems.append(
+            f"{held.key}: {len(chosen)} virtual functions of GPU {gpu.address} are mapped but "
+            f"{name} fits {found.fits} per GPU ({found.instance.most} x {found.instance.name} "
+            f"GPU instances, {found.per_instance} each)")
+    return sorted(chosen, key=lambda vf: vf.index), problems

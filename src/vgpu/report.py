@@ -44,8 +44,9 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
         types: Dict[str, dict] = {}
         for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
             entry = _type_entry(gpu, vgpu_type, mdev_class, pci_in_placement, live_migration)
+            entry.update(_mig_entry(gpu, vgpu_type))
             for key, value in (("framebuffer-mb", vgpu_type.framebuffer_mb),
-                               ("max-instances", vgpu_type.max_instances),
+                               ("max-instances", _most(gpu, vgpu_type)),
                                ("available-instances", _available(gpu, vgpu_type))):
                 if value is not None:
                     entry[key] = str(value)
@@ -59,6 +60,7 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
         }
         if gpu.sriov:
             result["virtual-functions"] = ",".join(vf.address for vf in gpu.vfs) or "none enabled"
+        result.update(_gpu_instances(gpu))
         out[f"gpu-{index}"] = result
     return out
 
@@ -117,7 +119,7 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
             rows.append([
                 gpu.address, gpu.model, vgpu_type.id, vgpu_type.name,
                 f"{fb} MiB" if fb is not None else "-",
-                _text(vgpu_type.max_instances), _text(_available(gpu, vgpu_type)),
+                _text(_most(gpu, vgpu_type)), _text(_available(gpu, vgpu_type)),
                 flavor_property(vgpu_type, gpu.framework, mdev_class),
             ])
             if gpu.framework == VFIO and gpu.vfs:
@@ -129,6 +131,43 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     body = table.render(rows[0], rows[1:], what="types",
                         max_bytes=table.MAX_TABLE_BYTES - len(footer.encode()))
     return body + footer
+
+
+def _mig_entry(gpu, vgpu_type: VgpuType) -> Dict[str, str]:
+    """A MIG-backed type's compute slices and the GPU instance profile it sits on (vgpu.mig)."""
+    from . import mig
+
+    named = mig.mig_profile(vgpu_type.name)
+    if named is None:
+        return {}
+    shape = mig.geometry(gpu)
+    found = mig.slot(shape, named) if shape is not None else None
+    entry = {"mig-slices": str(named.slices)}
+    if found is not None:
+        entry["gpu-instance-profile"] = (f"{found.instance.name} (at most {found.instance.most}, "
+                                         f"{found.per_instance} vGPU each)")
+    return entry
+
+
+def _most(gpu, vgpu_type: VgpuType):
+    """How many of the type one GPU holds: the mdev description's, or a MIG-backed profile's."""
+    if vgpu_type.max_instances is not None:
+        return vgpu_type.max_instances
+    from . import mig
+
+    named = mig.mig_profile(vgpu_type.name)
+    return mig.fits(gpu, named) if named is not None else None
+
+
+def _gpu_instances(gpu) -> Dict[str, str]:
+    """``gpu-instances``: each VF's GPU instance (``nvidia/gpu_instance_id``), where one is held."""
+    if gpu.framework != VFIO:
+        return {}
+    from . import mig
+
+    held = [(vf.address, mig.instance_id(vf.address)) for vf in gpu.vfs if vf.current_type]
+    shown = [f"{address}={gi}" for address, gi in held if gi is not None]
+    return {"gpu-instances": ",".join(shown)} if shown else {}
 
 
 def _alias_lines(aliases: List[str]) -> str:

@@ -65,6 +65,8 @@ class VgpuUse(NamedTuple):
     framebuffer_mb: Optional[int]
     edition: str  # EDITIONS value, or "unknown"
     mdev_uuid: str = ""
+    mig_slices: int = 0  # a MIG-backed profile's compute slices (H200X-2-35C: 2)
+    gpu_instance: str = ""  # its VF's nvidia/gpu_instance_id, where one is held
 
 
 class Capacity(NamedTuple):
@@ -169,7 +171,17 @@ def _vfio_use(host: pci.Host, domain: guests.Domain, address: str, learnt: catal
     return _use(domain, address=address, gpu=gpu.address, framework=pci.VFIO,
                 type_id=f"nvidia-{number}", profile=profile or f"nvidia-{number}",
                 name_known=bool(name), framebuffer_mb=framebuffer_of(profile or ""),
-                edition=edition_of(profile or ""))
+                edition=edition_of(profile or ""), **_mig_fields(address, profile))
+
+
+def _mig_fields(address: str, profile: Optional[str]) -> Dict[str, object]:
+    """A MIG-backed vGPU's slices and GPU instance (``nvidia/gpu_instance_id``); {} otherwise."""
+    from . import mig
+
+    named = mig.mig_profile(profile or "")
+    if named is None:
+        return {}
+    return {"mig_slices": named.slices, "gpu_instance": mig.instance_id(address) or ""}
 
 
 def mdev_device(uuid: str) -> Optional[Tuple[str, str, str]]:
@@ -219,7 +231,7 @@ def results(uses: Sequence[VgpuUse]) -> Dict[str, object]:
         "vgpus": {f"vgpu-{n}": _entry(use) for n, use in enumerate(uses)},
     }
     rows = [[u.project_name or u.project_id or "unknown", u.instance_uuid, u.domain, u.state,
-             u.address, u.type_id, u.profile + ("" if u.name_known else "?"),
+             u.address, u.type_id, u.profile + ("" if u.name_known else "?") + _mig_cell(u),
              f"{u.framebuffer_mb} MiB" if u.framebuffer_mb else "-", u.edition] for u in uses]
     out["table"] = (table.render(["PROJECT", "INSTANCE", "DOMAIN", "STATE", "ADDRESS", "TYPE",
                                   "PROFILE", "FRAMEBUFFER", "EDITION"], rows, what="vGPUs")
@@ -245,7 +257,18 @@ def _entry(use: VgpuUse) -> Dict[str, str]:
     }
     if use.mdev_uuid:
         entry["mdev"] = use.mdev_uuid
+    if use.mig_slices:
+        entry["mig-slices"] = str(use.mig_slices)
+        entry["gpu-instance"] = use.gpu_instance or "unknown"
     return entry
+
+
+def _mig_cell(use: VgpuUse) -> str:
+    """`` (2 slices, GI 3)`` after a MIG-backed vGPU's profile in the table, '' otherwise."""
+    if not use.mig_slices:
+        return ""
+    slices = f"{use.mig_slices} slice{'s' if use.mig_slices != 1 else ''}"
+    return f" ({slices}, GI {use.gpu_instance or '?'})"
 
 
 def _summary(uses: Sequence[VgpuUse], running: int, editions: Mapping[str, int]) -> str:

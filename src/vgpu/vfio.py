@@ -55,7 +55,8 @@ def ensure_types(plan, host: pci.Host) -> List[str]:
         if current and current != target:
             _write(address, 0)
             done.append(f"{address}: released nvidia-{current}")
-    for address, (_, target) in sorted(changes.items()):
+    for address in write_order(plan, changes):
+        target = changes[address][1]
         if not target:
             continue
         creatable = pci.parse_creatable(_read(address, "creatable_vgpu_types"))
@@ -67,6 +68,18 @@ def ensure_types(plan, host: pci.Host) -> List[str]:
     for line in done:
         log.info("vGPU type %s", line)
     return done
+
+
+def write_order(plan, changes) -> List[str]:
+    """The VFs to give types, larger MIG-backed profiles first, then in address order.
+
+    A MIG-backed vGPU's GPU instance is placed when its VF takes the type; a small
+    one first can take the only start a larger one has (a 3g at 0 leaves no room
+    for a 4g), so the larger are written first (inferred from NVIDIA's placement
+    table, see :mod:`vgpu.mig`). Time-sliced types keep address (virtfn) order.
+    """
+    slices = {a.address: getattr(pci.profile(a.name), "slices", 0) for a in plan.vfio()}
+    return sorted(changes, key=lambda address: (-slices.get(address, 0), address))
 
 
 def creatable(address: str) -> Tuple[pci.VgpuType, ...]:

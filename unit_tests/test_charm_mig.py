@@ -1,0 +1,191 @@
+"""MIG-backed vGPUs through the charm (ops.testing) on the VFIO framework.
+
+Hosts: the RTX PRO 6000 and H200 SXM fixtures in their MIG-backed form, MIG
+mode kept by the stand-in nvidia-smi, GPU instances by the fixture's kernel
+model. Checked: the status, the current_vgpu_type and gpu_instance_id files,
+the relation data as nova-compute renders it, nvidia-smi's calls, the
+enable-mig action and the guards of the time-sliced path.
+"""
+
+import json
+
+import pytest
+from ops import testing
+
+from unit_tests import debs, principal
+from unit_tests.fakehost import h200_sxm_host, rtx_pro_6000_host
+from unit_tests.libvirt import running_guest
+from unit_tests.test_charm import install_driver, ours, state
+from unit_tests.test_charm_sriov import again
+
+MGR = "nvidia-vgpu-mgr"
+GPU, OTHER = "0000:42:00.0", "0000:8c:00.0"
+VF = [f"0000:42:00.{n}" for n in range(2, 8)] + ["0000:42:01.0", "0000:42:01.1"]
+UNIT = "nova-compute-nvidia-vgpu/0"
+SMI = "nvidia-smi --query-gpu=pci.bus_id,mig.mode.current,mig.mode.pending --format=csv,noheader"
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory):
+    return debs.host_driver(tmp_path_factory.mktemp("debs"))
+
+
+def ready(host, root, tools, deb):
+    install_driver(root, deb)
+    host.loaded_driver(debs.OLD)  # the package's version: no reboot pending
+    host.install_sriov_manage()
+    tools.set_active(MGR)
+    tools.set_active("nvidia-vgpud")
+    return host
+
+
+def rtx(root, tools, deb, mode="Enabled"):
+    return ready(rtx_pro_6000_host(root, vfs=8, gpus=2, mig=mode), root, tools, deb)
+
+
+def nvidia(root, vf: str, name: str) -> str:
+    path = root / f"sys/bus/pci/devices/{vf}/nvidia/{name}"
+    return path.read_text().strip() if path.exists() else "absent"
+
+
+def specs(out):
+    return [json.loads(v) for k, v in principal.nova_context(ours(out))["sections"]["pci"]
+            if k == "device_spec"]
+
+
+def smi_calls(tools):
+    return [c for c in tools.calls() if c.startswith("nvidia-smi")]
+
+
+def test_a_mig_backed_profile_is_written_and_published_like_a_time_sliced_one(ctx, root, tools,
+                                                                             deb):
+    rtx(root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{DC-1-24Q: ['42:00.0']}"}, resource=deb))
+    rc = "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_1_24Q"
+    assert out.unit_status == testing.ActiveStatus(
+        f"2 GPUs (RTX PRO 6000 Blackwell Server Edition), {rc} on 4; {rc}: 0 used, 4 free")
+    # 4 x 1g.24gb: four VFs, each in its own GPU instance; the rest stay free.
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:5]] == ["2033"] * 4 + ["0"]
+    assert [nvidia(root, vf, "gpu_instance_id") for vf in VF[:5]] == ["1", "2", "3", "4", "absent"]
+    assert [s["address"] for s in specs(out)] == VF[:4]
+    assert {s["resource_class"] for s in specs(out)} == {rc}
+    assert smi_calls(tools) == [SMI]
+    boot = json.loads((root / "var/lib/nova-compute-nvidia-vgpu/boot.json").read_text())
+    assert [v["name"] for v in boot["gpus"][0]["vfs"]] == [
+        "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q"] * 4
+
+
+def test_a_gpu_out_of_mig_mode_blocks_naming_the_command_and_changes_nothing(ctx, root, tools,
+                                                                            deb):
+    host = rtx(root, tools, deb, mode="Disabled")
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{DC-1-24Q: ['42:00.0']}"}, resource=deb))
+    assert out.unit_status == testing.BlockedStatus(
+        "GPU 0000:42:00.0 is not in MIG mode, which MIG-backed DC-1-24Q (vgpu-device-mappings) "
+        f"need: juju run {UNIT} enable-mig gpu=0000:42:00.0 (it runs nvidia-smi -i "
+        "00000000:42:00.0 -mig 1)")
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in VF] == ["0"] * 8
+    assert "subordinate_configuration" not in ours(out)
+    assert host.mig_mode(GPU)["current"] == "Disabled"  # hooks never change MIG mode
+    assert smi_calls(tools) == [SMI]
+    # A pending mode asks for a reset or a reboot instead.
+    host.install_nvidia_smi({GPU: "Disabled", OTHER: "Disabled"})
+    state_file = host.recipes.parent / "nvidia-smi.json"
+    modes = json.loads(state_file.read_text())
+    modes[GPU]["pending"] = "Enabled"
+    state_file.write_text(json.dumps(modes))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert "enabling it waits for a reset; reset the GPU (nvidia-smi -r -i 00000000:42:00.0" \
+        in out.unit_status.message
+
+
+def test_update_status_asks_nvidia_smi_only_while_a_mig_profile_is_mapped(ctx, root, tools, deb):
+    rtx(root, tools, deb, mode="Disabled")
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{DC-8Q: ['42:00.0']}"}, resource=deb))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active"
+    assert smi_calls(tools) == []
+
+
+def test_enable_mig_turns_the_mode_on_and_the_waiting_mapping_applies(ctx, root, tools, deb):
+    host = rtx(root, tools, deb, mode="Disabled")
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{DC-1-24Q: ['42:00.0']}"}, resource=deb))
+    assert first.unit_status.name == "blocked"
+    out = ctx.run(ctx.on.action("enable-mig", params={"gpu": "00000000:42:00.0"}), again(first))
+    assert ctx.action_results == {
+        "gpu": GPU, "command": "nvidia-smi -i 00000000:42:00.0 -mig 1",
+        "output": "Enabled MIG Mode for GPU 00000000:42:00.0\nAll done.",
+        "reset-required": "no", "message": "MIG mode enabled on GPU 0000:42:00.0"}
+    assert host.mig_mode(GPU)["current"] == "Enabled" and host.mig_mode(OTHER)["current"] == "Disabled"
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:4]] == ["2033"] * 4
+    assert out.unit_status.name == "active"
+    ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), again(out))
+    assert ctx.action_results["message"] == "GPU 0000:42:00.0 is in MIG mode already; nothing run"
+
+
+def test_enable_mig_says_when_a_reset_or_reboot_is_needed(ctx, root, tools, deb):
+    host = rtx(root, tools, deb, mode="busy")
+    ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
+    assert ctx.action_results["reset-required"] == "yes"
+    assert ctx.action_results["message"] == (
+        "MIG mode is pending on GPU 0000:42:00.0: reset the GPU (nvidia-smi -r -i "
+        "00000000:42:00.0, no guest or process on it) or reboot the host")
+    assert "pending enable state" in ctx.action_results["output"]
+    assert host.mig_mode(GPU) == {"current": "Disabled", "pending": "Enabled", "hold": True,
+                                  "busy": True}
+
+
+def test_enable_mig_is_refused_while_a_guest_holds_a_vgpu_on_that_gpu(ctx, root, tools, deb):
+    host = rtx(root, tools, deb, mode="Disabled")
+    running_guest(root, "instance-00000001", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a01",
+                  pci_address=VF[3])
+    with pytest.raises(testing.ActionFailed, match="MIG mode not enabled: 1 running guest.s. use "
+                                                   "vGPUs: instance-00000001"):
+        ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
+    assert host.mig_mode(GPU)["current"] == "Disabled"
+    assert [c for c in smi_calls(tools) if "-mig" in c] == []
+    with pytest.raises(testing.ActionFailed, match="0000:99:00.0 is not an NVIDIA GPU on this host"):
+        ctx.run(ctx.on.action("enable-mig", params={"gpu": "99:00.0"}), state(resource=deb))
+
+
+def test_several_mig_profiles_share_a_gpu_and_guests_keep_theirs(ctx, root, tools, deb):
+    ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    a, b, c = "0000:18:00.4", "0000:18:00.5", "0000:18:00.6"
+    mapping = f"{{H200X-3-71C: ['{a}'], H200X-4-71C: ['{b}']}}"
+    config = {"vgpu-device-mappings": mapping, "pci-in-placement": True}
+    out = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    # The 4g is written first, though on the later VF (its only start is 0); the 3g then
+    # starts at 4. In address order the 3g would take 0 and leave the 4g nowhere.
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b, c)] == ["1417", "1418", "0"]
+    assert [nvidia(root, vf, "gpu_instance_id") for vf in (a, b)] == ["2", "1"]
+    running_guest(root, "instance-00000002", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a02",
+                  pci_address=b)
+    changed = dict(config, **{"vgpu-device-mappings": "{H200X-1-18C: ['18:00.0']}"})
+    out = ctx.run(ctx.on.config_changed(), again(out, changed))
+    assert out.unit_status.name == "blocked"
+    assert "guest(s) use vGPUs: instance-00000002" in out.unit_status.message
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b)] == ["1417", "1418"]
+
+
+def test_list_vgpu_types_and_vgpu_usage_show_slices_and_gpu_instances(ctx, root, tools, deb):
+    rtx(root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{DC-2-12Q: ['42:00.0']}"}, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    ctx.run(ctx.on.action("list-vgpu-types"), out)
+    gpu = ctx.action_results["gpus"]["gpu-0"]
+    entry = gpu["types"]["nvidia-2034"]
+    # 2 x 2g.48gb instances, 4 DC-2-12Q each: 8 per GPU, from the profile, not from sysfs.
+    assert (entry["mig-slices"], entry["max-instances"], entry["gpu-instance-profile"]) == (
+        "2", "8", "2g.48gb (at most 2, 4 vGPU each)")
+    assert gpu["gpu-instances"] == ",".join(f"{vf}={1 + n // 4}" for n, vf in enumerate(VF))
+    running_guest(root, "instance-00000003", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a03",
+                  pci_address=VF[5])
+    ctx.run(ctx.on.action("vgpu-usage"), out)
+    vgpu = ctx.action_results["vgpus"]["vgpu-0"]
+    assert (vgpu["address"], vgpu["mig-slices"], vgpu["gpu-instance"]) == (VF[5], "2", "2")
+    assert "RTX Pro 6000 Blackwell DC-2-12Q (2 slices, GI 2)" in ctx.action_results["table"]
