@@ -366,16 +366,19 @@ def test_shut_off_guests_hold_no_licence_and_say_so(root):
 
 
 def test_c_series_gpu_shared_by_projects_counts_once_here_and_in_each_project(root):
-    host = a100_host(root)
+    """41:00.0 carries both projects' vGPUs; globex also has 61:00.0 to itself."""
+    host = a100_host(root, gpus=2)
     host.add_mdev("0000:41:00.4", A100_10C, MDEV_A)
     host.add_mdev("0000:41:00.5", A100_10C, MDEV_B)
+    host.add_mdev("0000:61:00.4", A100_10C, MDEV_C)
     running_guest(root, "instance-000000a0", VM_1, mdev_uuid=MDEV_A)
-    running_guest(root, "instance-000000a1", VM_2, mdev_uuid=MDEV_B, project_id=OTHER_PROJECT,
-                  project_name="globex")
+    for name, uuid, mdev in (("instance-000000a1", VM_2, MDEV_B), ("instance-000000a2", VM_3, MDEV_C)):
+        running_guest(root, name, uuid, mdev_uuid=mdev, project_id=OTHER_PROJECT,
+                      project_name="globex")
     results = usage.results(usage.in_use(pci.discover()))
-    assert results["licences"]["virtual-compute-server"]["licences"] == "1"
+    assert results["licences"]["virtual-compute-server"]["licences"] == "2"
     assert {p["name"]: p["licences"] for p in results["projects"].values()} == {
-        PROJECT_NAME: {"virtual-compute-server": "1"}, "globex": {"virtual-compute-server": "1"}}
+        PROJECT_NAME: {"virtual-compute-server": "1"}, "globex": {"virtual-compute-server": "2"}}
     assert results["open-cases"] == {"case-0": (
         "C-series vGPUs of several projects share 0000:41:00.0: this host's total counts each GPU "
         "once and each project's count includes it; the guides do not split a per-GPU licence "
