@@ -330,7 +330,7 @@ def test_q_series_counts_one_licence_per_running_vm_however_many_vgpus_it_holds(
     running_guest(root, "instance-00000071", VM_2, mdev_uuid=MDEV_C)
     uses = usage.in_use(pci.discover())
     licence = by_edition(uses)["RTX Virtual Workstation"]
-    assert (licence.licences, licence.vgpus, licence.vms, licence.rule.exact) == (2, 3, 2, True)
+    assert (licence.licences, licence.vgpus, licence.vms, licence.rule.bound) == (2, 3, 2, usage.EXACT)
     assert usage.results(uses)["editions"] == {"rtx-virtual-workstation": "3"}  # vGPUs, as before
 
 
@@ -395,11 +395,11 @@ def test_vapps_users_are_invisible_to_the_host_so_vgpus_stand_in(root):
     running_guest(root, "instance-000000b1", VM_2, pci_address="0000:26:00.5")
     uses = usage.in_use(pci.discover())
     licence = by_edition(uses)["Virtual Applications"]
-    assert (licence.rule.product, licence.licences, licence.rule.exact) == (
-        "NVIDIA Virtual Applications", 2, False)
+    assert (licence.rule.product, licence.licences, licence.rule.bound) == (
+        "NVIDIA Virtual Applications", 2, usage.AT_LEAST)
     results = usage.results(uses)
     entry = results["licences"]["virtual-applications"]
-    assert (entry["licences"], entry["exact"]) == ("2", "no (see open-cases)")
+    assert (entry["licences"], entry["exact"]) == ("2", "no: a lower bound (see open-cases)")
     assert results["open-cases"]["case-0"].startswith(
         "2 running vGPUs of Virtual Applications: NVIDIA counts every concurrent user")
     assert "licences: at least 2 NVIDIA Virtual Applications" in results["summary"]
@@ -416,7 +416,10 @@ def test_an_unknown_edition_counts_vgpus_and_is_an_open_case(root):
     licence = by_edition(uses)["unknown"]
     assert (licence.rule.product, licence.licences, licence.vgpus) == ("unknown edition", 2, 2)
     results = usage.results(uses)
-    assert results["licences"]["unknown"]["licences"] == "2"
+    assert (results["licences"]["unknown"]["licences"], results["licences"]["unknown"]["exact"]) == (
+        "2", "no: edition unknown (see open-cases)")
+    assert results["summary"].endswith("; licences: 2 vGPUs of unknown edition")
+    assert results["table"].split("\n\n")[1].splitlines()[1].split()[3] == "2?"
     assert results["open-cases"]["case-0"] == (
         "2 running vGPUs of unknown edition (nvidia-1141): the type's name is unknown, so its "
         "edition is too; counted as vGPUs")

@@ -212,6 +212,7 @@ def _project(use: VgpuUse) -> Tuple[str, str]:
 # instances on a single GPU, or one vGPU holding the whole GPU.
 VGPUS_PER_GPU_LICENCE = 16
 BY_VM, BY_GPU, BY_VGPU = "vms", "gpus", "vgpus"
+EXACT, AT_LEAST, GUESS = "exact", "at least", "guess"
 MAX_LISTED = 4  # names listed in one open case; the rest are counted
 
 
@@ -222,25 +223,25 @@ class Rule(NamedTuple):
     basis: str  # BY_VM, BY_GPU or BY_VGPU: what one licence stands for here
     unit: str  # the same in a few words (the table)
     counts: str  # the same in a sentence (the results)
-    exact: bool  # False: the guide's unit is invisible to the host; the count is a stand-in
+    bound: str  # EXACT, AT_LEAST (the guide's unit is invisible to the host) or GUESS
 
 
 _CCU = ("concurrent users (CCU), approximated by running VMs: one per running VM, however many "
         "vGPUs it holds")
 RULES = {
     EDITIONS["Q"]: Rule("NVIDIA RTX Virtual Workstation", BY_VM, "concurrent user (running VM)",
-                        _CCU, True),
-    EDITIONS["B"]: Rule("NVIDIA Virtual PC", BY_VM, "concurrent user (running VM)", _CCU, True),
+                        _CCU, EXACT),
+    EDITIONS["B"]: Rule("NVIDIA Virtual PC", BY_VM, "concurrent user (running VM)", _CCU, EXACT),
     EDITIONS["A"]: Rule("NVIDIA Virtual Applications", BY_VGPU, "concurrent user (1+ per vGPU)",
                         "concurrent users of the session-based applications, whom the host cannot "
-                        "see: running vGPUs, each with at least one user; a lower bound", False),
+                        "see: running vGPUs, each with at least one user; a lower bound", AT_LEAST),
     EDITIONS["C"]: Rule("NVIDIA AI Enterprise", BY_GPU, "GPU (up to 16 vGPUs each)",
                         "physical GPUs that running C-series vGPUs sit on (a vGPU on a VF or a MIG "
                         "slice counts as the GPU it belongs to), one licence per GPU for up to "
-                        f"{VGPUS_PER_GPU_LICENCE} of its vGPUs", True),
+                        f"{VGPUS_PER_GPU_LICENCE} of its vGPUs", EXACT),
 }
 UNKNOWN_RULE = Rule("unknown edition", BY_VGPU, "vGPU (edition unknown)",
-                    "running vGPUs whose profile, and so whose edition, is unknown", False)
+                    "running vGPUs whose profile, and so whose edition, is unknown", GUESS)
 
 
 class Licence(NamedTuple):
@@ -374,13 +375,20 @@ def results(uses: Sequence[VgpuUse]) -> Dict[str, object]:
     return table.fit(out, depth=2, records="vgpus", what="vGPUs")
 
 
+_EXACT = {EXACT: "yes", AT_LEAST: "no: a lower bound (see open-cases)",
+          GUESS: "no: edition unknown (see open-cases)"}
+_MARKED = {EXACT: "{}", AT_LEAST: ">={}", GUESS: "{}?"}
+_SAID = {EXACT: "{n} {product}", AT_LEAST: "at least {n} {product}",
+         GUESS: "{n} vGPUs of unknown edition"}
+
+
 def _licence_entry(licence: Licence) -> Dict[str, str]:
     entry = {
         "edition": licence.edition,
         "product": licence.rule.product,
         "licences": str(licence.licences),
         "counts": licence.rule.counts,
-        "exact": "yes" if licence.rule.exact else "no (see open-cases)",
+        "exact": _EXACT[licence.rule.bound],
         "running-vgpus": str(licence.vgpus),
         "running-vms": str(licence.vms),
     }
@@ -399,7 +407,7 @@ def _licence_table(found: Sequence[Licence], cases: Sequence[str]) -> str:
     from . import table
 
     if found:
-        rows = [[lic.edition, lic.rule.product, ("" if lic.rule.exact else ">=") + str(lic.licences),
+        rows = [[lic.edition, lic.rule.product, _MARKED[lic.rule.bound].format(lic.licences),
                  lic.rule.unit, str(lic.vgpus), str(lic.vms)] for lic in found]
         text = table.render(["EDITION", "LICENCE", "COUNT", "PER", "VGPUS", "VMS"], rows,
                             what="editions")
@@ -439,8 +447,7 @@ def _summary(uses: Sequence[VgpuUse], running: int, editions: Mapping[str, int],
     text += f" ({parts})" if parts else ""
     if found:
         text += "; licences: " + ", ".join(
-            f"{'' if lic.rule.exact else 'at least '}{lic.licences} {lic.rule.product}"
-            for lic in found)
+            _SAID[lic.rule.bound].format(n=lic.licences, product=lic.rule.product) for lic in found)
     if stopped:
         text += f"; {stopped} held by shut-off instances (not licensed while off)"
     return text
