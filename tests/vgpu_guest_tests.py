@@ -277,6 +277,9 @@ class VgpuGuestTest(test_utils.OpenStackBaseTest):
         self.assertEqual(entry['project-id'], self.keystone_session.get_project_id())
         projects = {p['id']: int(p['running-vgpus']) for p in results['projects'].values()}
         self.assertGreaterEqual(projects.get(entry['project-id'], 0), 1)
+        # The guest holds a licence of its edition (C-series: its GPU; Q/B: its VM).
+        edition = re.sub('[^a-z0-9]+', '-', entry['edition'].lower()).strip('-')
+        self.assertGreaterEqual(int(results['licences'][edition]['licences']), 1)
         wait_for_unit_status(self.unit, 'active',
                              re.escape('{}: 1 used'.format(self.vgpu_type['id'])),
                              self.model_name)

@@ -236,7 +236,9 @@ def test_a_v100_unit_from_install_to_remove(unit, v100, root, tools, packages):
     v100.add_mdev("0000:c1:00.0", "nvidia-108", MDEV)
     running_guest(root, "instance-0000002a", VM, mdev_uuid=MDEV)
     usage = ok_action(unit, "vgpu-usage")
-    assert usage.results["summary"] == "1 vGPU in running guests (1 RTX Virtual Workstation)"
+    assert usage.results["summary"] == ("1 vGPU in running guests (1 RTX Virtual Workstation); "
+                                        "licences: 1 NVIDIA RTX Virtual Workstation")
+    assert usage.results["licences"]["rtx-virtual-workstation"]["licences"] == "1"
     assert usage.results["vgpus"]["vgpu-0"]["instance"] == VM
     assert usage.results["vgpus"]["vgpu-0"]["profile"] == "V100-8Q"
     refused = unit.action("pause")

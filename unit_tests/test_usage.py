@@ -5,6 +5,7 @@ guests in run/libvirt/qemu, definitions in etc/libvirt/qemu) with Nova's
 metadata; vGPUs are sysfs-shaped mdevs and VFs holding a type.
 """
 
+import re
 import subprocess
 
 import pytest
@@ -15,6 +16,9 @@ from unit_tests.fakehost import (
     L40S_TYPES,
     a100_host,
     assign_vfio_type,
+    h200_nvl_host,
+    h200_sxm_host,
+    l40s_branch_host,
     l40s_host,
     v100_host,
 )
@@ -181,10 +185,19 @@ def test_vgpu_usage_action(v100_guests, tools, ctx, packages):
     ctx.run(ctx.on.action("vgpu-usage"), state(resource=packages["empty"]))
     results = ctx.action_results
     assert results["summary"] == ("1 vGPU in running guests (1 RTX Virtual Workstation); "
+                                  "licences: 1 NVIDIA RTX Virtual Workstation; "
                                   "1 held by shut-off instances (not licensed while off)")
     assert results["editions"] == {"rtx-virtual-workstation": "1"}
+    assert results["licences"] == {"rtx-virtual-workstation": {
+        "edition": "RTX Virtual Workstation", "product": "NVIDIA RTX Virtual Workstation",
+        "licences": "1", "counts": usage.RULES["RTX Virtual Workstation"].counts, "exact": "yes",
+        "running-vgpus": "1", "running-vms": "1"}}
+    assert results["open-cases"] == {"case-0": (
+        "1 vGPU held by shut-off instances: no licence counted, since a guest checks one out at "
+        "boot and returns it at shutdown; they need licences again when they start")}
     assert results["projects"] == {"project-0": {"id": PROJECT_ID, "name": PROJECT_NAME,
-                                                 "running-vgpus": "1"}}
+                                                 "running-vgpus": "1",
+                                                 "licences": {"rtx-virtual-workstation": "1"}}}
     assert results["vgpus"]["vgpu-0"] == {
         "instance": VM_1, "domain": "instance-0000002a", "state": "running",
         "name": "vm-instance-0000002a", "project-id": PROJECT_ID, "project": PROJECT_NAME,
@@ -192,10 +205,15 @@ def test_vgpu_usage_action(v100_guests, tools, ctx, packages):
         "type": "nvidia-108", "profile": "V100-8Q", "framebuffer-mb": "8192",
         "edition": "RTX Virtual Workstation", "mdev": MDEV_A}
     assert sorted(results["vgpus"]) == ["vgpu-0", "vgpu-1"]
-    lines = results["table"].splitlines()
-    assert lines[0].split() == ["PROJECT", "INSTANCE", "DOMAIN", "STATE", "ADDRESS", "TYPE",
-                                "PROFILE", "FRAMEBUFFER", "EDITION"]
-    assert lines[1].split()[:4] == [PROJECT_NAME, VM_1, "instance-0000002a", "running"]
+    vgpu_lines, licence_lines = (part.splitlines() for part in results["table"].split("\n\n"))
+    assert vgpu_lines[0].split() == ["PROJECT", "INSTANCE", "DOMAIN", "STATE", "ADDRESS", "TYPE",
+                                     "PROFILE", "FRAMEBUFFER", "EDITION"]
+    assert vgpu_lines[1].split()[:4] == [PROJECT_NAME, VM_1, "instance-0000002a", "running"]
+    assert licence_lines[0].split() == ["EDITION", "LICENCE", "COUNT", "PER", "VGPUS", "VMS"]
+    assert licence_lines[1].split() == ["RTX", "Virtual", "Workstation", "NVIDIA", "RTX", "Virtual",
+                                        "Workstation", "1", "concurrent", "user", "(running", "VM)",
+                                        "1", "1"]
+    assert licence_lines[2] == "open case: " + results["open-cases"]["case-0"]
     assert "truncated" not in results
 
 
@@ -203,7 +221,7 @@ def test_vgpu_usage_on_an_idle_host(root, tools, ctx, packages):
     v100_host(root)
     ctx.run(ctx.on.action("vgpu-usage"), state(resource=packages["empty"]))
     assert ctx.action_results == {"summary": "no vGPU in use on this host", "editions": {},
-                                  "projects": {}, "vgpus": {},
+                                  "licences": {}, "open-cases": {}, "projects": {}, "vgpus": {},
                                   "table": "no vGPU in use on this host"}
 
 
@@ -228,11 +246,197 @@ def test_thousands_of_guests_stay_within_action_set(root, tools, ctx, packages):
     shown = len(results["vgpus"])
     assert 0 < shown < GUESTS
     assert results["truncated"].startswith(f"{shown} of {GUESTS} vGPUs shown")
-    lines = results["table"].splitlines()
+    vgpu_part, licence_part = results["table"].split("\n\n")
+    lines = vgpu_part.splitlines()
     rows = len(lines) - 2  # the header and the summary line
     assert 0 < rows <= table.MAX_ROWS
-    assert len(results["table"].encode()) <= table.MAX_TABLE_BYTES
+    assert len(results["table"].encode()) <= table.MAX_TABLE_BYTES  # the licences included
     assert lines[-1] == f"... and {GUESTS - rows} more vGPUs; see the nested results"
+    assert licence_part.splitlines()[1].split()[-3:] == ["VM)", str(GUESTS), str(GUESTS)]
+    assert results["licences"]["rtx-virtual-workstation"]["licences"] == str(GUESTS)
+
+
+# -- licences, counted the way NVIDIA counts them ---------------------------------------------
+
+JUJU_KEY = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?\Z")
+VM_4 = "44444444-4444-4444-8444-444444444444"
+A100_10C = "nvidia-474"  # GRID A100-10C: Virtual Compute Server, on the A100's VFs
+MDEV_C = "3e0d3b5f-9c5a-4e6f-8e4b-7dbe4126f5a4"
+
+
+def guest_with(root, name, uuid, *devices, project_id=PROJECT_ID, project_name=PROJECT_NAME):
+    """A running guest holding several vGPUs: mdev uuids and VF addresses (``dddd:bb:ss.f``)."""
+    hostdevs = "\n".join(libvirt.hostdevs(pci_address=d) if ":" in d else libvirt.hostdevs(d)
+                         for d in devices)
+    for directory, text in (("etc/libvirt/qemu", libvirt.definition), ("run/libvirt/qemu", libvirt.status)):
+        (root / directory).mkdir(parents=True, exist_ok=True)
+        (root / directory / f"{name}.xml").write_text(
+            text(name, uuid, hostdevs, project_id=project_id, project_name=project_name))
+
+
+def by_edition(uses):
+    return {lic.edition: lic for lic in usage.licences(uses)}
+
+
+def test_two_c_series_vgpus_on_one_gpu_need_one_gpu_licence(root):
+    host = a100_host(root)
+    host.add_mdev("0000:41:00.4", A100_10C, MDEV_A)  # two VFs of the same A100
+    host.add_mdev("0000:41:00.5", A100_10C, MDEV_B)
+    running_guest(root, "instance-00000050", VM_1, mdev_uuid=MDEV_A)
+    running_guest(root, "instance-00000051", VM_2, mdev_uuid=MDEV_B)
+    uses = usage.in_use(pci.discover())
+    (licence,) = usage.licences(uses)
+    assert (licence.edition, licence.rule.product, licence.licences, licence.vgpus, licence.vms,
+            licence.gpus) == ("Virtual Compute Server", "NVIDIA AI Enterprise", 1, 2, 2,
+                              ("0000:41:00.0",))
+    results = usage.results(uses)
+    assert results["licences"]["virtual-compute-server"]["licences"] == "1"
+    assert results["licences"]["virtual-compute-server"]["gpus"] == "0000:41:00.0"
+    assert results["licences"]["virtual-compute-server"]["running-vgpus"] == "2"
+    assert results["open-cases"] == {}  # one project, all running: nothing left open
+    assert results["summary"] == ("2 vGPUs in running guests (2 Virtual Compute Server); "
+                                  "licences: 1 NVIDIA AI Enterprise")
+
+
+def test_c_series_on_two_gpus_need_two_licences_whoever_holds_them(root):
+    """VFIO H200 SXMs: one VM with a vGPU on each GPU, another VM on the first GPU."""
+    host = h200_sxm_host(root)
+    for vf in ("0000:18:00.4", "0000:18:00.5", "0000:2a:00.4"):
+        assign_vfio_type(host, vf, 1420)  # H200X-18C
+    guest_with(root, "instance-00000060", VM_1, "0000:18:00.4", "0000:2a:00.4")
+    running_guest(root, "instance-00000061", VM_2, pci_address="0000:18:00.5")
+    licence = by_edition(usage.in_use(pci.discover()))["Virtual Compute Server"]
+    assert (licence.licences, licence.vgpus, licence.vms, licence.gpus) == (
+        2, 3, 2, ("0000:18:00.0", "0000:2a:00.0"))
+
+
+@pytest.mark.parametrize("vgpus,needed", [(16, 1), (17, 2)])
+def test_one_c_series_licence_covers_up_to_16_vgpus_on_a_gpu(root, vgpus, needed):
+    host = h200_nvl_host(root)  # H200-4C fits 32 times
+    for n in range(vgpus):
+        vf = f"0000:41:{(4 + n) // 8:02x}.{(4 + n) % 8}"
+        assign_vfio_type(host, vf, 1500)
+        running_guest(root, f"instance-{n:08x}", f"{n:08x}-1111-4111-8111-{n:012x}", pci_address=vf)
+    licence = by_edition(usage.in_use(pci.discover()))["Virtual Compute Server"]
+    assert (licence.vgpus, licence.licences, licence.gpus) == (vgpus, needed, ("0000:41:00.0",))
+
+
+def test_q_series_counts_one_licence_per_running_vm_however_many_vgpus_it_holds(root):
+    host = v100_host(root)
+    host.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_A)
+    host.add_mdev("0000:e1:00.0", "nvidia-108", MDEV_B)
+    host.add_mdev("0000:c1:00.0", "nvidia-108", MDEV_C)
+    guest_with(root, "instance-00000070", VM_1, MDEV_A, MDEV_B)  # multi-vGPU: one user
+    running_guest(root, "instance-00000071", VM_2, mdev_uuid=MDEV_C)
+    uses = usage.in_use(pci.discover())
+    licence = by_edition(uses)["RTX Virtual Workstation"]
+    assert (licence.licences, licence.vgpus, licence.vms, licence.rule.bound) == (2, 3, 2, usage.EXACT)
+    assert usage.results(uses)["editions"] == {"rtx-virtual-workstation": "3"}  # vGPUs, as before
+
+
+def test_b_series_counts_running_vms_on_vfio(root):
+    host = l40s_host(root)
+    for vf in ("0000:81:00.4", "0000:81:00.5"):
+        assign_vfio_type(host, vf, 1134)  # L40S-2B
+    running_guest(root, "instance-00000080", VM_1, pci_address="0000:81:00.4")
+    running_guest(root, "instance-00000081", VM_2, pci_address="0000:81:00.5")
+    licence = by_edition(usage.in_use(pci.discover()))["Virtual PC"]
+    assert (licence.rule.product, licence.licences, licence.vms) == ("NVIDIA Virtual PC", 2, 2)
+
+
+def test_shut_off_guests_hold_no_licence_and_say_so(root):
+    host = a100_host(root, gpus=2)
+    host.add_mdev("0000:41:00.4", A100_10C, MDEV_A)
+    host.add_mdev("0000:61:00.4", A100_10C, MDEV_B)  # the other GPU, held by a shut-off guest
+    running_guest(root, "instance-00000090", VM_1, mdev_uuid=MDEV_A)
+    defined_guest(root, "instance-00000091", VM_2, mdev_uuid=MDEV_B)
+    uses = usage.in_use(pci.discover())
+    assert len(uses) == 2
+    (licence,) = usage.licences(uses)
+    assert (licence.licences, licence.gpus) == (1, ("0000:41:00.0",))
+    results = usage.results(uses)
+    assert results["open-cases"]["case-0"].startswith("1 vGPU held by shut-off instances: no licence")
+    assert "open case: 1 vGPU held by shut-off instances" in results["table"]
+    # Only shut-off guests: no licence at all, and the table says so.
+    (root / "run/libvirt/qemu/instance-00000090.xml").unlink()
+    results = usage.results(usage.in_use(pci.discover()))
+    assert (results["licences"], sorted(results["open-cases"])) == ({}, ["case-0"])
+    assert "no licence in use: no running guest holds a vGPU" in results["table"]
+    assert results["projects"] == {}
+
+
+def test_c_series_gpu_shared_by_projects_counts_once_here_and_in_each_project(root):
+    """41:00.0 carries both projects' vGPUs; globex also has 61:00.0 to itself."""
+    host = a100_host(root, gpus=2)
+    host.add_mdev("0000:41:00.4", A100_10C, MDEV_A)
+    host.add_mdev("0000:41:00.5", A100_10C, MDEV_B)
+    host.add_mdev("0000:61:00.4", A100_10C, MDEV_C)
+    running_guest(root, "instance-000000a0", VM_1, mdev_uuid=MDEV_A)
+    for name, uuid, mdev in (("instance-000000a1", VM_2, MDEV_B), ("instance-000000a2", VM_3, MDEV_C)):
+        running_guest(root, name, uuid, mdev_uuid=mdev, project_id=OTHER_PROJECT,
+                      project_name="globex")
+    results = usage.results(usage.in_use(pci.discover()))
+    assert results["licences"]["virtual-compute-server"]["licences"] == "2"
+    assert {p["name"]: p["licences"] for p in results["projects"].values()} == {
+        PROJECT_NAME: {"virtual-compute-server": "1"}, "globex": {"virtual-compute-server": "2"}}
+    assert results["open-cases"] == {"case-0": (
+        "C-series vGPUs of several projects share 0000:41:00.0: this host's total counts each GPU "
+        "once and each project's count includes it; the guides do not split a per-GPU licence "
+        "between projects")}
+    assert results["table"].splitlines()[-1] == "open case: " + results["open-cases"]["case-0"]
+    assert all(JUJU_KEY.match(key) for path, _ in table.flatten(results) for key in path)
+
+
+def test_vapps_users_are_invisible_to_the_host_so_vgpus_stand_in(root):
+    host = l40s_branch_host(root, "550")
+    for vf in ("0000:26:00.4", "0000:26:00.5"):
+        assign_vfio_type(host, vf, 1157)  # L40S-1A
+    running_guest(root, "instance-000000b0", VM_1, pci_address="0000:26:00.4")
+    running_guest(root, "instance-000000b1", VM_2, pci_address="0000:26:00.5")
+    uses = usage.in_use(pci.discover())
+    licence = by_edition(uses)["Virtual Applications"]
+    assert (licence.rule.product, licence.licences, licence.rule.bound) == (
+        "NVIDIA Virtual Applications", 2, usage.AT_LEAST)
+    results = usage.results(uses)
+    entry = results["licences"]["virtual-applications"]
+    assert (entry["licences"], entry["exact"]) == ("2", "no: a lower bound (see open-cases)")
+    assert results["open-cases"]["case-0"].startswith(
+        "2 running vGPUs of Virtual Applications: NVIDIA counts every concurrent user")
+    assert "licences: at least 2 NVIDIA Virtual Applications" in results["summary"]
+    assert ">=2" in results["table"].split("\n\n")[1]
+
+
+def test_an_unknown_edition_counts_vgpus_and_is_an_open_case(root):
+    host = l40s_host(root)
+    for address in ("0000:81:00.4", "0000:81:00.5"):
+        assign_vfio_type(host, address, 1141)  # a full GPU: the name is unknown
+    running_guest(root, "instance-000000c0", VM_1, pci_address="0000:81:00.4")
+    guest_with(root, "instance-000000c1", VM_2, "0000:81:00.5")
+    uses = usage.in_use(pci.discover())
+    licence = by_edition(uses)["unknown"]
+    assert (licence.rule.product, licence.licences, licence.vgpus) == ("unknown edition", 2, 2)
+    results = usage.results(uses)
+    assert (results["licences"]["unknown"]["licences"], results["licences"]["unknown"]["exact"]) == (
+        "2", "no: edition unknown (see open-cases)")
+    assert results["summary"].endswith("; licences: 2 vGPUs of unknown edition")
+    assert results["table"].split("\n\n")[1].splitlines()[1].split()[3] == "2?"
+    assert results["open-cases"]["case-0"] == (
+        "2 running vGPUs of unknown edition (nvidia-1141): the type's name is unknown, so its "
+        "edition is too; counted as vGPUs")
+
+
+def test_licences_on_a_mixed_host_keep_every_edition_apart(root):
+    """One A100 host: C-series on two VFs of a GPU, plus a shut-off guest (VM_4)."""
+    host = a100_host(root)
+    for mdev, vf in ((MDEV_A, "0000:41:00.4"), (MDEV_B, "0000:41:00.5"), (MDEV_C, "0000:41:00.6")):
+        host.add_mdev(vf, A100_10C, mdev)
+    guest_with(root, "instance-000000d0", VM_1, MDEV_A, MDEV_B)
+    defined_guest(root, "instance-000000d1", VM_4, mdev_uuid=MDEV_C)
+    results = usage.results(usage.in_use(pci.discover()))
+    subprocess.run(action_set_argv(results), check=True)
+    assert results["licences"]["virtual-compute-server"]["running-vms"] == "1"
+    assert results["licences"]["virtual-compute-server"]["licences"] == "1"
+    assert results["projects"]["project-0"]["running-vgpus"] == "2"
 
 
 # -- capacity in the status line --------------------------------------------------------------
@@ -337,7 +541,8 @@ def test_a_guest_without_nova_metadata_is_reported_as_unknown(root):
     results = usage.results(uses)
     entry = results["vgpus"]["vgpu-0"]
     assert (entry["instance"], entry["project-id"], entry["project"]) == ("unknown", "unknown", "unknown")
-    assert results["projects"] == {"project-0": {"id": "unknown", "name": "unknown", "running-vgpus": "1"}}
+    assert results["projects"] == {"project-0": {"id": "unknown", "name": "unknown", "running-vgpus": "1",
+                                                 "licences": {"rtx-virtual-workstation": "1"}}}
 
 
 def test_a_description_without_a_framebuffer_leaves_it_to_the_name(v100_guests, root):

@@ -1,11 +1,13 @@
 """Who holds which vGPU on this host, and how many are left per type.
 
-Two readers of the same facts:
+Three readers of the same facts:
 
 * ``in_use`` (the ``vgpu-usage`` action): one ``VgpuUse`` per vGPU a guest
   holds, with the Nova instance, its project (from Nova's metadata in the
   libvirt XML), the GPU or VF, the type, the profile, its framebuffer and
   the NVIDIA licence edition the profile needs;
+* ``licences`` (the same action): the licences those vGPUs need, counted
+  edition by edition the way NVIDIA's licensing guides count them;
 * ``capacity`` (the active status line): per type, vGPUs in use and free.
 
 How a vGPU is recognised:
@@ -22,8 +24,8 @@ Capacity, decided here and documented in the README:
 * "used" counts vGPUs held by a guest libvirt knows, running or shut off:
   Nova keeps a shut-off instance's vGPU (its mdev or VF) and its Placement
   allocation, so it is not free. ``vgpu-usage`` shows the state, and its
-  licence totals count running guests only, since licences are checked out
-  by running guests;
+  licence counts take running guests only, since a guest checks its licence
+  out at boot and returns it at shutdown;
 * mdev "free" is what the parent can still create (``available_instances``)
   plus created mdevs no guest holds (Nova reuses those);
 * VFIO: each VF holding a type is one vGPU; free unless a guest holds it.
@@ -207,13 +209,148 @@ def totals(uses: Iterable[VgpuUse]) -> Tuple[Dict[str, int], Dict[Tuple[str, str
         if use.state != guests.RUNNING:
             continue
         editions[use.edition] = editions.get(use.edition, 0) + 1
-        key = (use.project_id or "unknown", use.project_name or "unknown")
+        key = _project(use)
         projects[key] = projects.get(key, 0) + 1
     return editions, projects
 
 
+def _project(use: VgpuUse) -> Tuple[str, str]:
+    return use.project_id or "unknown", use.project_name or "unknown"
+
+
+# -- licences, counted the way NVIDIA counts them --------------------------------------------
+
+# NVIDIA AI Enterprise, "NVIDIA vGPU for Compute Licensing": one licence covers up to 16 vGPU
+# instances on a single GPU, or one vGPU holding the whole GPU.
+VGPUS_PER_GPU_LICENCE = 16
+BY_VM, BY_GPU, BY_VGPU = "vms", "gpus", "vgpus"
+EXACT, AT_LEAST, GUESS = "exact", "at least", "guess"
+MAX_LISTED = 4  # names listed in one open case; the rest are counted
+
+
+class Rule(NamedTuple):
+    """How NVIDIA counts the licences of one edition (README, Guest licensing)."""
+
+    product: str  # the licence NVIDIA sells for the edition
+    basis: str  # BY_VM, BY_GPU or BY_VGPU: what one licence stands for here
+    unit: str  # the same in a few words (the table)
+    counts: str  # the same in a sentence (the results)
+    bound: str  # EXACT, AT_LEAST (the guide's unit is invisible to the host) or GUESS
+
+
+_CCU = ("concurrent users (CCU), approximated by running VMs: one per running VM, however many "
+        "vGPUs it holds")
+RULES = {
+    EDITIONS["Q"]: Rule("NVIDIA RTX Virtual Workstation", BY_VM, "concurrent user (running VM)",
+                        _CCU, EXACT),
+    EDITIONS["B"]: Rule("NVIDIA Virtual PC", BY_VM, "concurrent user (running VM)", _CCU, EXACT),
+    EDITIONS["A"]: Rule("NVIDIA Virtual Applications", BY_VGPU, "concurrent user (1+ per vGPU)",
+                        "concurrent users of the session-based applications, whom the host cannot "
+                        "see: running vGPUs, each with at least one user; a lower bound", AT_LEAST),
+    EDITIONS["C"]: Rule("NVIDIA AI Enterprise", BY_GPU, "GPU (up to 16 vGPUs each)",
+                        "physical GPUs that running C-series vGPUs sit on (a vGPU on a VF or a MIG "
+                        "slice counts as the GPU it belongs to), one licence per GPU for up to "
+                        f"{VGPUS_PER_GPU_LICENCE} of its vGPUs", EXACT),
+}
+UNKNOWN_RULE = Rule("unknown edition", BY_VGPU, "vGPU (edition unknown)",
+                    "running vGPUs whose profile, and so whose edition, is unknown", GUESS)
+
+
+class Licence(NamedTuple):
+    """The licences the running vGPUs of one edition need on this host."""
+
+    edition: str  # EDITIONS value, or "unknown"
+    rule: Rule
+    licences: int  # counted by rule.basis
+    vgpus: int  # running vGPUs of the edition
+    vms: int  # running VMs holding them
+    gpus: Tuple[str, ...]  # the physical GPUs they sit on
+
+
+def licences(uses: Iterable[VgpuUse]) -> List[Licence]:
+    """The licences running guests need, per edition, the way NVIDIA's guides count them.
+
+    Shut-off guests need none: a guest checks its licence out at boot and
+    returns it at shutdown. vPC (B) and RTX vWS (Q) count concurrent users,
+    one per running VM however many vGPUs it holds; vApps (A) counts the
+    users of the applications, which the host cannot see, so running vGPUs
+    stand in (a lower bound); NVIDIA AI Enterprise (C) counts physical GPUs,
+    the GPU a VF or a MIG slice belongs to, one licence per
+    ``VGPUS_PER_GPU_LICENCE`` vGPUs on it. An unknown edition counts vGPUs.
+    """
+    held: Dict[str, List[VgpuUse]] = {}
+    for use in uses:
+        if use.state == guests.RUNNING:
+            held.setdefault(use.edition, []).append(use)
+    return [_licence(edition, group) for edition, group in sorted(held.items())]
+
+
+def _licence(edition: str, group: Sequence[VgpuUse]) -> Licence:
+    rule = RULES.get(edition, UNKNOWN_RULE)
+    vms = {_vm(use) for use in group}
+    per_gpu: Dict[str, int] = {}
+    for use in group:
+        per_gpu[use.gpu] = per_gpu.get(use.gpu, 0) + 1
+    if rule.basis == BY_GPU:
+        count = sum(-(-n // VGPUS_PER_GPU_LICENCE) for n in per_gpu.values())
+    else:
+        count = len(vms) if rule.basis == BY_VM else len(group)
+    return Licence(edition, rule, count, len(group), len(vms), tuple(sorted(per_gpu)))
+
+
+def _vm(use: VgpuUse) -> str:
+    return use.instance_uuid or use.domain
+
+
+def open_cases(uses: Sequence[VgpuUse]) -> List[str]:
+    """What the licensing guides leave open on this host, one bounded sentence each."""
+    running = [use for use in uses if use.state == guests.RUNNING]
+    out: List[str] = []
+    stopped = len(uses) - len(running)
+    if stopped:
+        out.append(f"{_count(stopped, 'vGPU')} held by shut-off instances: no licence counted, "
+                   "since a guest checks one out at boot and returns it at shutdown; they need "
+                   "licences again when they start")
+    apps = [use for use in running if use.edition == EDITIONS["A"]]
+    if apps:
+        out.append(f"{_count(len(apps), 'running vGPU')} of {EDITIONS['A']}: NVIDIA counts every "
+                   "concurrent user of the applications, and a guest serving several users "
+                   "needs several licences; the host cannot see them, so one per vGPU is counted")
+    unknown = [use for use in running if use.edition not in RULES]
+    if unknown:
+        out.append(f"{_count(len(unknown), 'running vGPU')} of unknown edition "
+                   f"({_listed(sorted({use.profile for use in unknown}))}): the type's name is "
+                   "unknown, so its edition is too; counted as vGPUs")
+    shared = _shared_gpus(running)
+    if shared:
+        out.append(f"C-series vGPUs of several projects share {_listed(shared)}: this host's "
+                   "total counts each GPU once and each project's count includes it; the guides "
+                   "do not split a per-GPU licence between projects")
+    return out
+
+
+def _shared_gpus(running: Sequence[VgpuUse]) -> List[str]:
+    """Physical GPUs whose running C-series vGPUs belong to more than one project."""
+    projects: Dict[str, set] = {}
+    for use in running:
+        if RULES.get(use.edition, UNKNOWN_RULE).basis == BY_GPU:
+            projects.setdefault(use.gpu, set()).add(use.project_id or use.project_name)
+    return sorted(gpu for gpu, owners in projects.items() if len(owners) > 1)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' if number != 1 else ''}"
+
+
+def _listed(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:MAX_LISTED])
+    return shown + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
+
+
+# -- the action's results ---------------------------------------------------------------------
+
 def results(uses: Sequence[VgpuUse]) -> Dict[str, object]:
-    """The vgpu-usage action's results: summary, totals, per vGPU, and a table.
+    """The vgpu-usage action's results: summary, totals, licences, per vGPU, and a table.
 
     Juju result keys allow only lowercase letters, digits and hyphens, so
     names and ids are values under numbered keys.
@@ -222,10 +359,19 @@ def results(uses: Sequence[VgpuUse]) -> Dict[str, object]:
 
     editions, projects = totals(uses)
     running = sum(editions.values())
+    found = licences(uses)
+    cases = open_cases(uses)
+    tail = _licence_table(found, cases) if uses else ""
+    by_project: Dict[Tuple[str, str], List[VgpuUse]] = {}
+    for use in uses:
+        by_project.setdefault(_project(use), []).append(use)
     out: Dict[str, object] = {
-        "summary": _summary(uses, running, editions),
+        "summary": _summary(uses, running, editions, found),
         "editions": {_slug(name): str(count) for name, count in sorted(editions.items())},
-        "projects": {f"project-{n}": {"id": pid, "name": pname, "running-vgpus": str(count)}
+        "licences": {_slug(licence.edition): _licence_entry(licence) for licence in found},
+        "open-cases": {f"case-{n}": case for n, case in enumerate(cases)},
+        "projects": {f"project-{n}": {"id": pid, "name": pname, "running-vgpus": str(count),
+                                      "licences": _project_licences(by_project[(pid, pname)])}
                      for n, ((pid, pname), count) in enumerate(
                          sorted(projects.items(), key=lambda item: (-item[1], item[0][1])))},
         "vgpus": {f"vgpu-{n}": _entry(use) for n, use in enumerate(uses)},
@@ -233,10 +379,53 @@ def results(uses: Sequence[VgpuUse]) -> Dict[str, object]:
     rows = [[u.project_name or u.project_id or "unknown", u.instance_uuid, u.domain, u.state,
              u.address, u.type_id, u.profile + ("" if u.name_known else "?") + _mig_cell(u),
              f"{u.framebuffer_mb} MiB" if u.framebuffer_mb else "-", u.edition] for u in uses]
+    room = table.MAX_TABLE_BYTES - len(tail.encode()) - 2  # the licences follow the vGPUs
     out["table"] = (table.render(["PROJECT", "INSTANCE", "DOMAIN", "STATE", "ADDRESS", "TYPE",
-                                  "PROFILE", "FRAMEBUFFER", "EDITION"], rows, what="vGPUs")
+                                  "PROFILE", "FRAMEBUFFER", "EDITION"], rows, what="vGPUs",
+                                 max_bytes=room) + "\n\n" + tail
                     if uses else "no vGPU in use on this host")
     return table.fit(out, depth=2, records="vgpus", what="vGPUs")
+
+
+_EXACT = {EXACT: "yes", AT_LEAST: "no: a lower bound (see open-cases)",
+          GUESS: "no: edition unknown (see open-cases)"}
+_MARKED = {EXACT: "{}", AT_LEAST: ">={}", GUESS: "{}?"}
+_SAID = {EXACT: "{n} {product}", AT_LEAST: "at least {n} {product}",
+         GUESS: "{n} vGPUs of unknown edition"}
+
+
+def _licence_entry(licence: Licence) -> Dict[str, str]:
+    entry = {
+        "edition": licence.edition,
+        "product": licence.rule.product,
+        "licences": str(licence.licences),
+        "counts": licence.rule.counts,
+        "exact": _EXACT[licence.rule.bound],
+        "running-vgpus": str(licence.vgpus),
+        "running-vms": str(licence.vms),
+    }
+    if licence.rule.basis == BY_GPU:
+        entry["gpus"] = ", ".join(licence.gpus)
+    return entry
+
+
+def _project_licences(mine: Sequence[VgpuUse]) -> Dict[str, str]:
+    """{edition slug: licences} for one project's guests."""
+    return {_slug(licence.edition): str(licence.licences) for licence in licences(mine)}
+
+
+def _licence_table(found: Sequence[Licence], cases: Sequence[str]) -> str:
+    """The licences per edition as a small table, then one line per open case."""
+    from . import table
+
+    if found:
+        rows = [[lic.edition, lic.rule.product, _MARKED[lic.rule.bound].format(lic.licences),
+                 lic.rule.unit, str(lic.vgpus), str(lic.vms)] for lic in found]
+        text = table.render(["EDITION", "LICENCE", "COUNT", "PER", "VGPUS", "VMS"], rows,
+                            what="editions")
+    else:
+        text = "no licence in use: no running guest holds a vGPU"
+    return "\n".join([text] + [f"open case: {case}" for case in cases])
 
 
 def _entry(use: VgpuUse) -> Dict[str, str]:
@@ -271,13 +460,17 @@ def _mig_cell(use: VgpuUse) -> str:
     return f" ({slices}, GI {use.gpu_instance or '?'})"
 
 
-def _summary(uses: Sequence[VgpuUse], running: int, editions: Mapping[str, int]) -> str:
+def _summary(uses: Sequence[VgpuUse], running: int, editions: Mapping[str, int],
+             found: Sequence[Licence]) -> str:
     if not uses:
         return "no vGPU in use on this host"
     stopped = len(uses) - running
     parts = ", ".join(f"{count} {name}" for name, count in sorted(editions.items()))
     text = f"{running} vGPU{'s' if running != 1 else ''} in running guests"
     text += f" ({parts})" if parts else ""
+    if found:
+        text += "; licences: " + ", ".join(
+            _SAID[lic.rule.bound].format(n=lic.licences, product=lic.rule.product) for lic in found)
     if stopped:
         text += f"; {stopped} held by shut-off instances (not licensed while off)"
     return text
