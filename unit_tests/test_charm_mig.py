@@ -14,7 +14,7 @@ from ops import testing
 
 from unit_tests import debs, principal
 from unit_tests.fakehost import h200_sxm_host, rtx_pro_6000_host
-from unit_tests.libvirt import running_guest
+from unit_tests.libvirt import defined_guest, running_guest
 from unit_tests.test_charm import install_driver, ours, state
 from unit_tests.test_charm_sriov import again
 
@@ -169,6 +169,25 @@ def test_several_mig_profiles_share_a_gpu_and_guests_keep_theirs(ctx, root, tool
     assert out.unit_status.name == "blocked"
     assert "guest(s) use vGPUs: instance-00000002" in out.unit_status.message
     assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b)] == ["1417", "1418"]
+
+
+def test_a_shut_off_guest_keeps_its_mig_backed_vf(ctx, root, tools, deb):
+    """Nova keeps a shut-off instance's VF: the mapping may not take its MIG-backed type away."""
+    ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    a = "0000:18:00.4"
+    config = {"vgpu-device-mappings": f"{{H200X-3-71C: ['{a}']}}"}
+    out = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    assert nvidia(root, a, "current_vgpu_type") == "1417"
+    published = ours(out)
+    defined_guest(root, "instance-00000003", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a03", pci_address=a)
+    out = ctx.run(ctx.on.config_changed(),
+                  again(out, {"vgpu-device-mappings": "{H200X-1-18C: ['18:00.0']}"}))
+    assert out.unit_status.name == "blocked"
+    assert "instance-00000003" in out.unit_status.message
+    assert "shut off" in out.unit_status.message
+    assert nvidia(root, a, "current_vgpu_type") == "1417"  # neither released nor retyped
+    assert ours(out) == published  # nova-compute keeps the VF it gave the instance
 
 
 def test_list_vgpu_types_and_vgpu_usage_show_slices_and_gpu_instances(ctx, root, tools, deb):
