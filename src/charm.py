@@ -106,15 +106,16 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _mapping(self) -> mappings.Validation:
         if self._validation is None:
             here = self._facts()
-            offered = None
+            offered = whole = None
             if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
                 version = here.loaded_driver_version
                 table = catalogue.learn(here.pci, version, problems=self._problems)
                 offered = catalogue.offered(here.pci, version, table)
+                whole = catalogue.whole_gpus(here.pci, table)
             self._validation = mappings.against_host(
                 self._checked_text(), here.pci, here.supported_release(), offered,
                 pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
-                live_migration=bool(self.config.get(LIVE_MIGRATION)))
+                live_migration=bool(self.config.get(LIVE_MIGRATION)), whole_gpus=whole)
         return self._validation
 
     def _checked_text(self) -> mappings.Validation:
