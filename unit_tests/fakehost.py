@@ -144,7 +144,10 @@ class VfioModel:
     def __init__(self, types: Mapping[int, str]):
         self.types = dict(types)
         self.total = max(_gb(n) for n in self.types.values() if not _mig(n))
-        self.refuse: set = set()  # VF addresses whose writes the driver refuses (reads back 0)
+        # VF addresses whose writes the driver refuses (reads back 0), or (address, type id)
+        # pairs: that VF refuses only that type.
+        self.refuse: set = set()
+        self.written: set = set()  # VFs written since last read (refusals apply to those)
         self.hidden: set = set()  # VF addresses that list nothing creatable (and refuse all)
         self.frozen = False  # True: the VFs' files stay as a test writes them, never recomputed
 
@@ -185,7 +188,7 @@ def _vfio_kernel(event, args):
         return
     writing = (mode and any(c in mode for c in "wax+")) or \
         (mode is None and flags & (os.O_WRONLY | os.O_RDWR))
-    if writing:
+    if writing and name != "current_vgpu_type":
         return
     _HOOK.busy = True
     try:
@@ -194,14 +197,20 @@ def _vfio_kernel(event, args):
         model = _MODELS.get(pf_dir)
         if model is None or model.frozen:
             return
+        if writing:  # judged when read back, as the driver answers the write
+            model.written.add(os.path.basename(vf_dir))
+            return
         siblings = [os.path.realpath(os.path.join(pf_dir, n)) for n in os.listdir(pf_dir)
                     if n.startswith("virtfn")]
         others = [_current(d) for d in siblings if d != vf_dir]
         own = _current(vf_dir)
         nvidia = os.path.join(vf_dir, "nvidia")
         if name == "current_vgpu_type":
-            if own and (own not in model.creatable(0, others, os.path.basename(vf_dir))
-                        or os.path.basename(vf_dir) in model.refuse):
+            vf = os.path.basename(vf_dir)
+            written = vf in model.written
+            model.written.discard(vf)
+            if own and (own not in model.creatable(0, others, vf) or (written and (
+                    vf in model.refuse or (vf, own) in model.refuse))):
                 with open(os.path.join(nvidia, "current_vgpu_type"), "w") as handle:
                     handle.write("0\n")
             return

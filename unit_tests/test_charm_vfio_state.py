@@ -182,3 +182,40 @@ def test_all_on_a_partly_used_gpu_without_a_catalogue_fills_it_and_releases_noth
     assert types_of(root, L40S, 5) == [1139] * 4 + [0]
     assert [s["address"] for s in specs(out)] == vfs(L40S, 4)
     assert not [line for line in ctx.juju_log if "released" in line.message]
+
+
+# -- 3. a write that fails halfway -----------------------------------------------------
+
+def test_a_change_refused_halfway_is_rolled_back_to_what_nova_conf_lists(ctx, root, tools, deb):
+    host = ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    host.vfio_model(L40S).refuse.add(("0000:81:00.5", 1141))  # refuses L40S-24Q only
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    # The four VFs hold L40S-12Q again, as the published (unchanged) nova.conf says.
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert ours(out)["subordinate_configuration"] == published
+    assert out.unit_status == testing.BlockedStatus(
+        "VF 0000:81:00.5 holds 0 after writing 1141; every VF has its previous type back, as "
+        "nova.conf lists them; retrying on the next hook")
+    said = [line.message for line in ctx.juju_log if line.message.startswith("vGPU type ")][4:]
+    assert said == ([f"vGPU type {a}: released nvidia-1139" for a in vfs(L40S, 4)]
+                    + ["vGPU type 0000:81:00.4: nvidia-1141",
+                       "vGPU type 0000:81:00.4: released nvidia-1141"]
+                    + [f"vGPU type {a}: nvidia-1139" for a in vfs(L40S, 4)])
+
+
+def test_a_rollback_that_fails_too_says_the_vfs_differ_from_nova_conf(ctx, root, tools, deb):
+    host = ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    host.vfio_model(L40S).refuse.add("0000:81:00.5")  # refuses every type from now on
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert types_of(root, L40S, 2) == [1139, 0]
+    assert out.unit_status == testing.BlockedStatus(
+        "VF 0000:81:00.5 holds 0 after writing 1141; rolling back failed too (VF 0000:81:00.5 "
+        "holds 0 after writing 1139): the VFs do not all hold what nova.conf lists; retrying on "
+        "the next hook")
