@@ -348,9 +348,8 @@ def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
     where = f"{gpu.address} ({gpu.model})"
     unknown = _unknown_types(key, gpu, types)
     if not types and gpu.vfs and gpu.framework is None:
-        return None, unknown or (f"{key}: the virtual functions of GPU {where} offer no vGPU "
-                                 "types (are they bound to the nvidia driver, nvidia-vgpu-mgr "
-                                 "running?)")
+        return None, (f"{key}: the virtual functions of GPU {where} offer no vGPU types (are "
+                      "they bound to the nvidia driver, nvidia-vgpu-mgr running?)")
     match = _TYPE_ID.fullmatch(key)
     if match:
         number = int(match.group(1))
@@ -395,8 +394,8 @@ def _unknown_types(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]) -> Opt
                 "guest uses (write 0 to its nvidia/current_vgpu_type) to let the charm read "
                 "the name")
     if gpu.framework is None and gpu.vfs and not types and gpu.driver == "nvidia":
-        return (f"{head}: its VFs show no vGPU types now (no nvidia/ files nor mdev types: is "
-                "nvidia-vgpu-mgr starting?)")
+        return (f"{head}: its VFs show no vGPU types now (no nvidia/ files nor mdev types: are "
+                "they bound to the nvidia driver, is nvidia-vgpu-mgr starting?)")
     return None
 
 
