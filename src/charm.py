@@ -296,9 +296,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             ok = ok and accepted and self._give_vfs_types(plan)
             sections = sections if ok else None
             self._ensure_boot_unit(plan if ok else None)
-        elif self._published_mapping():
+        elif self._published_mapping() or self._published_reporting():
             # Every mapped GPU seems gone (a driver reload, a bad read): keep what
             # nova-compute has rather than empty its config; the status says so.
+            # report_in_placement alone stays too: Nova refuses it turned off.
             sections = None
         data = novaconf.relation_data(sections or {}, packages=[installed.name] if installed else [])
         if sections is None:

@@ -163,9 +163,10 @@ def test_vfs_without_their_nvidia_files_keep_what_was_published(ctx, root, tools
         (root / f"sys/bus/pci/devices/{address}/nvidia").resolve().rename(hidden / str(n))
     out = ctx.run(ctx.on.update_status(), again(first))
     assert ours(out)["subordinate_configuration"] == published
-    assert out.unit_status.name == "blocked"
-    assert "GPU 0000:81:00.0 (L40S)" in out.unit_status.message
-    assert "keeping CUSTOM_VGPU_H200X_35C" not in out.unit_status.message
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings: L40S-12Q: cannot tell whether GPU 0000:81:00.0 (L40S) serves it: "
+        "its VFs show no vGPU types now (no nvidia/ files nor mdev types: are they bound to the "
+        "nvidia driver, is nvidia-vgpu-mgr starting?); keeping CUSTOM_VGPU_L40S_12Q on 4")
 
 
 # -- 2. counts on a partly used GPU ----------------------------------------------------
@@ -219,3 +220,53 @@ def test_a_rollback_that_fails_too_says_the_vfs_differ_from_nova_conf(ctx, root,
         "VF 0000:81:00.5 holds 0 after writing 1141; rolling back failed too (VF 0000:81:00.5 "
         "holds 0 after writing 1139): the VFs do not all hold what nova.conf lists; retrying on "
         "the next hook")
+
+
+# -- 4. vanishing GPUs ------------------------------------------------------------------
+
+def vanish(root, *gpus):
+    """The GPUs fall off the bus (a driver reload, a failed device): discovery finds none of them."""
+    for address in gpus:
+        (root / f"sys/bus/pci/devices/{address}").unlink()
+
+
+def test_report_in_placement_stays_when_the_gpus_vanish_after_the_mapping_was_cleared(
+        ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    config = {"vgpu-device-mappings": "{L40S-12Q: all}", "pci-in-placement": True}
+    first = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
+    cleared = ctx.run(ctx.on.config_changed(), again(first, {"pci-in-placement": True}))
+    sections = principal.nova_context(ours(cleared))["sections"]
+    assert sections["pci"] == [["report_in_placement", "True"]]  # sticky once published
+    vanish(root, L40S, H200)
+    out = ctx.run(ctx.on.update_status(), again(cleared))
+    # Turning it off after devices were reported stops nova-compute.
+    assert principal.nova_context(ours(out))["sections"] == sections
+
+
+def test_every_gpu_vanishing_is_not_active_and_names_the_missing_gpus(ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    vanish(root, L40S, H200)
+    out = ctx.run(ctx.on.update_status(), again(first))
+    assert ours(out)["subordinate_configuration"] == published
+    assert out.unit_status == testing.BlockedStatus(
+        "published vGPU devices missing: 0000:81:00.4, 0000:81:00.5, 0000:81:00.6, 0000:81:00.7 "
+        "(no NVIDIA GPU found now: driver reloading? check lspci and journalctl -k); keeping "
+        "CUSTOM_VGPU_L40S_12Q on 4")
+
+
+def test_one_gpu_vanishing_says_the_same(ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    mapping = {"vgpu-device-mappings": "{L40S-12Q: all, H200X-35C: ['c1:00.0']}"}
+    first = ctx.run(ctx.on.config_changed(), state(mapping, resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    vanish(root, H200)
+    out = ctx.run(ctx.on.update_status(), again(first))
+    assert ours(out)["subordinate_configuration"] == published
+    assert out.unit_status == testing.BlockedStatus(
+        "published vGPU devices missing: 0000:c1:00.4, 0000:c1:00.5, 0000:c1:00.6, 0000:c1:00.7 "
+        "(1 NVIDIA GPU found now: driver reloading? check lspci and journalctl -k); keeping "
+        "CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4")
