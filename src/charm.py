@@ -107,15 +107,16 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _mapping(self) -> mappings.Validation:
         if self._validation is None:
             here = self._facts()
-            offered = None
+            offered = whole = None
             if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
                 version = here.loaded_driver_version
                 table = catalogue.learn(here.pci, version, problems=self._problems)
                 offered = catalogue.offered(here.pci, version, table)
+                whole = catalogue.whole_gpus(here.pci, table)
             self._validation = mappings.against_host(
                 self._checked_text(), here.pci, here.supported_release(), offered,
                 pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
-                live_migration=bool(self.config.get(LIVE_MIGRATION)))
+                live_migration=bool(self.config.get(LIVE_MIGRATION)), whole_gpus=whole)
         return self._validation
 
     def _checked_text(self) -> mappings.Validation:
@@ -296,9 +297,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             ok = ok and accepted and self._mig_ready(plan) and self._give_vfs_types(plan)
             sections = sections if ok else None
             self._ensure_boot_unit(plan if ok else None)
-        elif self._published_mapping():
+        elif self._published_mapping() or self._published_reporting():
             # Every mapped GPU seems gone (a driver reload, a bad read): keep what
             # nova-compute has rather than empty its config; the status says so.
+            # report_in_placement alone stays too: Nova refuses it turned off.
             sections = None
         data = novaconf.relation_data(sections or {}, packages=[installed.name] if installed else [])
         if sections is None:

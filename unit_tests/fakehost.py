@@ -38,7 +38,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 INTEL = "0x8086"
 NVIDIA = "0x10de"
@@ -237,7 +237,10 @@ class VfioModel:
         self.types = dict(types)
         self.mig = MigModel(mig) if mig else None
         self.total = max(_gb(n) for n in self.types.values() if not _mig(n))
-        self.refuse: set = set()  # VF addresses whose writes the driver refuses (reads back 0)
+        # VF addresses whose writes the driver refuses (reads back 0), or (address, type id)
+        # pairs: that VF refuses only that type.
+        self.refuse: set = set()
+        self.written: set = set()  # VFs written since last read (refusals apply to those)
         self.hidden: set = set()  # VF addresses that list nothing creatable (and refuse all)
         self.frozen = False  # True: the VFs' files stay as a test writes them, never recomputed
 
@@ -282,7 +285,7 @@ def _vfio_kernel(event, args):
         return
     writing = (mode and any(c in mode for c in "wax+")) or \
         (mode is None and flags & (os.O_WRONLY | os.O_RDWR))
-    if writing:
+    if writing and name != "current_vgpu_type":
         return
     _HOOK.busy = True
     try:
@@ -291,18 +294,16 @@ def _vfio_kernel(event, args):
         model = _MODELS.get(pf_dir)
         if model is None or model.frozen:
             return
+        if writing:  # judged when read back, as the driver answers the write
+            model.written.add(os.path.basename(vf_dir))
+            return
         siblings = [os.path.realpath(os.path.join(pf_dir, n)) for n in os.listdir(pf_dir)
                     if n.startswith("virtfn")]
         others = [_current(d) for d in siblings if d != vf_dir]
         own = _current(vf_dir)
         nvidia = os.path.join(vf_dir, "nvidia")
         if name == "current_vgpu_type":
-            if model.mig is not None and _mig_write(model, vf_dir, own, nvidia):
-                return
-            if own and (own not in model.creatable(0, others, os.path.basename(vf_dir))
-                        or os.path.basename(vf_dir) in model.refuse):
-                with open(os.path.join(nvidia, "current_vgpu_type"), "w") as handle:
-                    handle.write("0\n")
+            _read_back(model, vf_dir, own, others)
             return
         rows = ["ID    : vGPU Name"] + [f"{n:<6}: {t}" for n, t in
                                          sorted(model.creatable(own, others,
@@ -311,6 +312,20 @@ def _vfio_kernel(event, args):
             handle.write("\n".join(rows) + "\n")
     finally:
         _HOOK.busy = False
+
+
+def _read_back(model: VfioModel, vf_dir: str, own: int, others: List[int]) -> None:
+    """A VF's type as the driver answers a write: kept, or 0 when impossible or refused."""
+    nvidia = os.path.join(vf_dir, "nvidia")
+    if model.mig is not None and _mig_write(model, vf_dir, own, nvidia):
+        return
+    vf = os.path.basename(vf_dir)
+    written = vf in model.written
+    model.written.discard(vf)
+    if own and (own not in model.creatable(0, others, vf) or (written and (
+            vf in model.refuse or (vf, own) in model.refuse))):
+        with open(os.path.join(nvidia, "current_vgpu_type"), "w") as handle:
+            handle.write("0\n")
 
 
 def _mig_write(model: VfioModel, vf_dir: str, own: int, nvidia: str) -> bool:

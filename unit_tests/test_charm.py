@@ -867,9 +867,9 @@ def test_when_every_gpu_vanishes_the_sections_stay_and_the_status_names_them(ctx
         config=config, relations=good.relations, resources=good.resources,
         stored_states=good.stored_states))
     assert ours(out) == before
-    assert out.unit_status == testing.ActiveStatus(
-        "no NVIDIA GPU found now (0000:c1:00.0, 0000:e1:00.0 missing): driver reloading? "
-        "keeping nvidia-108 on 1, nvidia-109 on 1")
+    assert out.unit_status == testing.BlockedStatus(
+        "published vGPU devices missing: 0000:c1:00.0, 0000:e1:00.0 (no NVIDIA GPU found now: "
+        "driver reloading? check lspci and journalctl -k); keeping nvidia-108 on 1, nvidia-109 on 1")
 
 
 def test_hostile_bytes_in_host_files_never_reach_the_status_or_results(ctx, ready, v100, root):

@@ -179,7 +179,9 @@ def test_the_driver_refusing_a_type_blocks_and_publishes_nothing(ctx, vfio, root
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
                                                  resource=deb))
     assert out.unit_status == testing.BlockedStatus(
-        "VF 0000:81:00.5 holds 0 after writing 1139; retrying on the next hook")
+        "VF 0000:81:00.5 holds 0 after writing 1139; every VF has its previous type back, as "
+        "nova.conf lists them; retrying on the next hook")
+    assert types_of(root, L40S, 2) == [0, 0]  # VF 0's write was undone
     assert "subordinate_configuration" not in ours(out)
 
 
@@ -202,7 +204,7 @@ def test_a_vf_that_lists_other_types_names_each_of_them(ctx, vfio, root, deb):
                                                  resource=deb))
     assert out.unit_status == testing.BlockedStatus(
         "VF 0000:81:00.6 cannot take nvidia-1139 now: it lists nvidia-1134, nvidia-1136; "
-        "retrying on the next hook")
+        "every VF has its previous type back, as nova.conf lists them; retrying on the next hook")
 
 
 def test_each_vf_list_is_read_again_right_before_its_write(ctx, vfio, root, deb):
@@ -212,8 +214,9 @@ def test_each_vf_list_is_read_again_right_before_its_write(ctx, vfio, root, deb)
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
                                                  resource=deb))
     assert out.unit_status == testing.BlockedStatus(
-        "VF 0000:81:00.6 cannot take nvidia-1139 now: it lists nothing; retrying on the next hook")
-    assert types_of(root, L40S, 4) == [1139, 1139, 0, 0]
+        "VF 0000:81:00.6 cannot take nvidia-1139 now: it lists nothing; every VF has its "
+        "previous type back, as nova.conf lists them; retrying on the next hook")
+    assert types_of(root, L40S, 4) == [0, 0, 0, 0]  # all or nothing: the first two undone
     assert "subordinate_configuration" not in ours(out)
 
 

@@ -140,11 +140,18 @@ def test_a_full_vfio_gpu_is_resolved_from_the_learnt_catalogue(root):
     assert host.vfio_model("0000:81:00.0").total == 48
     offered = catalogue.offered(found, "570.158.02", table)
     checked = mappings.check_text("{L40S-12Q: all}")
-    assert [a.address for a in plan.build(checked.mapping, found, EPOXY, offered).vfio()] == \
-        list(vfs("0000:81:00.0", 4))
-    # Without what was learnt, the name cannot be resolved on the full GPU.
-    assert plan.build(checked.mapping, found, EPOXY).notes == (
-        "L40S-12Q: no GPU on this host offers it, nothing published for it",)
+    built = plan.build(checked.mapping, found, EPOXY, offered,
+                       whole_gpus=catalogue.whole_gpus(found, table))
+    assert [a.address for a in built.vfio()] == list(vfs("0000:81:00.0", 4))
+    # Without what was learnt, the name cannot be resolved on the full GPU: the GPU may hold
+    # it, so it is an error (the last published state stays), never "not offered here".
+    built = plan.build(checked.mapping, found, EPOXY)
+    assert built.notes == ()
+    assert built.errors == (
+        "L40S-12Q: cannot tell whether GPU 0000:81:00.0 (L40S) serves it: its VFs hold "
+        "nvidia-1139, which no VF lists now (a full GPU lists nothing) and which was not learnt "
+        "under this driver; release a VF no guest uses (write 0 to its nvidia/current_vgpu_type) "
+        "to let the charm read the name",)
 
 
 def test_resource_classes_are_distinct_per_profile_after_normalising():
@@ -187,9 +194,11 @@ def test_a_held_type_never_seen_free_resolves_by_id_to_the_vfs_that_hold_it(root
     built = plan.build(checked.mapping, found, EPOXY, offered)
     assert [a.address for a in built.vfio()] == list(vfs("0000:81:00.0", 4)) + \
         list(vfs("0000:c1:00.0", 2))  # the H200 is free: 141 // 70
+    # Another id: whether the full GPU offers it cannot be told while its held type has no name.
     checked = mappings.check_text("{nvidia-1142: ['81:00.0']}")
-    assert plan.build(checked.mapping, found, EPOXY, offered).errors == (
-        "nvidia-1142: 0000:81:00.0 (L40S) does not offer nvidia-1142; it offers nvidia-1139",)
+    assert plan.build(checked.mapping, found, EPOXY, offered).errors[0].startswith(
+        "nvidia-1142: cannot tell whether GPU 0000:81:00.0 (L40S) serves it: its VFs hold "
+        "nvidia-1139, which no VF lists now")
 
 
 @pytest.mark.parametrize("major,expected", [
@@ -574,3 +583,53 @@ def test_mig_backed_profiles_need_a_table_for_the_gpu_model(root):
     assert mig_build("{H200X-1-18C: [18:00.0]}").errors == (
         "GPU 0000:18:00.0 (NVIDIA 0x2330, device 0x2330): the charm has no MIG table for this "
         "model, so MIG-backed H200X-1-18C cannot be counted",)
+
+
+# -- counts on a partly used VFIO GPU ---------------------------------------------------
+
+def hold(root, addresses, number):
+    for vf in addresses:
+        (root / f"sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type").write_text(f"{number}\n")
+
+
+def test_counts_on_a_partly_used_gpu_come_from_the_profile_not_from_what_is_left(root):
+    """Two VFs hold L40S-12Q: the others list only 12 GB types now, yet the GPU holds four."""
+    l40s_host(root)
+    hold(root, vfs("0000:81:00.0", 2), 1139)
+    found = pci.discover()
+    assert {t.profile.framebuffer_gb for t in found.gpus[0].offered_types()} == {12}
+    table = catalogue.learn(found, "570.158.02", {})  # no catalogue before: learnt now
+    checked = mappings.check_text("{L40S-12Q: all, nvidia-1282: ['c1:00.0']}")
+    built = plan.build(checked.mapping, found, EPOXY, catalogue.offered(found, "570.158.02", table),
+                       whole_gpus=catalogue.whole_gpus(found, table))
+    assert built.errors == ()
+    assert [a.address for a in built.vfio() if a.gpu == "0000:81:00.0"] == \
+        list(vfs("0000:81:00.0", 4))
+    assert len([a for a in built.vfio() if a.gpu == "0000:c1:00.0"]) == 4  # 141 // 35
+
+
+def test_a_partly_used_gpu_of_a_model_never_seen_free_is_not_counted(root):
+    """No record, no size known for the model: no count from a partly used GPU's lists."""
+    host = FakeHost(root)
+    host.add_sriov_gpu("0000:61:00.0", device="0x26b1", vf_device="0x26b1", count=8,
+                       vfio_types={1710: "NVIDIA RTX6000-Ada-4Q", 1712: "NVIDIA RTX6000-Ada-12Q",
+                                   1715: "NVIDIA RTX6000-Ada-48Q"})
+    hold(root, vfs("0000:61:00.0", 1), 1712)
+    found = pci.discover()
+    checked = mappings.check_text("{RTX6000-Ada-12Q: all}")
+    built = plan.build(checked.mapping, found, EPOXY, catalogue.offered(found, "1", {}),
+                       whole_gpus=catalogue.whole_gpus(found, {}))
+    assert built.errors == (
+        "RTX6000-Ada-12Q: cannot tell how many VFs of GPU 0000:61:00.0 (NVIDIA 0x26b1) "
+        "nvidia-1712 fits: its VFs hold vGPUs, so they list only what fits beside them, and the "
+        "whole GPU's framebuffer was never seen (its VFs were never all free while the charm "
+        "looked); nothing is changed until they are",)
+    # Seen free once (the record the catalogue keeps for the model), it is counted again.
+    hold(root, vfs("0000:61:00.0", 1), 0)
+    table = catalogue.learn(pci.discover(), "1", {})
+    assert table["0x26b1 whole GPU"] == {"framebuffer-gb": "48"}
+    hold(root, vfs("0000:61:00.0", 1), 1712)
+    found = pci.discover()
+    built = plan.build(checked.mapping, found, EPOXY, catalogue.offered(found, "1", table),
+                       whole_gpus=catalogue.whole_gpus(found, table))
+    assert [a.address for a in built.vfio()] == list(vfs("0000:61:00.0", 4))

@@ -107,7 +107,10 @@ def test_type_names_are_learnt_per_model_and_driver_version(root):
     # Another driver release may number types differently: learnt separately, the old kept.
     again = catalogue.learn(found, "580.65.05")
     assert set(again) == {"0x26b9 570.158.02", "0x2335 570.158.02",
-                          "0x26b9 580.65.05", "0x2335 580.65.05"}
+                          "0x26b9 580.65.05", "0x2335 580.65.05",
+                          # each model's whole framebuffer, listed while no VF held a type
+                          "0x26b9 whole GPU", "0x2335 whole GPU"}
+    assert again["0x26b9 whole GPU"] == {"framebuffer-gb": "48"}
     catalogue.forget()
     assert catalogue.load() == {}
 

@@ -65,8 +65,10 @@ def test_no_gpu_nothing_to_do_after_the_hooks_problems():
 def test_gpus_gone_keep_the_published_mapping_and_name_five_missing_addresses():
     addresses = tuple(f"0000:4{n}:00.0" for n in range(5))
     pairs = status.statuses(inputs(host(), published={"nvidia-1": addresses}))
-    assert pairs == [("active", "no NVIDIA GPU found now (0000:40:00.0, 0000:41:00.0, 0000:42:00.0, "
-                                "0000:43:00.0 and 1 more missing): driver reloading? keeping nvidia-1 on 5")]
+    assert pairs == [("blocked", "published vGPU devices missing: 0000:40:00.0, 0000:41:00.0, "
+                                 "0000:42:00.0, 0000:43:00.0 and 1 more (no NVIDIA GPU found now: "
+                                 "driver reloading? check lspci and journalctl -k); keeping "
+                                 "nvidia-1 on 5")]
 
 
 def test_forced_without_gpu_waits_for_nova_and_the_relation():

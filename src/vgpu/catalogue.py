@@ -29,6 +29,19 @@ LIMIT = 1 << 20  # bytes; a real table holds a few kilobytes per GPU model and d
 
 Table = Dict[str, Dict[str, str]]  # "<device id> <driver version>" -> {"<type id>": name}
 
+# What a GPU model's whole framebuffer is, in GB: the largest time-sliced profile its VFs list
+# while none holds a type, recorded under "<device id> whole GPU" -> {"framebuffer-gb": "48"}
+# (names and sizes do not change between driver releases, ids do). Once a VF holds a type its
+# siblings list only that size, so a partly used GPU no longer shows it.
+WHOLE = "whole GPU"
+FRAMEBUFFER = "framebuffer-gb"
+# The same, for the models the charm knows from public listings of free GPUs, used when none
+# was recorded (a lost catalogue on a partly used GPU): L40S-48Q on the L40S (harvester/
+# pcidevices' testdata), H200X-141C on the H200 SXM (NVIDIA/kubevirt-gpu-device-plugin PR 192),
+# H200-141C on the H200 NVL and DC-96Q on the RTX PRO 6000 Blackwell Server Edition (NVIDIA's
+# vGPU type tables; the 141 GB and 96 GB of their product specifications).
+WHOLE_GPU_GB = {"0x26b9": 48, "0x2335": 141, "0x233b": 141, "0x2bb5": 96}
+
 
 def key(gpu: pci.Gpu, driver_version: Optional[str]) -> str:
     """The table key of ``gpu``'s model under ``driver_version``: ``"0x26b9 570.158.02"``."""
@@ -76,11 +89,47 @@ def learn(host: pci.Host, driver_version: Optional[str], table: Optional[Table] 
                 known[str(vgpu_type.number)] = vgpu_type.name
         if not known:
             del grown[key(gpu, driver_version)]
+        whole = listed_whole(gpu)
+        if whole is not None:
+            grown[whole_key(gpu)] = {FRAMEBUFFER: str(whole)}
     if grown != table:
         problem = save(grown)
         if problem and problems is not None and problem not in problems:
             problems.append(problem)
     return grown
+
+
+def whole_key(gpu: pci.Gpu) -> str:
+    """The table key of ``gpu``'s model's whole framebuffer: ``"0x26b9 whole GPU"``."""
+    return f"{gpu.device_id} {WHOLE}"
+
+
+def listed_whole(gpu: pci.Gpu) -> Optional[int]:
+    """The GPU's framebuffer in GB as its VFs list it now: only while no VF holds a type."""
+    if any(vf.current_type for vf in gpu.vfs):
+        return None
+    sizes = [p.framebuffer_gb for vf in gpu.vfs for p in (t.profile for t in vf.types)
+             if p is not None and not p.mig]
+    return max(sizes) if sizes else None
+
+
+def whole_gpus(host: pci.Host, table: Table) -> Dict[str, int]:
+    """Per VFIO GPU address, its whole framebuffer in GB when known.
+
+    What its VFs list now while none holds a type, else what was recorded
+    for its model, else NVIDIA's size for the models in ``WHOLE_GPU_GB``.
+    Never what a partly used GPU still lists.
+    """
+    out: Dict[str, int] = {}
+    for gpu in host.gpus:
+        if gpu.framework != pci.VFIO:
+            continue
+        recorded = table.get(whole_key(gpu), {}).get(FRAMEBUFFER, "")
+        size = (listed_whole(gpu) or (int(recorded) if recorded.isdigit() else None)
+                or WHOLE_GPU_GB.get(gpu.device_id))
+        if size:
+            out[gpu.address] = size
+    return out
 
 
 def save(table: Mapping[str, Mapping[str, str]]) -> Optional[str]:

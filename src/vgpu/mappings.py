@@ -148,19 +148,22 @@ def check_text(text: Optional[str]) -> Validation:
 
 
 def against_host(checked: Validation, host, release=None, offered=None, *,
-                 pci_in_placement: bool = False, live_migration: bool = False) -> Validation:
+                 pci_in_placement: bool = False, live_migration: bool = False,
+                 whole_gpus=None) -> Validation:
     """``checked`` (from check_text) resolved on the host into a plan.
 
     The host's and the release's objections become its errors. ``offered``:
     learnt types per GPU; ``pci_in_placement`` and ``live_migration``: the
-    charm options of those names (see plan.option_problems).
+    charm options of those names (see plan.option_problems); ``whole_gpus``:
+    each VFIO GPU's framebuffer in GB when known (catalogue.whole_gpus).
     """
     if not checked.ok:
         return checked
     from . import plan
 
     built = plan.build(checked.mapping, host, release, offered,
-                       pci_in_placement=pci_in_placement, live_migration=live_migration)
+                       pci_in_placement=pci_in_placement, live_migration=live_migration,
+                       whole_gpus=whole_gpus)
     return Validation(checked.mapping, built.errors, built)
 
 

@@ -111,14 +111,16 @@ def alias_name(name: str) -> str:
 
 def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
           offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]] = None, *,
-          pci_in_placement: bool = False, live_migration: bool = False) -> Plan:
+          pci_in_placement: bool = False, live_migration: bool = False,
+          whole_gpus: Optional[Mapping[str, int]] = None) -> Plan:
     """The plan for a checked mapping on ``host``; ``offered`` adds learnt VFIO types per GPU.
 
     ``pci_in_placement`` and ``live_migration`` are the charm options of
     those names: what the plan needs of Nova follows from them (see
-    :func:`option_problems`).
+    :func:`option_problems`). ``whole_gpus``: each VFIO GPU's whole
+    framebuffer in GB when known (:func:`vgpu.catalogue.whole_gpus`).
     """
-    draft = _Draft(host, offered)
+    draft = _Draft(host, offered, whole_gpus)
     for key, addresses in mapping.items():
         if tuple(addresses) == (ALL,):
             draft.everywhere(key)
@@ -140,9 +142,11 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
 class _Draft:
     """The mapping's claims on one host, key by key, before any function is assigned."""
 
-    def __init__(self, host: pci.Host, offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]]):
+    def __init__(self, host: pci.Host, offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]],
+                 whole_gpus: Optional[Mapping[str, int]] = None):
         self.host = host
         self.offered = dict(offered or {})
+        self.whole_gpus = dict(whole_gpus or {})
         self.errors: List[str] = []
         self.notes: List[str] = []
         self.missing: List[str] = []  # SR-IOV GPUs whose VFs are not enabled
@@ -173,6 +177,10 @@ class _Draft:
                 continue
             vgpu_type, problem = _resolve(key, gpu, self.types_of(gpu))
             if vgpu_type is None:
+                unknown = _unknown_types(key, gpu, self.types_of(gpu))
+                if unknown:  # it may serve the key: never dropped for a name not known now
+                    found = True
+                    self.errors.append(unknown)
                 continue
             found = True
             if problem:
@@ -225,7 +233,8 @@ class _Draft:
                 continue
             vgpu_type, key, _ = self.chosen[gpu.address]
             made, problems = _functions(gpu, vgpu_type, key, self.whole.get(gpu.address, False),
-                                        self.explicit.get(gpu.address, []), self.types_of(gpu), release)
+                                        self.explicit.get(gpu.address, []), self.types_of(gpu), release,
+                                        self.whole_gpus.get(gpu.address))
             self.errors.extend(problems)
             out.extend(made)
         for gpu in self.host.gpus:
@@ -349,6 +358,7 @@ def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
     the key names).
     """
     where = f"{gpu.address} ({gpu.model})"
+    unknown = _unknown_types(key, gpu, types)
     if not types and gpu.vfs and gpu.framework is None:
         return None, (f"{key}: the virtual functions of GPU {where} offer no vGPU types (are "
                       "they bound to the nvidia driver, nvidia-vgpu-mgr running?)")
@@ -360,13 +370,40 @@ def _resolve(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]):
             # The driver exposes no types yet: take the id as given (mdev GPU).
             return pci.VgpuType(number=number, name=key, framework=pci.MDEV), None
         if not found:
-            return None, (f"{key}: {where} does not offer {key}; it offers "
-                          f"{_summary([t.id for t in types])}")
+            return None, unknown or (f"{key}: {where} does not offer {key}; it offers "
+                                     f"{_summary([t.id for t in types])}")
     else:
         found, problem = _by_name(key, where, types)
         if problem:  # a key naming two types names something here: with `all` too, refused
-            return (found[0] if found else None), problem
+            return (found[0] if found else None), (unknown if not found and unknown else problem)
     return found[0], None
+
+
+def _unknown_types(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]) -> Optional[str]:
+    """Why it cannot be told now whether ``gpu`` serves ``key``; None when it can.
+
+    A VFIO GPU whose VFs hold a type no VF lists now (a full GPU lists nothing)
+    and that was never learnt under the running driver (a new driver's ids, a
+    lost catalogue) may well hold ``key``'s type; so may a GPU bound to nvidia
+    whose VFs show no vGPU files yet (the vGPU manager is starting). Either way
+    the GPU is neither released nor dropped from what Nova has.
+    """
+    where = f"GPU {gpu.address} ({gpu.model})"
+    head = f"{key}: cannot tell whether {where} serves it"
+    if gpu.framework == pci.VFIO:
+        named = {t.number for t in types if t.name != t.id}
+        unnamed = [f"nvidia-{n}" for n in sorted({vf.current_type for vf in gpu.vfs
+                                                  if vf.current_type} - named)]
+        if not unnamed:
+            return None
+        return (f"{head}: its VFs hold {_summary(unnamed)}, which no VF lists now (a full GPU "
+                "lists nothing) and which was not learnt under this driver; release a VF no "
+                "guest uses (write 0 to its nvidia/current_vgpu_type) to let the charm read "
+                "the name")
+    if gpu.framework is None and gpu.vfs and not types and gpu.driver == "nvidia":
+        return (f"{head}: its VFs show no vGPU types now (no nvidia/ files nor mdev types: are "
+                "they bound to the nvidia driver, is nvidia-vgpu-mgr starting?)")
+    return None
 
 
 def _by_name(key: str, where: str, types: Sequence[pci.VgpuType]):
@@ -390,8 +427,9 @@ def _by_name(key: str, where: str, types: Sequence[pci.VgpuType]):
 
 
 def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
-               explicit: List[str], types: Sequence[pci.VgpuType], release):
-    """The assignments for one GPU, or the problems that prevent them."""
+               explicit: List[str], types: Sequence[pci.VgpuType], release,
+               whole_gb: Optional[int] = None):
+    """The assignments for one GPU, or the problems that prevent them (``whole_gb``: see _fits)."""
     framework = gpu.framework or vgpu_type.framework
     if framework == pci.MDEV and (gpu.types or not gpu.vfs):
         # Mediated devices on the GPU itself (no SR-IOV): the GPU is the parent.
@@ -402,7 +440,12 @@ def _functions(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, whole: bool,
         return [], [f"GPU {gpu.address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO "
                     f"framework, which needs Nova 31 (2025.1 epoxy) or later; this host runs "
                     f"{release}"]
-    fits = _fits(gpu, vgpu_type, types, framework)
+    fits = _fits(gpu, vgpu_type, types, framework, whole_gb)
+    if fits == _NO_WHOLE:
+        return [], [f"{key}: cannot tell how many VFs of GPU {gpu.address} ({gpu.model}) "
+                    f"{vgpu_type.id} fits: its VFs hold vGPUs, so they list only what fits "
+                    "beside them, and the whole GPU's framebuffer was never seen (its VFs were "
+                    "never all free while the charm looked); nothing is changed until they are"]
     if fits < 0:
         return [], [_unknown_size(gpu, vgpu_type, key)]
     chosen_vfs = list(gpu.vfs[:fits]) if whole else []
@@ -443,23 +486,37 @@ def _vf_problems(gpu: pci.Gpu, vgpu_type: pci.VgpuType, key: str, framework: Opt
     return problems
 
 
+_NO_WHOLE = -2  # _fits: the whole GPU's framebuffer is unknown
+
+
 def _fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, types: Sequence[pci.VgpuType],
-          framework: Optional[str]) -> int:
-    """How many vGPUs of the type one GPU holds, at most one per VF."""
+          framework: Optional[str], whole_gb: Optional[int] = None) -> int:
+    """How many vGPUs of the type one GPU holds, at most one per VF.
+
+    VFIO: the profile's framebuffer against the whole GPU's (48 GB for an L40S,
+    its largest time-sliced profile; the largest of the type's own series is
+    smaller for B and A profiles): what its VFs list while none holds a type,
+    else ``whole_gb`` (learnt, or NVIDIA's size of the model), never what a
+    partly used GPU still lists (only the size its VFs hold): ``_NO_WHOLE``
+    when neither is known. A type known only by the id a VF holds: as many VFs
+    as hold it now, else unknown (-1).
+    """
     count = len(gpu.vfs)
     if framework == pci.MDEV:
         for t in types:
             if t.number == vgpu_type.number and t.max_instances is not None:
                 return min(count, t.max_instances)
         return count
-    # VFIO: the whole framebuffer is the GPU's largest time-sliced profile (48 GB for
-    # L40S-48Q); the largest of the type's own series is smaller for B and A profiles.
-    # A type known only by the id a VF holds: as many VFs as hold it now, else unknown (-1).
     own = vgpu_type.profile
-    sizes = [p.framebuffer_gb for p in (t.profile for t in types) if p is not None and not p.mig]
-    if own is None or not sizes or own.framebuffer_gb <= 0:
+    if own is None or own.framebuffer_gb <= 0:
         return sum(1 for vf in gpu.vfs if vf.current_type == vgpu_type.number) or -1
-    return min(count, max(sizes) // own.framebuffer_gb)
+    held = any(vf.current_type for vf in gpu.vfs)
+    sizes = [p.framebuffer_gb for p in (t.profile for t in gpu.offered_types())
+             if p is not None and not p.mig]
+    whole = (max(sizes) if sizes and not held else None) or whole_gb
+    if whole is None:
+        return _NO_WHOLE
+    return min(count, whole // own.framebuffer_gb)
 
 
 def _hex4(device_id: str) -> str:

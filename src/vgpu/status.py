@@ -83,6 +83,9 @@ def statuses(inputs: Inputs) -> List[Status]:
         out.append(_idle(inputs))
         return out
     out.extend(_prerequisites(inputs))
+    vanished = missing_status(inputs)
+    if vanished is not None:  # before the mapping's errors: it says why they arise
+        out.append(vanished)
     validation = inputs.validation
     if validation is not None and not validation.ok:
         out.append((BLOCKED, mapping_message(validation, inputs.published)))
@@ -105,13 +108,25 @@ def run_hint(inputs: Inputs, action: str) -> str:
 
 
 def _idle(inputs: Inputs) -> Status:
-    """No GPU here: the mapping kept for GPUs gone missing, or nothing to do."""
-    if not inputs.published:
-        return ACTIVE, "no NVIDIA GPU on this host: nothing to do"
+    """No GPU here: the mapping kept for GPUs gone missing (blocked, as for one), or nothing to do."""
+    return missing_status(inputs) or (ACTIVE, "no NVIDIA GPU on this host: nothing to do")
+
+
+def missing_status(inputs: Inputs) -> Optional[Status]:
+    """Blocked, naming the published functions discovery no longer finds; None when none is missing.
+
+    One GPU gone or all of them: the same status, never active (Nova still
+    has their devices; the published sections stay).
+    """
     missing = missing_gpus(inputs.facts, inputs.published)
-    gone = f" ({text.listing(missing)} missing)" if missing else ""
-    return ACTIVE, (f"no NVIDIA GPU found now{gone}: driver reloading? "
-                    f"keeping {mappings.summary(inputs.published)}")
+    if not missing:
+        return None
+    found = len(inputs.facts.pci.gpus)
+    now = (f"{found} NVIDIA GPU{'s' if found != 1 else ''} found now" if found
+           else "no NVIDIA GPU found now")
+    return BLOCKED, (f"published vGPU devices missing: {text.listing(missing)} ({now}: driver "
+                     "reloading? check lspci and journalctl -k); keeping "
+                     f"{mappings.summary(inputs.published)}")
 
 
 def missing_gpus(facts: Facts, published: Mapping[str, Tuple[str, ...]]) -> List[str]:

@@ -40,8 +40,13 @@ def desired(plan, host: pci.Host) -> Dict[str, Tuple[int, int]]:
 def ensure_types(plan, host: pci.Host) -> List[str]:
     """Write the plan's types to the VFs, releasing the others first; returns what was done.
 
+    All or nothing, as Nova sees it: when a VF refuses a type halfway, every
+    VF changed so far gets its previous type back (creatable_vgpu_types read
+    again before each write), so the VFs hold what nova.conf still lists.
+
     Raises GuestsRunningError (changing nothing) when guests, running or shut
-    off, hold VFs that would change, VfTypeError when a VF refuses a type.
+    off, hold VFs that would change; VfTypeError when a VF refuses a type,
+    saying whether the previous types are back.
     """
     changes = desired(plan, host)
     if not changes:
@@ -49,25 +54,51 @@ def ensure_types(plan, host: pci.Host) -> List[str]:
     from . import guests  # XML parsing only when something is to change
 
     guests.ensure_no_guests(changes, defined=True)
-    done = []
+    done: List[str] = []
+    try:
+        order = write_order(plan, changes)
+        _apply({address: target for address, (_, target) in changes.items()}, order, done)
+    except VfTypeError as error:
+        previous = {address: current for address, (current, _) in changes.items()}
+        undone: List[str] = []
+        try:
+            _apply(previous, order, undone)
+        except VfTypeError as again:
+            raise VfTypeError(f"{error}; rolling back failed too ({again}): the VFs do not all "
+                              "hold what nova.conf lists") from None
+        raise VfTypeError(f"{error}; every VF has its previous type back, as nova.conf "
+                          "lists them") from None
+    return done
+
+
+def _apply(targets: Dict[str, int], order: List[str], done: List[str]) -> None:
+    """Give each VF its target type (0: none): release what differs, then write, logging each.
+
+    Each VF's current type is read again first, so a half-done change is
+    undone by applying the previous targets. Types are written in ``order``
+    (see :func:`write_order`); ``done`` collects what was done.
+    """
+    held_now = {address: held(address) for address in targets}
     # Address order is virtfn order: a VF's routing ID is its PF's plus offset + index x stride.
-    for address, (current, target) in sorted(changes.items()):
-        if current and current != target:
+    for address in sorted(targets):
+        if held_now[address] and held_now[address] != targets[address]:
             _write(address, 0)
-            done.append(f"{address}: released nvidia-{current}")
-    for address in write_order(plan, changes):
-        target = changes[address][1]
-        if not target:
+            _done(done, f"{address}: released nvidia-{held_now[address]}")
+    for address in order:
+        target = targets[address]
+        if not target or held_now[address] == target:
             continue
         creatable = pci.parse_creatable(_read(address, "creatable_vgpu_types"))
         if target not in {t.number for t in creatable}:
             listed = ", ".join(t.id for t in creatable) or "nothing"
             raise VfTypeError(f"VF {address} cannot take nvidia-{target} now: it lists {listed}")
         _write(address, target)
-        done.append(f"{address}: nvidia-{target}")
-    for line in done:
-        log.info("vGPU type %s", line)
-    return done
+        _done(done, f"{address}: nvidia-{target}")
+
+
+def _done(done: List[str], line: str) -> None:
+    log.info("vGPU type %s", line)
+    done.append(line)
 
 
 def write_order(plan, changes) -> List[str]:

@@ -1,0 +1,272 @@
+"""vGPU state on the vendor-specific VFIO framework is never lost or wrong (issue 15, items 1-4).
+
+Each test is a host as the fixture's kernel model shows it (creatable_vgpu_types
+shrinks as siblings take types and lists nothing on a full GPU), a sequence of
+hooks, and what nova-compute (the relation data as it renders it) and the
+guests (the VFs' current_vgpu_type) see afterwards.
+
+Facts the fixtures rely on, from NVIDIA's own manager for this framework
+(NVIDIA/vgpu-device-manager, pkg/vgpu/vfio/sysfs.go and vfio.go): a VF's
+``nvidia/`` directory has ``creatable_vgpu_types`` (what can be created now)
+and ``current_vgpu_type`` (the id it holds, 0 for none); no sysfs file lists
+every supported type with its name: that tool asks NVML
+(nvmlDeviceGetSupportedVgpus, pkg/vgpu/vfio/nvml.go) for names its creatable
+lists no longer show. So a full GPU's held ids are named only by what was
+learnt while VFs were free.
+"""
+
+import json
+
+import pytest
+from ops import testing
+
+from unit_tests import debs, principal
+from unit_tests.fakehost import L40S_TYPES, l40s_branch_host, l40s_host
+from unit_tests.libvirt import defined_guest
+from unit_tests.test_charm import install_driver, ours, state
+from vgpu import catalogue
+
+MGR = "nvidia-vgpu-mgr"
+L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
+BRANCH_GPU = "0000:26:00.0"  # l40s_branch_host's L40S
+GUEST = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory):
+    return debs.host_driver(tmp_path_factory.mktemp("debs"))
+
+
+@pytest.fixture(scope="module")
+def branch_debs(tmp_path_factory):
+    """The host driver of each branch, at the version l40s_branch_host loads."""
+    out = tmp_path_factory.mktemp("branch-debs")
+    return {v: debs.build(out, f"nvidia-vgpu-ubuntu-{v.split('.')[0]}", v, debs.machine_arch(),
+                          debs.host_files())
+            for v in ("570.158.02", "550.90.05")}
+
+
+def vfs(pf: str, count: int, first: int = 0):
+    return [f"{pf[:-4]}{(4 + n) // 8:02x}.{(4 + n) % 8}" for n in range(first, first + count)]
+
+
+def vf_file(root, address: str, name: str):
+    return root / f"sys/bus/pci/devices/{address}/nvidia/{name}"
+
+
+def types_of(root, pf: str, count: int):
+    return [int(vf_file(root, a, "current_vgpu_type").read_text()) for a in vfs(pf, count)]
+
+
+def ready(host, root, tools, deb):
+    install_driver(root, deb)
+    host.install_sriov_manage()
+    tools.set_active(MGR)
+    tools.set_active("nvidia-vgpud")
+    return host
+
+
+def again(out, config=None):
+    return testing.State(config=config if config is not None else dict(out.config),
+                         relations=out.relations, resources=out.resources,
+                         stored_states=out.stored_states)
+
+
+def specs(out):
+    """The [pci] device specs nova-compute renders from this unit's data."""
+    sections = principal.nova_context(ours(out)).get("sections", {})
+    return [json.loads(v) for k, v in sections.get("pci", []) if k == "device_spec"]
+
+
+# -- 1. names that cannot be resolved ----------------------------------------------------
+
+def test_a_full_gpu_whose_names_were_lost_keeps_its_vfs_and_nova_conf(ctx, root, tools, deb):
+    """The catalogue is lost (deleted by hand, a remove and redeploy) while the GPU is full."""
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    published = ours(first)["subordinate_configuration"]
+    (root / catalogue.FILE).unlink()
+    out = ctx.run(ctx.on.update_status(), again(first))
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]  # no VF released
+    assert ours(out)["subordinate_configuration"] == published  # nova.conf keeps its specs
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings: L40S-12Q: cannot tell whether GPU 0000:81:00.0 (L40S) serves it: "
+        "its VFs hold nvidia-1139, which no VF lists now (a full GPU lists nothing) and which was "
+        "not learnt under this driver; release a VF no guest uses (write 0 to its "
+        "nvidia/current_vgpu_type) to let the charm read the name; keeping CUSTOM_VGPU_L40S_12Q "
+        "on 4")
+
+
+def test_new_type_ids_after_a_driver_upgrade_change_nothing_until_named(
+        ctx, root, tools, branch_debs):
+    """550 -> 570: L40S-12Q is 1153, then 1139; the boot unit fills the GPU before any hook."""
+    old, new = branch_debs["550.90.05"], branch_debs["570.158.02"]
+    host = ready(l40s_branch_host(root, "550"), root, tools, old)
+    config = {"vgpu-device-mappings": "{L40S-12Q: all}"}
+    first = ctx.run(ctx.on.config_changed(), state(config, resource=old))
+    assert [int(vf_file(root, a, "current_vgpu_type").read_text())
+            for a in vfs(BRANCH_GPU, 5)] == [1153] * 4 + [0]
+    published = ours(first)["subordinate_configuration"]
+    # The upgrade: the 570 package, its module loaded after the reboot, its type ids; the
+    # boot step gave the four VFs L40S-12Q by name (1139 now) before the charm ran.
+    install_driver(root, new)
+    host.loaded_driver("570.158.02")
+    host.vfio_model(BRANCH_GPU).types = dict(L40S_TYPES)
+    for address in vfs(BRANCH_GPU, 8):
+        vf_file(root, address, "current_vgpu_type").write_text("0\n")
+    for address in vfs(BRANCH_GPU, 4):
+        vf_file(root, address, "current_vgpu_type").write_text("1139\n")
+    # A shut-off instance keeps its VF (Nova keeps its allocation): it must find it as it was.
+    defined_guest(root, "instance-0000002a", GUEST, pci_address=vfs(BRANCH_GPU, 1, 1)[0])
+    out = ctx.run(ctx.on.update_status(), again(first))
+    assert [int(vf_file(root, a, "current_vgpu_type").read_text())
+            for a in vfs(BRANCH_GPU, 5)] == [1139] * 4 + [0]
+    assert ours(out)["subordinate_configuration"] == published
+    assert out.unit_status.message.startswith(
+        "vgpu-device-mappings: L40S-12Q: cannot tell whether GPU 0000:26:00.0 (L40S) serves it: "
+        "its VFs hold nvidia-1139, which no VF lists now")
+
+
+def test_explicit_addresses_on_a_full_gpu_with_unknown_names_say_what_is_unknown(
+        ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    mapping = {"vgpu-device-mappings": "{L40S-12Q: ['81:00.0']}"}
+    first = ctx.run(ctx.on.config_changed(), state(mapping, resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    (root / catalogue.FILE).unlink()
+    out = ctx.run(ctx.on.update_status(), again(first))
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert ours(out)["subordinate_configuration"] == published
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith(
+        "vgpu-device-mappings: L40S-12Q: cannot tell whether GPU 0000:81:00.0 (L40S) serves it: "
+        "its VFs hold nvidia-1139")
+    # The operator frees a VF no guest uses: its siblings' lists name the type again.
+    vf_file(root, vfs(L40S, 1, 3)[0], "current_vgpu_type").write_text("0\n")
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active", out.unit_status
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert ours(out)["subordinate_configuration"] == published
+
+
+def test_vfs_without_their_nvidia_files_keep_what_was_published(ctx, root, tools, deb):
+    """While the vGPU manager restarts, the VFs briefly have no nvidia/ directory."""
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    hidden = root.parent / "hidden-nvidia"
+    hidden.mkdir()
+    for n, address in enumerate(vfs(L40S, 16)):
+        (root / f"sys/bus/pci/devices/{address}/nvidia").resolve().rename(hidden / str(n))
+    out = ctx.run(ctx.on.update_status(), again(first))
+    assert ours(out)["subordinate_configuration"] == published
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings: L40S-12Q: cannot tell whether GPU 0000:81:00.0 (L40S) serves it: "
+        "its VFs show no vGPU types now (no nvidia/ files nor mdev types: are they bound to the "
+        "nvidia driver, is nvidia-vgpu-mgr starting?); keeping CUSTOM_VGPU_L40S_12Q on 4")
+
+
+# -- 2. counts on a partly used GPU ----------------------------------------------------
+
+def test_all_on_a_partly_used_gpu_without_a_catalogue_fills_it_and_releases_nothing(
+        ctx, root, tools, deb):
+    """Two VFs hold L40S-12Q (given by hand); the others list only 12 GB types."""
+    ready(l40s_host(root), root, tools, deb)
+    for address in vfs(L40S, 2):
+        vf_file(root, address, "current_vgpu_type").write_text("1139\n")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                 resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert [s["address"] for s in specs(out)] == vfs(L40S, 4)
+    assert not [line for line in ctx.juju_log if "released" in line.message]
+
+
+# -- 3. a write that fails halfway -----------------------------------------------------
+
+def test_a_change_refused_halfway_is_rolled_back_to_what_nova_conf_lists(ctx, root, tools, deb):
+    host = ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    host.vfio_model(L40S).refuse.add(("0000:81:00.5", 1141))  # refuses L40S-24Q only
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    # The four VFs hold L40S-12Q again, as the published (unchanged) nova.conf says.
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert ours(out)["subordinate_configuration"] == published
+    assert out.unit_status == testing.BlockedStatus(
+        "VF 0000:81:00.5 holds 0 after writing 1141; every VF has its previous type back, as "
+        "nova.conf lists them; retrying on the next hook")
+    said = [line.message for line in ctx.juju_log if line.message.startswith("vGPU type ")][4:]
+    assert said == ([f"vGPU type {a}: released nvidia-1139" for a in vfs(L40S, 4)]
+                    + ["vGPU type 0000:81:00.4: nvidia-1141",
+                       "vGPU type 0000:81:00.4: released nvidia-1141"]
+                    + [f"vGPU type {a}: nvidia-1139" for a in vfs(L40S, 4)])
+
+
+def test_a_rollback_that_fails_too_says_the_vfs_differ_from_nova_conf(ctx, root, tools, deb):
+    host = ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    host.vfio_model(L40S).refuse.add("0000:81:00.5")  # refuses every type from now on
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert types_of(root, L40S, 2) == [1139, 0]
+    assert out.unit_status == testing.BlockedStatus(
+        "VF 0000:81:00.5 holds 0 after writing 1141; rolling back failed too (VF 0000:81:00.5 "
+        "holds 0 after writing 1139): the VFs do not all hold what nova.conf lists; retrying on "
+        "the next hook")
+
+
+# -- 4. vanishing GPUs ------------------------------------------------------------------
+
+def vanish(root, *gpus):
+    """The GPUs fall off the bus (a driver reload, a failed device): discovery finds none of them."""
+    for address in gpus:
+        (root / f"sys/bus/pci/devices/{address}").unlink()
+
+
+def test_report_in_placement_stays_when_the_gpus_vanish_after_the_mapping_was_cleared(
+        ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    config = {"vgpu-device-mappings": "{L40S-12Q: all}", "pci-in-placement": True}
+    first = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
+    cleared = ctx.run(ctx.on.config_changed(), again(first, {"pci-in-placement": True}))
+    sections = principal.nova_context(ours(cleared))["sections"]
+    assert sections["pci"] == [["report_in_placement", "True"]]  # sticky once published
+    vanish(root, L40S, H200)
+    out = ctx.run(ctx.on.update_status(), again(cleared))
+    # Turning it off after devices were reported stops nova-compute.
+    assert principal.nova_context(ours(out))["sections"] == sections
+
+
+def test_every_gpu_vanishing_is_not_active_and_names_the_missing_gpus(ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    vanish(root, L40S, H200)
+    out = ctx.run(ctx.on.update_status(), again(first))
+    assert ours(out)["subordinate_configuration"] == published
+    assert out.unit_status == testing.BlockedStatus(
+        "published vGPU devices missing: 0000:81:00.4, 0000:81:00.5, 0000:81:00.6, 0000:81:00.7 "
+        "(no NVIDIA GPU found now: driver reloading? check lspci and journalctl -k); keeping "
+        "CUSTOM_VGPU_L40S_12Q on 4")
+
+
+def test_one_gpu_vanishing_says_the_same(ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    mapping = {"vgpu-device-mappings": "{L40S-12Q: all, H200X-35C: ['c1:00.0']}"}
+    first = ctx.run(ctx.on.config_changed(), state(mapping, resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    vanish(root, H200)
+    out = ctx.run(ctx.on.update_status(), again(first))
+    assert ours(out)["subordinate_configuration"] == published
+    assert out.unit_status == testing.BlockedStatus(
+        "published vGPU devices missing: 0000:c1:00.4, 0000:c1:00.5, 0000:c1:00.6, 0000:c1:00.7 "
+        "(1 NVIDIA GPU found now: driver reloading? check lspci and journalctl -k); keeping "
+        "CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4")
