@@ -446,3 +446,17 @@ def test_a_record_that_cannot_be_read_creates_nothing_and_the_vfs_still_come_bac
 def test_without_a_record_the_boot_step_says_nothing_of_mdevs(rebooted, root, journal):
     assert boot_main(root, gpu(L40S, ["L40S-12Q"])) == 0
     assert not any("mdev" in line for line in said(journal))
+
+
+def test_the_boot_step_notes_the_new_drivers_type_names_while_the_vfs_are_free(root, tools):
+    # After an upgrade to a branch that renumbers types, the VFs are full once the boot
+    # step is done and list nothing: the charm's next hook finds the names it noted.
+    from vgpu import catalogue
+
+    host = l40s_host(root, enabled=False, branch="550")
+    host.install_sriov_manage()
+    host.reboot(driver="570.158.02", vfio_types={L40S: L40S_TYPES})
+    tools.set_active(MGR)
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"] * 4))) == 0
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert catalogue.load()["0x26b9 570.158.02"]["1139"] == "NVIDIA L40S-12Q"

@@ -38,7 +38,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from . import hostroot, kernel, mdevs, pci, services, sriov, vfio
+from . import catalogue, hostroot, kernel, mdevs, pci, services, sriov, vfio
 from .errors import HostReadError, ServiceError, VfTypeError, VgpuError
 
 log = logging.getLogger(__name__)
@@ -251,8 +251,23 @@ def _restore_gpu(gpu: GpuPlan, until: float, limits: Limits) -> str:
         log.info("GPU %s: %d virtual functions there already", gpu.address, present)
     elif not _enable(gpu.address, entry, until, limits):
         return FAILED
+    if gpu.vfs:
+        _learn_names()
     results = [_give(gpu.address, entry, vf, until, limits.poll) for vf in gpu.vfs]
     return RESTORED if all(results) else FAILED
+
+
+def _learn_names() -> None:
+    """Note what the VFs list now in the charm's table of type names (:mod:`vgpu.catalogue`).
+
+    Right after a reboot the VFs are free and list every type by name: after a
+    driver upgrade that renumbered them, the charm's next hook finds the new
+    ids' names there even though the VFs, once full, list nothing.
+    """
+    try:
+        catalogue.learn(pci.discover(), kernel.loaded_driver_version())
+    except (VgpuError, OSError) as error:  # a bonus: never in the way of restoring
+        log.warning("the vGPU type names the VFs list were not noted: %s", error)
 
 
 def _vf_count(entry: str) -> int:
