@@ -182,7 +182,7 @@ def restore(data: Mapping) -> int:
     """Enable the VFs and give them their types, as :mod:`vgpu.boot` describes; the exit status."""
     gpus, wait_for, limits = parse(data)
     if not gpus:
-        log.info("no GPU to restore: vgpu-device-mappings selects none")
+        log.info("no virtual functions to restore: vgpu-device-mappings selects no SR-IOV GPU")
         return 0
     deadline = time.monotonic() + limits.total
     if not kernel.iommu_enabled():
