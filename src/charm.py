@@ -27,6 +27,7 @@ from vgpu import (
     facts,
     kernel,
     mappings,
+    mdevs,
     novaconf,
     pci,
     principalconf,
@@ -411,7 +412,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         here = self._facts()
         if here.driver is None or not here.driver.installed:
             return
-        if not any(gpu.sriov for gpu in here.pci.gpus) or sriov.unit_masked():
+        restores_mdevs = self._record_mdevs()
+        if not (restores_mdevs or any(gpu.sriov for gpu in here.pci.gpus)) \
+                or sriov.unit_masked():
             return
         try:
             if plan is not None or not sriov.data_path().exists():
@@ -421,6 +424,27 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             sriov.ensure_unit(sriov.render_unit())
         except SriovError as error:
             self._problems.append(f"{sriov.UNIT}: {error}")
+
+    def _record_mdevs(self) -> bool:
+        """On Nova before 30, record the mdevs instances hold for the boot step; True if one is kept.
+
+        Nova 30 and later persists mdevs itself: nothing is recorded there.
+        """
+        here = self._facts()
+        release = here.supported_release()
+        try:
+            if release is not None and not mdevs.applies(release.nova_major):
+                mdevs.forget()
+                return False
+            if release is None or not mdevs.uses_mdevs(here.pci):
+                return mdevs.kept()  # nothing to look at now: the record stays as it was
+            return bool(mdevs.refresh(here.pci))
+        except HostReadError as error:
+            self._problems.append(f"cannot record the mdevs instances hold: {error}; "
+                                  "the last record stays")
+        except OSError as error:
+            self._problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
+        return mdevs.kept()
 
     def _published_reporting(self) -> bool:
         for relation in self.model.relations[RELATION]:
@@ -719,9 +743,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except (VgpuError, OSError) as error:
             logger.warning("could not remove %s: %s", sriov.UNIT, error)
         try:
+            mdevs.forget()
             catalogue.forget()
         except OSError as error:
-            logger.warning("could not remove /%s: %s", catalogue.FILE, error.strerror or error)
+            logger.warning("could not remove the charm's files in /%s: %s", catalogue.STATE_DIR,
+                           error.strerror or error)
         # Whatever this charm masked is unmasked and started, as the package set them up.
         try:
             masked = self._masked_by_us()

@@ -17,6 +17,7 @@ charmhelpers, as nova-compute reads it).
     make demo ARGS="--host rtxpro6000-mig"          # the same in MIG mode: MIG-backed profiles
     make demo ARGS="--nova 2:21.2.4-0ubuntu2"      # ussuri spelling
     make demo ARGS="--host l40s --config pci-in-placement=true"   # any other option
+    make demo ARGS="--host l40s --reboot-upgrade"   # driver branch 550 -> 570 and a reboot
 
 systemctl and update-initramfs are stand-ins that record their calls, so
 nothing on this machine is touched.
@@ -36,7 +37,7 @@ from ops import testing  # noqa: E402
 
 from charm import NovaComputeNvidiaVgpuCharm  # noqa: E402
 from unit_tests import debs, principal  # noqa: E402
-from unit_tests.fakehost import build  # noqa: E402
+from unit_tests.fakehost import L40S_BRANCHES, build  # noqa: E402
 from unit_tests.faketools import Tools  # noqa: E402
 
 DEFAULT_MAPPINGS = {
@@ -54,6 +55,8 @@ DEFAULT_MAPPINGS = {
 DEFAULT_NOVA = {"l40s": "3:31.0.0-0ubuntu1", "rtxpro6000": "3:31.0.0-0ubuntu1",
                 "rtxpro6000-mig": "3:31.0.0-0ubuntu1"}  # VFIO: epoxy
 UNIT = "nova-compute-nvidia-vgpu/0"
+OLD_BRANCH, NEW_BRANCH = "550", "570"  # --reboot-upgrade: L40S-12Q is nvidia-1153, then 1139
+L40S_ADDRESS = "0000:81:00.0"
 
 
 def main(argv=None) -> int:
@@ -67,8 +70,14 @@ def main(argv=None) -> int:
                                        "epoxy for --host l40s)")
     parser.add_argument("--config", action="append", default=[], metavar="OPTION=VALUE",
                         help="another charm option (true/false for booleans); may repeat")
+    parser.add_argument("--reboot-upgrade", action="store_true",
+                        help="--host l40s only: start on driver branch 550, then upgrade to "
+                             "570 (other L40S type ids) and reboot; the boot step and a hook "
+                             "restore the VF types by name")
     parser.add_argument("--keep", action="store_true", help="keep the sample host tree")
     args = parser.parse_args(argv)
+    if args.reboot_upgrade and args.host != "l40s":
+        parser.error("--reboot-upgrade needs --host l40s (the host with two driver branches)")
     mappings = args.mappings if args.mappings is not None else DEFAULT_MAPPINGS[args.host]
     config = {"vgpu-device-mappings": mappings, **options(args.config)}
 
@@ -77,7 +86,9 @@ def main(argv=None) -> int:
     tools = Tools(work / "tools")
     os.environ.update(tools.environ())
     os.environ["VGPU_HOST_ROOT"] = str(root)
-    build(args.host, root, nova=args.nova or DEFAULT_NOVA.get(args.host, "3:29.0.0-0ubuntu1"))
+    branch = {"branch": OLD_BRANCH} if args.reboot_upgrade else {}
+    host = build(args.host, root, nova=args.nova or DEFAULT_NOVA.get(args.host, "3:29.0.0-0ubuntu1"),
+                 **branch)
     for unit in ("nvidia-vgpu-mgr", "nvidia-vgpud"):
         tools.set_active(unit)
     package = driver_package(work, root)
@@ -110,15 +121,14 @@ def main(argv=None) -> int:
     print("/etc/nova/nova.conf, the sections nova-compute renders from nova-vgpu:")
     print(principal.render_nova_conf(context).rstrip() if context else "  (none)")
     print(f"services nova-compute's pause stops: {sorted(principal.services(data)) or 'none'}")
-    written = vf_types(root)
-    if written:
-        print()
-        print("vGPU types written to virtual functions (nvidia/current_vgpu_type):")
-        print("\n".join(written))
-        instances = gpu_instances(root)
-        if instances:
-            print("GPU instances of MIG-backed vGPUs (nvidia/gpu_instance_id):")
-            print("\n".join(instances))
+    print_vfs(root)
+    if args.reboot_upgrade:
+        state = reboot_upgrade(ctx, state, host, work, config)
+        status = state.unit_status
+        if not args.keep:
+            import shutil
+            shutil.rmtree(work)
+        return 0 if status.name == "active" else 1
     print()
     print("$ juju run nova-compute-nvidia-vgpu/0 list-vgpu-types")
     ctx.run(ctx.on.action("list-vgpu-types"), state)
@@ -132,6 +142,79 @@ def main(argv=None) -> int:
         import shutil
         shutil.rmtree(work)
     return 0 if status.name == "active" else 1
+
+
+def print_vfs(root: Path) -> None:
+    """The types written to VFs and, for MIG-backed ones, their GPU instances (if any)."""
+    written = vf_types(root)
+    if not written:
+        return
+    print()
+    print("vGPU types written to virtual functions (nvidia/current_vgpu_type):")
+    print("\n".join(written))
+    instances = gpu_instances(root)
+    if instances:
+        print("GPU instances of MIG-backed vGPUs (nvidia/gpu_instance_id):")
+        print("\n".join(instances))
+
+
+def reboot_upgrade(ctx, state, host, work: Path, config: dict):
+    """The upgrade action to the new branch, a reboot, the boot step, then a hook; its state."""
+    from vgpu import boot, sriov
+
+    root = host.root
+    host_driver_before = (root / "sys/module/nvidia/version").read_text().strip()
+    before = device_specs(state)
+    types_before = vf_types(root)
+    _, version = L40S_BRANCHES[NEW_BRANCH]
+    package = debs.build(work, f"nvidia-vgpu-ubuntu-{NEW_BRANCH}", version, debs.machine_arch(),
+                         debs.host_files())
+    print()
+    print(f"$ juju attach-resource nova-compute-nvidia-vgpu nvidia-vgpu-software=./{package.name}")
+    print("$ juju run nova-compute-nvidia-vgpu/0 upgrade")
+    state = ctx.run(ctx.on.action("upgrade"), testing.State(
+        config=config, relations=state.relations, stored_states=state.stored_states,
+        resources={testing.Resource(name="nvidia-vgpu-software", path=package)}))
+    print(f"  message: {ctx.action_results['message']}")
+    print("$ juju ssh nova-compute/0 sudo systemctl reboot")
+    host.reboot(driver=version, vfio_types={L40S_ADDRESS: L40S_BRANCHES[NEW_BRANCH][0]})
+    host.install_sriov_manage()  # the package's sriov-manage is a placeholder
+    numbers = {name: n for n, name in L40S_BRANCHES[NEW_BRANCH][0].items()}
+    print(f"  (simulated: no VFs, no types; driver {version} loaded, on which NVIDIA L40S-12Q "
+          f"is nvidia-{numbers['NVIDIA L40S-12Q']})")
+    print()
+    print("$ journalctl -u nvidia-vgpu-vfs -b   # the boot step, before nova-compute")
+    boot.main([f"/{sriov.DATA_FILE}"])
+    types_booted = vf_types(root)
+    print()
+    print("$ juju exec --unit nova-compute-nvidia-vgpu/0 hooks/update-status   # the next hook")
+    state = ctx.run(ctx.on.update_status(), testing.State(
+        config=config, relations=state.relations, stored_states=state.stored_states,
+        resources=state.resources))
+    status = state.unit_status
+    print(f"  {status.name}: {status.message}")
+    print()
+    types_after = vf_types(root)
+    released = "none released" if types_after == types_booted else "CHANGED by the hook"
+    print("vGPU types on the virtual functions:")
+    print("\n".join([f"  before the reboot ({host_driver_before}):",
+                     *(f"  {line}" for line in types_before),
+                     f"  after the boot step and the hook ({version}; {released}):",
+                     *(f"  {line}" for line in types_after)]))
+    after = device_specs(state)
+    print()
+    print(f"[pci] device_spec published: {len(after)}, "
+          f"{'unchanged' if after == before else 'CHANGED'}:")
+    shown = after if len(after) <= 3 else [*after[:2], "...", after[-1]]
+    print("\n".join(f"  {spec}" for spec in shown))
+    return state
+
+
+def device_specs(state) -> list:
+    """The ``[pci] device_spec`` values the relation publishes, as nova-compute renders them."""
+    context = principal.nova_context(state.get_relations("nova-vgpu")[0].local_unit_data)
+    sections = context.get("sections", {}) if context else {}
+    return [value for key, value in sections.get("pci", []) if key == "device_spec"]
 
 
 def driver_package(work: Path, root: Path) -> Path:

@@ -29,11 +29,17 @@ Two pieces of kernel behaviour are modelled, since plain files cannot show them:
   shows), released with its type. With MIG mode off, MIG-backed types are
   listed as before but refused, as time-sliced ones are with MIG mode on
   (inferred: no transcript shows either write).
+* Creating a mediated device: a UUID written to a type's ``create`` becomes
+  ``<parent>/<uuid>`` with its ``mdev_type`` link and ``sys/bus/mdev/devices/<uuid>``
+  as soon as anything is opened next (an audit hook; :func:`settle_mdevs` at once).
+  :meth:`FakeHost.reboot` takes away what a reboot does: mdevs, VFs (recorded for
+  sriov-manage again), running domains; optionally with a new driver's type ids.
 """
 
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 from dataclasses import dataclass
@@ -356,6 +362,61 @@ def _mig_write(model: VfioModel, vf_dir: str, own: int, nvidia: str) -> bool:
     return True
 
 
+_PENDING: list = []  # ``create`` files written to, not yet turned into mdevs
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+
+
+def _mdev_kernel(event, args):
+    """Audit hook: a ``create`` opened for writing is settled at the next open (see the doc)."""
+    if event != "open" or getattr(_HOOK, "busy", False):
+        return
+    if _PENDING:
+        settle_mdevs()
+    path, mode, flags = args
+    if isinstance(path, int):
+        return
+    path = os.fspath(path)
+    if isinstance(path, bytes) or os.path.basename(path) != "create" \
+            or "mdev_supported_types" not in path:
+        return
+    if (mode and any(c in mode for c in "wax+")) or \
+            (mode is None and flags & (os.O_WRONLY | os.O_RDWR)):
+        _PENDING.append(path)
+
+
+def settle_mdevs() -> None:
+    """Turn every UUID written to a ``create`` file into a mediated device, as the kernel does."""
+    _HOOK.busy = True
+    try:
+        while _PENDING:
+            create = _PENDING.pop(0)
+            try:
+                with open(create) as handle:
+                    uuid = handle.read().strip()
+                with open(create, "w"):
+                    pass
+            except OSError:  # a tree already removed
+                continue
+            type_dir = os.path.realpath(os.path.dirname(create))
+            parent = os.path.dirname(os.path.dirname(type_dir))
+            if _UUID.match(uuid) and not os.path.exists(os.path.join(parent, uuid)):
+                root = Path(type_dir[:type_dir.rindex("/sys/devices/")])
+                _make_mdev(root, Path(parent), os.path.basename(type_dir), uuid)
+    finally:
+        _HOOK.busy = False
+
+
+def _make_mdev(root: Path, parent_dir: Path, type_id: str, uuid: str) -> Path:
+    directory = parent_dir / uuid
+    directory.mkdir()
+    (directory / "mdev_type").symlink_to(
+        os.path.relpath(parent_dir / "mdev_supported_types" / type_id, directory))
+    bus = root / "sys/bus/mdev/devices"
+    bus.mkdir(parents=True, exist_ok=True)
+    (bus / uuid).symlink_to(os.path.relpath(directory, bus))
+    return directory
+
+
 def _install_kernel_model() -> None:
     if not getattr(sys, "_fake_vfio_kernel", False):
         sys.addaudithook(_vfio_kernel)
@@ -453,13 +514,12 @@ class FakeHost:
                            for k, t in (mdev_types or {}).items()},
                   "vfio": {str(k): v for k, v in (vfio_types or {}).items()},
                   "first": first_function}
+        recipes = self._recipes()  # kept either way: a reboot takes the VFs away again
+        recipes[address] = recipe
+        self.recipes.parent.mkdir(parents=True, exist_ok=True)
+        self.recipes.write_text(json.dumps(recipes))
         if enabled:
             self._create_vfs(address, recipe)
-        else:
-            recipes = self._recipes()
-            recipes[address] = recipe
-            self.recipes.parent.mkdir(parents=True, exist_ok=True)
-            self.recipes.write_text(json.dumps(recipes))
         return directory
 
     def vfio_model(self, address: str) -> VfioModel:
@@ -553,17 +613,46 @@ class FakeHost:
 
     def add_mdev(self, parent: str, type_id: str, uuid: str) -> Path:
         """A created mediated device: under its parent, linked from sys/bus/mdev/devices."""
-        parent_dir = (self.bus / parent).resolve()
-        directory = parent_dir / uuid
-        directory.mkdir()
-        (directory / "mdev_type").symlink_to(
-            os.path.relpath(parent_dir / "mdev_supported_types" / type_id, directory))
+        return _make_mdev(self.root, (self.bus / parent).resolve(), type_id, uuid)
+
+    def reboot(self, driver: Optional[str] = None,
+               vfio_types: Optional[Mapping[str, Mapping[int, str]]] = None) -> None:
+        """What a reboot takes away: every mdev, every VF (and its type), the running domains.
+
+        The VFs are recorded for sriov-manage to create again; ``driver``: the
+        version loaded after the reboot; ``vfio_types``: per GPU address, the
+        new driver's VFIO types (ids that differ between branches).
+        """
+        settle_mdevs()
         bus = self.root / "sys/bus/mdev/devices"
-        bus.mkdir(parents=True, exist_ok=True)
-        (bus / uuid).symlink_to(os.path.relpath(directory, bus))
-        return directory
+        for link in sorted(bus.iterdir()) if bus.exists() else ():
+            shutil.rmtree(link.resolve())
+            link.unlink()
+        recipes = self._recipes()
+        for address, recipe in recipes.items():
+            pf = (self.bus / address).resolve()
+            for name in sorted(os.listdir(pf)):
+                if name.startswith("virtfn"):
+                    vf = (pf / name).resolve()
+                    for link in (self.bus / vf.name, self.root / "sys/class/mdev_bus" / vf.name):
+                        if os.path.lexists(link):
+                            link.unlink()
+                    shutil.rmtree(vf)
+                    (pf / name).unlink()
+            (pf / "sriov_numvfs").write_text("0\n")
+            if vfio_types and address in vfio_types:
+                recipe["vfio"] = {str(k): v for k, v in vfio_types[address].items()}
+                _MODELS[os.path.realpath(pf)] = VfioModel(vfio_types[address])
+        if recipes:
+            self.recipes.write_text(json.dumps(recipes))
+        shutil.rmtree(self.root / "run/libvirt/qemu", ignore_errors=True)
+        if driver:
+            self.loaded_driver(driver)
 
     def _mdev_types(self, directory: Path, types: Mapping[str, MdevType]) -> None:
+        if not getattr(sys, "_fake_mdev_kernel", False):
+            sys.addaudithook(_mdev_kernel)
+            sys._fake_mdev_kernel = True
         base = directory / "mdev_supported_types"
         for type_id, spec in types.items():
             entry = base / type_id
@@ -768,25 +857,28 @@ def a100_host(root, nova: str = "3:29.0.0-0ubuntu1", gpus: int = 1, vfs: int = 1
     return host
 
 
-def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True) -> FakeHost:
+def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
+              branch: str = "570") -> FakeHost:
     """An L40S and an H200 SXM on NVIDIA's vendor-specific VFIO framework (no mdev at all).
 
     Their VFs carry their GPU's device id (0x26b9, 0x2335), as on real hosts (see
-    rtx_pro_6000_host); Nova 2025.1 epoxy.
+    rtx_pro_6000_host); Nova 2025.1 epoxy. ``branch``: the driver branch (L40S_BRANCHES),
+    whose L40S type ids and version the host has.
     """
+    l40s_types, version = L40S_BRANCHES[branch]
     host = FakeHost(root)
     host.pci_ids()
     # 16 of the L40S's 32 VFs and 8 of the H200's 16 keep the trees small (sysfs-sized
     # trees cost about a millisecond per file); every rule still shows.
     host.add_sriov_gpu("0000:81:00.0", device="0x26b9", vf_device="0x26b9", count=16,
-                       vfio_types=L40S_TYPES, enabled=enabled, totalvfs=32)
+                       vfio_types=l40s_types, enabled=enabled, totalvfs=32)
     host.add_sriov_gpu("0000:c1:00.0", device="0x2335", vf_device="0x2335", count=8,
                        vfio_types=H200_TYPES, enabled=enabled, totalvfs=16)
     host.iommu_groups(8)
     host.nova(nova)
     host.principal_nova_conf()
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
-    host.loaded_driver("570.158.02")
+    host.loaded_driver(version)
     return host
 
 
@@ -907,7 +999,7 @@ __all__: Sequence[str] = ("FakeHost", "MdevType", "VfioModel", "v100_host", "a10
                           "L40S_TYPES", "H200_TYPES", "rtx_pro_6000_host", "h200_sxm_host",
                           "h200_nvl_host", "l40s_branch_host", "L40S_TYPES_1153", "L40S_BRANCHES",
                           "H200_SXM_TYPES", "H200_NVL_TYPES", "RTX_PRO_6000_TYPES",
-                          "RTX_PRO_6000_MIG_TYPES", "H200_SXM_MIG_TYPES", "MigModel")
+                          "RTX_PRO_6000_MIG_TYPES", "H200_SXM_MIG_TYPES", "MigModel", "settle_mdevs")
 
 
 def assign_vfio_type(host: FakeHost, vf_address: str, number: int,

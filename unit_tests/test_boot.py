@@ -18,9 +18,10 @@ import time
 
 import pytest
 
-from unit_tests.fakehost import L40S_TYPES, FakeHost, l40s_host
+from unit_tests.fakehost import L40S_TYPES, FakeHost, a100_host, l40s_host, settle_mdevs, v100_host
 from unit_tests.faketools import stand_in
-from vgpu import boot, sriov
+from unit_tests.libvirt import defined_guest, running_guest
+from vgpu import boot, mdevs, pci, sriov
 
 MGR = "nvidia-vgpu-mgr"
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
@@ -322,3 +323,168 @@ def test_mig_backed_profiles_out_of_mig_mode_say_what_turns_it_on(root, tools, j
             "1414; MIG-backed H200X-1-18C needs MIG mode on GPU 0000:18:00.0: run the charm's "
             "enable-mig action (nvidia-smi -i 00000000:18:00.0 -mig 1)") in said(journal)
     assert host.mig_mode("0000:18:00.0")["current"] == "Disabled"
+
+
+# -- mdevs after a reboot (Nova before 30) ------------------------------------------------
+
+C1, E1 = "0000:c1:00.0", "0000:e1:00.0"
+M1, M2, M3, M4 = (f"11111111-2222-4333-8444-00000000000{n}" for n in range(1, 5))
+HELD = {M1: (C1, "nvidia-108"), M2: (C1, "nvidia-108"), M3: (E1, "nvidia-109")}
+
+
+def instance(n: int) -> str:
+    return f"aaaaaaaa-bbbb-4ccc-8ddd-00000000000{n}"
+
+
+def held_then_rebooted(root, host, held):
+    """Guests holding ``held`` ({uuid: (parent, type)}), the charm's record, then a reboot."""
+    for n, (uuid, (parent, type_id)) in enumerate(held.items(), 1):
+        host.add_mdev(parent, type_id, uuid)
+        (running_guest if n % 2 else defined_guest)(root, f"instance-0000000{n}", instance(n),
+                                                     mdev_uuid=uuid)
+    assert [m.uuid for m in mdevs.refresh(pci.discover())] == sorted(held)
+    host.reboot()
+    assert all(mdev_where(root, uuid) is None for uuid in held)
+    return host
+
+
+def mdev_where(root, uuid):
+    """(parent, type) of the mdev as sysfs shows it; None when it does not exist."""
+    settle_mdevs()
+    device = root / boot.MDEV_DEVICES / uuid
+    if not os.path.lexists(device):
+        return None
+    real = device.resolve()
+    return real.parent.name, (real / "mdev_type").resolve().name
+
+
+def boot_main(root, *gpus, limits=None):
+    sriov.write_boot_data(data(*gpus, limits=limits))
+    return boot.main([f"/{boot.DATA_FILE}"])
+
+
+@pytest.fixture
+def v100_rebooted(root, tools):
+    tools.set_active(MGR)
+    return held_then_rebooted(root, v100_host(root), HELD)
+
+
+def test_each_held_mdev_comes_back_after_a_reboot_with_its_uuid_parent_and_type(
+        v100_rebooted, root, journal):
+    assert boot_main(root) == 0
+    assert {uuid: mdev_where(root, uuid) for uuid in HELD} == HELD
+    lines = said(journal)
+    assert (f"mdev {M2} (instance-00000002, {instance(2)}) created on {C1} as nvidia-108"
+            in lines)
+    assert lines[-1] == "mdevs: created 3, there already 0, of 3"
+
+
+def test_an_a100s_mdevs_come_back_on_their_vfs_once_sriov_manage_made_them(root, tools, journal):
+    tools.set_active(MGR)
+    host = a100_host(root, gpus=2, vfs=4)
+    host.install_sriov_manage()
+    held = {M1: ("0000:41:00.5", "nvidia-474"), M2: ("0000:61:00.4", "nvidia-475"),
+            M3: ("0000:61:00.6", "nvidia-475")}
+    held_then_rebooted(root, host, held)
+    assert not (root / "sys/bus/pci/devices/0000:41:00.5").exists()  # the VFs went too
+    assert boot_main(root, gpu("0000:41:00.0"), gpu("0000:61:00.0")) == 0
+    assert sriov_calls(tools) == ["sriov-manage -e 0000:41:00.0", "sriov-manage -e 0000:61:00.0"]
+    assert {uuid: mdev_where(root, uuid) for uuid in held} == held
+    assert said(journal)[-1] == "mdevs: created 3, there already 0, of 3"
+
+
+def test_a_parent_gone_or_a_type_no_longer_offered_is_skipped_and_the_others_created(
+        root, tools, journal):
+    tools.set_active(MGR)
+    v100_host(root)
+    (root / mdevs.FILE).parent.mkdir(parents=True)
+    (root / mdevs.FILE).write_text(mdevs.render([
+        mdevs.Mdev(M1, C1, "nvidia-108", instance(1), "instance-00000001"),
+        mdevs.Mdev(M2, E1, "nvidia-109", instance(2), "instance-00000002"),
+        mdevs.Mdev(M3, "0000:a1:00.0", "nvidia-108", instance(3), "instance-00000003"),
+        mdevs.Mdev(M4, C1, "nvidia-302", instance(4), "instance-00000004")]))
+    assert boot_main(root) == 1  # the unit shows failed: not every mdev came back
+    assert mdev_where(root, M1) == (C1, "nvidia-108")
+    assert mdev_where(root, M2) == (E1, "nvidia-109")
+    assert mdev_where(root, M3) is None and mdev_where(root, M4) is None
+    lines = said(journal)
+    assert (f"mdev {M3} (instance-00000003, {instance(3)}): its parent 0000:a1:00.0 is gone: "
+            "not created") in lines
+    assert (f"mdev {M4} (instance-00000004, {instance(4)}): {C1} no longer offers nvidia-302 "
+            "(it offers nvidia-105, nvidia-106, nvidia-107, nvidia-108, nvidia-109): "
+            "not created") in lines
+    assert lines[-1] == f"mdevs: created 2, there already 0, of 4; not created: {M3}, {M4}"
+
+
+def test_a_parent_whose_types_come_late_is_waited_for(v100_rebooted, root, journal):
+    types = root / f"sys/bus/pci/devices/{C1}/mdev_supported_types"
+    hidden = types.resolve().with_name("types-not-registered-yet")
+    types.rename(hidden)
+    later = threading.Timer(0.5, hidden.rename, (types,))
+    later.start()
+    try:
+        started = time.monotonic()
+        assert boot_main(root) == 0
+    finally:
+        later.cancel()
+    assert time.monotonic() - started >= 0.5
+    assert {uuid: mdev_where(root, uuid) for uuid in HELD} == HELD
+
+
+def test_the_total_time_stays_bounded_when_a_parent_never_offers_types(v100_rebooted, root,
+                                                                         tools, journal):
+    types = root / f"sys/bus/pci/devices/{C1}/mdev_supported_types"
+    types.rename(types.resolve().with_name("types-never-registered"))
+    tools.set_active(MGR, False)  # and the manager never comes up
+    started = time.monotonic()
+    assert boot_main(root, limits={"total": 2, "manager": 0.5}) == 1
+    took = time.monotonic() - started
+    assert took < 3.5, took
+    # Both of C1's mdevs gave up at the deadline; E1's, after them, was still created.
+    assert mdev_where(root, M3) == (E1, "nvidia-109")
+    assert mdev_where(root, M1) is None and mdev_where(root, M2) is None
+    lines = said(journal)
+    assert (f"mdev {M1} (instance-00000001, {instance(1)}): {C1} offers no mdev types (is the "
+            "vGPU manager running?): not created") in lines
+    assert lines[-1] == f"mdevs: created 1, there already 0, of 3; not created: {M1}, {M2}"
+
+
+def test_an_mdev_there_already_is_left_as_it_is(v100_rebooted, root, journal):
+    assert boot_main(root) == 0
+    assert boot_main(root) == 0  # run again (systemctl restart): nothing changes
+    assert {uuid: mdev_where(root, uuid) for uuid in HELD} == HELD
+    lines = said(journal)
+    assert f"mdev {M3} (instance-00000003, {instance(3)}) is there already on {E1} as nvidia-109" \
+        in lines
+    assert lines[-1] == "mdevs: created 0, there already 3, of 3"
+
+
+def test_a_record_that_cannot_be_read_creates_nothing_and_the_vfs_still_come_back(
+        rebooted, root, tools, capsys):
+    (root / mdevs.FILE).parent.mkdir(parents=True, exist_ok=True)
+    (root / mdevs.FILE).write_text('{"version": 1, "mdevs": [{"uuid": "../x"}]}')
+    assert boot_main(root, gpu(L40S, ["L40S-12Q"])) == 2
+    assert types_of(root, L40S, 2) == [1139, 0]
+    out = capsys.readouterr().out
+    assert (f"/var/lib/nova-compute-nvidia-vgpu/{mdevs.NAME}: an entry is not a uuid, a parent "
+            "address and an nvidia type") in out
+    assert "no mdev created" in out
+
+
+def test_without_a_record_the_boot_step_says_nothing_of_mdevs(rebooted, root, journal):
+    assert boot_main(root, gpu(L40S, ["L40S-12Q"])) == 0
+    assert not any("mdev" in line for line in said(journal))
+
+
+def test_the_boot_step_notes_the_new_drivers_type_names_while_the_vfs_are_free(root, tools):
+    # After an upgrade to a branch that renumbers types, the VFs are full once the boot
+    # step is done and list nothing: the charm's next hook finds the names it noted.
+    from vgpu import catalogue
+
+    host = l40s_host(root, enabled=False, branch="550")
+    host.install_sriov_manage()
+    host.reboot(driver="570.158.02", vfio_types={L40S: L40S_TYPES})
+    tools.set_active(MGR)
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"] * 4))) == 0
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert catalogue.load()["0x26b9 570.158.02"]["1139"] == "NVIDIA L40S-12Q"

@@ -16,11 +16,18 @@ next:
    A VF that lists nothing while no sibling holds a type is waited for (the
    manager is still starting); one that holds a type already is left alone.
 
+4. on Nova before 30, each mdev an instance held when the charm last looked
+   (the record :mod:`vgpu.mdevs` keeps beside the data file, ``mdevs.json``)
+   is created again: its UUID written to its parent's
+   ``mdev_supported_types/<type>/create``. One whose parent is gone, or whose
+   type the parent no longer offers, is logged and skipped; one that exists
+   already is left as it is.
+
 Everything takes at most ``total`` seconds; each GPU gets an even share of
 what is left. What it does, GPU by GPU and VF by VF, goes to stdout, which
 systemd keeps in the journal (``journalctl -u nvidia-vgpu-vfs``). Exit status:
-0 all restored, 1 something was not (the unit shows failed), 2 the data could
-not be read (nothing done).
+0 all restored, 1 something was not (the unit shows failed), 2 the data or the
+mdev record could not be read (nothing done from it; the other is still used).
 """
 
 import json
@@ -31,7 +38,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from . import hostroot, kernel, pci, services, sriov, vfio
+from . import catalogue, hostroot, kernel, mdevs, pci, services, sriov, vfio
 from .errors import HostReadError, ServiceError, VfTypeError, VgpuError
 
 log = logging.getLogger(__name__)
@@ -40,6 +47,8 @@ DATA_FILE = sriov.DATA_FILE
 _ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 _UNNAMED = re.compile(r"nvidia-[0-9]+\Z")
 RESTORED, LEFT_ALONE, FAILED = "restored", "left alone", "not restored"
+CREATED, THERE = "created", "there already"
+MDEV_DEVICES = mdevs.MDEV_DEVICES
 
 
 class DataError(ValueError):
@@ -103,14 +112,25 @@ def main(argv: Sequence[str]) -> int:
         if len(argv) != 1:
             log.error("usage: vgpu_boot.py <boot data file>")
             return 2
-        try:
-            return restore(load(argv[0]))
-        except DataError as error:
-            log.error("%s: %s; nothing restored", argv[0], error)
-            return 2
+        return run(argv[0])
     finally:
         package.removeHandler(handler)
         package.setLevel(level)
+
+
+def run(where: str) -> int:
+    """The VFs and types the data file ``where`` names, then the mdevs recorded beside it."""
+    started = time.monotonic()
+    try:
+        data = load(where)
+        _, wait_for, limits = parse(data)
+    except DataError as error:
+        log.error("%s: %s; nothing restored from it", where, error)
+        status, wait_for, limits = 2, [], Limits()
+    else:
+        status = restore(data)
+    record = os.path.join(os.path.dirname(where), mdevs.NAME)
+    return max(status, restore_mdevs(record, wait_for, started + limits.total, limits))
 
 
 def load(where: str) -> dict:
@@ -162,7 +182,7 @@ def restore(data: Mapping) -> int:
     """Enable the VFs and give them their types, as :mod:`vgpu.boot` describes; the exit status."""
     gpus, wait_for, limits = parse(data)
     if not gpus:
-        log.info("no GPU to restore: vgpu-device-mappings selects none")
+        log.info("no virtual functions to restore: vgpu-device-mappings selects no SR-IOV GPU")
         return 0
     deadline = time.monotonic() + limits.total
     if not kernel.iommu_enabled():
@@ -231,6 +251,8 @@ def _restore_gpu(gpu: GpuPlan, until: float, limits: Limits) -> str:
         log.info("GPU %s: %d virtual functions there already", gpu.address, present)
     elif not _enable(gpu.address, entry, until, limits):
         return FAILED
+    if gpu.vfs:
+        _learn_names()
     results = [_give(gpu.address, entry, vf, until, limits.poll) for vf in _mig_first(gpu.vfs)]
     return RESTORED if all(results) else FAILED
 
@@ -255,6 +277,19 @@ def _mig_hint(gpu: str, name: str) -> str:
         return ""
     return (f"; MIG-backed {pci.profile_name(name)} needs MIG mode on GPU {gpu}: run the "
             f"charm's enable-mig action ({mig.enable_command(gpu)})")
+
+
+def _learn_names() -> None:
+    """Note what the VFs list now in the charm's table of type names (:mod:`vgpu.catalogue`).
+
+    Right after a reboot the VFs are free and list every type by name: after a
+    driver upgrade that renumbered them, the charm's next hook finds the new
+    ids' names there even though the VFs, once full, list nothing.
+    """
+    try:
+        catalogue.learn(pci.discover(), kernel.loaded_driver_version())
+    except (VgpuError, OSError) as error:  # a bonus: never in the way of restoring
+        log.warning("the vGPU type names the VFs list were not noted: %s", error)
 
 
 def _vf_count(entry: str) -> int:
@@ -360,3 +395,94 @@ def _siblings_hold(entry: str) -> bool:
             except (OSError, VfTypeError):
                 continue
     return False
+
+
+def restore_mdevs(where: str, wait_for: Sequence[str], until: float,
+                  limits: Optional[Limits] = None) -> int:
+    """Create again each mdev the record at host path ``where`` names; the exit status.
+
+    Each one is handled on its own; waiting for the vGPU manager and for a
+    parent's types to appear ends at ``until``. No record: nothing to do (0).
+    """
+    try:
+        record = mdevs.load(hostroot.path(where))
+    except (OSError, mdevs.RecordError) as error:
+        log.error("%s: %s; no mdev created", where, getattr(error, "strerror", None) or error)
+        return 2
+    limits = limits or Limits()
+    missing = [m for m in record if not os.path.lexists(_mdev_device(m.uuid))]
+    if missing:
+        _wait_for(wait_for, min(until, time.monotonic() + limits.manager), limits.poll)
+    outcome: Dict[str, str] = {}
+    for mdev in sorted(record, key=lambda m: (m.parent, m.uuid)):
+        try:
+            outcome[mdev.uuid] = _create_mdev(mdev, until, limits.poll)
+        except OSError as error:  # whatever it was, the next mdev still gets its turn
+            log.error("mdev %s: %s: not created", mdev.describe(), error)
+            outcome[mdev.uuid] = FAILED
+    if not record:
+        return 0
+    summary = (f"mdevs: created {sum(o == CREATED for o in outcome.values())}, "
+               f"there already {sum(o == THERE for o in outcome.values())}, of {len(record)}")
+    failed = [uuid for uuid, o in outcome.items() if o == FAILED]
+    if failed:
+        summary += f"; not created: {', '.join(failed)}"
+    log.info("%s", summary)
+    return 1 if failed else 0
+
+
+def _mdev_device(uuid: str) -> str:
+    return hostroot.text_path(MDEV_DEVICES, uuid)
+
+
+def _create_mdev(mdev: mdevs.Mdev, until: float, poll: float) -> str:
+    """Write the mdev's uuid to its parent's type's ``create``; CREATED, THERE or FAILED."""
+    what = f"mdev {mdev.describe()}"
+    device = _mdev_device(mdev.uuid)
+    if os.path.lexists(device):
+        where = _mdev_where(device)
+        if where == (mdev.parent, mdev.type_id):
+            log.info("%s is there already on %s as %s", what, mdev.parent, mdev.type_id)
+            return THERE
+        log.error("%s is there already, on %s as %s, not on %s as %s: left as it is", what,
+                  *(where or ("an unknown parent", "an unknown type")), mdev.parent, mdev.type_id)
+        return FAILED
+    parent = hostroot.text_path(pci.PCI_DEVICES, mdev.parent)
+    if not os.path.exists(parent):
+        log.error("%s: its parent %s is gone: not created", what, mdev.parent)
+        return FAILED
+    types = os.path.join(parent, "mdev_supported_types")
+    while not os.path.isdir(types):  # the driver has not registered the parent yet
+        if time.monotonic() + poll > until:
+            log.error("%s: %s offers no mdev types (is the vGPU manager running?): not created",
+                      what, mdev.parent)
+            return FAILED
+        time.sleep(poll)
+    create = os.path.join(types, mdev.type_id, "create")
+    if not os.path.exists(create):
+        offered = sorted(n for n in os.listdir(types) if _UNNAMED.match(n))
+        log.error("%s: %s no longer offers %s (it offers %s): not created", what, mdev.parent,
+                  mdev.type_id, ", ".join(offered) or "none")
+        return FAILED
+    try:
+        fd = os.open(create, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, mdev.uuid.encode("ascii"))
+        finally:
+            os.close(fd)
+    except OSError as error:
+        log.error("%s: %s refused it: %s: not created", what, hostroot.shown(create),
+                  error.strerror or error)
+        return FAILED
+    log.info("%s created on %s as %s", what, mdev.parent, mdev.type_id)
+    return CREATED
+
+
+def _mdev_where(device: str) -> Optional[Tuple[str, str]]:
+    """(parent address, type) of an existing mdev; None when sysfs does not say."""
+    try:
+        real = os.path.realpath(device, strict=True)
+        type_dir = os.path.realpath(os.path.join(real, "mdev_type"), strict=True)
+    except OSError:
+        return None
+    return os.path.basename(os.path.dirname(real)), os.path.basename(type_dir)
