@@ -24,6 +24,7 @@ from unit_tests import debs, principal
 from unit_tests.fakehost import L40S_TYPES, l40s_branch_host, l40s_host
 from unit_tests.libvirt import defined_guest
 from unit_tests.test_charm import install_driver, ours, state
+from unit_tests.test_charm_sriov import again, ready, types_of, vfs
 from vgpu import catalogue
 
 MGR = "nvidia-vgpu-mgr"
@@ -46,30 +47,8 @@ def branch_debs(tmp_path_factory):
             for v in ("570.158.02", "550.90.05")}
 
 
-def vfs(pf: str, count: int, first: int = 0):
-    return [f"{pf[:-4]}{(4 + n) // 8:02x}.{(4 + n) % 8}" for n in range(first, first + count)]
-
-
 def vf_file(root, address: str, name: str):
     return root / f"sys/bus/pci/devices/{address}/nvidia/{name}"
-
-
-def types_of(root, pf: str, count: int):
-    return [int(vf_file(root, a, "current_vgpu_type").read_text()) for a in vfs(pf, count)]
-
-
-def ready(host, root, tools, deb):
-    install_driver(root, deb)
-    host.install_sriov_manage()
-    tools.set_active(MGR)
-    tools.set_active("nvidia-vgpud")
-    return host
-
-
-def again(out, config=None):
-    return testing.State(config=config if config is not None else dict(out.config),
-                         relations=out.relations, resources=out.resources,
-                         stored_states=out.stored_states)
 
 
 def specs(out):
