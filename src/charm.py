@@ -11,7 +11,7 @@ never imports ops.
 """
 
 import logging
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import ops
 
@@ -34,6 +34,7 @@ from vgpu import (
     services,
     sriov,
     status,
+    text,
 )
 from vgpu.errors import (
     GuestsRunningError,
@@ -90,6 +91,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.vgpu_usage_action, self._on_vgpu_usage)
         framework.observe(on.pause_action, self._on_pause)
         framework.observe(on.resume_action, self._on_resume)
+        framework.observe(on.forget_gpus_action, self._on_forget_gpus)
         framework.observe(on.upgrade_action, self._on_upgrade)
         framework.observe(on.enable_mig_action, self._on_enable_mig)
         framework.observe(on.remove, self._on_remove)
@@ -117,7 +119,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             self._validation = mappings.against_host(
                 self._checked_text(), here.pci, here.supported_release(), offered,
                 pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
-                live_migration=bool(self.config.get(LIVE_MIGRATION)), whole_gpus=whole)
+                live_migration=bool(self.config.get(LIVE_MIGRATION)), whole_gpus=whole,
+                vanished=self._vanished()[1])
         return self._validation
 
     def _checked_text(self) -> mappings.Validation:
@@ -281,18 +284,19 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             release = here.supported_release()
             plan = validation.plan
             ok = (validation.ok and release is not None and plan is not None
-                  and not plan.missing_vfs and self._mdevs_may_change(plan, release))
+                  and not plan.missing_vfs)
             sections = None
             if ok:
-                try:
-                    sections = novaconf.plan_sections(
+                try:  # with what was published for GPUs discovery no longer finds
+                    sections = novaconf.keep_published(novaconf.plan_sections(
                         plan, release, mdev_class=bool(self.config.get(MDEV_CLASS)),
                         pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
                         keep_placement_reporting=self._published_reporting(),
-                        live_migratable=bool(self.config.get(LIVE_MIGRATION)))
+                        live_migratable=bool(self.config.get(LIVE_MIGRATION))), *self._vanished())
                 except ValueError as error:  # sysfs gave something nova.conf must not get
                     self._problems.append(f"not publishing: {error}")
                     ok = False
+            ok = ok and self._mdevs_may_change(sections)
             # The principal's [pci] is checked before any VF takes a type from the plan.
             accepted = self._principal_accepts(sections)
             ok = ok and accepted and self._mig_ready(plan) and self._give_vfs_types(plan)
@@ -352,8 +356,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._problems.extend(dict.fromkeys(found))
         return not new
 
-    def _mdevs_may_change(self, plan, release) -> bool:
-        """False (blocked, naming them) when guests hold mdevs of types the plan takes away.
+    def _mdevs_may_change(self, sections) -> bool:
+        """False (blocked, naming them) when guests hold mdevs of types ``sections`` take away.
 
         Domain XML is read only when the mdev mapping to publish takes a type
         from a function it is published for now.
@@ -361,7 +365,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         from vgpu import plan as plans
 
         published = self._published_mapping()
-        wanted = novaconf.mapping_from_sections(novaconf.sections(plan.mdev_mapping(), release))
+        wanted = novaconf.mapping_from_sections(sections)
         removed = plans.removed_mdev_types(published, wanted, self._facts().pci)
         if not removed:
             return True
@@ -445,6 +449,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except OSError as error:
             self._problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
         return mdevs.kept()
+
+    def _vanished(self) -> Tuple[novaconf.Sections, List[str]]:
+        """The published sections, and their functions discovery no longer finds (kept)."""
+        for relation in self.model.relations[RELATION]:
+            sections = novaconf.sections_from_relation(relation.data[self.unit])
+            published = novaconf.mapping_from_sections(sections)
+            return sections, status.missing_gpus(self._facts(), published)
+        return {}, []
 
     def _published_reporting(self) -> bool:
         for relation in self.model.relations[RELATION]:
@@ -579,6 +591,39 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return
         event.set_results(usage.results(usage.in_use(
             here.pci, learnt=self._learnt(here.pci), driver_version=here.loaded_driver_version)))
+
+    def _on_forget_gpus(self, event: ops.ActionEvent) -> None:
+        """Drop what was published for GPUs removed for good; refused for GPUs present."""
+        from vgpu import plan as plans
+
+        try:
+            host = self._facts().pci
+            named = [mappings.normalise_address(a)
+                     for a in str(event.params.get("gpus") or "").replace(",", " ").split()]
+            published, missing = self._vanished()
+        except (ValueError, HostReadError) as error:
+            event.fail(f"nothing forgotten: {error}")
+            return
+        present = [a for a in named if host.gpu(a) is not None]
+        unknown = [a for a in named if not plans.same_gpu(missing, [a])]
+        if not named:
+            event.fail("nothing forgotten: give gpus=<address>[,<address>...]")
+            return
+        if present:
+            event.fail(f"nothing forgotten: {text.listing(present)} "
+                       f"{'is' if len(present) == 1 else 'are'} on this host; a GPU present is "
+                       f"changed through {OPTION}")
+            return
+        if unknown:
+            event.fail(f"nothing forgotten: {unknown[0]} is no GPU whose published devices are "
+                       f"missing (missing: {text.listing(missing) or 'none'})")
+            return
+        gone = plans.same_gpu(missing, named)
+        data = novaconf.relation_data(novaconf.drop_published(published, gone))
+        for relation in self.model.relations[RELATION]:
+            relation.data[self.unit]["subordinate_configuration"] = data["subordinate_configuration"]
+        logger.info("forgot the published devices of %s", ", ".join(gone))
+        event.set_results({"forgotten": ", ".join(gone)})
 
     def _guard_guests(self, force: bool) -> None:
         from vgpu import guests  # XML parsing: actions only, not every hook

@@ -16,7 +16,7 @@ from ops import testing
 from unit_tests import debs, principal
 from unit_tests.fakehost import FakeHost, empty_host
 from unit_tests.libvirt import running_guest
-from vgpu import kernel
+from vgpu import kernel, novaconf
 
 MGR = "nvidia-vgpu-mgr"
 VGPUD = "nvidia-vgpud"
@@ -869,7 +869,151 @@ def test_when_every_gpu_vanishes_the_sections_stay_and_the_status_names_them(ctx
     assert ours(out) == before
     assert out.unit_status == testing.BlockedStatus(
         "published vGPU devices missing: 0000:c1:00.0, 0000:e1:00.0 (no NVIDIA GPU found now: "
-        "driver reloading? check lspci and journalctl -k); keeping nvidia-108 on 1, nvidia-109 on 1")
+        "driver reloading? check lspci and journalctl -k); keeping nvidia-108 on 1, nvidia-109 on 1; "
+        "removed for good? juju run nova-compute-nvidia-vgpu/0 forget-gpus "
+        "gpus=0000:c1:00.0,0000:e1:00.0")
+
+
+# -- one GPU of several vanishes (issue 15, item 4) -------------------------------
+
+C1, E1 = "0000:c1:00.0", "0000:e1:00.0"
+E1_MISSING = (
+    "published vGPU devices missing: 0000:e1:00.0 (1 NVIDIA GPU found now: driver reloading? "
+    "check lspci and journalctl -k); keeping {kept}; removed for good? juju run "
+    "nova-compute-nvidia-vgpu/0 forget-gpus gpus=0000:e1:00.0")
+
+
+def vanish_gpu(root, address):
+    """The GPU falls off the bus; returns what brings it back (its sysfs link)."""
+    link = root / "sys/bus/pci/devices" / address
+    target = os.readlink(link)
+    link.unlink()
+    return lambda: link.symlink_to(target)
+
+
+def after(out, config=None):
+    return testing.State(config=dict(out.config) if config is None else config,
+                         relations=out.relations, resources=out.resources,
+                         stored_states=out.stored_states)
+
+
+def mdev_sections(out):
+    """nova-compute's view of the mdev sections, checked as novaconf checks what it builds."""
+    sections = principal.nova_context(ours(out))["sections"]
+    novaconf.check(sections)
+    served = novaconf.mapping_from_sections(sections)
+    everywhere = [a for addresses in served.values() for a in addresses]
+    assert len(everywhere) == len(set(everywhere))  # Nova: no address under two types
+    return served
+
+
+@pytest.mark.parametrize("mapping", ["{nvidia-108: all}", "{nvidia-108: [c1:00.0, e1:00.0]}"])
+def test_one_v100_vanishing_keeps_its_device_addresses(ctx, ready, root, mapping):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": mapping},
+                                                   resource=ready))
+    published = ours(first)["subordinate_configuration"]
+    vanish_gpu(root, E1)
+    out = ctx.run(ctx.on.update_status(), after(first))
+    assert ours(out)["subordinate_configuration"] == published  # byte for byte
+    assert mdev_sections(out) == {"nvidia-108": (C1, E1)}
+    assert out.unit_status == testing.BlockedStatus(E1_MISSING.format(kept="nvidia-108 on 2"))
+
+
+@pytest.mark.parametrize("mapping", ["{nvidia-109: all}",
+                                     "{nvidia-109: [c1:00.0], nvidia-107: [e1:00.0]}"])
+def test_a_new_mapping_reaches_the_present_v100_while_the_missing_one_keeps_its_type(
+        ctx, ready, root, mapping):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                   resource=ready))
+    vanish_gpu(root, E1)
+    out = ctx.run(ctx.on.config_changed(), after(first, {"vgpu-device-mappings": mapping}))
+    assert mdev_sections(out) == {"nvidia-108": (E1,), "nvidia-109": (C1,)}
+    assert nova_conf(out) == (
+        "[devices]\nenabled_mdev_types = nvidia-108,nvidia-109\n"
+        "[mdev_nvidia-108]\ndevice_addresses = 0000:e1:00.0\n"
+        "[mdev_nvidia-109]\ndevice_addresses = 0000:c1:00.0\n")
+    assert out.unit_status == testing.BlockedStatus(
+        E1_MISSING.format(kept="nvidia-108 on 1, nvidia-109 on 1"))
+
+
+def test_an_absent_address_never_published_is_still_refused(ctx, ready, root):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                   resource=ready))
+    published = ours(first)["subordinate_configuration"]
+    vanish_gpu(root, E1)
+    out = ctx.run(ctx.on.config_changed(), after(
+        first, {"vgpu-device-mappings": "{nvidia-109: [c1:00.0], nvidia-107: [a1:00.0]}"}))
+    assert ours(out)["subordinate_configuration"] == published  # refused: nothing changed
+    assert mdev_sections(out) == {"nvidia-108": (C1, E1)}
+
+
+def test_a_guest_on_the_vanished_v100_keeps_its_type_and_holds_up_only_type_changes(
+        ctx, ready, v100, root):
+    from unit_tests.libvirt import defined_guest
+    mdev = "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f"
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                   resource=ready))
+    v100.add_mdev(E1, "nvidia-108", mdev)
+    defined_guest(root, "instance-0000002b", "3d9f1c52-2a7e-4b5e-8f3a-1c2d3e4f5a6b",
+                  mdev_uuid=mdev)
+    vanish_gpu(root, E1)
+    (root / "sys/bus/mdev/devices" / mdev).unlink()  # its mdevs went with it
+    out = ctx.run(ctx.on.update_status(), after(first))
+    assert mdev_sections(out) == {"nvidia-108": (C1, E1)}  # nothing taken: no guest consulted
+    assert out.unit_status == testing.BlockedStatus(E1_MISSING.format(kept="nvidia-108 on 2"))
+    # A type taken from the present GPU waits: the guest's mdev could be anywhere.
+    out = ctx.run(ctx.on.config_changed(), after(out, {"vgpu-device-mappings": "{nvidia-109: all}"}))
+    assert mdev_sections(out) == {"nvidia-108": (C1, E1)}
+    assert out.unit_status.message.startswith(
+        "vgpu-device-mappings not applied: instance-0000002b")
+    assert "holds mdev 5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f, which is not on this host now" in (
+        out.unit_status.message)
+
+
+def test_forget_gpus_drops_a_vanished_v100_and_refuses_a_present_one(ctx, ready, root):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                   resource=ready))
+    vanish_gpu(root, E1)
+    kept = ctx.run(ctx.on.update_status(), after(first))
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("forget-gpus", params={"gpus": "c1:00.0"}), after(kept))
+    assert failure.value.message == (
+        "nothing forgotten: 0000:c1:00.0 is on this host; a GPU present is changed through "
+        "vgpu-device-mappings")
+    assert mdev_sections(kept) == {"nvidia-108": (C1, E1)}
+    out = ctx.run(ctx.on.action("forget-gpus", params={"gpus": "e1:00.0"}), after(kept))
+    assert ctx.action_results == {"forgotten": E1}
+    assert mdev_sections(out) == {"nvidia-108": (C1,)}
+    assert out.unit_status == testing.ActiveStatus(
+        "1 GPU (Tesla V100 PCIe 16GB), nvidia-108 on 1; nvidia-108: 0 used, 2 free")
+    later = ctx.run(ctx.on.update_status(), after(out))
+    assert mdev_sections(later) == {"nvidia-108": (C1,)}
+    assert later.unit_status == out.unit_status
+
+
+def test_forget_gpus_refuses_an_address_nothing_published_is_missing_on(ctx, ready, root):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                   resource=ready))
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("forget-gpus", params={"gpus": "a1:00.0"}), after(first))
+    assert failure.value.message == (
+        "nothing forgotten: 0000:a1:00.0 is no GPU whose published devices are missing "
+        "(missing: none)")
+    assert mdev_sections(first) == {"nvidia-108": (C1, E1)}
+
+
+def test_a_v100_coming_back_is_published_as_the_mapping_says_and_the_unit_is_active(
+        ctx, ready, root):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                   resource=ready))
+    come_back = vanish_gpu(root, E1)
+    kept = ctx.run(ctx.on.config_changed(), after(first, {"vgpu-device-mappings": "{nvidia-109: all}"}))
+    assert mdev_sections(kept) == {"nvidia-108": (E1,), "nvidia-109": (C1,)}
+    come_back()
+    out = ctx.run(ctx.on.update_status(), after(kept))
+    assert mdev_sections(out) == {"nvidia-109": (C1, E1)}
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-109 on 2; nvidia-109: 0 used, 2 free")
 
 
 def test_hostile_bytes_in_host_files_never_reach_the_status_or_results(ctx, ready, v100, root):
@@ -1085,7 +1229,8 @@ def test_a_changed_mapping_is_republished_on_the_next_steady_hook(ctx, ready, to
                               "[mdev_nvidia-109]\ndevice_addresses = 0000:e1:00.0\n")
 
 
-def test_a_gpu_added_or_gone_is_republished_on_the_next_steady_hook(ctx, ready, v100, root):
+def test_a_gpu_added_is_published_on_the_next_steady_hook_and_one_gone_when_forgotten(
+        ctx, ready, v100, root):
     from unit_tests.fakehost import V100_TYPES
     first = ctx.run(ctx.on.config_changed(),
                     state({"vgpu-device-mappings": "{nvidia-108: all}"}, resource=ready))
@@ -1094,7 +1239,9 @@ def test_a_gpu_added_or_gone_is_republished_on_the_next_steady_hook(ctx, ready, 
     out = ctx.run(ctx.on.update_status(), carried(first))
     assert "device_addresses = 0000:a1:00.0,0000:c1:00.0,0000:e1:00.0\n" in nova_conf(out)
     (root / "sys/bus/pci/devices/0000:c1:00.0").unlink()
-    out = ctx.run(ctx.on.update_status(), carried(out))
+    out = ctx.run(ctx.on.update_status(), carried(out))  # gone, maybe for a while: kept
+    assert "device_addresses = 0000:a1:00.0,0000:c1:00.0,0000:e1:00.0\n" in nova_conf(out)
+    out = ctx.run(ctx.on.action("forget-gpus", params={"gpus": "c1:00.0"}), carried(out))
     assert "device_addresses = 0000:a1:00.0,0000:e1:00.0\n" in nova_conf(out)
 
 

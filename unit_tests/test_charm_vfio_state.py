@@ -25,7 +25,8 @@ from unit_tests.fakehost import L40S_TYPES, l40s_branch_host, l40s_host
 from unit_tests.libvirt import defined_guest
 from unit_tests.test_charm import install_driver, ours, state
 from unit_tests.test_charm_sriov import again, ready, types_of, vfs
-from vgpu import catalogue
+from unit_tests.test_nova_rules import nova_devspec
+from vgpu import catalogue, novaconf
 
 MGR = "nvidia-vgpu-mgr"
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
@@ -234,7 +235,8 @@ def test_every_gpu_vanishing_is_not_active_and_names_the_missing_gpus(ctx, root,
     assert out.unit_status == testing.BlockedStatus(
         "published vGPU devices missing: 0000:81:00.4, 0000:81:00.5, 0000:81:00.6, 0000:81:00.7 "
         "(no NVIDIA GPU found now: driver reloading? check lspci and journalctl -k); keeping "
-        "CUSTOM_VGPU_L40S_12Q on 4")
+        "CUSTOM_VGPU_L40S_12Q on 4; removed for good? juju run nova-compute-nvidia-vgpu/0 "
+        "forget-gpus gpus=0000:81:00.4")
 
 
 def test_one_gpu_vanishing_says_the_same(ctx, root, tools, deb):
@@ -248,4 +250,99 @@ def test_one_gpu_vanishing_says_the_same(ctx, root, tools, deb):
     assert out.unit_status == testing.BlockedStatus(
         "published vGPU devices missing: 0000:c1:00.4, 0000:c1:00.5, 0000:c1:00.6, 0000:c1:00.7 "
         "(1 NVIDIA GPU found now: driver reloading? check lspci and journalctl -k); keeping "
-        "CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4")
+        "CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4; removed for good? juju run "
+        "nova-compute-nvidia-vgpu/0 forget-gpus gpus=0000:c1:00.4")
+
+
+# -- one GPU vanishes while the other's mapping changes (issue 15, item 4) ----------------
+
+H200_VFS = ", ".join(vfs(H200, 4))
+H200_MISSING = (
+    f"published vGPU devices missing: {H200_VFS} (1 NVIDIA GPU found now: driver reloading? "
+    "check lspci and journalctl -k); keeping {kept}; removed for good? juju run "
+    "nova-compute-nvidia-vgpu/0 forget-gpus gpus=0000:c1:00.4")
+
+
+def checked_specs(out):
+    """The device specs nova-compute gets, under Nova's rules for the merged [pci] section."""
+    sections = principal.nova_context(ours(out))["sections"]
+    novaconf.check(sections)
+    found = specs(out)
+    for value in (v for k, v in sections["pci"] if k == "device_spec"):
+        nova_devspec(value)
+    addresses = [s["address"] for s in found]
+    assert len(addresses) == len(set(addresses))  # one spec per VF
+    classes = {}  # one resource class per PF (its bus: NVIDIA's VFs sit on their GPU's)
+    for spec in found:
+        classes.setdefault(spec["address"].rsplit(":", 1)[0], set()).add(spec["resource_class"])
+    assert all(len(c) == 1 for c in classes.values()), classes
+    return {a: s["resource_class"] for a, s in zip(addresses, found)}
+
+
+def served(l40s: str, count: int, h200: str = "CUSTOM_VGPU_H200X_35C"):
+    return {**{a: l40s for a in vfs(L40S, count)}, **{a: h200 for a in vfs(H200, 4)}}
+
+
+@pytest.mark.parametrize("mapping", ["{L40S-12Q: all, H200X-35C: all}",
+                                     "{L40S-12Q: all, H200X-35C: ['c1:00.0']}"])
+def test_a_vanished_h200_keeps_its_device_specs_exactly(ctx, root, tools, deb, mapping):
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": mapping}, resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    vanish(root, H200)
+    out = ctx.run(ctx.on.update_status(), again(first))
+    assert ours(out)["subordinate_configuration"] == published
+    assert checked_specs(out) == served("CUSTOM_VGPU_L40S_12Q", 4)
+    assert out.unit_status == testing.BlockedStatus(H200_MISSING.format(
+        kept="CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4"))
+
+
+@pytest.mark.parametrize("mapping", ["{L40S-24Q: all, H200X-35C: all}",
+                                     "{L40S-24Q: all, H200X-70C: ['c1:00.0']}",
+                                     "{L40S-24Q: all}"])
+def test_the_present_l40s_takes_a_new_type_while_the_vanished_h200_keeps_its_specs(
+        ctx, root, tools, deb, mapping):
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{L40S-12Q: all, H200X-35C: all}"}, resource=deb))
+    kept = [json.dumps(s, sort_keys=True) for s in specs(first) if s["address"].startswith("0000:c1")]
+    vanish(root, H200)
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": mapping}))
+    assert types_of(root, L40S, 5) == [1141] * 2 + [0] * 3  # the new type reached the L40S
+    assert checked_specs(out) == served("CUSTOM_VGPU_L40S_24Q", 2)
+    sections = principal.nova_context(ours(out))["sections"]
+    assert [v for k, v in sections["pci"] if "c1:00" in v] == kept  # verbatim
+    assert out.unit_status == testing.BlockedStatus(H200_MISSING.format(
+        kept="CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_24Q on 2"))
+
+
+def test_forget_gpus_drops_the_vanished_h200_by_its_own_address(ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{L40S-12Q: all, H200X-35C: all}"}, resource=deb))
+    vanish(root, H200)
+    kept = ctx.run(ctx.on.update_status(), again(first))
+    out = ctx.run(ctx.on.action("forget-gpus", params={"gpus": H200}), again(kept))
+    assert ctx.action_results == {"forgotten": H200_VFS}
+    assert checked_specs(out) == {a: "CUSTOM_VGPU_L40S_12Q" for a in vfs(L40S, 4)}
+    later = ctx.run(ctx.on.update_status(), again(out))
+    assert checked_specs(later) == {a: "CUSTOM_VGPU_L40S_12Q" for a in vfs(L40S, 4)}
+    assert later.unit_status.name == "active"
+
+
+def test_a_vanished_h200_coming_back_is_published_again_and_the_unit_is_active(
+        ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{L40S-12Q: all, H200X-35C: all}"}, resource=deb))
+    link = root / f"sys/bus/pci/devices/{H200}"
+    target = link.readlink()
+    vanish(root, H200)
+    kept = ctx.run(ctx.on.config_changed(), again(
+        first, {"vgpu-device-mappings": "{L40S-24Q: all, H200X-35C: all}"}))
+    assert checked_specs(kept) == served("CUSTOM_VGPU_L40S_24Q", 2)
+    link.symlink_to(target)
+    out = ctx.run(ctx.on.update_status(), again(kept))
+    assert checked_specs(out) == served("CUSTOM_VGPU_L40S_24Q", 2)
+    assert types_of(root, H200, 5) == [1282] * 4 + [0]
+    assert out.unit_status.name == "active"

@@ -157,3 +157,83 @@ def test_live_migratable_reaches_every_spec_and_needs_epoxy():
     with pytest.raises(ValueError, match=r"^2024\.2 dalmatian \(Nova 30\) does not take "):
         novaconf.plan_sections(plan.Plan(), releases.from_major(30), mdev_class=False,
                                live_migratable=True)
+
+
+# -- what a vanished GPU keeps, and what forget-gpus drops ---------------------------------
+
+C1, E1, A1 = "0000:c1:00.0", "0000:e1:00.0", "0000:a1:00.0"
+CLASS_108 = ["mdev_class", "CUSTOM_VGPU_V100_8Q"]
+
+
+def mdev(option="enabled_mdev_types", prefix="mdev_", **types):
+    """``[devices]`` and one section per type: ``nvidia_108=[C1]`` -> nvidia-108 on C1."""
+    out = {"devices": [[option, ",".join(t.replace("_", "-") for t in types)]]}
+    for name, addresses in types.items():
+        out[f"{prefix}{name.replace('_', '-')}"] = [["device_addresses", ",".join(addresses)]]
+    return out
+
+
+def test_a_kept_address_joins_its_type_in_address_order():
+    merged = novaconf.keep_published(mdev(nvidia_108=[E1]), mdev(nvidia_108=[C1, E1]), [C1])
+    assert merged == mdev(nvidia_108=[C1, E1])
+
+
+def test_a_kept_type_comes_back_as_published_with_its_class_and_types_by_number():
+    published = mdev(nvidia_108=[C1, E1])
+    published["mdev_nvidia-108"].append(CLASS_108)
+    merged = novaconf.keep_published(mdev(nvidia_1000=[C1]), published, [E1])
+    assert merged == {"devices": [["enabled_mdev_types", "nvidia-108,nvidia-1000"]],
+                      "mdev_nvidia-108": [["device_addresses", E1], CLASS_108],
+                      "mdev_nvidia-1000": [["device_addresses", C1]]}
+
+
+def test_the_older_spelling_is_kept_in_the_new_sections_spelling():
+    old = dict(option="enabled_vgpu_types", prefix="vgpu_")
+    merged = novaconf.keep_published(mdev(**old, nvidia_109=[C1]), mdev(**old, nvidia_108=[E1]),
+                                     [E1])
+    assert merged == mdev(**old, nvidia_108=[E1], nvidia_109=[C1])
+    only_kept = novaconf.keep_published({}, mdev(**old, nvidia_108=[E1]), [E1])
+    assert only_kept == mdev(**old, nvidia_108=[E1])
+
+
+def test_nothing_to_keep_leaves_the_new_sections_alone():
+    new = mdev(nvidia_109=[C1])
+    assert novaconf.keep_published(new, mdev(nvidia_108=[C1, E1]), []) is new
+    assert novaconf.keep_published(new, mdev(nvidia_108=[C1]), [E1]) == new
+
+
+def test_an_address_under_two_types_is_refused():
+    with pytest.raises(ValueError, match="0000:c1:00.0 would be under both nvidia-109 and nvidia-108"):
+        novaconf.keep_published(mdev(nvidia_109=[C1]), mdev(nvidia_108=[C1]), [C1])
+
+
+def test_kept_device_specs_stay_verbatim_in_address_order_before_reporting():
+    kept = [spec(address="0000:c1:00.4", product_id="2335", resource_class="CUSTOM_VGPU_H200X_35C"),
+            spec(address="0000:c1:00.5", product_id="2335", resource_class="CUSTOM_VGPU_H200X_35C")]
+    new = pci(["device_spec", spec(address="0000:81:00.4")], ["device_spec", spec(address="0000:e1:00.4")],
+              ["report_in_placement", "True"])
+    published = pci(["device_spec", spec(address="0000:81:00.5")], *(["device_spec", v] for v in kept))
+    merged = novaconf.keep_published(new, published, ["0000:c1:00.4", "0000:c1:00.5"])
+    assert merged == pci(["device_spec", spec(address="0000:81:00.4")], *(["device_spec", v] for v in kept),
+                         ["device_spec", spec(address="0000:e1:00.4")], ["report_in_placement", "True"])
+    assert novaconf.keep_published({}, published, ["0000:c1:00.4"]) == pci(["device_spec", kept[0]])
+
+
+def test_two_device_specs_for_one_address_are_refused():
+    with pytest.raises(ValueError, match="two device specs for 0000:81:00.4"):
+        novaconf.keep_published(pci(["device_spec", spec()]), pci(["device_spec", spec()]),
+                                ["0000:81:00.4"])
+
+
+def test_drop_takes_addresses_specs_and_emptied_types_but_keeps_reporting():
+    published = {**mdev(nvidia_108=[C1, E1], nvidia_109=[A1]),
+                 **pci(["device_spec", spec()], ["device_spec", spec(address="0000:e1:00.4")],
+                       ["report_in_placement", "True"])}
+    published["mdev_nvidia-108"].append(CLASS_108)
+    dropped = novaconf.drop_published(published, [E1, A1, "0000:81:00.4"])
+    assert dropped == {"devices": [["enabled_mdev_types", "nvidia-108"]],
+                       "mdev_nvidia-108": [["device_addresses", C1], CLASS_108],
+                       **pci(["device_spec", spec(address="0000:e1:00.4")],
+                             ["report_in_placement", "True"])}
+    assert novaconf.drop_published(mdev(nvidia_108=[C1]), [C1]) == {}
+    assert novaconf.drop_published(pci(["device_spec", spec()]), ["0000:81:00.4"]) == {}

@@ -633,3 +633,27 @@ def test_a_partly_used_gpu_of_a_model_never_seen_free_is_not_counted(root):
     built = plan.build(checked.mapping, found, EPOXY, catalogue.offered(found, "1", table),
                        whole_gpus=catalogue.whole_gpus(found, table))
     assert [a.address for a in built.vfio()] == list(vfs("0000:61:00.0", 4))
+
+
+# -- GPUs that vanished after they were published ----------------------------------------
+
+@pytest.mark.parametrize("vanished,errors", [
+    (("0000:e1:00.0",), ()),  # the GPU itself, as published (mdev)
+    (("0000:e1:00.4", "0000:e1:00.5"), ()),  # its VFs, as published (VFIO): same bus
+    (("0000:a1:00.0",), ("nvidia-109: 0000:e1:00.0 is not an NVIDIA GPU on this host (found: "
+                         "0000:c1:00.0)",)),  # another GPU's: the address is still a mistake
+])
+def test_an_address_of_a_vanished_published_gpu_is_no_error_and_gets_nothing(
+        root, vanished, errors):
+    v100_host(root, count=1)
+    checked = mappings.check_text("{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}")
+    built = plan.build(checked.mapping, pci.discover(), CARACAL, vanished=vanished)
+    assert built.errors == errors
+    assert built.mdev_mapping() == {"nvidia-108": ("0000:c1:00.0",)}  # nothing for 0000:e1:00.0
+
+
+def test_same_gpu_groups_functions_by_bus():
+    functions = ["0000:c1:00.5", "0000:c1:00.4", "0000:c1:01.0", "0001:c1:00.4", "0000:c2:00.4"]
+    assert plan.same_gpu(functions, ["0000:c1:00.0"]) == ("0000:c1:00.4", "0000:c1:00.5",
+                                                         "0000:c1:01.0")
+    assert plan.same_gpu(functions, []) == ()

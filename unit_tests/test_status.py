@@ -68,7 +68,9 @@ def test_gpus_gone_keep_the_published_mapping_and_name_five_missing_addresses():
     assert pairs == [("blocked", "published vGPU devices missing: 0000:40:00.0, 0000:41:00.0, "
                                  "0000:42:00.0, 0000:43:00.0 and 1 more (no NVIDIA GPU found now: "
                                  "driver reloading? check lspci and journalctl -k); keeping "
-                                 "nvidia-1 on 5")]
+                                 "nvidia-1 on 5; removed for good? juju run vgpu/3 forget-gpus "
+                                 "gpus=0000:40:00.0,0000:41:00.0,0000:42:00.0,0000:43:00.0,"
+                                 "0000:44:00.0")]
 
 
 def test_forced_without_gpu_waits_for_nova_and_the_relation():

@@ -11,7 +11,7 @@ relation data, so nova-compute never restarts for nothing.
 
 import json
 import re
-from typing import Callable, Dict, Iterable, List, Mapping, Tuple
+from typing import Callable, Collection, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from . import releases
 
@@ -257,6 +257,124 @@ def mapping_from_sections(config_sections: Sections) -> Dict[str, Tuple[str, ...
     for cls in sorted(by_class):
         out[cls] = tuple(sorted(by_class[cls]))
     return out
+
+
+def keep_published(new: Sections, published: Sections, functions: Collection[str]) -> Sections:
+    """``new`` with ``published``'s entries for ``functions`` added back, exactly as published.
+
+    For functions discovery no longer finds (a GPU fallen off the bus, a driver
+    reload, a bad read): Nova would drop their devices under the guests that
+    hold them. Each keeps its address in ``device_addresses`` under its type
+    (the type's section as published when ``new`` has none, ``mdev_class``
+    included) and its ``[pci] device_spec`` line verbatim, in the order the
+    plan writes them (types by number, addresses and device specs by
+    address): a GPU that comes back with the same types publishes the same
+    bytes. Raises ValueError when a kept function is in ``new`` too (under
+    two types, or two device specs: Nova refuses both) or the result fails
+    :func:`check`.
+    """
+    keep = set(functions)
+    if not keep:
+        return new
+    out = {section: [list(pair) for pair in pairs] for section, pairs in new.items()}
+    _keep_mdev(out, published, keep)
+    _keep_specs(out, published, keep)
+    check(out)
+    return out
+
+
+def drop_published(published: Sections, functions: Collection[str]) -> Sections:
+    """``published`` without ``functions``: their addresses, device specs, and types left empty.
+
+    What the forget-gpus action publishes for GPUs removed for good.
+    ``[pci] report_in_placement`` stays (Nova refuses it turned off).
+    """
+    drop = set(functions)
+    out: Sections = {}
+    gone: Set[str] = set()
+    for section, pairs in published.items():
+        kept_pairs = []
+        for key, value in pairs:
+            if key == "device_addresses":
+                value = ",".join(a for a in value.split(",") if a not in drop)
+                if not value:
+                    gone.add(section.split("_", 1)[1])
+                    break
+            elif key == "device_spec" and _spec_address(value) in drop:
+                continue
+            kept_pairs.append([key, value])
+        else:
+            if kept_pairs:
+                out[section] = kept_pairs
+    option = _types_option(out)
+    if option is not None:
+        types = [t for t in dict(out["devices"])[option].split(",") if t and t not in gone]
+        if types:
+            _set_types(out, option, types)
+        else:
+            del out["devices"]
+    return out
+
+
+def _types_option(config_sections: Sections) -> Optional[str]:
+    """The ``[devices]`` key that lists the types (``enabled_mdev_types`` or the older name)."""
+    keys = [key for key, _ in config_sections.get("devices", [])]
+    return next((k for k in ("enabled_mdev_types", "enabled_vgpu_types") if k in keys), None)
+
+
+def _set_types(out: Sections, option: str, types: Iterable[str]) -> None:
+    """``[devices] <option>`` = ``types`` by number; the section's other pairs stay."""
+    value = ",".join(sorted(set(types), key=lambda t: int(t.rsplit("-", 1)[1])))
+    pairs = [pair for pair in out.get("devices", []) if pair[0] != option]
+    out["devices"] = [[option, value]] + pairs
+
+
+def _keep_mdev(out: Sections, published: Sections, keep: Set[str]) -> None:
+    """Add the published ``device_addresses`` of ``keep`` under their types (see keep_published)."""
+    kept = {t: [a for a in addresses if a in keep]
+            for t, addresses in mapping_from_sections(published).items()
+            if _SAFE["type"].fullmatch(t)}
+    kept = {t: addresses for t, addresses in kept.items() if addresses}
+    if not kept:
+        return
+    taken = {a: t for t, addresses in mapping_from_sections(out).items() for a in addresses}
+    option = _types_option(out) or _types_option(published) or "enabled_mdev_types"
+    prefix = "mdev_" if option == "enabled_mdev_types" else "vgpu_"
+    for vgpu_type, addresses in kept.items():
+        for address in addresses:
+            if address in taken:
+                raise ValueError(f"{address} would be under both {taken[address]} and {vgpu_type}")
+        section = f"{prefix}{vgpu_type}"
+        source = published.get(f"mdev_{vgpu_type}") or published.get(f"vgpu_{vgpu_type}") or []
+        pairs = out.get(section) or [list(pair) for pair in source]
+        listed = next((v for k, v in out.get(section, []) if k == "device_addresses"), "")
+        joined = ",".join(sorted({*filter(None, listed.split(",")), *addresses}))
+        out[section] = [[k, joined if k == "device_addresses" else v] for k, v in pairs]
+    listed_types = dict(out.get("devices", [])).get(option, "")
+    _set_types(out, option, [*filter(None, listed_types.split(",")), *kept])
+
+
+def _keep_specs(out: Sections, published: Sections, keep: Set[str]) -> None:
+    """Add the published ``[pci] device_spec`` lines of ``keep``, verbatim (see keep_published)."""
+    kept = [v for k, v in published.get("pci", []) if k == "device_spec" and _spec_address(v) in keep]
+    if not kept:
+        return
+    pairs = out.get("pci", [])
+    specs = [v for k, v in pairs if k == "device_spec"]
+    present = {_spec_address(v) for v in specs}
+    for value in kept:
+        if _spec_address(value) in present:
+            raise ValueError(f"two device specs for {_spec_address(value)}")
+    ordered = sorted(specs + kept, key=lambda v: _spec_address(v) or "")
+    out["pci"] = [["device_spec", v] for v in ordered] + [p for p in pairs if p[0] != "device_spec"]
+
+
+def _spec_address(value: str) -> Optional[str]:
+    """A device spec's address (None when it has none: not one this module builds)."""
+    try:
+        return str(json.loads(value)["address"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _dumps(value) -> str:

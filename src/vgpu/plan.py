@@ -25,7 +25,19 @@ allow them together (see :mod:`vgpu.mig`), never both kinds.
 """
 
 import re
-from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Collection,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 from . import LIVE_MIGRATION, PCI_IN_PLACEMENT, pci, releases
 
@@ -112,15 +124,19 @@ def alias_name(name: str) -> str:
 def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
           offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]] = None, *,
           pci_in_placement: bool = False, live_migration: bool = False,
-          whole_gpus: Optional[Mapping[str, int]] = None) -> Plan:
+          whole_gpus: Optional[Mapping[str, int]] = None, vanished: Collection[str] = ()) -> Plan:
     """The plan for a checked mapping on ``host``; ``offered`` adds learnt VFIO types per GPU.
 
     ``pci_in_placement`` and ``live_migration`` are the charm options of
     those names: what the plan needs of Nova follows from them (see
     :func:`option_problems`). ``whole_gpus``: each VFIO GPU's whole
     framebuffer in GB when known (:func:`vgpu.catalogue.whole_gpus`).
+    ``vanished``: published functions discovery no longer finds; an address
+    of their GPU (see :func:`same_gpu`) gets nothing and is no error: the
+    charm keeps what was published for it (:func:`vgpu.novaconf.keep_published`).
     """
     draft = _Draft(host, offered, whole_gpus)
+    draft.vanished = tuple(vanished)
     for key, addresses in mapping.items():
         if tuple(addresses) == (ALL,):
             draft.everywhere(key)
@@ -160,6 +176,7 @@ class _Draft:
                 self.owner.setdefault(function, gpu)  # the first, as host.gpu() finds it
         self.types: Dict[str, Tuple[pci.VgpuType, ...]] = {}
         self.mig = _MigClaims()  # GPU -> its MIG-backed profiles' claims (see vgpu.mig)
+        self.vanished: Tuple[str, ...] = ()  # published functions not found now (see build)
 
     def types_of(self, gpu: pci.Gpu) -> Tuple[pci.VgpuType, ...]:
         """What ``gpu`` offers: the learnt types when given, else what sysfs lists."""
@@ -194,6 +211,8 @@ class _Draft:
         """``key: [addresses]``: each address must be a GPU here or one of its VFs."""
         for address in addresses:
             gpu = self.owner.get(address)  # as host.gpu(address), from the index
+            if gpu is None and same_gpu(self.vanished, [address]):
+                continue  # a vanished GPU: what was published for it stays
             if gpu is None:
                 self.errors.append(f"{key}: {address} is not an NVIDIA GPU on this host "
                                    f"(found: {_summary(self.host.addresses())})")
@@ -242,6 +261,18 @@ class _Draft:
             self.errors.extend(problems)
             out.extend(made)
         return out
+
+
+def same_gpu(functions: Iterable[str], named: Iterable[str]) -> Tuple[str, ...]:
+    """The ``functions`` (sorted) on the GPU of any ``named`` address, told by its PCI bus.
+
+    For GPUs discovery no longer finds, whose VFs cannot be read: NVIDIA's VFs
+    follow their GPU's routing ID on its bus (``0000:c1:00.4`` is a VF of
+    ``0000:c1:00.0``), and each GPU sits on a bus of its own behind its PCIe
+    port, so one address of the GPU names all its functions.
+    """
+    buses = {address.rsplit(":", 1)[0] for address in named}
+    return tuple(sorted(a for a in set(functions) if a.rsplit(":", 1)[0] in buses))
 
 
 def removed_mdev_types(published: Mapping[str, Sequence[str]], wanted: Mapping[str, Sequence[str]],

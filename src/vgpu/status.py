@@ -116,7 +116,8 @@ def missing_status(inputs: Inputs) -> Optional[Status]:
     """Blocked, naming the published functions discovery no longer finds; None when none is missing.
 
     One GPU gone or all of them: the same status, never active (Nova still
-    has their devices; the published sections stay).
+    has their devices; the published sections stay until the operator runs
+    forget-gpus, with one address per missing GPU: the first of its bus).
     """
     missing = missing_gpus(inputs.facts, inputs.published)
     if not missing:
@@ -124,9 +125,13 @@ def missing_status(inputs: Inputs) -> Optional[Status]:
     found = len(inputs.facts.pci.gpus)
     now = (f"{found} NVIDIA GPU{'s' if found != 1 else ''} found now" if found
            else "no NVIDIA GPU found now")
+    gpus: dict = {}
+    for address in missing:
+        gpus.setdefault(address.rsplit(":", 1)[0], address)
+    forget = run_hint(inputs, f"forget-gpus gpus={','.join(gpus.values())}")
     return BLOCKED, (f"published vGPU devices missing: {text.listing(missing)} ({now}: driver "
                      "reloading? check lspci and journalctl -k); keeping "
-                     f"{mappings.summary(inputs.published)}")
+                     f"{mappings.summary(inputs.published)}; removed for good? {forget}")
 
 
 def missing_gpus(facts: Facts, published: Mapping[str, Tuple[str, ...]]) -> List[str]:
