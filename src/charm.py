@@ -4,10 +4,13 @@
 """Juju subordinate of nova-compute: NVIDIA vGPU support for OpenStack Nova.
 
 Event wiring only. One idempotent reconcile handler serves every lifecycle
-and relation event; status is computed in one collect-unit-status handler;
-actions and remove have their own handlers (a subordinate has nothing to do
-on stop). What the host is and does lives in the ``vgpu`` package, which
-never imports ops.
+and relation event: it gathers what only the charm knows (options, relation
+data, StoredState, the attached resource) into ``vgpu.reconcile.Inputs``,
+runs the steps in :mod:`vgpu.reconcile` and applies what they return
+(relation data, problems, the paused flag). Status is computed in one
+collect-unit-status handler; actions and remove have their own handlers (a
+subordinate has nothing to do on stop). What the host is and does lives in
+the ``vgpu`` package, which never imports ops.
 """
 
 import logging
