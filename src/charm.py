@@ -4,14 +4,17 @@
 """Juju subordinate of nova-compute: NVIDIA vGPU support for OpenStack Nova.
 
 Event wiring only. One idempotent reconcile handler serves every lifecycle
-and relation event; status is computed in one collect-unit-status handler;
-actions and remove have their own handlers (a subordinate has nothing to do
-on stop). What the host is and does lives in the ``vgpu`` package, which
-never imports ops.
+and relation event: it gathers what only the charm knows (options, relation
+data, StoredState, the attached resource) into ``vgpu.reconcile.Inputs``,
+runs the steps in :mod:`vgpu.reconcile` and applies what they return
+(relation data, problems, the paused flag). Status is computed in one
+collect-unit-status handler; actions and remove have their own handlers (a
+subordinate has nothing to do on stop). What the host is and does lives in
+the ``vgpu`` package, which never imports ops.
 """
 
 import logging
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Union
 
 import ops
 
@@ -30,7 +33,7 @@ from vgpu import (
     mdevs,
     novaconf,
     pci,
-    principalconf,
+    reconcile,
     services,
     sriov,
     status,
@@ -39,19 +42,15 @@ from vgpu import (
 from vgpu.errors import (
     GuestsRunningError,
     HostReadError,
-    InstallError,
-    PrincipalConfigError,
     ResourceInvalidError,
     ResourceMissingError,
     ServiceError,
-    SriovError,
-    VfTypeError,
     VgpuError,
 )
 
 logger = logging.getLogger(__name__)
 
-MDEV_CLASS = "mdev-class-per-profile"
+MDEV_CLASS = reconcile.MDEV_CLASS
 
 
 class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
@@ -72,8 +71,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # attached), by the upgrade action and while the driver is not fully
         # installed, so steady hooks start neither resource-get nor dpkg-deb.
         self._stored.set_default(paused=False, masked=[], checked={}, attached={})
-        self._gathered: Optional[facts.Facts] = None
-        self._validation: Optional[mappings.Validation] = None
+        self._host = reconcile.Host()  # this dispatch's reading of the host
         # This dispatch's inspection of the resource: a DebInfo or the error it raised.
         self._package: Union[driver.DebInfo, VgpuError, None] = None
         self._fetched = False  # whether this dispatch fetched the resource itself
@@ -98,30 +96,17 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- reading the host, once per dispatch -------------------------------
     def _facts(self) -> facts.Facts:
-        if self._gathered is None:
-            self._gathered = facts.gather()
-        return self._gathered
+        return self._host.facts()
 
     def _refresh(self) -> None:
         """Forget what was read of the host (after changing it); the resource stays."""
-        self._gathered = None
-        self._validation = None
+        self._host.refresh()
 
     def _mapping(self) -> mappings.Validation:
-        if self._validation is None:
-            here = self._facts()
-            offered = whole = None
-            if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
-                version = here.loaded_driver_version
-                table = catalogue.learn(here.pci, version, problems=self._problems)
-                offered = catalogue.offered(here.pci, version, table)
-                whole = catalogue.whole_gpus(here.pci, table)
-            self._validation = mappings.against_host(
-                self._checked_text(), here.pci, here.supported_release(), offered,
-                pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
-                live_migration=bool(self.config.get(LIVE_MIGRATION)), whole_gpus=whole,
-                vanished=self._vanished()[1])
-        return self._validation
+        return self._host.mapping(
+            self._checked_text, pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
+            live_migration=bool(self.config.get(LIVE_MIGRATION)), problems=self._problems,
+            published=self._ours())
 
     def _checked_text(self) -> mappings.Validation:
         raw = self.config.get(OPTION)  # a string option: text or unset
@@ -163,307 +148,65 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             raise self._package
         return self._package
 
-    def _inspect_resource(self) -> None:
-        """Fetch and inspect the resource now; what it said is recorded for later hooks."""
-        try:
-            self._attached(fetch=True)
-        except (ResourceMissingError, ResourceInvalidError):
-            pass  # recorded: the status says it where it matters
-
     def _wants_driver(self) -> bool:
-        return bool(self._facts().pci.gpus) or bool(self.config.get("force-install-nvidia-vgpu"))
+        return reconcile.wants_driver(self._facts(), self.config)
 
     # -- reconcile ----------------------------------------------------------
     def _reconcile(self, event: ops.EventBase) -> None:
-        try:
-            if self._wants_driver():
-                if isinstance(event, (ops.InstallEvent, ops.UpgradeCharmEvent)):
-                    self._inspect_resource()  # Juju runs upgrade-charm for a new revision
-                self._ensure_driver()
-            self._ensure_vfs()
-            if self._stored.paused and self._resumed_elsewhere():
-                logger.info("the vGPU services run again (started outside this charm): "
-                            "no longer paused")
-                self._stored.paused = False
-                self._stored.masked = []
-            self._publish()
-        except HostReadError as error:
-            # Nothing is published from a host that could not be read: the last data stays.
-            logger.error("%s", error)
-            self._problems.append(str(error))
+        new_revision = isinstance(event, (ops.InstallEvent, ops.UpgradeCharmEvent))
+        self._apply(reconcile.reconcile(self._host, self._inputs(new_revision)))
 
-    def _resumed_elsewhere(self) -> bool:
-        """A paused unit whose daemons run again was resumed outside this charm.
+    def _publish(self) -> None:
+        """Send nova-compute what changed after an action changed the host (read errors logged)."""
+        self._apply(reconcile.publish(self._host, self._inputs()))
 
-        Only by hand (systemctl unmask and start, a reinstalled package):
-        nova-compute's pause and resume leave them alone, as none is published
-        in ``services``.
-        """
-        daemons = self._daemons()
-        try:
-            return bool(daemons) and all(services.active(daemons).values())
-        except ServiceError:
-            return False
+    def _inputs(self, new_revision: bool = False) -> reconcile.Inputs:
+        """What the reconcile steps need from Juju; each part is read only when a step needs it."""
+        return reconcile.Inputs(
+            options=self.config, checked=self._checked_text, attached=self._attached,
+            relations=self._relations, unit=self.unit.name, paused=bool(self._stored.paused),
+            new_revision=new_revision, show=self._show_installing)
 
-    def _ensure_driver(self) -> None:
-        installed = self._facts().driver
-        if installed is None or not installed.installed:
-            try:
-                package = self._attached(fetch=True)
-            except (ResourceMissingError, ResourceInvalidError) as error:
-                logger.warning("not installing the vGPU host driver: %s", error)
-                return
-            if installed is not None and not driver.same_package(package, installed):
-                # Another version is half-installed: replacing it is the upgrade
-                # action's call (guests, downgrades), not a hook's.
-                logger.warning("%s %s is %s; not installing %s %s by itself", installed.name,
-                               installed.version, installed.state, package.package, package.version)
-                return
-            self.unit.status = ops.MaintenanceStatus(
-                f"installing {package.package} {package.version}")
-            try:
-                driver.install(package)
-            except ResourceInvalidError as error:
-                logger.error("refusing to install %s: %s", package.package, error)
-                self._problems.append(str(error))
-            except InstallError as error:
-                logger.error("installing %s failed: %s", package.package, error)
-                self._problems.append(f"{error}; retrying on the next hook")
-            self._refresh()
-        try:
-            if kernel.ensure_nouveau_blacklisted():
-                logger.info("nouveau blacklisted in /%s; initramfs refreshed", kernel.BLACKLIST)
-        except VgpuError as error:
-            self._problems.append(f"blacklisting nouveau failed: {error}")
+    def _relations(self) -> List[reconcile.Published]:
+        return [reconcile.Published(r.app.name if r.app else reconcile.PRINCIPAL, r.data[self.unit])
+                for r in self.model.relations[RELATION]]
 
-    def _ensure_vfs(self) -> None:
-        """Enable the VFs of the SR-IOV GPUs the mapping selects that have none (after a reboot).
+    def _show_installing(self, message: str) -> None:
+        self.unit.status = ops.MaintenanceStatus(message)
 
-        Only GPUs bound to the nvidia driver are touched, within sriov's time
-        limit per hook; with the IOMMU off nothing is tried (the status asks for it).
-        """
-        here = self._facts()
-        if here.driver is None or not here.driver.installed or self._stored.paused:
+    def _apply(self, done: reconcile.Outcome) -> None:
+        """Keep what the steps found for the status; set the relation data that changed."""
+        self._problems.extend(done.problems)
+        self._waits.extend(done.waits)
+        if done.vf_failures is not None:
+            self._vf_failures = done.vf_failures
+        if done.resumed:
+            self._stored.paused = False
+            self._stored.masked = []
+        if not done.relation_data:
             return
-        if here.iommu_problem():
-            return
-        choice = sriov.selected(self._checked_text().mapping, here.pci)
-        self._vf_failures = dict(choice.refused)
-        missing = [g.address for g in here.pci.gpus if g.address in choice.wanted and g.vfs_missing]
-        if not missing:
-            return
-        self._vf_failures.update(sriov.enable(missing))
-        self._refresh()
+        for relation, changed in zip(self.model.relations[RELATION], done.relation_data):
+            if changed:
+                logger.info("publishing %s on %s", ", ".join(sorted(changed)), relation.name)
+                relation.data[self.unit].update(changed)
 
     def _vgpu_services(self) -> List[str]:
         """Every vGPU service the installed driver ships: the status checks them all."""
         return list(self._facts().services)
 
     def _daemons(self) -> List[str]:
-        """The driver's daemons: what this charm's pause stops and its status expects running.
+        """The driver's daemons (see reconcile.daemons): what pause stops."""
+        return reconcile.daemons(self._facts())
 
-        None is published in ``services``: nova-compute's pause would stop them
-        under running guests (it leaves libvirt and the guests up), and its
-        OpenStack upgrade would restart them. nvidia-vgpud prepares the GPUs
-        and exits, so it is not paused.
-        """
-        return [name for name in self._facts().services if name in driver.DAEMONS]
+    def _ours(self) -> List[Mapping[str, str]]:
+        """This unit's data on each nova-vgpu relation (read when first looked into)."""
+        return [r.data[self.unit] for r in self.model.relations[RELATION]]
 
-    def _publish(self) -> None:
-        """Send nova-compute the vGPU sections, services and packages, when they changed.
-
-        A mapping that fails validation (or a Nova not installed yet) leaves the
-        published sections as they are: the last good configuration stays.
-        """
-        here = self._facts()
-        installed = here.driver if here.driver is not None and here.driver.installed else None
-        sections: Optional[dict] = {}
-        plan = None
-        if here.pci.gpus:
-            validation = self._mapping()
-            release = here.supported_release()
-            plan = validation.plan
-            ok = (validation.ok and release is not None and plan is not None
-                  and not plan.missing_vfs)
-            sections = None
-            if ok:
-                try:  # with what was published for GPUs discovery no longer finds
-                    sections = novaconf.keep_published(novaconf.plan_sections(
-                        plan, release, mdev_class=bool(self.config.get(MDEV_CLASS)),
-                        pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
-                        keep_placement_reporting=self._published_reporting(),
-                        live_migratable=bool(self.config.get(LIVE_MIGRATION))), *self._vanished())
-                except ValueError as error:  # sysfs gave something nova.conf must not get
-                    self._problems.append(f"not publishing: {error}")
-                    ok = False
-            ok = ok and self._mdevs_may_change(sections)
-            # The principal's [pci] is checked before any VF takes a type from the plan.
-            accepted = self._principal_accepts(sections)
-            ok = ok and accepted and self._mig_ready(plan) and self._give_vfs_types(plan)
-            sections = sections if ok else None
-            self._ensure_boot_unit(plan if ok else None)
-        elif self._published_mapping() or self._published_reporting():
-            # Every mapped GPU seems gone (a driver reload, a bad read): keep what
-            # nova-compute has rather than empty its config; the status says so.
-            # report_in_placement alone stays too: Nova refuses it turned off.
-            sections = None
-        data = novaconf.relation_data(sections or {}, packages=[installed.name] if installed else [])
-        if sections is None:
-            del data["subordinate_configuration"]
-        for relation in self.model.relations[RELATION]:
-            ours = relation.data[self.unit]
-            changed = {k: v for k, v in data.items() if ours.get(k) != v}
-            if changed:
-                logger.info("publishing %s on %s", ", ".join(sorted(changed)), relation.name)
-                ours.update(changed)
-
-    def _principal_accepts(self, sections: Optional[dict]) -> bool:
-        """Whether ``sections`` may join the principal's nova.conf; the published are checked too.
-
-        nova.conf is read only when ours carry ``[pci]`` (VFIO device specs, or
-        report_in_placement). Each principal entry Nova would refuse or let take
-        our GPUs' functions is a blocked problem, as is a nova.conf that cannot be
-        read or parsed; one not written yet is a wait. False keeps the last
-        published sections.
-        """
-        relations = self.model.relations[RELATION]
-        new = bool(sections and "pci" in sections)
-        if sections is not None and not new:
-            return True  # replaces what was published, and touches no [pci]
-        published = [novaconf.sections_from_relation(r.data[self.unit]) for r in relations]
-        mine = [s for s in [sections, *published] if s and "pci" in s]
-        if not mine:
-            return True
-        app = relations[0].app.name if relations and relations[0].app else "nova-compute"
-        try:
-            conf = principalconf.load()
-        except (HostReadError, PrincipalConfigError) as error:
-            self._problems.append(f"cannot check {app}'s [pci] settings against this unit's: {error}; "
-                                  "the last published settings stay")
-            return False
-        if conf is None:
-            if new:
-                self._waits.append(f"waiting for {app} to write {principalconf.NOVA_CONF} "
-                                   "before publishing [pci] settings")
-            return not new
-        ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
-        specs = principalconf.principal(conf, ours).specs
-        found: List[str] = []
-        for candidate in mine:  # the new sections first: accepted, they replace the published
-            found.extend(principalconf.conflicts(specs, candidate, self._facts().pci, app))
-            if new and not found:
-                return True
-        self._problems.extend(dict.fromkeys(found))
-        return not new
-
-    def _mdevs_may_change(self, sections) -> bool:
-        """False (blocked, naming them) when guests hold mdevs of types ``sections`` take away.
-
-        Domain XML is read only when the mdev mapping to publish takes a type
-        from a function it is published for now.
-        """
-        from vgpu import plan as plans
-
-        published = self._published_mapping()
-        wanted = novaconf.mapping_from_sections(sections)
-        removed = plans.removed_mdev_types(published, wanted, self._facts().pci)
-        if not removed:
-            return True
-        from vgpu import guests  # XML parsing only when a type leaves a GPU
-
-        conflicts = plans.mdev_conflicts(removed, guests.held_mdevs(), self._facts().pci)
-        if not conflicts:
-            return True
-        more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-        self._problems.append(
-            f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
-            f"the instance first; keeping {mappings.summary(published)}")
-        return False
-
-    def _give_vfs_types(self, plan) -> bool:
-        """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
-        from vgpu import vfio
-
-        if self._stored.paused and vfio.desired(plan, self._facts().pci):
-            return False  # the vGPU manager is stopped: VF types wait for resume
-        try:
-            done = vfio.ensure_types(plan, self._facts().pci)
-        except GuestsRunningError as error:
-            self._problems.append(
-                f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
-            return False
-        except VfTypeError as error:
-            self._problems.append(f"{error}; retrying on the next hook")
-            self._refresh()
-            return False
-        if done:
-            self._refresh()
-        return True
-
-    def _mig_ready(self, plan) -> bool:
-        """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
-        from vgpu import mig
-
-        problems = mig.mode_problems(mig.by_gpu(plan.assignments), self.unit.name)
-        self._problems.extend(problems)
-        return not problems
-
-    def _ensure_boot_unit(self, plan) -> None:
-        """The boot-time unit and its data: the selected GPUs' VFs and their profiles by name.
-
-        A unit the operator masked is left alone (the status says so).
-        """
-        here = self._facts()
-        if here.driver is None or not here.driver.installed:
-            return
-        restores_mdevs = self._record_mdevs()
-        if not (restores_mdevs or any(gpu.sriov for gpu in here.pci.gpus)) \
-                or sriov.unit_masked():
-            return
-        try:
-            if plan is not None or not sriov.data_path().exists():
-                # Without a plan in force the data keeps the types last applied.
-                wanted = sriov.selected(self._checked_text().mapping, here.pci).wanted
-                sriov.write_boot_data(sriov.boot_data(here.pci, plan, wanted, self._daemons()))
-            sriov.ensure_unit(sriov.render_unit())
-        except SriovError as error:
-            self._problems.append(f"{sriov.UNIT}: {error}")
-
-    def _record_mdevs(self) -> bool:
-        """On Nova before 30, record the mdevs instances hold for the boot step; True if one is kept.
-
-        Nova 30 and later persists mdevs itself: nothing is recorded there.
-        """
-        here = self._facts()
-        release = here.supported_release()
-        try:
-            if release is not None and not mdevs.applies(release.nova_major):
-                mdevs.forget()
-                return False
-            if release is None or not mdevs.uses_mdevs(here.pci):
-                return mdevs.kept()  # nothing to look at now: the record stays as it was
-            return bool(mdevs.refresh(here.pci))
-        except HostReadError as error:
-            self._problems.append(f"cannot record the mdevs instances hold: {error}; "
-                                  "the last record stays")
-        except OSError as error:
-            self._problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
-        return mdevs.kept()
-
-    def _vanished(self) -> Tuple[novaconf.Sections, List[str]]:
-        """The published sections, and their functions discovery no longer finds (kept)."""
-        for relation in self.model.relations[RELATION]:
-            sections = novaconf.sections_from_relation(relation.data[self.unit])
-            published = novaconf.mapping_from_sections(sections)
-            return sections, status.missing_gpus(self._facts(), published)
-        return {}, []
+    def _published_mapping(self) -> Dict[str, tuple]:
+        return reconcile.published_mapping(self._ours())
 
     def _published_reporting(self) -> bool:
-        for relation in self.model.relations[RELATION]:
-            if novaconf.reports_in_placement(
-                    novaconf.sections_from_relation(relation.data[self.unit])):
-                return True
-        return False
+        return reconcile.published_reporting(self._ours())
 
     # -- status -------------------------------------------------------------
     _KINDS = {status.BLOCKED: ops.BlockedStatus, status.MAINTENANCE: ops.MaintenanceStatus,
@@ -545,12 +288,6 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return status.Services(error=str(error))
         return status.Services(down=tuple(down), masked=tuple(masked))
 
-    def _published_mapping(self) -> Dict[str, tuple]:
-        for relation in self.model.relations[RELATION]:
-            sections = novaconf.sections_from_relation(relation.data[self.unit])
-            return novaconf.mapping_from_sections(sections)
-        return {}
-
     def _capacity(self, served: Dict[str, tuple]) -> str:
         """``nvidia-108: 1 used, 3 free`` per published or assigned type ('' if none)."""
         from vgpu import usage  # reads libvirt's XML only when there is something to count
@@ -600,7 +337,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             host = self._facts().pci
             named = [mappings.normalise_address(a)
                      for a in str(event.params.get("gpus") or "").replace(",", " ").split()]
-            published, missing = self._vanished()
+            published, missing = reconcile.vanished(self._facts(), self._ours())
         except (ValueError, HostReadError) as error:
             event.fail(f"nothing forgotten: {error}")
             return

@@ -1,0 +1,494 @@
+"""The reconcile steps: the driver, the VFs, their types, the boot unit and what nova-compute gets.
+
+The charm gathers what only it can know (the options, this unit's data on each
+``nova-vgpu`` relation, the paused flag, the attached package, its unit name)
+into :class:`Inputs` and calls :func:`reconcile` (every lifecycle and relation
+hook) or :func:`publish` (the actions that change the host). The steps do the
+host work through the other ``vgpu`` modules and return an :class:`Outcome`:
+the relation data to set, the blocked and waiting messages, the VFs that could
+not be enabled, and whether the unit was resumed outside the charm. The charm
+applies it (relation data, statuses, StoredState); this module never imports ops.
+
+What the host is, is read once per dispatch and read again after changing it,
+through one :class:`Host` the charm keeps for the whole dispatch (its status
+and actions read through the same one).
+"""
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+from . import (
+    LIVE_MIGRATION,
+    OPTION,
+    PCI_IN_PLACEMENT,
+    catalogue,
+    driver,
+    facts,
+    kernel,
+    mappings,
+    mdevs,
+    novaconf,
+    pci,
+    principalconf,
+    services,
+    sriov,
+    status,
+)
+from .errors import (
+    GuestsRunningError,
+    HostReadError,
+    InstallError,
+    PrincipalConfigError,
+    ResourceInvalidError,
+    ResourceMissingError,
+    ServiceError,
+    SriovError,
+    VfTypeError,
+    VgpuError,
+)
+
+logger = logging.getLogger(__name__)
+
+FORCE_INSTALL = "force-install-nvidia-vgpu"
+MDEV_CLASS = "mdev-class-per-profile"
+PRINCIPAL = "nova-compute"  # the principal's name when no relation says it
+
+
+class Host:
+    """One dispatch's reading of the host: the facts and the mapping checked against them.
+
+    Both are read on first use and kept until :meth:`refresh` (after the host
+    changed); nothing outlives the dispatch.
+    """
+
+    def __init__(self) -> None:
+        """Start with nothing read."""
+        self._gathered: Optional[facts.Facts] = None
+        self._validation: Optional[mappings.Validation] = None
+
+    def facts(self) -> facts.Facts:
+        """What the host is, read once until :meth:`refresh`; raises HostReadError."""
+        if self._gathered is None:
+            self._gathered = facts.gather()
+        return self._gathered
+
+    def refresh(self) -> None:
+        """Forget what was read of the host (after changing it)."""
+        self._gathered = None
+        self._validation = None
+
+    def mapping(self, checked: Callable[[], mappings.Validation], *, pci_in_placement: bool,
+                live_migration: bool, problems: List[str],
+                published: Sequence[Mapping[str, str]]) -> mappings.Validation:
+        """The option (``checked()`` gives its checked text) validated against this host.
+
+        VFIO type names are learnt only on a host with VFIO GPUs; what learning
+        them could not do is added to ``problems``. ``published``: this unit's
+        data per relation (what it published for GPUs now missing stays mapped).
+        """
+        if self._validation is None:
+            here = self.facts()
+            offered = whole = None
+            if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
+                version = here.loaded_driver_version
+                table = catalogue.learn(here.pci, version, problems=problems)
+                offered = catalogue.offered(here.pci, version, table)
+                whole = catalogue.whole_gpus(here.pci, table)
+            self._validation = mappings.against_host(
+                checked(), here.pci, here.supported_release(), offered,
+                pci_in_placement=pci_in_placement, live_migration=live_migration,
+                whole_gpus=whole, vanished=vanished(here, published)[1])
+        return self._validation
+
+
+class Published(NamedTuple):
+    """One ``nova-vgpu`` relation: the principal's application and this unit's data on it."""
+
+    app: str  # the remote application's name (PRINCIPAL if Juju does not say)
+    data: Mapping[str, str]  # what this unit published there
+
+
+class Inputs(NamedTuple):
+    """What the steps need from the charm; each is looked into only when a step needs it."""
+
+    options: Mapping[str, Any]  # the charm's options (its config, read when first looked into)
+    checked: Callable[[], mappings.Validation]  # the option's text, checked (host-independent)
+    attached: Callable[[bool], driver.DebInfo]  # the package (True: fetch it); raises Resource*
+    relations: Callable[[], Sequence[Published]]  # the nova-vgpu relations, in the model's order
+    unit: str  # this unit's name, for the actions named in messages
+    paused: bool = False  # the pause action stopped the driver's daemons
+    new_revision: bool = False  # install or upgrade-charm: inspect the resource again
+    show: Callable[[str], None] = lambda message: None  # maintenance message while installing
+
+
+@dataclass
+class Outcome:
+    """What the steps did and found, for the charm to apply."""
+
+    # Per relation, in Inputs.relations' order: the keys whose value changed ({}: none).
+    relation_data: List[Dict[str, str]] = field(default_factory=list)
+    problems: List[str] = field(default_factory=list)  # blocked messages
+    waits: List[str] = field(default_factory=list)  # waiting messages
+    vf_failures: Optional[Dict[str, str]] = None  # GPU address -> why; None: VFs not looked at
+    resumed: bool = False  # the paused daemons run again (started outside the charm)
+
+
+def wants_driver(here: facts.Facts, options: Mapping[str, Any]) -> bool:
+    """Whether the host driver belongs here: a GPU, or the operator forces it (options)."""
+    return bool(here.pci.gpus) or bool(options.get(FORCE_INSTALL))
+
+
+def daemons(here: facts.Facts) -> List[str]:
+    """The driver's daemons: what the charm's pause stops and its status expects running.
+
+    None is published in ``services``: nova-compute's pause would stop them
+    under running guests (it leaves libvirt and the guests up), and its
+    OpenStack upgrade would restart them. nvidia-vgpud prepares the GPUs
+    and exits, so it is not paused.
+    """
+    return [name for name in here.services if name in driver.DAEMONS]
+
+
+def published_mapping(published: Sequence[Mapping[str, str]]) -> Dict[str, tuple]:
+    """The mapping nova-compute has now: the first relation's (only its data is read)."""
+    for ours in published:
+        return novaconf.mapping_from_sections(novaconf.sections_from_relation(ours))
+    return {}
+
+
+def vanished(here: facts.Facts, published: Sequence[Mapping[str, str]]
+             ) -> Tuple[novaconf.Sections, List[str]]:
+    """The published sections (first relation), and their functions discovery no longer finds."""
+    for ours in published:
+        sections = novaconf.sections_from_relation(ours)
+        return sections, status.missing_gpus(here, novaconf.mapping_from_sections(sections))
+    return {}, []
+
+
+def published_reporting(published: Sequence[Mapping[str, str]]) -> bool:
+    """Whether [pci] report_in_placement is published on any relation."""
+    for ours in published:
+        if novaconf.reports_in_placement(novaconf.sections_from_relation(ours)):
+            return True
+    return False
+
+
+def reconcile(host: Host, given: Inputs) -> Outcome:
+    """Every hook's work: driver, VFs, a resume by hand noticed, then what nova-compute gets.
+
+    A host that cannot be read stops the work: nothing is published (the
+    last data stays) and the error is a problem.
+    """
+    steps = _Steps(host, given)
+    try:
+        steps.run()
+    except HostReadError as error:
+        logger.error("%s", error)
+        steps.out.problems.append(str(error))
+    return steps.out
+
+
+def publish(host: Host, given: Inputs) -> Outcome:
+    """Only what nova-compute gets (after an action changed the host); read errors are logged."""
+    steps = _Steps(host, given)
+    try:
+        steps._publish()
+    except HostReadError as error:
+        logger.error("%s", error)
+    return steps.out
+
+
+class _Steps:
+    """One run of the steps: the host, the inputs and what they found."""
+
+    def __init__(self, host: Host, given: Inputs) -> None:
+        self._host = host
+        self._given = given
+        self._paused = given.paused
+        self.out = Outcome()
+        self._problems = self.out.problems
+        self._waits = self.out.waits
+
+    def _facts(self) -> facts.Facts:
+        return self._host.facts()
+
+    def _refresh(self) -> None:
+        self._host.refresh()
+
+    def _mapping(self) -> mappings.Validation:
+        options = self._given.options
+        return self._host.mapping(self._given.checked,
+                                  pci_in_placement=bool(options.get(PCI_IN_PLACEMENT)),
+                                  live_migration=bool(options.get(LIVE_MIGRATION)),
+                                  problems=self._problems, published=self._published())
+
+    def _published(self) -> List[Mapping[str, str]]:
+        return [relation.data for relation in self._given.relations()]
+
+    def _published_mapping(self) -> Dict[str, tuple]:
+        return published_mapping(self._published())
+
+    def _published_reporting(self) -> bool:
+        return published_reporting(self._published())
+
+    def run(self) -> None:
+        """The steps of :func:`reconcile`, in order; raises HostReadError."""
+        if wants_driver(self._facts(), self._given.options):
+            if self._given.new_revision:
+                self._inspect_resource()  # Juju runs upgrade-charm for a new revision
+            self._ensure_driver()
+        self._ensure_vfs()
+        if self._paused and self._resumed_elsewhere():
+            logger.info("the vGPU services run again (started outside this charm): "
+                        "no longer paused")
+            self._paused = False
+            self.out.resumed = True
+        self._publish()
+
+    def _inspect_resource(self) -> None:
+        """Fetch and inspect the resource now; the charm records what it said for later hooks."""
+        try:
+            self._given.attached(True)
+        except (ResourceMissingError, ResourceInvalidError):
+            pass  # recorded: the status says it where it matters
+
+    def _resumed_elsewhere(self) -> bool:
+        """A paused unit whose daemons run again was resumed outside this charm.
+
+        Only by hand (systemctl unmask and start, a reinstalled package):
+        nova-compute's pause and resume leave them alone, as none is published
+        in ``services``.
+        """
+        names = daemons(self._facts())
+        try:
+            return bool(names) and all(services.active(names).values())
+        except ServiceError:
+            return False
+
+    def _ensure_driver(self) -> None:
+        installed = self._facts().driver
+        if installed is None or not installed.installed:
+            try:
+                package = self._given.attached(True)
+            except (ResourceMissingError, ResourceInvalidError) as error:
+                logger.warning("not installing the vGPU host driver: %s", error)
+                return
+            if installed is not None and not driver.same_package(package, installed):
+                # Another version is half-installed: replacing it is the upgrade
+                # action's call (guests, downgrades), not a hook's.
+                logger.warning("%s %s is %s; not installing %s %s by itself", installed.name,
+                               installed.version, installed.state, package.package, package.version)
+                return
+            self._given.show(f"installing {package.package} {package.version}")
+            try:
+                driver.install(package)
+            except ResourceInvalidError as error:
+                logger.error("refusing to install %s: %s", package.package, error)
+                self._problems.append(str(error))
+            except InstallError as error:
+                logger.error("installing %s failed: %s", package.package, error)
+                self._problems.append(f"{error}; retrying on the next hook")
+            self._refresh()
+        try:
+            if kernel.ensure_nouveau_blacklisted():
+                logger.info("nouveau blacklisted in /%s; initramfs refreshed", kernel.BLACKLIST)
+        except VgpuError as error:
+            self._problems.append(f"blacklisting nouveau failed: {error}")
+
+    def _ensure_vfs(self) -> None:
+        """Enable the VFs of the SR-IOV GPUs the mapping selects that have none (after a reboot).
+
+        Only GPUs bound to the nvidia driver are touched, within sriov's time
+        limit per hook; with the IOMMU off nothing is tried (the status asks for it).
+        """
+        here = self._facts()
+        if here.driver is None or not here.driver.installed or self._paused:
+            return
+        if here.iommu_problem():
+            return
+        choice = sriov.selected(self._given.checked().mapping, here.pci)
+        self.out.vf_failures = dict(choice.refused)
+        missing = [g.address for g in here.pci.gpus if g.address in choice.wanted and g.vfs_missing]
+        if not missing:
+            return
+        self.out.vf_failures.update(sriov.enable(missing))
+        self._refresh()
+
+    def _publish(self) -> None:
+        """Send nova-compute the vGPU sections, services and packages, when they changed.
+
+        A mapping that fails validation (or a Nova not installed yet) leaves the
+        published sections as they are: the last good configuration stays.
+        """
+        here = self._facts()
+        installed = here.driver if here.driver is not None and here.driver.installed else None
+        sections: Optional[dict] = {}
+        plan = None
+        if here.pci.gpus:
+            validation = self._mapping()
+            release = here.supported_release()
+            plan = validation.plan
+            ok = (validation.ok and release is not None and plan is not None
+                  and not plan.missing_vfs)
+            sections = None
+            if ok:
+                try:  # with what was published for GPUs discovery no longer finds
+                    sections = novaconf.keep_published(novaconf.plan_sections(
+                        plan, release, mdev_class=bool(self._given.options.get(MDEV_CLASS)),
+                        pci_in_placement=bool(self._given.options.get(PCI_IN_PLACEMENT)),
+                        keep_placement_reporting=self._published_reporting(),
+                        live_migratable=bool(self._given.options.get(LIVE_MIGRATION))),
+                        *vanished(here, self._published()))
+                except ValueError as error:  # sysfs gave something nova.conf must not get
+                    self._problems.append(f"not publishing: {error}")
+                    ok = False
+            ok = ok and self._mdevs_may_change(sections)
+            # The principal's [pci] is checked before any VF takes a type from the plan.
+            accepted = self._principal_accepts(sections)
+            ok = ok and accepted and self._mig_ready(plan) and self._give_vfs_types(plan)
+            sections = sections if ok else None
+            self._ensure_boot_unit(plan if ok else None)
+        elif self._published_mapping() or self._published_reporting():
+            # Every mapped GPU seems gone (a driver reload, a bad read): keep what
+            # nova-compute has rather than empty its config; the status says so.
+            # report_in_placement alone stays too: Nova refuses it turned off.
+            sections = None
+        data = novaconf.relation_data(sections or {}, packages=[installed.name] if installed else [])
+        if sections is None:
+            del data["subordinate_configuration"]
+        self.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
+                                  for ours in self._published()]
+
+    def _principal_accepts(self, sections: Optional[dict]) -> bool:
+        """Whether ``sections`` may join the principal's nova.conf; the published are checked too.
+
+        nova.conf is read only when ours carry ``[pci]`` (VFIO device specs, or
+        report_in_placement). Each principal entry Nova would refuse or let take
+        our GPUs' functions is a blocked problem, as is a nova.conf that cannot be
+        read or parsed; one not written yet is a wait. False keeps the last
+        published sections.
+        """
+        new = bool(sections and "pci" in sections)
+        if sections is not None and not new:
+            return True  # replaces what was published, and touches no [pci]
+        relations = self._given.relations()
+        published = [novaconf.sections_from_relation(r.data) for r in relations]
+        mine = [s for s in [sections, *published] if s and "pci" in s]
+        if not mine:
+            return True
+        app = relations[0].app if relations else PRINCIPAL
+        try:
+            conf = principalconf.load()
+        except (HostReadError, PrincipalConfigError) as error:
+            self._problems.append(f"cannot check {app}'s [pci] settings against this unit's: {error}; "
+                                  "the last published settings stay")
+            return False
+        if conf is None:
+            if new:
+                self._waits.append(f"waiting for {app} to write {principalconf.NOVA_CONF} "
+                                   "before publishing [pci] settings")
+            return not new
+        ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
+        specs = principalconf.principal(conf, ours).specs
+        found: List[str] = []
+        for candidate in mine:  # the new sections first: accepted, they replace the published
+            found.extend(principalconf.conflicts(specs, candidate, self._facts().pci, app))
+            if new and not found:
+                return True
+        self._problems.extend(dict.fromkeys(found))
+        return not new
+
+    def _mdevs_may_change(self, sections) -> bool:
+        """False (blocked, naming them) when guests hold mdevs of types ``sections`` take away.
+
+        Domain XML is read only when the mdev mapping to publish takes a type
+        from a function it is published for now.
+        """
+        from . import plan as plans
+
+        published = self._published_mapping()
+        wanted = novaconf.mapping_from_sections(sections)
+        removed = plans.removed_mdev_types(published, wanted, self._facts().pci)
+        if not removed:
+            return True
+        from . import guests  # XML parsing only when a type leaves a GPU
+
+        conflicts = plans.mdev_conflicts(removed, guests.held_mdevs(), self._facts().pci)
+        if not conflicts:
+            return True
+        more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        self._problems.append(
+            f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
+            f"the instance first; keeping {mappings.summary(published)}")
+        return False
+
+    def _give_vfs_types(self, plan) -> bool:
+        """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
+        from . import vfio
+
+        if self._paused and vfio.desired(plan, self._facts().pci):
+            return False  # the vGPU manager is stopped: VF types wait for resume
+        try:
+            done = vfio.ensure_types(plan, self._facts().pci)
+        except GuestsRunningError as error:
+            self._problems.append(
+                f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
+            return False
+        except VfTypeError as error:
+            self._problems.append(f"{error}; retrying on the next hook")
+            self._refresh()
+            return False
+        if done:
+            self._refresh()
+        return True
+
+    def _mig_ready(self, plan) -> bool:
+        """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
+        from . import mig
+
+        problems = mig.mode_problems(mig.by_gpu(plan.assignments), self._given.unit)
+        self._problems.extend(problems)
+        return not problems
+
+    def _ensure_boot_unit(self, plan) -> None:
+        """The boot-time unit and its data: the selected GPUs' VFs and their profiles by name.
+
+        A unit the operator masked is left alone (the status says so).
+        """
+        here = self._facts()
+        if here.driver is None or not here.driver.installed:
+            return
+        restores_mdevs = self._record_mdevs()
+        if not (restores_mdevs or any(gpu.sriov for gpu in here.pci.gpus)) \
+                or sriov.unit_masked():
+            return
+        try:
+            if plan is not None or not sriov.data_path().exists():
+                # Without a plan in force the data keeps the types last applied.
+                wanted = sriov.selected(self._given.checked().mapping, here.pci).wanted
+                sriov.write_boot_data(sriov.boot_data(here.pci, plan, wanted, daemons(here)))
+            sriov.ensure_unit(sriov.render_unit())
+        except SriovError as error:
+            self._problems.append(f"{sriov.UNIT}: {error}")
+
+    def _record_mdevs(self) -> bool:
+        """On Nova before 30, record the mdevs instances hold for the boot step; True if one is kept.
+
+        Nova 30 and later persists mdevs itself: nothing is recorded there.
+        """
+        here = self._facts()
+        release = here.supported_release()
+        try:
+            if release is not None and not mdevs.applies(release.nova_major):
+                mdevs.forget()
+                return False
+            if release is None or not mdevs.uses_mdevs(here.pci):
+                return mdevs.kept()  # nothing to look at now: the record stays as it was
+            return bool(mdevs.refresh(here.pci))
+        except HostReadError as error:
+            self._problems.append(f"cannot record the mdevs instances hold: {error}; "
+                                  "the last record stays")
+        except OSError as error:
+            self._problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
+        return mdevs.kept()
