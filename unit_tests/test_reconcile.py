@@ -71,7 +71,7 @@ def test_a_mapping_that_fails_validation_leaves_the_published_sections(ready):
     assert set(done.relation_data[0]) == {"services", "releases-packages-map"}
     # Why is the validation's (the status shows it), kept on the Host for this dispatch.
     validation = host.mapping(lambda: pytest.fail("validated again"), pci_in_placement=False,
-                              live_migration=False, problems=[])
+                              live_migration=False, problems=[], published=[{}])
     assert not validation.ok and "nvidia-999" in "; ".join(validation.errors)
 
 
