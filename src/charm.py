@@ -306,8 +306,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return
         offered = catalogue.offered(host, here.loaded_driver_version, self._learnt(host))
         options = {"mdev_class": bool(self.config.get(MDEV_CLASS)),
-                   "pci_in_placement": bool(self.config.get("pci-in-placement")),
-                   "live_migration": bool(self.config.get("vfio-live-migration"))}
+                   "pci_in_placement": bool(self.config.get(PCI_IN_PLACEMENT)),
+                   "live_migration": bool(self.config.get(LIVE_MIGRATION))}
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered, **options),
             "table": report.types_table(host, offered, **options),
