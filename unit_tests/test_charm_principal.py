@@ -98,7 +98,7 @@ def test_a_conflict_keeps_the_last_published_sections(ctx, vfio, root, deb):
     assert out.unit_status.name == "blocked"
     assert out.unit_status.message.startswith(
         "compute-gpu's pci-passthrough-whitelist entry {\"vendor_id\": \"10de\", \"address\": "
-        f"\"0000:81:00.4\"}} matches VFs 0000:81:00.4 of GPU {L40S}, which this unit "
+        f"\"0000:81:00.4\"}} matches VF 0000:81:00.4 of GPU {L40S}, which this unit "
         "publishes for vGPUs: Nova uses the first spec that matches")
     assert ours(out) == ours(first)
     assert [s["resource_class"] for s in published_specs(out)][:4] == ["CUSTOM_VGPU_L40S_12Q"] * 4

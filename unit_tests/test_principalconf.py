@@ -211,7 +211,7 @@ def test_glob_regex_and_wildcard_specs_that_take_our_vfs(value, hits):
     if hits is None:
         assert f"matches GPU {PF} and its VFs" in message
     else:
-        assert f"matches VFs {', '.join(hits[:4])}" in message
+        assert f"matches {'VF' if len(hits) == 1 else 'VFs'} {', '.join(hits[:4])}" in message
         assert "Nova uses the first spec that matches, so they would lose managed=no" in message
 
 
@@ -219,7 +219,7 @@ def test_other_vfs_of_a_published_gpu_mix_resource_classes_while_reporting():
     [message] = found('{"address": "0000:81:00.6"}')
     assert message.startswith(
         "compute-gpu's pci-passthrough-whitelist entry {\"address\": \"0000:81:00.6\"} matches "
-        f"VFs {SIBLING} of GPU {PF}, beside the VFs this unit publishes for vGPUs: one GPU's VFs "
+        f"VF {SIBLING} of GPU {PF}, beside the VFs this unit publishes for vGPUs: one GPU's VFs "
         "would mix resource classes in Placement (nova-compute stops); leave them out")
     assert found('{"address": "0000:81:00.6"}', NOT_REPORTING) == []
 
@@ -292,7 +292,7 @@ def test_published_vfs_that_are_gone_from_the_host_are_still_checked():
     gone = pci.Host()
     specs = [whitelist('{"address": "0000:81:00.5"}')]
     [message] = principalconf.conflicts(specs, REPORTING, gone, APP)
-    assert f"matches VFs {OURS[1]} of GPU {OURS[1]}" in message
+    assert f"matches VF {OURS[1]} of GPU {OURS[1]}" in message
 
 
 # -- the same rules through Nova's own PciDeviceSpec -------------------------------------

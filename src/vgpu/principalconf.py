@@ -352,18 +352,19 @@ def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool) -> str:
         pf = target.pf is not None and matches(spec, target.pf)
         ours = [d.address for d in target.ours if matches(spec, d)]
         others = [d.address for d in target.others if matches(spec, d)] if reporting else []
-        vfs = text.listing(ours + others)
+        hit_vfs = ours + others
+        vfs = ("VF " if len(hit_vfs) == 1 else "VFs ") + text.listing(hit_vfs)
         if pf:
             why = ("Nova refuses a GPU beside its VFs in Placement (nova-compute stops)" if reporting
                    else "a guest given the whole GPU would take its vGPU VFs with it")
-            hit = f"GPU {target.gpu}" + (f" and its VFs {vfs}" if vfs else "")
+            hit = f"GPU {target.gpu}" + (f" and its {vfs}" if hit_vfs else "")
             return f"matches {hit}, whose VFs this unit publishes for vGPUs: {why}; leave the GPU out"
         if ours:
-            return (f"matches VFs {vfs} of GPU {target.gpu}, which this unit publishes for vGPUs: "
+            return (f"matches {vfs} of GPU {target.gpu}, which this unit publishes for vGPUs: "
                     "Nova uses the first spec that matches, so they would lose managed=no and "
                     "their resource class; leave them out")
         if others:
-            return (f"matches VFs {vfs} of GPU {target.gpu}, beside the VFs this unit publishes "
+            return (f"matches {vfs} of GPU {target.gpu}, beside the VFs this unit publishes "
                     "for vGPUs: one GPU's VFs would mix resource classes in Placement "
                     "(nova-compute stops); leave them out")
     return ""
