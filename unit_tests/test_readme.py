@@ -307,7 +307,8 @@ NEIGHBOUR_OPTIONS = {
     "nova-compute": {"pci-alias", "pci-passthrough-whitelist", "openstack-origin", "config-flags",
                      "debug", "enable-live-migration"},
     "nova-cloud-controller": {"pci-alias", "scheduler-default-filters", "openstack-origin",
-                              "config-flags", "debug"},
+                              "config-flags", "debug",
+                              "pci-in-placement"},  # newer revisions: docs/how-to/pci-in-placement.md
 }
 JUJU_RUN = re.compile(r"juju run (?:--\S+ )*(\S+) (\S+)((?: [A-Za-z][\w-]*=\S*)*)")
 JUJU_CONFIG = re.compile(r"juju config (\S+) ([A-Za-z][\w-]*)=")
