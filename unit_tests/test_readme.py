@@ -477,3 +477,18 @@ def test_every_page_of_docs_is_linked_from_the_index():
               for target in LINK.findall(index) if not re.match(r"[a-z]+:", target)
               and target.partition("#")[0]}
     assert set(PAGES) - {"README.md", "docs/index.md"} - linked == set()
+
+
+def _table_names(page):
+    """The first column's code names of every table row of ``page`` (``enable-mig gpu=...`` -> enable-mig)."""
+    rows = re.findall(r"^\| `([a-z][\w-]*)[^`]*` \|", (REPO / page).read_text(), re.M)
+    return set(rows)
+
+
+def test_the_options_reference_lists_exactly_the_options_of_config_yaml():
+    documented = _table_names("docs/reference/options.md")
+    assert documented == set(_yaml("config.yaml")["options"])
+
+
+def test_the_actions_reference_lists_exactly_the_actions_of_actions_yaml():
+    assert _table_names("docs/reference/actions.md") == set(_charm_actions())
