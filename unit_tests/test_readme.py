@@ -492,3 +492,11 @@ def test_the_options_reference_lists_exactly_the_options_of_config_yaml():
 
 def test_the_actions_reference_lists_exactly_the_actions_of_actions_yaml():
     assert _table_names("docs/reference/actions.md") == set(_charm_actions())
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_code_block_of_the_documentation_is_closed(page):
+    fences = re.findall(r"^[ \t]*```(\S*)", (REPO / page).read_text(), re.M)
+    assert len(fences) % 2 == 0, fences
+    # An info string (```console) only ever opens a block.
+    assert all(info == "" for info in fences[1::2]), fences
