@@ -5,6 +5,7 @@ No GPU, systemd or initramfs exists here, so ``systemctl`` and
 dpkg-deb are the real ones.
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,34 @@ def root(tmp_path, monkeypatch) -> Path:
     path.mkdir()
     monkeypatch.setenv("VGPU_HOST_ROOT", str(path))
     return path
+
+
+@pytest.fixture
+def bindir(tmp_path, monkeypatch) -> Path:
+    """A folder first on PATH for stand-in tools."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ['PATH']}")
+    return path
+
+
+@pytest.fixture
+def moves(monkeypatch):
+    """Each os.replace as (source, destination, source directory, destination directory).
+
+    The writer opens its temporary file relative to a descriptor of the target's
+    directory: where that descriptor points is read from /proc/self/fd.
+    """
+    made = []
+    real = os.replace
+
+    def replace(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        made.append((src, dst, os.readlink(f"/proc/self/fd/{src_dir_fd}"),
+                     os.readlink(f"/proc/self/fd/{dst_dir_fd}")))
+        return real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return made
 
 
 @pytest.fixture

@@ -158,6 +158,14 @@ def stand_in(path: Path, script: str) -> Path:
     return path
 
 
+def shell_tool(bindir: Path, name: str, body: str) -> Path:
+    """A /bin/sh stand-in for host tool ``name`` in ``bindir`` (a folder first on PATH)."""
+    return stand_in(bindir / name, "#!/bin/sh\n" + body)
+
+
+HANG = "sleep 300 & wait\n"  # a stand-in's body that never ends on its own
+
+
 class Opened:
     """Files this process opens while active (a Python audit hook on ``open``, main thread).
 

@@ -5,6 +5,7 @@ import stat
 
 import pytest
 
+from unit_tests.faketools import HANG, OPENED, shell_tool
 from vgpu import hostroot, kernel
 from vgpu.errors import InstallError
 
@@ -123,6 +124,65 @@ def test_remove_blacklist_keeps_file_when_refresh_fails(root, initramfs):
     with pytest.raises(InstallError):
         kernel.remove_blacklist()
     assert (root / TARGET).read_text() == kernel.render_blacklist()
+
+
+# -- the blacklist through a temporary file; update-initramfs failing or hanging ----------
+
+def test_the_blacklist_is_written_through_a_file_in_its_own_directory(tmp_path, monkeypatch,
+                                                                     bindir, moves):
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    shell_tool(bindir, "update-initramfs", "exit 0\n")
+    with OPENED as opened:
+        assert kernel.ensure_nouveau_blacklisted()
+    target = kernel.blacklist_path()
+    (written,) = opened.writes
+    assert moves == [(written.name, target.name, str(target.parent), str(target.parent))]
+    assert os.listdir(target.parent) == [target.name]
+
+
+def test_update_initramfs_failing_silently_still_says_why_and_undoes_the_file(root, bindir):
+    shell_tool(bindir, "update-initramfs", "exit 1\n")
+    with pytest.raises(InstallError) as error:
+        kernel.ensure_nouveau_blacklisted()
+    assert str(error.value) == "update-initramfs -u failed: update-initramfs -u exited with status 1"
+    target = kernel.blacklist_path()
+    assert not target.exists()
+    assert os.listdir(target.parent) == []  # no temporary file left either
+
+
+def test_update_initramfs_failing_on_a_rewrite_puts_the_old_file_back_byte_for_byte(root, bindir):
+    old = b"blacklist nouveau\n# \x00\xff an older charm's file, edited by hand\n"
+    kernel.blacklist_path().parent.mkdir(parents=True)
+    kernel.blacklist_path().write_bytes(old)
+    shell_tool(bindir, "update-initramfs", "exit 1\n")
+    with pytest.raises(InstallError):
+        kernel.ensure_nouveau_blacklisted()
+    assert kernel.blacklist_path().read_bytes() == old
+
+
+def test_update_initramfs_failing_on_removal_keeps_the_blacklist_byte_for_byte(root, bindir):
+    shell_tool(bindir, "update-initramfs", "exit 0\n")
+    kernel.ensure_nouveau_blacklisted()
+    # Edited by hand since, with bytes that are not text: they come back exactly.
+    written = kernel.blacklist_path().read_bytes() + b"# \x00\xff by hand\n"
+    kernel.blacklist_path().write_bytes(written)
+    shell_tool(bindir, "update-initramfs", "exit 2\n")
+    with pytest.raises(InstallError, match="^update-initramfs -u failed: update-initramfs -u exited "
+                                           "with status 2$"):
+        kernel.remove_blacklist()
+    assert kernel.blacklist_path().read_bytes() == written
+    assert os.listdir(kernel.blacklist_path().parent) == [kernel.blacklist_path().name]
+
+
+def test_update_initramfs_that_hangs_is_stopped_and_the_file_undone(root, bindir, monkeypatch):
+    shell_tool(bindir, "update-initramfs", HANG)
+    monkeypatch.setattr(kernel, "INITRAMFS_TIMEOUT", 1)
+    with pytest.raises(InstallError) as error:
+        kernel.ensure_nouveau_blacklisted()
+    assert str(error.value) == "update-initramfs -u timed out after 1s and was stopped"
+    assert not kernel.blacklist_path().exists()
 
 
 PROC_MODULES = """\
