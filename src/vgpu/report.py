@@ -88,9 +88,9 @@ def _groups(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
         whole = (whole_gb or {}).get(gpu.address)
         rows = [(t, _most(gpu, t, whole), _available(gpu, t, whole))
                 for t in (offered or {}).get(gpu.address) or gpu.offered_types()]
+        # The model's device id fixes what _mig_entry says of a type; the rows, the rest.
         same = (gpu.model, gpu.device_id, gpu.driver, gpu.framework, gpu.sriov, gpu.vfs_missing,
-                tuple((t, most, free, _mig_entry(gpu, t).get("gpu-instance-profile"))
-                      for t, most, free in rows))
+                tuple(rows))
         groups.setdefault(same, []).append((gpu, rows))
     return list(groups.values())
 
