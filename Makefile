@@ -3,11 +3,12 @@
 # make lint   ruff and mypy; make bench   hook costs next to a bare ops charm (ARGS=--quick, ARGS=--profile)
 # make mutation   mutmut over src/ (hours; MODULE=src/vgpu/releases.py for one module, SAMPLE=8 for one in eight, JOBS=1 to spare the CPUs)
 # make pack-check   replay charmcraft's dependency install without Rust or a C compiler
+# make charm   a deployable .charm per platform of charmcraft.yaml, without LXD or snapd (OUT=dir, ARGS="--platform ubuntu@24.04:amd64")
 PYTHON ?= python3
 VENV ?= .venv
 PY = $(VENV)/bin/python
 
-.PHONY: demo test bench lint mutation requirements pack-check clean
+.PHONY: demo test bench lint mutation requirements pack-check charm clean
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +55,12 @@ requirements:
 # charm imported from it; --control shows rpds-py failing to build from source there.
 pack-check: $(VENV)/.ready
 	$(PY) tools/check_pack.py --control $(ARGS)
+
+# A .charm per platform (nova-compute-nvidia-vgpu_ubuntu@24.04-amd64.charm ...) from what git
+# stores, with the wheels of each base's Python and machine, checked by charmcraft's linters.
+# See docs/how-to/build-the-charm.md.
+charm: $(VENV)/.ready
+	$(PY) tools/build_charm.py --out '$(or $(OUT),.)' $(ARGS)
 
 clean:
 	rm -rf $(VENV) mutants build *.charm parts stage prime requirements.txt.new

@@ -304,13 +304,15 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except HostReadError as error:
             event.fail(str(error))
             return
-        offered = catalogue.offered(host, here.loaded_driver_version, self._learnt(host))
+        learnt = self._learnt(host)
+        offered = catalogue.offered(host, here.loaded_driver_version, learnt)
         options = {"mdev_class": bool(self.config.get(MDEV_CLASS)),
                    "pci_in_placement": bool(self.config.get(PCI_IN_PLACEMENT)),
                    "live_migration": bool(self.config.get(LIVE_MIGRATION))}
+        whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
         event.set_results(table.fit({
-            "gpus": report.gpu_results(host, offered=offered, **options),
-            "table": report.types_table(host, offered, **options),
+            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, **options),
+            "table": report.types_table(host, offered, whole_gb=whole, **options),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod

@@ -98,3 +98,22 @@ def packages(tmp_path_factory) -> dict:
         "depends": debs.unmet_depends(d),
         "hollow": debs.build(d, debs.HOST, debs.OLD, debs.machine_arch(), {"usr/share/doc/x": "x\n"}),
     }
+
+
+@pytest.fixture(scope="session")
+def made_charms(tmp_path_factory) -> dict:
+    """``make charm``'s artefacts (tools/build_charm.py), one per platform, built once a session.
+
+    ``{target: path of the .charm}``; wheels come from PyPI through pip's cache.
+    """
+    import yaml
+
+    from tools import build_charm
+    from unit_tests import packing
+
+    if not packing.in_git_checkout():
+        pytest.skip("not a git checkout: the charm is built from what git stores")
+    out = tmp_path_factory.mktemp("made-charms")
+    config = yaml.safe_load((build_charm.REPO / "charmcraft.yaml").read_text(encoding="utf-8"))
+    return {target: build_charm.build(target, out, out / "work" / target.platform.replace(":", "-"))
+            for target in build_charm.targets(config)}

@@ -464,20 +464,21 @@ def test_a_description_spanning_lines_is_read_whole(ctx, root, tools, packages):
 def test_list_vgpu_types(ctx, ready):
     ctx.run(ctx.on.action("list-vgpu-types"), state(resource=ready))
     results = ctx.action_results
-    gpu = results["gpus"]["gpu-0"]
-    assert (gpu["address"], gpu["model"], gpu["driver"]) == (
-        "0000:c1:00.0", "Tesla V100 PCIe 16GB", "nvidia")
+    gpu = results["gpus"]["gpu-0"]  # both V100s offer the same: one entry names them both
+    assert (gpu["addresses"], gpu["model"], gpu["driver"]) == (
+        "0000:c1:00.0,0000:e1:00.0", "Tesla V100 PCIe 16GB", "nvidia")
     assert gpu["types"]["nvidia-108"] == {
         "id": "nvidia-108", "name": "GRID V100-8Q", "framework": "mdev",
         "framebuffer-mb": "8192", "max-instances": "2", "available-instances": "2",
         "flavor-property": "resources:VGPU=1"}
-    assert sorted(results["gpus"]) == ["gpu-0", "gpu-1"]
+    assert sorted(results["gpus"]) == ["gpu-0"]
     lines = results["table"].splitlines()
-    assert lines[0].split() == ["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",
+    assert lines[0].split() == ["GPUS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",
                                 "FLAVOR"]
-    assert lines[-1].split() == ["0000:e1:00.0", "Tesla", "V100", "PCIe", "16GB", "nvidia-109",
-                                 "GRID", "V100-16Q", "16384", "MiB", "1", "1", "resources:VGPU=1"]
-    assert len(lines) == 1 + 2 * 5  # mdev types need no [pci] alias: nothing under the table
+    assert lines[-1].split() == ["0000:c1:00.0,0000:e1:00.0", "Tesla", "V100", "PCIe", "16GB",
+                                 "nvidia-109", "GRID", "V100-16Q", "16384", "MiB", "1", "1",
+                                 "resources:VGPU=1"]
+    assert len(lines) == 1 + 5  # mdev types need no [pci] alias: nothing under the table
 
 
 def test_list_vgpu_types_without_gpus(ctx, root, tools):

@@ -116,6 +116,31 @@ def flavor_property(vgpu_type: pci.VgpuType, framework: Optional[str], mdev_clas
     return "resources:VGPU=1"
 
 
+def refused(gpu: pci.Gpu, vgpu_type: pci.VgpuType) -> Optional[str]:
+    """Why no mapping of ``vgpu_type`` on ``gpu`` is ever planned, whatever else is mapped; else None.
+
+    A MIG-backed profile on mediated devices (an A100's ``A100-4-20C``): the
+    charm configures MIG-backed profiles on the vendor-specific VFIO framework only.
+    """
+    from . import mig
+
+    if mig.mig_profile(vgpu_type.name) is not None and gpu.framework != pci.VFIO:
+        return ("MIG-backed; this charm configures MIG-backed profiles on NVIDIA's "
+                "vendor-specific VFIO framework only (Hopper, Blackwell)")
+    return None
+
+
+def vfio_fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, whole_gb: Optional[int] = None) -> Optional[int]:
+    """How many vGPUs of a time-sliced VFIO type one GPU holds, counted as a mapping counts them.
+
+    The profile's framebuffer against the whole GPU's, at most one per VF (see
+    :func:`_fits`); None when that cannot be told (a partly used GPU whose
+    whole framebuffer is unknown, a name that is no profile).
+    """
+    fits = _fits(gpu, vgpu_type, (), pci.VFIO, whole_gb)
+    return fits if fits >= 0 else None
+
+
 def alias_name(name: str) -> str:
     """``NVIDIA L40S-12Q`` -> ``vgpu-l40s-12q`` (a [pci] alias name)."""
     return "vgpu-" + re.sub(r"[^a-z0-9]+", "-", pci.profile_name(name).lower()).strip("-")
@@ -605,10 +630,9 @@ class _MigClaims:
                     "MIG-backed profiles, never both")
         if profile is None:
             return None
-        if gpu.framework != pci.VFIO:
-            return (f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {gpu.address} ({gpu.model}) is "
-                    "MIG-backed; this charm configures MIG-backed profiles on NVIDIA's "
-                    "vendor-specific VFIO framework only (Hopper, Blackwell)")
+        why = refused(gpu, vgpu_type)
+        if why:
+            return f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {gpu.address} ({gpu.model}) is {why}"
         held = mine.get(vgpu_type.number, _MigClaim(vgpu_type, key))
         held = (held._replace(whole=True) if address == gpu.address
                 else held._replace(vfs=held.vfs + (address,)))
