@@ -312,7 +312,9 @@ NEIGHBOUR_OPTIONS = {
 }
 JUJU_RUN = re.compile(r"juju run (?:--\S+ )*(\S+) (\S+)((?: [A-Za-z][\w-]*=\S*)*)")
 JUJU_CONFIG = re.compile(r"juju config (\S+) ([A-Za-z][\w-]*)=")
-MAKE = re.compile(r"(?:^|[\s;&|(])make ([a-z][\w-]*)")
+# make in command position: a line's start (after a prompt), or after ; & | ( or sudo;
+# "apt install git make python3-venv" names the package, not a target.
+MAKE = re.compile(r"(?:^\s*(?:\$\s+)?|[;&|(]\s*|sudo\s+)make ([a-z][\w-]*)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.M | re.S)  # indented in lists too
 
@@ -432,6 +434,7 @@ def test_the_documentation_shows_the_commands_it_checks():
     ("`juju config nova-compute vgpu-device-mappings=x`", "no such option"),
     ("```\nmake tset ARGS=-q\n```", "make tset"),
     ("`cd x && make lint-all`", "make lint-all"),
+    ("```\n$ make tset\n```", "make tset"),
 ])
 def test_the_command_check_finds_what_is_wrong(text, problem):
     actions = {"upgrade": {"force"}, "list-vgpu-types": set()}
@@ -500,3 +503,7 @@ def test_every_code_block_of_the_documentation_is_closed(page):
     assert len(fences) % 2 == 0, fences
     # An info string (```console) only ever opens a block.
     assert all(info == "" for info in fences[1::2]), fences
+
+
+def test_make_as_a_package_name_is_no_target():
+    assert command_problems("```\nsudo apt install git make python3-venv\n```", {}, set(), {"test"}) == []
