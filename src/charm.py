@@ -70,7 +70,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # install and upgrade-charm (Juju runs it when a new revision is
         # attached), by the upgrade action and while the driver is not fully
         # installed, so steady hooks start neither resource-get nor dpkg-deb.
-        self._stored.set_default(paused=False, masked=[], checked={}, attached={})
+        # ``reported``: [pci] report_in_placement was published once. Nova refuses it turned
+        # off afterwards, so it is published again on a nova-vgpu relation added anew.
+        self._stored.set_default(paused=False, masked=[], checked={}, attached={}, reported=False)
         self._host = reconcile.Host()  # this dispatch's reading of the host
         # This dispatch's inspection of the resource: a DebInfo or the error it raised.
         self._package: Union[driver.DebInfo, VgpuError, None] = None
@@ -165,7 +167,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return reconcile.Inputs(
             options=self.config, checked=self._checked_text, attached=self._attached,
             relations=self._relations, unit=self.unit.name, paused=bool(self._stored.paused),
-            new_revision=new_revision, show=self._show_installing)
+            new_revision=new_revision, show=self._show_installing,
+            reported=self._published_reporting())
 
     def _relations(self) -> List[reconcile.Published]:
         return [reconcile.Published(r.app.name if r.app else reconcile.PRINCIPAL, r.data[self.unit])
@@ -189,6 +192,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             if changed:
                 logger.info("publishing %s on %s", ", ".join(sorted(changed)), relation.name)
                 relation.data[self.unit].update(changed)
+        self._published_reporting()  # remembers report_in_placement once published
 
     def _vgpu_services(self) -> List[str]:
         """Every vGPU service the installed driver ships: the status checks them all."""
@@ -206,7 +210,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return reconcile.published_mapping(self._ours())
 
     def _published_reporting(self) -> bool:
-        return reconcile.published_reporting(self._ours())
+        """Whether report_in_placement is published now or was once (remembered in StoredState)."""
+        if not self._stored.reported and reconcile.published_reporting(self._ours()):
+            self._stored.reported = True
+        return bool(self._stored.reported)
 
     # -- status -------------------------------------------------------------
     _KINDS = {status.BLOCKED: ops.BlockedStatus, status.MAINTENANCE: ops.MaintenanceStatus,

@@ -120,6 +120,8 @@ class Inputs(NamedTuple):
     paused: bool = False  # the pause action stopped the driver's daemons
     new_revision: bool = False  # install or upgrade-charm: inspect the resource again
     show: Callable[[str], None] = lambda message: None  # maintenance message while installing
+    # [pci] report_in_placement was published once (the unit's memory, kept across relations).
+    reported: bool = False
 
 
 @dataclass
@@ -230,7 +232,7 @@ class _Steps:
         return published_mapping(self._published())
 
     def _published_reporting(self) -> bool:
-        return published_reporting(self._published())
+        return self._given.reported or published_reporting(self._published())
 
     def run(self) -> None:
         """The steps of :func:`reconcile`, in order; raises HostReadError."""
