@@ -41,8 +41,9 @@ HOST = pci.Host(gpus=(pci.Gpu(
               for n, a in enumerate(VFS))),))
 
 
-def whitelist(value: str, section: str = "pci", key: str = "passthrough_whitelist") -> Entry:
-    return Entry(section, key, value)
+def whitelist(value: str, section: str = "pci", key: str = "passthrough_whitelist",
+              file: str = principalconf.NOVA_CONF) -> Entry:
+    return Entry(section, key, value, file)
 
 
 def found(value: str, sections=None, **where) -> list:
@@ -155,13 +156,44 @@ def test_load_reads_under_the_host_root(root):
     path = root / "etc/nova/nova.conf"
     path.parent.mkdir(parents=True)
     path.write_text(render_principal_nova_conf('{"vendor_id": "15b3"}'))
-    assert principalconf.load()["pci"]["passthrough_whitelist"] == ['{"vendor_id": "15b3"}']
+    assert principalconf.load()[0][1]["pci"]["passthrough_whitelist"] == ['{"vendor_id": "15b3"}']
     path.write_text("[pci]\ngarbage\n")
     with pytest.raises(PrincipalConfigError, match=r"cannot parse /etc/nova/nova.conf: line 2: "):
         principalconf.load()
     path.unlink()
     path.mkdir()
     with pytest.raises(HostReadError, match="cannot read /etc/nova/nova.conf: Is a directory"):
+        principalconf.load()
+
+
+def test_nova_compute_conf_is_read_after_nova_conf_as_oslo_config_reads_both(root):
+    """Ubuntu's nova-compute runs with --config-file nova.conf --config-file nova-compute.conf."""
+    conf_dir = root / "etc/nova"
+    conf_dir.mkdir(parents=True)
+    (conf_dir / "nova.conf").write_text(MESSY)
+    (conf_dir / "nova-compute.conf").write_text(
+        "[DEFAULT]\ncompute_driver=libvirt.LibvirtDriver\n"
+        '[pci]\ndevice_spec = {"address": "0000:81:00.0"}\n'
+        'passthrough_whitelist = {"vendor_id": "1af4"}\nalias = {"name": "virtio"}\n'
+        '[DEFAULT]\npci_passthrough_whitelist = {"vendor_id": "abcd"}\n')
+    conf = cfg.ConfigOpts()
+    conf.register_opts(NOVA_OPTS, group="pci")
+    conf(args=[], default_config_files=[str(conf_dir / "nova.conf"),
+                                        str(conf_dir / "nova-compute.conf")])
+    parsed = principalconf.principal(principalconf.load())
+    assert [e.value for e in parsed.specs] == list(conf.pci.device_spec)
+    assert [e.value for e in parsed.aliases] == list(conf.pci.alias)
+    assert [e.file for e in parsed.specs[-3:]] == ["/etc/nova/nova-compute.conf"] * 3
+    # An entry there that takes our VFs is named with the file to correct.
+    assert found('{"address": "0000:81:00.0"}', file="/etc/nova/nova-compute.conf",
+                 key="device_spec") == [
+        "compute-gpu's [pci] device_spec entry {\"address\": \"0000:81:00.0\"} matches GPU "
+        f"{PF} and its VFs {', '.join(VFS[:4])} and 4 more, whose VFs this unit publishes for vGPUs: "
+        "Nova refuses a GPU beside its VFs in Placement (nova-compute stops); leave the GPU out; "
+        "[pci] device_spec is none of compute-gpu's options: remove it where it comes from "
+        "(config-flags, another subordinate or a hand edit of /etc/nova/nova-compute.conf)"]
+    (conf_dir / "nova-compute.conf").write_text("[pci]\nbroken\n")
+    with pytest.raises(PrincipalConfigError, match="cannot parse /etc/nova/nova-compute.conf: "):
         principalconf.load()
 
 

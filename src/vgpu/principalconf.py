@@ -18,7 +18,13 @@ refuses to start, or hands devices out wrongly, when:
   (``nova/pci/whitelist.py``), and the principal's come first, so the VF would
   lose ``managed = no`` and its resource class.
 
-The file is parsed the way oslo.config reads it (``oslo_config/iniparser.py``:
+Ubuntu's nova-compute service reads ``/etc/nova/nova-compute.conf`` after
+nova.conf (``--config-file`` twice; charm-nova-compute renders it from Train
+on): both are read, in that order. oslo.config accumulates a multi-valued
+option over its files, file by file (each file's values in the order below),
+so the principal's entries are every file's, nova.conf's first.
+
+Each file is parsed the way oslo.config reads it (``oslo_config/iniparser.py``:
 repeated sections merge, a repeated key accumulates, indented lines continue
 a value, ``#`` and ``;`` start comments, section names other than
 ``DEFAULT`` are case-insensitive) and each spec is matched the way
@@ -35,6 +41,8 @@ from . import hostroot, pci, text
 from .errors import PrincipalConfigError
 
 NOVA_CONF = "/etc/nova/nova.conf"
+NOVA_COMPUTE_CONF = "/etc/nova/nova-compute.conf"
+CONFIG_FILES = (NOVA_CONF, NOVA_COMPUTE_CONF)  # in the order nova-compute reads them
 
 # Every name Nova reads [pci] device_spec under, in the order oslo.config returns
 # their values: a MultiStrOpt collects each deprecated name's values ahead of the
@@ -50,6 +58,7 @@ _FALSE = ("0", "f", "false", "off", "n", "no")
 _BOOL_TAGS = ("managed", "live_migratable", "one_time_use")  # refused unless they read as a bool
 
 Parsed = Dict[str, Dict[str, List[str]]]  # section -> key -> values, in file order
+Files = List[Tuple[str, Parsed]]  # (path, parsed) per file nova-compute reads, in its order
 
 
 class Entry(NamedTuple):
@@ -58,6 +67,7 @@ class Entry(NamedTuple):
     section: str
     key: str
     value: str
+    file: str = NOVA_CONF  # the file it is in
 
     @property
     def option(self) -> str:
@@ -83,25 +93,31 @@ class Device(NamedTuple):
 
 # -- reading nova.conf ----------------------------------------------------------------
 
-def path():
-    """nova-compute's nova.conf under the host root."""
-    return hostroot.path(NOVA_CONF)
+def path(name: str = NOVA_CONF):
+    """One of nova-compute's configuration files under the host root."""
+    return hostroot.path(name)
 
 
-def load() -> Optional[Parsed]:
-    """The principal's nova.conf, parsed; None while nova-compute has not written it.
+def load() -> Optional[Files]:
+    """nova.conf, then nova-compute.conf where it exists, parsed; None without nova.conf.
 
-    Raises HostReadError when it cannot be read, PrincipalConfigError when
-    oslo.config (so nova-compute) could not parse it either.
+    None while nova-compute has not written nova.conf. Raises HostReadError
+    when a file cannot be read, PrincipalConfigError when oslo.config (so
+    nova-compute) could not parse it either.
     """
-    content = hostroot.read_text(path(), clean=False)  # values are cleaned where quoted
-    if content is None:
-        return None
-    try:
-        return parse(content)
-    except ValueError as error:
-        raise PrincipalConfigError(f"cannot parse {NOVA_CONF}: {text.one_line(str(error), 120)}") \
-            from None
+    out: Files = []
+    for name in CONFIG_FILES:
+        content = hostroot.read_text(path(name), clean=False)  # values are cleaned where quoted
+        if content is None:
+            if name == NOVA_CONF:
+                return None
+            continue
+        try:
+            out.append((name, parse(content)))
+        except ValueError as error:
+            raise PrincipalConfigError(f"cannot parse {name}: {text.one_line(str(error), 120)}") \
+                from None
+    return out
 
 
 def parse(content: str) -> Parsed:
@@ -159,17 +175,22 @@ def _assignment(line: str, number: int) -> Tuple[str, List[str]]:
     return key, [value]
 
 
-def principal(parsed: Parsed, ours: Iterable[str] = ()) -> Principal:
+def principal(conf, ours: Iterable[str] = ()) -> Principal:
     """The principal's device specs and aliases: every entry but this unit's own.
 
-    ``ours``: the ``[pci] device_spec`` values this unit published or is about
-    to publish; nova.conf holds them beside the principal's once rendered.
+    ``conf``: what :func:`load` returns, or one parsed nova.conf. ``ours``:
+    the ``[pci] device_spec`` values this unit published or is about to
+    publish; nova.conf holds them beside the principal's once rendered.
     """
+    files: Files = [(NOVA_CONF, conf)] if isinstance(conf, dict) else list(conf)
     own = set(ours)
-    specs = tuple(Entry(section, key, value) for section, key in SPEC_OPTIONS
+    specs = tuple(Entry(section, key, value, name) for name, parsed in files
+                  for section, key in SPEC_OPTIONS
                   for value in parsed.get(section, {}).get(key, [])
-                  if not ((section, key) == ("pci", "device_spec") and value in own))
-    aliases = tuple(Entry(section, key, value) for section, key in ALIAS_OPTIONS
+                  if not (name == NOVA_CONF and (section, key) == ("pci", "device_spec")
+                          and value in own))
+    aliases = tuple(Entry(section, key, value, name) for name, parsed in files
+                    for section, key in ALIAS_OPTIONS
                     for value in parsed.get(section, {}).get(key, []))
     return Principal(specs=specs, aliases=aliases)
 
@@ -406,15 +427,19 @@ def _id(device_id: str) -> str:
     return device_id.lower().removeprefix("0x")
 
 
+def _whitelist(entry: Entry) -> bool:
+    """Whether ``entry`` is where charm-nova-compute renders its pci-passthrough-whitelist."""
+    return entry.file == NOVA_CONF and (entry.section, entry.key) == ("pci", "passthrough_whitelist")
+
+
 def _named(app: str, entry: Entry, shown: str) -> str:
-    what = ("pci-passthrough-whitelist" if (entry.section, entry.key) == ("pci", "passthrough_whitelist")
-            else entry.option)
+    what = "pci-passthrough-whitelist" if _whitelist(entry) else entry.option
     return f"{app}'s {what} entry {text.one_line(shown, _ENTRY_LIMIT)}"
 
 
 def _fix(app: str, entry: Entry) -> str:
     """What to change: nova-compute's option, or the entry wherever else it comes from."""
-    if (entry.section, entry.key) == ("pci", "passthrough_whitelist"):
+    if _whitelist(entry):
         return f"change it: juju config {app} pci-passthrough-whitelist=..."
     return (f"{entry.option} is none of {app}'s options: remove it where it comes from "
-            f"(config-flags, another subordinate or a hand edit of {NOVA_CONF})")
+            f"(config-flags, another subordinate or a hand edit of {entry.file})")
