@@ -150,6 +150,28 @@ def test_a_nova_conf_that_cannot_be_read_is_named_and_the_last_good_stays(ctx, v
     assert types_of(root, L40S, 5) == [1139] * 4 + [0]
 
 
+@pytest.mark.parametrize("entry,why", [
+    ('{"address": {"bus": "' + "(|)" * 40 + 'x"}}',
+     "matching its regular expressions timed out after 0.5s and was stopped"),
+    ("[" * 5000 + "]" * 5000, "its JSON is nested more than 32 deep"),
+])
+def test_an_entry_no_hook_can_evaluate_is_named_and_the_last_good_stays(ctx, vfio, root, deb,
+                                                                       monkeypatch, entry, why):
+    from vgpu import principalconf, text
+
+    monkeypatch.setattr(principalconf, "REGEX_BUDGET", 0.5)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, deb))
+    rendered(vfio, first, whitelist=entry)
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert out.unit_status == testing.BlockedStatus(
+        f"cannot check compute-gpu's pci-passthrough-whitelist entry {text.one_line(entry, 70)}: "
+        f"{why}; whether it takes this unit's vGPU devices is unknown, the last published "
+        "settings stay; change it: juju config compute-gpu pci-passthrough-whitelist=...")
+    assert ours(out) == ours(first)
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+
+
 def test_without_nova_conf_it_waits_and_publishes_no_pci(ctx, vfio, root, deb):
     (root / "etc/nova/nova.conf").unlink()
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, deb))

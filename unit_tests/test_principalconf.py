@@ -15,7 +15,7 @@ import pytest
 from oslo_config import cfg
 
 from unit_tests.fakehost import render_principal_nova_conf
-from vgpu import novaconf, pci, plan, principalconf
+from vgpu import novaconf, pci, plan, principalconf, text
 from vgpu.errors import HostReadError, PrincipalConfigError
 from vgpu.principalconf import Device, Entry
 
@@ -325,6 +325,39 @@ def test_published_vfs_that_are_gone_from_the_host_are_still_checked():
     specs = [whitelist('{"address": "0000:81:00.5"}')]
     [message] = principalconf.conflicts(specs, REPORTING, gone, APP)
     assert f"matches VF {OURS[1]} of GPU {OURS[1]}" in message
+
+
+# -- bounded: what a hook evaluates of the principal's text ------------------------------
+
+CATASTROPHIC = {"address": {"bus": "(|)" * 40 + "x"}}  # 2**40 ways to fail on every bus
+
+
+@pytest.mark.parametrize("value,why", [
+    (json.dumps(CATASTROPHIC), "matching its regular expressions timed out after 0.5s and was "
+                               "stopped"),
+    ("[" * 5000 + "]" * 5000, "its JSON is nested more than 32 deep"),
+    (json.dumps({"address": "0000:81:00.0", "x": "a" * 70000}),
+     "it is 70036 characters long, more than the 65536 this charm evaluates"),
+])
+def test_an_entry_beyond_the_bounds_is_named_as_not_checked(monkeypatch, value, why):
+    monkeypatch.setattr(principalconf, "REGEX_BUDGET", 0.5)
+    message = found(value)
+    assert message == [
+        f"cannot check compute-gpu's pci-passthrough-whitelist entry "
+        f"{text.one_line(value, 70)}: {why}; whether it takes this unit's vGPU devices is "
+        "unknown, the last published settings stay; change it: juju config compute-gpu "
+        "pci-passthrough-whitelist=..."]
+
+
+def test_regex_addresses_are_matched_as_re_match_does_in_a_process_of_their_own():
+    spec = principalconf.parse_spec({"address": {"bus": "8[0-9a-f]", "function": "[45]"}}, set())
+    assert [principalconf.matches(spec, Device("10de", "26ba", a)) for a in VFS[:3]] == [
+        True, True, False]
+    assert principalconf.regex_answers([("8", "81"), ("1$", "81"), ("", "x")]) == {
+        ("8", "81"): True, ("1$", "81"): False, ("", "x"): True}
+    # A regex that matches our VF, found within the bounds, is a conflict like any other.
+    assert found('{"address": {"bus": "81", "slot": "00", "function": "4"}}')[0].startswith(
+        "compute-gpu's pci-passthrough-whitelist entry {\"address\": {\"bus\": \"81\"")
 
 
 # -- the same rules through Nova's own PciDeviceSpec -------------------------------------

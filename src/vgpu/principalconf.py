@@ -35,10 +35,11 @@ imports ops.
 import json
 import re
 import string
+import sys
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from . import hostroot, pci, text
-from .errors import PrincipalConfigError
+from . import hostroot, pci, run, text
+from .errors import CommandError, PrincipalConfigError, UncheckedEntryError
 
 NOVA_CONF = "/etc/nova/nova.conf"
 NOVA_COMPUTE_CONF = "/etc/nova/nova-compute.conf"
@@ -56,6 +57,20 @@ _ENTRY_LIMIT = 70  # how much of an entry a status message quotes
 _TRUE = ("1", "t", "true", "on", "y", "yes")  # oslo_utils.strutils' spellings
 _FALSE = ("0", "f", "false", "off", "n", "no")
 _BOOL_TAGS = ("managed", "live_migratable", "one_time_use")  # refused unless they read as a bool
+
+# What a hook evaluates of one entry. The principal's option is the operator's text:
+# a regex address with catastrophic backtracking would stall the hook (holding the
+# machine lock nova-compute needs to correct it), a list nested thousands deep
+# would fail it with RecursionError. Beyond these bounds an entry is "not checked".
+MAX_ENTRY = 65536  # characters of one option value
+MAX_DEPTH = 32  # nesting of JSON lists and objects (Nova's entries use three)
+REGEX_BUDGET = 5.0  # seconds for one entry's regular expressions, in a process of their own
+# Matches each [pattern, field] read from stdin as Nova does (re.match), printing one
+# answer per pair; run with the charm's Python in isolated mode, ended when out of time.
+_REGEX_SCRIPT = (
+    "import json, re, sys\n"
+    "pairs = json.load(sys.stdin)\n"
+    "json.dump([bool(re.match(p, f)) for p, f in pairs], sys.stdout)\n")
 
 Parsed = Dict[str, Dict[str, List[str]]]  # section -> key -> values, in file order
 Files = List[Tuple[str, Parsed]]  # (path, parsed) per file nova-compute reads, in its order
@@ -209,15 +224,48 @@ class Spec(NamedTuple):
 
 
 def specs_of(entry: Entry) -> List[Dict[str, Any]]:
-    """The spec objects of one option value (a JSON object or list of them); ValueError if not."""
+    """The spec objects of one option value (a JSON object or list of them); ValueError if not.
+
+    Raises UncheckedEntryError, before parsing, for a value longer than
+    MAX_ENTRY or nested deeper than MAX_DEPTH.
+    """
+    if len(entry.value) > MAX_ENTRY:
+        raise UncheckedEntryError(f"it is {len(entry.value)} characters long, more than the "
+                                  f"{MAX_ENTRY} this charm evaluates")
+    if _depth(entry.value) > MAX_DEPTH:
+        raise UncheckedEntryError(f"its JSON is nested more than {MAX_DEPTH} deep")
     try:
         loaded = json.loads(entry.value)
+    except RecursionError:  # not reached within MAX_DEPTH; a hook never fails on it
+        raise UncheckedEntryError(f"its JSON is nested more than {MAX_DEPTH} deep") from None
     except ValueError:
         raise ValueError("not valid JSON") from None
     items = [loaded] if isinstance(loaded, dict) else loaded
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
         raise ValueError("not a JSON object or a list of them")
     return items
+
+
+def _depth(value: str) -> int:
+    """How deep JSON lists and objects nest in ``value`` (strings skipped), without recursion."""
+    depth = deepest = 0
+    quoted = escaped = False
+    for char in value:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def parse_spec(spec: Dict[str, Any], physical_functions: Set[str]) -> Spec:
@@ -298,25 +346,71 @@ def _single(fields: Sequence[Any], physical_functions: Set[str]) -> bool:
     return f"{domain}:{bus}:{slot}.{function}" in physical_functions
 
 
-def matches(spec: Spec, device: Device) -> bool:
-    """Whether Nova's ``PciDeviceSpec.match`` takes ``device`` for ``spec``."""
+Answers = Dict[Tuple[str, str], bool]  # (pattern, address field) -> whether re.match takes it
+
+
+def matches(spec: Spec, device: Device, answers: Optional[Answers] = None) -> bool:
+    """Whether Nova's ``PciDeviceSpec.match`` takes ``device`` for ``spec``.
+
+    A regex address is matched from ``answers`` (see :func:`regex_answers`),
+    or in a process of its own when they are not given; UncheckedEntryError
+    when that runs out of time.
+    """
     if spec.devname is not None:
         return False  # an interface name resolves to a NIC, never to a GPU function
     if spec.vendor_id not in (ANY, device.vendor_id) or spec.product_id not in (ANY, device.product_id):
         return False
-    if spec.physical_function and device.parent_addr and _address_matches(spec, device.parent_addr):
+    if answers is None and spec.regex is not None:
+        answers = regex_answers(regex_questions([spec], [device]))
+    if spec.physical_function and device.parent_addr \
+            and _address_matches(spec, device.parent_addr, answers):
         return True
-    return _address_matches(spec, device.address)
+    return _address_matches(spec, device.address, answers)
 
 
-def _address_matches(spec: Spec, address: str) -> bool:
+def _fields(address: str) -> Tuple[str, str, str, str]:
     dbs, _, function = address.partition(".")
     domain, bus, slot = dbs.split(":")
-    fields = (domain, bus, slot, function)
+    return domain, bus, slot, function
+
+
+def _address_matches(spec: Spec, address: str, answers: Optional[Answers]) -> bool:
+    fields = _fields(address)
     if spec.regex is not None:
-        return all(pattern.match(field) for pattern, field in zip(spec.regex, fields))
+        assert answers is not None
+        return all(answers[(pattern.pattern, field)] for pattern, field in zip(spec.regex, fields))
     assert spec.glob is not None
     return all(want in (ANY, field) for want, field in zip(spec.glob, fields))
+
+
+def regex_questions(specs: Iterable[Spec], devices: Iterable[Device]) -> List[Tuple[str, str]]:
+    """Every (pattern, address field) pair matching ``specs`` against ``devices`` asks."""
+    addresses = sorted({a for d in devices for a in (d.address, d.parent_addr) if a})
+    pairs = {(pattern.pattern, field) for spec in specs if spec.regex is not None
+             for address in addresses for pattern, field in zip(spec.regex, _fields(address))}
+    return sorted(pairs)
+
+
+def regex_answers(pairs: Sequence[Tuple[str, str]]) -> Answers:
+    """``re.match`` of each pair, as Nova matches regex address fields, within REGEX_BUDGET.
+
+    Python's ``re`` cannot be interrupted, so the patterns run in a process
+    of their own, ended when out of time: UncheckedEntryError then (or when
+    that process cannot run), and the hook goes on.
+    """
+    if not pairs:
+        return {}
+    try:
+        result = run.run([sys.executable, "-I", "-c", _REGEX_SCRIPT], REGEX_BUDGET,
+                         what="matching its regular expressions", stdin=json.dumps(pairs))
+        said = json.loads(result.stdout)
+    except CommandError as error:
+        raise UncheckedEntryError(error.cause) from None
+    except ValueError:
+        raise UncheckedEntryError("matching its regular expressions gave no answer") from None
+    if not isinstance(said, list) or len(said) != len(pairs):
+        raise UncheckedEntryError("matching its regular expressions gave no answer")
+    return {tuple(pair): bool(answer) for pair, answer in zip(pairs, said)}
 
 
 # -- conflicts --------------------------------------------------------------------------
@@ -345,11 +439,18 @@ def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host
     reporting = ["report_in_placement", "True"] in pairs
     targets = _targets([value for key, value in pairs if key == "device_spec"], host)
     physical = {gpu.address for gpu in host.gpus if gpu.sriov}
+    devices = [d for t in targets for d in (t.pf, *t.ours, *t.others) if d is not None]
     out = []
     for entry in specs:
         try:
             items = specs_of(entry)
             parsed = [(item, parse_spec(dict(item), physical)) for item in items]
+            answers = regex_answers(regex_questions([spec for _, spec in parsed], devices))
+        except UncheckedEntryError as error:
+            out.append(f"cannot check {_named(app, entry, entry.value)}: {error}; whether it takes "
+                       f"this unit's vGPU devices is unknown, the last published settings stay; "
+                       f"{_fix(app, entry)}")
+            continue
         except ValueError as error:
             out.append(f"{_named(app, entry, entry.value)} is refused by Nova "
                        f"({text.one_line(str(error), _ENTRY_LIMIT)}), so "
@@ -357,22 +458,22 @@ def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host
                        f"{_fix(app, entry)}")
             continue
         for item, spec in parsed:
-            problem = _problem(spec, targets, reporting)
+            problem = _problem(spec, targets, reporting, answers)
             if problem:
                 shown = entry.value if len(items) == 1 else json.dumps(item)
                 out.append(f"{_named(app, entry, shown)} {problem}; {_fix(app, entry)}")
     return out
 
 
-def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool) -> str:
+def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool, answers: Answers) -> str:
     """What ``spec`` does to the GPUs this unit publishes VFs of ('' when nothing)."""
     if reporting and spec.devname is not None:
         return ("names a device by devname, which Nova refuses while [pci] report_in_placement "
                 "is on (nova-compute stops): name it by PCI address")
     for target in targets:
-        pf = target.pf is not None and matches(spec, target.pf)
-        ours = [d.address for d in target.ours if matches(spec, d)]
-        others = [d.address for d in target.others if matches(spec, d)] if reporting else []
+        pf = target.pf is not None and matches(spec, target.pf, answers)
+        ours = [d.address for d in target.ours if matches(spec, d, answers)]
+        others = [d.address for d in target.others if matches(spec, d, answers)] if reporting else []
         hit_vfs = ours + others
         vfs = ("VF " if len(hit_vfs) == 1 else "VFs ") + text.listing(hit_vfs)
         if pf:
