@@ -287,9 +287,12 @@ def test_specs_for_other_devices_are_fine(value, sections):
     assert found(value, sections) == []
 
 
-def test_nothing_clashes_without_a_pci_section():
-    assert found('{"vendor_id": "10de"}', {"devices": [["enabled_mdev_types", "nvidia-105"]]}) == []
-    assert found("not json", {"mdev_nvidia-105": [["device_addresses", PF]]}) == []
+def test_nothing_clashes_without_sections_that_give_nova_devices():
+    for value in ('{"vendor_id": "10de"}', "not json"):
+        assert principalconf.conflicts([whitelist(value)], {}, HOST, APP) == []
+    # mdev types on a GPU not on this host: nothing of it to take.
+    assert found('{"vendor_id": "10de"}', {"mdev_nvidia-105": [["device_addresses", "0000:99:00.0"]]}) \
+        == []
 
 
 @pytest.mark.parametrize("value,why", [
@@ -310,7 +313,7 @@ def test_an_entry_nova_refuses_is_named_with_why(value, why):
     [message] = found(value)
     assert message.startswith("compute-gpu's pci-passthrough-whitelist entry ")
     assert " is refused by Nova (" in message and why in message
-    assert "whether it takes this unit's vGPU VFs is unknown" in message
+    assert "whether it takes this unit's vGPU devices is unknown" in message
 
 
 def test_a_long_entry_is_cut_to_a_readable_length():
@@ -325,6 +328,31 @@ def test_published_vfs_that_are_gone_from_the_host_are_still_checked():
     specs = [whitelist('{"address": "0000:81:00.5"}')]
     [message] = principalconf.conflicts(specs, REPORTING, gone, APP)
     assert f"matches VF {OURS[1]} of GPU {OURS[1]}" in message
+
+
+V100S = pci.Host(gpus=tuple(pci.Gpu(
+    address=a, device_id="0x1db4", model="V100", driver="nvidia", class_code="0x030200",
+    types=(pci.VgpuType(108, "GRID V100-8Q", pci.MDEV),)) for a in (
+    "0000:c1:00.0", "0000:e1:00.0")))
+
+
+@pytest.mark.parametrize("sections,hit", [
+    ({"devices": [["enabled_mdev_types", "nvidia-108"]],
+      "mdev_nvidia-108": [["device_addresses", "0000:e1:00.0"]]}, ["0000:e1:00.0"]),
+    # Queens to Train: one type, no addresses: every mdev GPU serves it.
+    ({"devices": [["enabled_vgpu_types", "nvidia-108"]]}, ["0000:c1:00.0", "0000:e1:00.0"]),
+])
+def test_a_spec_taking_a_gpu_whose_mdevs_nova_gets_is_a_conflict(sections, hit):
+    def said(value):
+        return principalconf.conflicts([whitelist(value)], sections, V100S, APP)
+
+    assert said('{"address": "0000:3b:00.0"}') == []
+    for address in ("0000:c1:00.0", "0000:e1:00.0"):
+        spec = json.dumps({"address": address})
+        assert bool(said(spec)) == (address in hit)
+    assert said('{"vendor_id": "10de"}')[0].startswith(
+        f"compute-gpu's pci-passthrough-whitelist entry {{\"vendor_id\": \"10de\"}} matches GPU "
+        f"{hit[0]}, whose mdevs this unit gives Nova for vGPUs")
 
 
 # -- bounded: what a hook evaluates of the principal's text ------------------------------

@@ -416,12 +416,24 @@ def regex_answers(pairs: Sequence[Tuple[str, str]]) -> Answers:
 # -- conflicts --------------------------------------------------------------------------
 
 class _Target(NamedTuple):
-    """A GPU whose VFs this unit publishes: its functions as Nova sees them."""
+    """A GPU whose functions this unit gives Nova: its functions as Nova sees them."""
 
     gpu: str
     pf: Optional[Device]  # None when the GPU is not on the host now
-    ours: Tuple[Device, ...]  # the VFs we publish
+    ours: Tuple[Device, ...]  # the functions we publish: VFIO VFs, or mdev parents
     others: Tuple[Device, ...]  # its other VFs
+    mdev: bool = False  # ours host mediated devices (mdev parents), not VFIO VFs
+
+
+def checked_sections(sections: Optional[Dict[str, List[List[str]]]]) -> bool:
+    """Whether ``sections`` give Nova devices a principal's spec could also take.
+
+    ``[pci]`` (VFIO device specs, report_in_placement) and the mdev types
+    (``[devices]``, ``[mdev_*]``, ``[vgpu_*]``): libvirt lists an mdev
+    parent as a PCI device too, so a whitelist entry can pass it through.
+    """
+    return bool(sections) and any(
+        name in ("pci", "devices") or name.startswith(("mdev_", "vgpu_")) for name in sections or {})
 
 
 def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host: pci.Host,
@@ -429,15 +441,18 @@ def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host
     """Blocked messages for principal ``specs`` Nova refuses or mishandles beside ``sections``.
 
     ``sections``: this unit's nova.conf sections (to publish, or published;
-    nothing clashes without a ``[pci]``); ``host``: the GPUs and VFs found;
-    ``app``: the principal application's name, for the command that fixes it.
-    Each message names the entry, what it hits and the option to change.
+    nothing clashes without a ``[pci]`` or mdev types); ``host``: the GPUs and
+    VFs found; ``app``: the principal application's name, for the command
+    that fixes it. Each message names the entry, what it hits and the option
+    to change. An entry beyond what a hook evaluates (see MAX_ENTRY,
+    MAX_DEPTH, REGEX_BUDGET) is named as not checked.
     """
     pairs = [list(p) for p in sections.get("pci", [])]
-    if not pairs:
-        return []
     reporting = ["report_in_placement", "True"] in pairs
     targets = _targets([value for key, value in pairs if key == "device_spec"], host)
+    targets += _mdev_targets(sections, host)
+    if not targets and not reporting:
+        return []
     physical = {gpu.address for gpu in host.gpus if gpu.sriov}
     devices = [d for t in targets for d in (t.pf, *t.ours, *t.others) if d is not None]
     out = []
@@ -454,7 +469,7 @@ def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host
         except ValueError as error:
             out.append(f"{_named(app, entry, entry.value)} is refused by Nova "
                        f"({text.one_line(str(error), _ENTRY_LIMIT)}), so "
-                       f"whether it takes this unit's vGPU VFs is unknown: correct it; "
+                       f"whether it takes this unit's vGPU devices is unknown: correct it; "
                        f"{_fix(app, entry)}")
             continue
         for item, spec in parsed:
@@ -466,13 +481,18 @@ def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host
 
 
 def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool, answers: Answers) -> str:
-    """What ``spec`` does to the GPUs this unit publishes VFs of ('' when nothing)."""
+    """What ``spec`` does to the GPUs this unit gives Nova ('' when nothing)."""
     if reporting and spec.devname is not None:
         return ("names a device by devname, which Nova refuses while [pci] report_in_placement "
                 "is on (nova-compute stops): name it by PCI address")
     for target in targets:
         pf = target.pf is not None and matches(spec, target.pf, answers)
         ours = [d.address for d in target.ours if matches(spec, d, answers)]
+        if target.mdev:
+            problem = _mdev_problem(target, pf, ours)
+            if problem:
+                return problem
+            continue
         others = [d.address for d in target.others if matches(spec, d, answers)] if reporting else []
         hit_vfs = ours + others
         vfs = ("VF " if len(hit_vfs) == 1 else "VFs ") + text.listing(hit_vfs)
@@ -490,6 +510,59 @@ def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool, answers: A
                     "for vGPUs: one GPU's VFs would mix resource classes in Placement "
                     "(nova-compute stops); leave them out")
     return ""
+
+
+def _mdev_problem(target: _Target, pf: bool, ours: List[str]) -> str:
+    """A spec that takes a GPU (or VF) whose mediated devices this unit gives Nova."""
+    parents = [d.address for d in target.ours]
+    if not pf and not ours:
+        return ""
+    if pf or target.gpu in ours:
+        hit = f"GPU {target.gpu}"
+    else:
+        hit = f"{'VF' if len(ours) == 1 else 'VFs'} {text.listing(ours)} of GPU {target.gpu}"
+    if parents == [target.gpu]:
+        whose = "whose mdevs"
+    else:
+        whose = f"whose VF{'s' if len(parents) > 1 else ''} {text.listing(parents)} host the mdevs"
+    return (f"matches {hit}, {whose} this unit gives Nova for vGPUs: libvirt lists mdev parents "
+            "as PCI devices, so a passthrough flavor would take the whole device with the vGPUs "
+            "on it; leave it out")
+
+
+def _mdev_targets(sections: Dict[str, List[List[str]]], host: pci.Host) -> List[_Target]:
+    """The GPUs whose functions host the mdevs ``sections`` give Nova (found on the host now).
+
+    ``device_addresses`` names each parent (a GPU, or a VF of an SR-IOV GPU);
+    a ``[devices]`` type without them (Queens to Train, or a type that is the
+    default for unclaimed GPUs) covers every mdev GPU here.
+    """
+    named: Dict[str, Set[str]] = {}  # GPU address -> parents
+    addresses = [a for name, pairs in sections.items() if name.startswith(("mdev_", "vgpu_"))
+                 for key, value in pairs if key == "device_addresses"
+                 for a in filter(None, str(value).split(","))]
+    for address in addresses:
+        gpu = host.gpu(address)
+        if gpu is not None:
+            named.setdefault(gpu.address, set()).add(address)
+    types = [v for k, v in sections.get("devices", []) if k in ("enabled_mdev_types",
+                                                                 "enabled_vgpu_types")]
+    if types and not addresses:  # every mdev GPU offering the type may serve it
+        for gpu in host.gpus:
+            if gpu.framework == pci.MDEV:
+                parents = [vf.address for vf in gpu.vfs] if gpu.sriov else [gpu.address]
+                named.setdefault(gpu.address, set()).update(parents)
+    out = []
+    for gpu_address, parents in sorted(named.items()):
+        gpu = host.gpu(gpu_address)
+        assert gpu is not None
+        pf = Device(_NVIDIA, _id(gpu.device_id), gpu.address)
+        by_address = {vf.address: Device(_NVIDIA, _id(vf.device_id), vf.address, gpu.address)
+                      for vf in gpu.vfs}
+        by_address[gpu.address] = pf
+        out.append(_Target(gpu.address, pf, tuple(by_address[a] for a in sorted(parents)), (),
+                           mdev=True))
+    return out
 
 
 def _targets(device_specs: Sequence[str], host: pci.Host) -> List[_Target]:

@@ -365,18 +365,20 @@ class _Steps:
     def _principal_accepts(self, sections: Optional[dict]) -> bool:
         """Whether ``sections`` may join the principal's nova.conf; the published are checked too.
 
-        nova.conf is read only when ours carry ``[pci]`` (VFIO device specs, or
-        report_in_placement). Each principal entry Nova would refuse or let take
-        our GPUs' functions is a blocked problem, as is a nova.conf that cannot be
-        read or parsed; one not written yet is a wait. False keeps the last
-        published sections.
+        nova.conf (and nova-compute.conf) are read only when ours give Nova
+        devices (mdev types, VFIO device specs) or report_in_placement. Each
+        principal entry Nova would refuse or let take our GPUs' functions is a
+        blocked problem, as is a file that cannot be read or parsed; a nova.conf
+        not written yet is a wait before publishing ``[pci]`` (mdev types need
+        no wait: nothing of the principal's can take them yet). False keeps
+        the last published sections.
         """
-        new = bool(sections and "pci" in sections)
+        new = principalconf.checked_sections(sections)
         if sections is not None and not new:
-            return True  # replaces what was published, and touches no [pci]
+            return True  # replaces what was published, and gives Nova no device
         relations = self._given.relations()
         published = [novaconf.sections_from_relation(r.data) for r in relations]
-        mine = [s for s in [sections, *published] if s and "pci" in s]
+        mine = [s for s in [sections, *published] if principalconf.checked_sections(s)]
         if not mine:
             return True
         app = relations[0].app if relations else PRINCIPAL
@@ -387,10 +389,11 @@ class _Steps:
                                   "the last published settings stay")
             return False
         if conf is None:
-            if new:
+            waits = bool(sections and "pci" in sections)
+            if waits:
                 self._waits.append(f"waiting for {app} to write {principalconf.NOVA_CONF} "
                                    "before publishing [pci] settings")
-            return not new
+            return not waits
         ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
         specs = principalconf.principal(conf, ours).specs
         found: List[str] = []
