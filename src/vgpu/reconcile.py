@@ -330,7 +330,7 @@ class _Steps:
         if here.pci.gpus:
             validation = self._mapping()
             release = here.supported_release()
-            plan = validation.plan
+            plan = self._addressable(validation.plan)
             ok = (validation.ok and release is not None and plan is not None
                   and not plan.missing_vfs)
             sections = None
@@ -361,6 +361,28 @@ class _Steps:
             del data["subordinate_configuration"]
         self.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
                                   for ours in self._published()]
+
+    def _addressable(self, plan):
+        """``plan`` without the GPUs in a PCI domain above ffff, each named as a problem.
+
+        Nova refuses such addresses (``PciAddressGlobSpec``, and
+        ``device_addresses`` needs a four-digit domain): nova-compute would
+        stop. The other GPUs are published as planned.
+        """
+        if plan is None:
+            return None
+        wide = sorted({a.gpu for a in plan.assignments if not novaconf.nova_addressable(a.gpu)})
+        if not wide:
+            return plan
+        host = self._facts().pci
+        for address in wide:
+            gpu = host.gpu(address)
+            model = f" ({gpu.model})" if gpu is not None and gpu.model else ""
+            self._problems.append(
+                f"GPU {address}{model} is in PCI domain {address.split(':', 1)[0]}, above ffff, "
+                "which Nova refuses (nova-compute would stop): not given to Nova; turn VMD off "
+                f"for its slot in the firmware, or map the other GPUs by address in {OPTION}")
+        return plan._replace(assignments=tuple(a for a in plan.assignments if a.gpu not in wide))
 
     def _principal_accepts(self, sections: Optional[dict]) -> bool:
         """Whether ``sections`` may join the principal's nova.conf; the published are checked too.
