@@ -31,6 +31,7 @@ from vgpu import (
     kernel,
     mappings,
     mdevs,
+    neighbours,
     novaconf,
     pci,
     reconcile,
@@ -245,7 +246,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             related=bool(self.model.relations[RELATION]),
             forced=forced, published=published, problems=tuple(self._problems),
             paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
-            vf_failures=dict(self._vf_failures))
+            vf_failures=dict(self._vf_failures), neighbour_notes=tuple(neighbours.notes(
+                neighbours.installed_of(here.packages), self._publishes_sections(),
+                self._principal())))
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
@@ -255,6 +258,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         validation = self._mapping()
         return inputs._replace(validation=validation, **self._driver_inputs(),
                                services=self._service_answers(), capacity=self._capacity(published))
+
+    def _publishes_sections(self) -> bool:
+        """Whether this unit's data (first relation) holds nova.conf sections."""
+        return any(novaconf.sections_from_relation(ours) for ours in self._ours()[:1])
 
     def _principal(self) -> str:
         """The principal's application name: nova-vgpu's remote app, else juju-info's."""

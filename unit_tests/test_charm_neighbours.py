@@ -43,3 +43,71 @@ def test_a_gpu_in_a_domain_above_ffff_is_never_published_and_named(ctx, root, to
     assert out.unit_status.name == "active", out.unit_status
     assert principal.nova_context(ours(out))["sections"]["mdev_nvidia-108"] == [
         ["device_addresses", "0000:c1:00.0,0000:e1:00.0"]]
+
+
+# -- ceilometer-agent's nova.conf settings -------------------------------------------------
+
+NOVA = "3:29.0.0-0ubuntu1"
+CEILOMETER = {"nova-ceilometer": principal.CEILOMETER_DATA}
+LOST = ("ceilometer-agent's nova.conf settings lost beside this unit's (instance_usage_audit, "
+        "instance_usage_audit_period, notify_on_state_change): juju config nova-compute "
+        "config-flags=instance_usage_audit=True,instance_usage_audit_period=hour,"
+        "notify_on_state_change=vm_and_task_state")
+
+
+def ceilometer_host(root, tools, packages):
+    host = v100_host(root)
+    host.dpkg_status({"nova-common": NOVA, "nova-compute": NOVA, "python3-nova": NOVA,
+                      "ceilometer-agent-compute": "2:22.0.0-0ubuntu1"})
+    driver_ready(root, tools, packages)
+    return host
+
+
+def test_charm_nova_compute_drops_ceilometers_settings_once_this_unit_publishes(tmp_path):
+    """Pinned with charmhelpers' own OSConfigRenderer and SubordinateConfigContexts."""
+    ours_data = {"subordinate_configuration": '{"nova":{"/etc/nova/nova.conf":{"sections":'
+                                              '{"devices":[["enabled_mdev_types","nvidia-108"]]}}}}'}
+    alone = principal.render_with_neighbours({}, tmp_path / "a", CEILOMETER)
+    both = principal.render_with_neighbours(ours_data, tmp_path / "b", CEILOMETER)
+    fixed = principal.render_with_neighbours(ours_data, tmp_path / "c", CEILOMETER,
+                                             config_flags=principal.CEILOMETER_FLAGS)
+    assert "instance_usage_audit = True" in alone
+    assert "instance_usage_audit" not in both and "[devices]" in both
+    assert "instance_usage_audit = True" in fixed and "[devices]" in fixed
+    # Empty sections publish nothing the principal merges: ceilometer's stay.
+    empty = {"subordinate_configuration": '{"nova":{"/etc/nova/nova.conf":{"sections":{}}}}'}
+    assert "notify_on_state_change = vm_and_task_state" in principal.render_with_neighbours(
+        empty, tmp_path / "d", CEILOMETER)
+
+
+def test_ceilometers_lost_settings_are_said_with_the_workaround(ctx, root, tools, packages,
+                                                                 tmp_path, caplog):
+    ceilometer_host(root, tools, packages)
+    conf = root / "etc/nova/nova.conf"
+    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", CEILOMETER))
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active" and "ceilometer" not in out.unit_status.message
+    # nova-compute renders its nova.conf again with this unit's sections: ceilometer's are gone.
+    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", CEILOMETER))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active"  # vGPUs work: no reason to block them
+    assert out.unit_status.message.endswith("; " + LOST)
+    assert ("ceilometer-agent's nova.conf settings (instance_usage_audit, "
+            "instance_usage_audit_period, notify_on_state_change) are missing: nova-compute "
+            "renders only one subordinate's sections once this unit publishes its own") in caplog.text
+    assert "so Nova sends no instance usage audit and no state-change notifications" in caplog.text
+    # The workaround applied: the settings are back, and so is the plain status.
+    conf.write_text(principal.render_with_neighbours(
+        ours(out), tmp_path / "t2", CEILOMETER, config_flags=principal.CEILOMETER_FLAGS))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active" and "ceilometer" not in out.unit_status.message
+
+
+def test_without_ceilometer_agent_nothing_is_said(ctx, root, tools, packages):
+    v100_host(root)
+    driver_ready(root, tools, packages)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 2; nvidia-108: 0 used, 4 free")

@@ -65,6 +65,7 @@ class Inputs(NamedTuple):
     vf_selected: Optional[Tuple[str, ...]] = None  # SR-IOV GPUs the mapping selects (None: all)
     vf_refused: Mapping[str, str] = MappingProxyType({})  # selected GPU -> why it is left alone
     boot_unit_masked: bool = False  # the operator masked the boot-time unit
+    neighbour_notes: Tuple[str, ...] = ()  # what other subordinates lost beside us (vgpu.neighbours)
 
 
 def checks_host(facts: Facts, forced: bool, published: Mapping[str, Tuple[str, ...]]) -> bool:
@@ -97,6 +98,7 @@ def statuses(inputs: Inputs) -> List[Status]:
         notes.append(REPORTING_KEPT)
     if inputs.boot_unit_masked:
         notes.append(f"{sriov.UNIT} is masked: VFs and vGPU types are not restored at boot")
+    notes.extend(inputs.neighbour_notes)
     out.extend(_driver_statuses(inputs, notes))
     out.append((ACTIVE, "; ".join([serving_message(inputs)] + notes)))
     return out
