@@ -111,3 +111,52 @@ def test_without_ceilometer_agent_nothing_is_said(ctx, root, tools, packages):
                                                  resource=packages["old"]))
     assert out.unit_status == testing.ActiveStatus(
         "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 2; nvidia-108: 0 used, 4 free")
+
+
+# -- mdevctl on Nova 30 and later ----------------------------------------------------------
+
+DALMATIAN = "3:30.0.0-0ubuntu1"
+MDEVCTL = "usr/sbin/mdevctl"
+
+
+def test_mdevctl_is_installed_before_mdev_types_are_published_from_nova_30(ctx, root, tools,
+                                                                          packages):
+    v100_host(root, nova=DALMATIAN)
+    driver_ready(root, tools, packages)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active", out.unit_status
+    assert "apt-get install --yes --no-install-recommends mdevctl" in tools.calls()
+    assert (root / MDEVCTL).exists()
+    assert "[mdev_nvidia-108]" in nova_conf(out)
+    # Present: never asked again.
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert not [c for c in tools.calls()[calls:] if c.startswith("apt-get")]
+
+
+def test_without_mdevctl_nothing_is_published_and_the_cause_is_said(ctx, root, tools, packages):
+    v100_host(root, nova=DALMATIAN)
+    driver_ready(root, tools, packages)
+    tools.apt_fails("mdevctl")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus(
+        "mdevctl is missing and could not be installed (apt-get install mdevctl failed: Unable "
+        "to locate package mdevctl): Nova 30 (2024.2 dalmatian) defines mdevs through libvirt, "
+        "which runs mdevctl, so every vGPU instance build would fail; make it installable "
+        "(universe) or install it, then the mdev types are published")
+    assert "subordinate_configuration" not in ours(out)
+    assert [c for c in tools.calls() if c.startswith("apt-get")] == [
+        "apt-get install --yes --no-install-recommends mdevctl", "apt-get update",
+        "apt-get install --yes --no-install-recommends mdevctl"]
+
+
+def test_before_nova_30_and_for_vfio_no_mdevctl_is_asked_for(ctx, root, tools, packages):
+    v100_host(root)  # caracal: Nova 29 creates mdevs through sysfs
+    driver_ready(root, tools, packages)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active"
+    assert not [c for c in tools.calls() if c.startswith("apt-get")]
+    assert not (root / MDEVCTL).exists()

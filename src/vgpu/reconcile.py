@@ -27,6 +27,7 @@ from . import (
     facts,
     kernel,
     mappings,
+    mdevctl,
     mdevs,
     novaconf,
     pci,
@@ -345,7 +346,7 @@ class _Steps:
                 except ValueError as error:  # sysfs gave something nova.conf must not get
                     self._problems.append(f"not publishing: {error}")
                     ok = False
-            ok = ok and self._mdevs_may_change(sections)
+            ok = ok and self._mdevs_may_change(sections) and self._mdevctl_ready(sections, release)
             # The principal's [pci] is checked before any VF takes a type from the plan.
             accepted = self._principal_accepts(sections)
             ok = ok and accepted and self._mig_ready(plan) and self._give_vfs_types(plan)
@@ -361,6 +362,23 @@ class _Steps:
             del data["subordinate_configuration"]
         self.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
                                   for ours in self._published()]
+
+    def _mdevctl_ready(self, sections, release) -> bool:
+        """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it."""
+        if not sections or release is None or not mdevctl.needed(release.nova_major) \
+                or not novaconf.mapping_from_sections(
+                    {k: v for k, v in sections.items() if k != "pci"}):
+            return True
+        try:
+            mdevctl.ensure()
+        except InstallError as error:
+            self._problems.append(
+                f"{mdevctl.PACKAGE} is missing and could not be installed ({error}): Nova "
+                f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
+                f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
+                f"make it installable (universe) or install it, then the mdev types are published")
+            return False
+        return True
 
     def _addressable(self, plan):
         """``plan`` without the GPUs in a PCI domain above ffff, each named as a problem.
