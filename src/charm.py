@@ -256,6 +256,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             inputs = inputs._replace(vf_selected=choice.addresses, vf_refused=dict(choice.refused),
                                      boot_unit_masked=sriov.unit_masked())
         validation = self._mapping()
+        if kernel.VFIO_NOT_LOADED in here.reboot_reasons():  # Secure Boot may be why
+            inputs = inputs._replace(secure_boot=kernel.secure_boot())
         return inputs._replace(validation=validation, **self._driver_inputs(),
                                services=self._service_answers(), capacity=self._capacity(published))
 
