@@ -410,7 +410,8 @@ def regex_answers(pairs: Sequence[Tuple[str, str]]) -> Answers:
         raise UncheckedEntryError("matching its regular expressions gave no answer") from None
     if not isinstance(said, list) or len(said) != len(pairs):
         raise UncheckedEntryError("matching its regular expressions gave no answer")
-    return {tuple(pair): bool(answer) for pair, answer in zip(pairs, said)}
+    return {(str(pattern), str(field)): bool(answer)
+            for (pattern, field), answer in zip(pairs, said)}
 
 
 # -- conflicts --------------------------------------------------------------------------
@@ -550,8 +551,8 @@ def _mdev_targets(sections: Dict[str, List[List[str]]], host: pci.Host) -> List[
     if types and not addresses:  # every mdev GPU offering the type may serve it
         for gpu in host.gpus:
             if gpu.framework == pci.MDEV:
-                parents = [vf.address for vf in gpu.vfs] if gpu.sriov else [gpu.address]
-                named.setdefault(gpu.address, set()).update(parents)
+                named.setdefault(gpu.address, set()).update(
+                    [vf.address for vf in gpu.vfs] if gpu.sriov else [gpu.address])
     out = []
     for gpu_address, parents in sorted(named.items()):
         gpu = host.gpu(gpu_address)

@@ -418,7 +418,8 @@ class _Steps:
             return True  # replaces what was published, and gives Nova no device
         relations = self._given.relations()
         published = [novaconf.sections_from_relation(r.data) for r in relations]
-        mine = [s for s in [sections, *published] if principalconf.checked_sections(s)]
+        mine: List[novaconf.Sections] = [
+            s for s in [sections, *published] if s and principalconf.checked_sections(s)]
         if not mine:
             return True
         app = relations[0].app if relations else PRINCIPAL
