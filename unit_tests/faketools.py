@@ -76,6 +76,25 @@ FAKE_UPDATE_INITRAMFS = """#!/bin/sh
 echo "update-initramfs $*" >> "$FAKE_LOG"
 """
 
+# apt-get installs a package by putting its program under the host root (only mdevctl is
+# known: /usr/sbin/mdevctl); $FAKE_STATE/apt-get.fail-<package> makes it fail as apt does
+# for a package its sources lack.
+FAKE_APT_GET = """#!/bin/sh
+echo "apt-get $*" >> "$FAKE_LOG"
+case " $* " in *" install "*) ;; *) exit 0 ;; esac
+for pkg in "$@"; do
+  case "$pkg" in -*|install) continue ;; esac
+  if [ -e "$FAKE_STATE/apt-get.fail-$pkg" ]; then
+    echo "E: Unable to locate package $pkg" >&2; exit 100
+  fi
+  if [ "$pkg" = mdevctl ] && [ -n "$VGPU_HOST_ROOT" ]; then
+    mkdir -p "$VGPU_HOST_ROOT/usr/sbin"
+    printf '#!/bin/sh\n' > "$VGPU_HOST_ROOT/usr/sbin/mdevctl"
+    chmod 755 "$VGPU_HOST_ROOT/usr/sbin/mdevctl"
+  fi
+done
+"""
+
 LOGGING_WRAPPER = """#!/bin/sh
 echo "%s $*" >> "$FAKE_LOG"
 exec %s "$@"
@@ -93,7 +112,7 @@ class Tools:
         self.state.mkdir(parents=True)
         self.log.touch()
         for name, text in (("systemctl", FAKE_SYSTEMCTL),
-                           ("update-initramfs", FAKE_UPDATE_INITRAMFS)):
+                           ("update-initramfs", FAKE_UPDATE_INITRAMFS), ("apt-get", FAKE_APT_GET)):
             self._script(name, text)
 
     def calls(self):
@@ -130,6 +149,10 @@ class Tools:
 
     def fail_start(self, unit: str) -> None:
         self.fail("start", unit)
+
+    def apt_fails(self, package: str) -> None:
+        """``apt-get install`` cannot find ``package`` from now on."""
+        (self.state / f"apt-get.fail-{package}").touch()
 
     def no_bus(self) -> None:
         """Every systemctl call fails as it does without D-Bus."""

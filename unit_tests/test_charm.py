@@ -140,6 +140,33 @@ def test_force_install_switch_installs_without_gpus(ctx, root, tools, packages):
     assert out.unit_status == testing.BlockedStatus("reboot required: nvidia_vgpu_vfio is not loaded")
 
 
+def test_secure_boot_keeping_the_module_out_is_said_instead_of_waiting_for_a_reboot(
+        ctx, root, tools, packages):
+    from unit_tests.fakehost import v100_host
+    from unit_tests.test_kernel import efi, fake_journal, fake_mokutil
+
+    v100_host(root)
+    (root / "proc/modules").write_text("")  # the module did not load at boot
+    install_driver(root, packages["old"])
+    tools.set_active(MGR)
+    efi(root, 1)
+    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
+    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    fake_mokutil(tools)
+    fake_journal(tools)
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus(
+        "Secure Boot is on and the NVIDIA modules are not signed by an enrolled key (kernel: "
+        "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service), so no reboot "
+        "loads them: enrol DKMS's key (mokutil --import /var/lib/shim-signed/mok/MOK.der, "
+        "reboot, confirm it in MOK Manager at the console), sign the modules with an enrolled "
+        "key, or turn Secure Boot off in the firmware")
+    # Secure Boot off: the reboot is what the host needs.
+    (root / kernel.SECURE_BOOT_VAR).write_bytes(b"\x06\x00\x00\x00\x00")
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus("reboot required: nvidia_vgpu_vfio is not loaded")
+
+
 @pytest.mark.parametrize("resource,message", [
     # Charmhub's placeholder is an empty file: the message says how to attach the driver.
     ("empty", "is empty: juju attach-resource nova-compute-nvidia-vgpu "

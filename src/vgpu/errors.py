@@ -64,5 +64,9 @@ class PrincipalConfigError(VgpuError):
     """The principal's nova.conf cannot be parsed (oslo.config, so nova-compute, would refuse it)."""
 
 
+class UncheckedEntryError(VgpuError):
+    """A principal's configuration entry is beyond what the charm evaluates (size, depth, time)."""
+
+
 class MigError(VgpuError):
     """MIG mode could not be read or changed (nvidia-smi missing, failing or silent)."""

@@ -27,6 +27,7 @@ from . import (
     facts,
     kernel,
     mappings,
+    mdevctl,
     mdevs,
     novaconf,
     pci,
@@ -120,6 +121,8 @@ class Inputs(NamedTuple):
     paused: bool = False  # the pause action stopped the driver's daemons
     new_revision: bool = False  # install or upgrade-charm: inspect the resource again
     show: Callable[[str], None] = lambda message: None  # maintenance message while installing
+    # [pci] report_in_placement was published once (the unit's memory, kept across relations).
+    reported: bool = False
 
 
 @dataclass
@@ -230,7 +233,7 @@ class _Steps:
         return published_mapping(self._published())
 
     def _published_reporting(self) -> bool:
-        return published_reporting(self._published())
+        return self._given.reported or published_reporting(self._published())
 
     def run(self) -> None:
         """The steps of :func:`reconcile`, in order; raises HostReadError."""
@@ -328,7 +331,7 @@ class _Steps:
         if here.pci.gpus:
             validation = self._mapping()
             release = here.supported_release()
-            plan = validation.plan
+            plan = self._addressable(validation.plan)
             ok = (validation.ok and release is not None and plan is not None
                   and not plan.missing_vfs)
             sections = None
@@ -343,7 +346,7 @@ class _Steps:
                 except ValueError as error:  # sysfs gave something nova.conf must not get
                     self._problems.append(f"not publishing: {error}")
                     ok = False
-            ok = ok and self._mdevs_may_change(sections)
+            ok = ok and self._mdevs_may_change(sections) and self._mdevctl_ready(sections, release)
             # The principal's [pci] is checked before any VF takes a type from the plan.
             accepted = self._principal_accepts(sections)
             ok = ok and accepted and self._mig_ready(plan) and self._give_vfs_types(plan)
@@ -360,21 +363,63 @@ class _Steps:
         self.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
                                   for ours in self._published()]
 
+    def _mdevctl_ready(self, sections, release) -> bool:
+        """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it."""
+        if not sections or release is None or not mdevctl.needed(release.nova_major) \
+                or not novaconf.mapping_from_sections(
+                    {k: v for k, v in sections.items() if k != "pci"}):
+            return True
+        try:
+            mdevctl.ensure()
+        except InstallError as error:
+            self._problems.append(
+                f"{mdevctl.PACKAGE} is missing and could not be installed ({error}): Nova "
+                f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
+                f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
+                f"make it installable (universe) or install it, then the mdev types are published")
+            return False
+        return True
+
+    def _addressable(self, plan):
+        """``plan`` without the GPUs in a PCI domain above ffff, each named as a problem.
+
+        Nova refuses such addresses (``PciAddressGlobSpec``, and
+        ``device_addresses`` needs a four-digit domain): nova-compute would
+        stop. The other GPUs are published as planned.
+        """
+        if plan is None:
+            return None
+        wide = sorted({a.gpu for a in plan.assignments if not novaconf.nova_addressable(a.gpu)})
+        if not wide:
+            return plan
+        host = self._facts().pci
+        for address in wide:
+            gpu = host.gpu(address)
+            model = f" ({gpu.model})" if gpu is not None and gpu.model else ""
+            self._problems.append(
+                f"GPU {address}{model} is in PCI domain {address.split(':', 1)[0]}, above ffff, "
+                "which Nova refuses (nova-compute would stop): not given to Nova; turn VMD off "
+                f"for its slot in the firmware, or map the other GPUs by address in {OPTION}")
+        return plan._replace(assignments=tuple(a for a in plan.assignments if a.gpu not in wide))
+
     def _principal_accepts(self, sections: Optional[dict]) -> bool:
         """Whether ``sections`` may join the principal's nova.conf; the published are checked too.
 
-        nova.conf is read only when ours carry ``[pci]`` (VFIO device specs, or
-        report_in_placement). Each principal entry Nova would refuse or let take
-        our GPUs' functions is a blocked problem, as is a nova.conf that cannot be
-        read or parsed; one not written yet is a wait. False keeps the last
-        published sections.
+        nova.conf (and nova-compute.conf) are read only when ours give Nova
+        devices (mdev types, VFIO device specs) or report_in_placement. Each
+        principal entry Nova would refuse or let take our GPUs' functions is a
+        blocked problem, as is a file that cannot be read or parsed; a nova.conf
+        not written yet is a wait before publishing ``[pci]`` (mdev types need
+        no wait: nothing of the principal's can take them yet). False keeps
+        the last published sections.
         """
-        new = bool(sections and "pci" in sections)
+        new = principalconf.checked_sections(sections)
         if sections is not None and not new:
-            return True  # replaces what was published, and touches no [pci]
+            return True  # replaces what was published, and gives Nova no device
         relations = self._given.relations()
         published = [novaconf.sections_from_relation(r.data) for r in relations]
-        mine = [s for s in [sections, *published] if s and "pci" in s]
+        mine: List[novaconf.Sections] = [
+            s for s in [sections, *published] if s and principalconf.checked_sections(s)]
         if not mine:
             return True
         app = relations[0].app if relations else PRINCIPAL
@@ -385,10 +430,11 @@ class _Steps:
                                   "the last published settings stay")
             return False
         if conf is None:
-            if new:
+            waits = bool(sections and "pci" in sections)
+            if waits:
                 self._waits.append(f"waiting for {app} to write {principalconf.NOVA_CONF} "
                                    "before publishing [pci] settings")
-            return not new
+            return not waits
         ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
         specs = principalconf.principal(conf, ours).specs
         found: List[str] = []
