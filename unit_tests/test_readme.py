@@ -312,9 +312,10 @@ NEIGHBOUR_OPTIONS = {
 }
 JUJU_RUN = re.compile(r"juju run (?:--\S+ )*(\S+) (\S+)((?: [A-Za-z][\w-]*=\S*)*)")
 JUJU_CONFIG = re.compile(r"juju config (\S+) ([A-Za-z][\w-]*)=")
-# make in command position: a line's start (after a prompt), or after ; & | ( or sudo;
-# "apt install git make python3-venv" names the package, not a target.
-MAKE = re.compile(r"(?:^\s*(?:\$\s+)?|[;&|(]\s*|sudo\s+)make ([a-z][\w-]*)")
+# make in command position: a line's start (after a prompt), or after && || | ( or sudo;
+# "apt install git make python3-venv" names the package, and "...; make it installable" in a
+# status message is prose, not a target.
+MAKE = re.compile(r"(?:^\s*(?:\$\s+)?|(?:&&|\|\||[|(])\s*|sudo\s+)make ([a-z][\w-]*)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.M | re.S)  # indented in lists too
 
@@ -507,3 +508,4 @@ def test_every_code_block_of_the_documentation_is_closed(page):
 
 def test_make_as_a_package_name_is_no_target():
     assert command_problems("```\nsudo apt install git make python3-venv\n```", {}, set(), {"test"}) == []
+    assert command_problems("`blocked: mdevctl is missing; make it installable`", {}, set(), {"test"}) == []
