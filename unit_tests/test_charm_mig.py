@@ -151,24 +151,27 @@ def test_enable_mig_is_refused_while_a_guest_holds_a_vgpu_on_that_gpu(ctx, root,
         ctx.run(ctx.on.action("enable-mig", params={"gpu": "99:00.0"}), state(resource=deb))
 
 
-def test_several_mig_profiles_share_a_gpu_and_guests_keep_theirs(ctx, root, tools, deb):
+@pytest.mark.parametrize("placement", [True, False])
+def test_two_mig_profiles_on_one_gpu_are_refused_and_the_last_good_state_stays(ctx, root, tools,
+                                                                               deb, placement):
+    """Nova: one resource class per PF (PlacementPciMixedResourceClassException stops it)."""
     ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
     a, b, c = "0000:18:00.4", "0000:18:00.5", "0000:18:00.6"
-    mapping = f"{{H200X-3-71C: ['{a}'], H200X-4-71C: ['{b}']}}"
-    config = {"vgpu-device-mappings": mapping, "pci-in-placement": True}
+    config = {"vgpu-device-mappings": f"{{H200X-2-35C: ['{a}']}}", "pci-in-placement": placement}
     out = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
     assert out.unit_status.name == "active", out.unit_status
-    # The 4g is written first, though on the later VF (its only start is 0); the 3g then
-    # starts at 4. In address order the 3g would take 0 and leave the 4g nowhere.
-    assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b, c)] == ["1417", "1418", "0"]
-    assert [nvidia(root, vf, "gpu_instance_id") for vf in (a, b)] == ["2", "1"]
-    running_guest(root, "instance-00000002", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a02",
-                  pci_address=b)
-    changed = dict(config, **{"vgpu-device-mappings": "{H200X-1-18C: ['18:00.0']}"})
-    out = ctx.run(ctx.on.config_changed(), again(out, changed))
+    published = ours(out)
+    mixed = dict(config, **{"vgpu-device-mappings":
+                            f"{{H200X-1-18C: ['{a}', '{b}'], H200X-2-35C: ['{c}']}}"})
+    out = ctx.run(ctx.on.config_changed(), again(out, mixed))
     assert out.unit_status.name == "blocked"
-    assert "guest(s) use vGPUs: instance-00000002" in out.unit_status.message
-    assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b)] == ["1417", "1418"]
+    assert ("GPU 0000:18:00.0 (H200 SXM 141GB) is mapped to MIG-backed H200X-1-18C, H200X-2-35C: "
+            "one MIG-backed profile per GPU. Nova gives all VFs of one GPU one resource class in "
+            "Placement (two stop nova-compute: PlacementPciMixedResourceClassException)") \
+        in out.unit_status.message
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b, c)] == ["1416", "0", "0"]
+    assert ours(out) == published
+    assert {s["resource_class"] for s in specs(out)} <= {"CUSTOM_VGPU_H200X_2_35C"}
 
 
 def test_a_shut_off_guest_keeps_its_mig_backed_vf(ctx, root, tools, deb):

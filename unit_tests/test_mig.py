@@ -42,33 +42,6 @@ def test_no_gpu_instance_or_no_table_gives_no_count():
     assert mig.fits(H200_GPU._replace(device_id="0x20f1"), profile("A100-1-5C")) is None
 
 
-def test_placements_allow_what_nvidia_allows_together():
-    gi = {g.name: g for g in mig.H200.profiles}
-    # 4g at 0 beside 3g at 4; 3 x 2g beside 1g.35gb at 6; 7 x 1g.
-    assert mig.arrangement(mig.H200, {gi["4g.71gb"]: 1, gi["3g.71gb"]: 1}) == [
-        (gi["4g.71gb"], 0), (gi["3g.71gb"], 4)]
-    assert mig.arrangement(mig.H200, {gi["2g.35gb"]: 3, gi["1g.35gb"]: 1}) is not None
-    assert mig.arrangement(mig.H200, {gi["1g.18gb"]: 7}) is not None
-    # Refused: 2 x 3g beside anything, a 4g and a 1g.35gb at 6 beside a 3g, two +me instances.
-    assert mig.arrangement(mig.H200, {gi["3g.71gb"]: 2, gi["1g.18gb"]: 1}) is None
-    assert mig.arrangement(mig.H200, {gi["4g.71gb"]: 1, gi["3g.71gb"]: 1,
-                                      gi["1g.18gb"]: 1}) is None
-    assert mig.arrangement(mig.H200, {gi["1g.18gb+me"]: 2}) is None
-    assert mig.arrangement(mig.H200, {gi["1g.18gb"]: 8}) is None
-
-
-def test_together_problem_names_the_gpu_the_profiles_and_the_instances():
-    assert mig.together_problem(RTX_GPU, {profile("DC-1-24Q"): 2, profile("DC-2-48Q"): 1}) is None
-    assert mig.together_problem(RTX_GPU, {profile("DC-1-24Q"): 3, profile("DC-2-48Q"): 1}) == (
-        "GPU 0000:42:00.0 (RTX PRO 6000): 3 x DC-1-24Q, 1 x DC-2-48Q need GPU instances "
-        "3 x 1g.24gb, 1 x 2g.48gb, which NVIDIA's MIG placements on RTX PRO 6000 Blackwell "
-        "Server Edition (4 compute slices) do not allow together")
-    # vGPUs share an instance: 8 DC-1-8Q need 3 1g.24gb instances, leaving room for nothing big.
-    assert mig.instances({profile("DC-1-8Q"): 8}, mig.RTX_PRO_6000) == {
-        mig.RTX_PRO_6000.profiles[0]: 3}
-    assert mig.together_problem(RTX_GPU, {profile("DC-1-8Q"): 8, profile("DC-2-48Q"): 1})
-
-
 def test_addresses_in_both_spellings():
     assert mig.smi_address("0001:c8:00.0") == "00000001:C8:00.0"
     assert mig.sysfs_address("00000001:C8:00.0") == "0001:c8:00.0"

@@ -151,68 +151,6 @@ def fits(gpu: pci.Gpu, profile: pci.Profile) -> Optional[int]:
     return found.fits if found is not None else None
 
 
-def arrangement(shape: Geometry, demand: Mapping[GiProfile, int]) -> Optional[List[Tuple[GiProfile, int]]]:
-    """GPU instances placed without overlap, ``demand[gi]`` of each: ``[(gi, start)]``, or None.
-
-    NVIDIA's placement rule: an instance takes ``size`` memory slices from one of
-    its profile's starts; instances never overlap, and their compute slices add
-    up to at most the GPU's. The largest are placed first, each trying every
-    start (a small search: at most 8 instances).
-    """
-    wanted: List[GiProfile] = []
-    for gi, count in sorted(demand.items(),
-                            key=lambda item: (-item[0].size, -item[0].slices, item[0].name)):
-        if count > gi.most:
-            return None
-        wanted.extend([gi] * count)
-    if sum(gi.slices for gi in wanted) > shape.compute_slices or \
-            sum(gi.size for gi in wanted) > shape.memory_slices:
-        return None
-    placed: List[Tuple[GiProfile, int]] = []
-
-    def place(index: int, used: frozenset) -> bool:
-        if index == len(wanted):
-            return True
-        gi = wanted[index]
-        earliest = max((s for g, s in placed if g == gi), default=-1)  # same profile: in order
-        for start in gi.starts:
-            taken = frozenset(range(start, start + gi.size))
-            if start > earliest and not taken & used:
-                placed.append((gi, start))
-                if place(index + 1, used | taken):
-                    return True
-                placed.pop()
-        return False
-
-    return list(placed) if place(0, frozenset()) else None
-
-
-def instances(counts: Mapping[pci.Profile, int], shape: Geometry) -> Dict[GiProfile, int]:
-    """GPU instances each profile needs for its count of vGPUs (one vGPU type per instance)."""
-    demand: Dict[GiProfile, int] = {}
-    for profile, count in counts.items():
-        found = slot(shape, profile)
-        if found is not None and count > 0:
-            demand[found.instance] = demand.get(found.instance, 0) - (-count // found.per_instance)
-    return demand
-
-
-def together_problem(gpu: pci.Gpu, counts: Mapping[pci.Profile, int]) -> Optional[str]:
-    """Why these MIG-backed profiles, so many vGPUs each, cannot share ``gpu``; None if they can."""
-    shape = geometry(gpu)
-    if shape is None:
-        return None  # said by the caller: no geometry, no count
-    demand = instances(counts, shape)
-    if arrangement(shape, demand) is not None:
-        return None
-    wanted = ", ".join(f"{count} x {profile.name}" for profile, count in
-                       sorted(counts.items(), key=lambda item: item[0].name))
-    gis = ", ".join(f"{n} x {gi.name}" for gi, n in sorted(demand.items(), key=lambda i: i[0].name))
-    return (f"GPU {gpu.address} ({gpu.model}): {wanted} need GPU instances {gis}, which NVIDIA's "
-            f"MIG placements on {shape.model} ({shape.compute_slices} compute slices) do not "
-            "allow together")
-
-
 # -- MIG mode: nvidia-smi -----------------------------------------------------------------
 
 class Mode(NamedTuple):

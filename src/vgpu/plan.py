@@ -19,9 +19,9 @@ function by function, what Nova gets:
   given. The charm writes the type to each (see :mod:`vgpu.vfio`) and Nova
   takes them as PCI devices.
 
-A GPU takes one time-sliced profile (mixed-size mode is refused), or one or
-more MIG-backed profiles (``H200X-1-18C``) where NVIDIA's MIG placements
-allow them together (see :mod:`vgpu.mig`), never both kinds.
+A GPU takes one time-sliced profile (mixed-size mode is refused), or one
+MIG-backed profile (``H200X-1-18C``; see :mod:`vgpu.mig`), never both kinds:
+Nova gives all VFs of one GPU one resource class.
 """
 
 import re
@@ -577,11 +577,14 @@ class _MigClaim(NamedTuple):
 class _MigClaims:
     """The MIG-backed profiles each GPU is mapped to; counted from :mod:`vgpu.mig`'s tables.
 
-    A GPU serves time-sliced or MIG-backed profiles, never both; several
-    MIG-backed profiles share a GPU only VF by VF, and only where NVIDIA's
-    placements allow their GPU instances together. How many VFs a profile
-    takes comes from the profile and the GPU's geometry (``H200X-1-18C``: 7),
-    never from what the VFs list as creatable now.
+    A GPU serves time-sliced or MIG-backed profiles, never both, and one
+    MIG-backed profile at most: Nova puts all VFs of one PF in one resource
+    class (``PlacementPciMixedResourceClassException`` in
+    nova/compute/pci_placement_translator.py stops nova-compute otherwise), and
+    without Placement it tells VFs apart only by vendor and product id, which
+    every VF of a GPU shares. How many VFs a profile takes comes from the
+    profile and the GPU's geometry (``H200X-1-18C``: 7), never from what the
+    VFs list as creatable now.
     """
 
     def __init__(self):
@@ -630,18 +633,12 @@ class _MigClaims:
         made: List[Assignment] = []
         problems: List[str] = []
         taken: Dict[str, str] = {}
-        counts: Dict[pci.Profile, int] = {}
         for held in claims:
             vfs, why = _mig_vfs(gpu, held, shape, taken)
             problems.extend(why)
-            named = held.vgpu_type.profile
-            if named is not None:
-                counts[named] = len(vfs)
             made.extend(Assignment(gpu.address, vf.address, held.vgpu_type.number,
                                    held.vgpu_type.name, pci.VFIO, _hex4(vf.device_id))
                         for vf in vfs)
-        if not problems:
-            problems.extend(p for p in [mig.together_problem(gpu, counts)] if p)
         return ([] if problems else made), problems
 
 
@@ -656,9 +653,11 @@ def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:
     if mig.geometry(gpu) is None:
         return (f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the charm has no MIG "
                 f"table for this model, so MIG-backed {names} cannot be counted")
-    if len(claims) > 1 and any(c.whole for c in claims):
-        return (f"GPU {gpu.address} is mapped whole to MIG-backed {names}: map the VFs of each "
-                "profile one by one to share a GPU between MIG-backed profiles")
+    if len(claims) > 1:
+        return (f"GPU {gpu.address} ({gpu.model}) is mapped to MIG-backed {names}: one MIG-backed "
+                "profile per GPU. Nova gives all VFs of one GPU one resource class in Placement "
+                "(two stop nova-compute: PlacementPciMixedResourceClassException) and, without "
+                "pci-in-placement, cannot tell VFs of one product id apart; map one of them")
     return ""
 
 
