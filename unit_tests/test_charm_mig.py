@@ -23,6 +23,7 @@ GPU, OTHER = "0000:42:00.0", "0000:8c:00.0"
 VF = [f"0000:42:00.{n}" for n in range(2, 8)] + ["0000:42:01.0", "0000:42:01.1"]
 UNIT = "nova-compute-nvidia-vgpu/0"
 SMI = "nvidia-smi --query-gpu=pci.bus_id,mig.mode.current,mig.mode.pending --format=csv,noheader"
+LGI, LGIP = "nvidia-smi mig -i 00000000:42:00.0 -lgi", "nvidia-smi mig -i 00000000:42:00.0 -lgip"
 
 
 @pytest.fixture(scope="module")
@@ -59,21 +60,32 @@ def smi_calls(tools):
 
 def test_a_mig_backed_profile_is_written_and_published_like_a_time_sliced_one(ctx, root, tools,
                                                                              deb):
-    rtx(root, tools, deb)
+    host = rtx(root, tools, deb)
     out = ctx.run(ctx.on.config_changed(),
                   state({"vgpu-device-mappings": "{DC-1-24Q: ['42:00.0']}"}, resource=deb))
     rc = "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_1_24Q"
     assert out.unit_status == testing.ActiveStatus(
         f"2 GPUs (RTX PRO 6000 Blackwell Server Edition), {rc} on 4; {rc}: 0 used, 4 free")
-    # 4 x 1g.24gb: four VFs, each in its own GPU instance; the rest stay free.
+    # 4 x 1g.24gb+gfx GPU instances created first (writing a type creates none), checked
+    # with -lgi/-lgip; then four VFs, each in its own GPU instance; the rest stay free.
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
+    assert host.gpu_instances(OTHER) == []
     assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:5]] == ["2033"] * 4 + ["0"]
     assert [nvidia(root, vf, "gpu_instance_id") for vf in VF[:5]] == ["1", "2", "3", "4", "absent"]
     assert [s["address"] for s in specs(out)] == VF[:4]
     assert {s["resource_class"] for s in specs(out)} == {rc}
-    assert smi_calls(tools) == [SMI]
+    assert smi_calls(tools) == [SMI, LGI, LGIP, "nvidia-smi mig -i 00000000:42:00.0 -cgi "
+                                "1g.24gb+gfx,1g.24gb+gfx,1g.24gb+gfx,1g.24gb+gfx -C"]
     boot = json.loads((root / "var/lib/nova-compute-nvidia-vgpu/boot.json").read_text())
     assert [v["name"] for v in boot["gpus"][0]["vfs"]] == [
         "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q"] * 4
+    assert boot["gpus"][0]["mig"] == {"profile": "DC-1-24Q", "instance": "1g.24gb+gfx", "count": 4}
+    # The next hook finds them there: nothing created, nothing destroyed.
+    before = len(smi_calls(tools))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active"
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
+    assert smi_calls(tools)[before:] == [SMI, LGI]
 
 
 def test_a_gpu_out_of_mig_mode_blocks_naming_the_command_and_changes_nothing(ctx, root, tools,
@@ -135,7 +147,7 @@ def test_enable_mig_says_when_a_reset_or_reboot_is_needed(ctx, root, tools, deb)
         "00000000:42:00.0, no guest or process on it) or reboot the host")
     assert "pending enable state" in ctx.action_results["output"]
     assert host.mig_mode(GPU) == {"current": "Disabled", "pending": "Enabled", "hold": True,
-                                  "busy": True}
+                                  "busy": True, "table": "RTX PRO 6000", "gis": []}
 
 
 def test_enable_mig_is_refused_while_a_guest_holds_a_vgpu_on_that_gpu(ctx, root, tools, deb):

@@ -505,9 +505,19 @@ H200_A, H200_B = "0000:18:00.0", "0000:2a:00.0"
 
 
 def mig_build(text, pci_in_placement=True):
-    """Several profiles of one model tell apart only by resource class: pci-in-placement on."""
+    """The plan after the GPU instances the mapping needs were created, as the charm does.
+
+    A VF lists a MIG-backed type only where a GPU instance has room for it (see
+    vgpu.mig.mapped). Several profiles of one model tell apart only by resource
+    class: pci-in-placement on.
+    """
+    from vgpu import mig
+
     checked = mappings.check_text(text)
     assert checked.ok, checked.errors
+    for need in mig.mapped(checked.mapping, pci.discover()).values():
+        if mig.modes([need.gpu])[need.gpu].enabled:
+            mig.ensure(need)
     return plan.build(checked.mapping, pci.discover(), EPOXY, pci_in_placement=pci_in_placement)
 
 
@@ -579,9 +589,9 @@ def test_mig_backed_profiles_need_a_table_for_the_gpu_model(root):
     host = h200_sxm_host(root, mig="Enabled", vfs=2)
     # The same types on a model the charm has no MIG geometry for (device id changed).
     for address in ("0000:18:00.0", "0000:2a:00.0"):
-        (host.bus / address / "device").resolve().write_text("0x2330\n")
+        (host.bus / address / "device").resolve().write_text("0x2342\n")
     assert mig_build("{H200X-1-18C: [18:00.0]}").errors == (
-        "GPU 0000:18:00.0 (NVIDIA 0x2330, device 0x2330): the charm has no MIG table for this "
+        "GPU 0000:18:00.0 (NVIDIA 0x2342, device 0x2342): the charm has no MIG table for this "
         "model, so MIG-backed H200X-1-18C cannot be counted",)
 
 

@@ -137,11 +137,15 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
     """
     draft = _Draft(host, offered, whole_gpus)
     draft.vanished = tuple(vanished)
+    mixed = _mig_mixed(mapping, host)  # refused by name: a VF lists no type without its instance
+    draft.errors.extend(_one_per_gpu(host.gpu(gpu), names) for gpu, names in mixed.items())
     for key, addresses in mapping.items():
         if tuple(addresses) == (ALL,):
             draft.everywhere(key)
         else:
-            draft.at(key, addresses)
+            mine = pci.profile(key)
+            draft.at(key, [a for a in addresses if not (
+                mine is not None and mine.mig and getattr(host.gpu(a), "address", "") in mixed)])
     assignments = draft.assignments(release)
     errors = draft.errors
     single = _single_type_problem(assignments, release)
@@ -223,6 +227,15 @@ class _Draft:
 
     def claim(self, key: str, gpu: pci.Gpu, address: str) -> None:
         """``address`` (``gpu`` or one of its VFs) takes ``key``'s type; one type per GPU."""
+        from . import mig
+
+        named = mig.mig_profile(key)
+        if named is not None and gpu.framework == pci.VFIO and mig.geometry(gpu) is None:
+            # Its VFs list the type only once a GPU instance exists, which needs the table.
+            self.errors.append(f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the "
+                               "charm has no MIG table for this model, so MIG-backed "
+                               f"{named.name} cannot be counted")
+            return
         vgpu_type, problem = _resolve(key, gpu, self.types_of(gpu))
         if problem:
             self.errors.append(problem)
@@ -642,6 +655,29 @@ class _MigClaims:
         return ([] if problems else made), problems
 
 
+def _mig_mixed(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, List[str]]:
+    """GPUs whose addresses the mapping gives two MIG-backed profiles or more, with their names."""
+    named: Dict[str, Dict[str, None]] = {}
+    for key, addresses in mapping.items():
+        mine = pci.profile(key)
+        if mine is None or not mine.mig or tuple(addresses) == (ALL,):
+            continue
+        for address in addresses:
+            gpu = host.gpu(address)
+            if gpu is not None:
+                named.setdefault(gpu.address, {})[pci.short_name(mine.name)] = None
+    return {gpu: sorted(names) for gpu, names in named.items() if len(names) > 1}
+
+
+def _one_per_gpu(gpu: Optional[pci.Gpu], names: Sequence[str]) -> str:
+    """Why one GPU takes one MIG-backed profile at most (Nova's rule, with or without Placement)."""
+    where = f"{gpu.address} ({gpu.model})" if gpu is not None else "?"
+    return (f"GPU {where} is mapped to MIG-backed {', '.join(names)}: one MIG-backed "
+            "profile per GPU. Nova gives all VFs of one GPU one resource class in Placement "
+            "(two stop nova-compute: PlacementPciMixedResourceClassException) and, without "
+            "pci-in-placement, cannot tell VFs of one product id apart; map one of them")
+
+
 def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:
     """Why none of ``gpu``'s MIG-backed profiles can be planned: Nova, geometry, sharing."""
     from . import mig
@@ -654,10 +690,7 @@ def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:
         return (f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the charm has no MIG "
                 f"table for this model, so MIG-backed {names} cannot be counted")
     if len(claims) > 1:
-        return (f"GPU {gpu.address} ({gpu.model}) is mapped to MIG-backed {names}: one MIG-backed "
-                "profile per GPU. Nova gives all VFs of one GPU one resource class in Placement "
-                "(two stop nova-compute: PlacementPciMixedResourceClassException) and, without "
-                "pci-in-placement, cannot tell VFs of one product id apart; map one of them")
+        return _one_per_gpu(gpu, [pci.profile_name(c.vgpu_type.name) for c in claims])
     return ""
 
 
