@@ -4,7 +4,7 @@ import pytest
 
 from unit_tests.fakehost import h200_sxm_host, rtx_pro_6000_host
 from vgpu import mig, pci
-from vgpu.errors import MigError
+from vgpu.errors import MigError, MigInUseError
 
 H200_GPU = pci.Gpu("0000:18:00.0", "0x2335", "H200 SXM 141GB", "nvidia", "0x030200")
 RTX_GPU = pci.Gpu("0000:42:00.0", "0x2bb5", "RTX PRO 6000", "nvidia", "0x030200")
@@ -155,7 +155,7 @@ def test_ensure_creates_what_is_missing_and_replaces_only_unused_instances(root,
     # A VF's vGPU in an instance of another profile: the layout stays, the steps are said.
     vfio.assign("0000:18:00.4", 1416)
     before = len(tools.calls())
-    with pytest.raises(mig.InUse, match="holds the vGPUs of VF 0000:18:00.4") as caught:
+    with pytest.raises(MigInUseError, match="holds the vGPUs of VF 0000:18:00.4") as caught:
         mig.ensure(mig.Need(H200, "H200X-1-18C", "1g.18gb", 7))
     assert caught.value.vfs == ("0000:18:00.4",)
     assert host.gpu_instances(H200) == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
@@ -186,7 +186,7 @@ def test_the_rtx_pro_6000_gets_gfx_instances_from_the_mapping(root):
     assert found == {"0000:42:00.0": mig.Need("0000:42:00.0", "DC-2-12Q", "2g.48gb+gfx", 2)}
     # VF by VF: 5 VFs of 4 per instance take 2 instances.
     vfs = tuple(f"0000:8c:00.{n}" for n in range(2, 7))
-    assert mig.mapped({"DC-2-12Q": vfs}, pci.discover())["0000:8c:00.0"].count == 2
+    assert mig.mapped({"DC-2-12Q": vfs}, pci.discover())["0000:8c:00.0"].gis == 2
     # Two MIG-backed profiles on one GPU: none (the plan refuses the mapping).
     assert mig.mapped({"DC-2-12Q": vfs[:1], "DC-1-24Q": vfs[1:2]}, pci.discover()) == {}
     mig.ensure(found["0000:42:00.0"])

@@ -48,7 +48,7 @@ import time
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from . import hostroot, pci, run, text
-from .errors import CommandError, HostReadError, MigError
+from .errors import CommandError, HostReadError, MigError, MigInUseError
 
 log = logging.getLogger(__name__)
 
@@ -417,20 +417,11 @@ class Need(NamedTuple):
     gpu: str
     profile: str  # the vGPU profile: H200X-1-18C
     instance: str  # the GPU instance profile: 1g.18gb, 1g.24gb+gfx
-    count: int  # GPU instances
+    gis: int  # how many GPU instances
 
     def data(self) -> Dict[str, object]:
         """As the boot data keeps it."""
-        return {"profile": self.profile, "instance": self.instance, "count": self.count}
-
-
-class InUse(MigError):
-    """GPU instances in the way hold vGPUs of these VFs: a hook changes none of them."""
-
-    def __init__(self, message: str, vfs: Sequence[str]):
-        """The message with the steps, and the VFs whose vGPUs are in the way."""
-        super().__init__(message)
-        self.vfs = tuple(vfs)
+        return {"profile": self.profile, "instance": self.instance, "count": self.gis}
 
 
 class Layout(NamedTuple):
@@ -459,7 +450,8 @@ def needs(assignments: Sequence, host: pci.Host) -> Dict[str, Need]:
         gpu = host.gpu(address)
         shape = geometry(gpu) if gpu is not None else None
         for name, count in named.items():  # one MIG-backed profile per GPU (vgpu.plan)
-            found = slot(shape, pci.profile(name)) if shape is not None else None
+            named_profile = pci.profile(name)
+            found = slot(shape, named_profile) if shape is not None and named_profile else None
             if shape is not None and found is not None:
                 out[address] = Need(address, pci.short_name(pci.profile_name(name)),
                                     instance_name(shape, found.instance),
@@ -495,12 +487,13 @@ def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, Ne
                 counts.setdefault(gpu.address, {})[key] = min(count, found.fits)
     out: Dict[str, Need] = {}
     for address, named_counts in counts.items():
-        gpu = host.gpu(address)
-        shape = geometry(gpu) if gpu is not None else None
+        owner = host.gpu(address)
+        shape = geometry(owner) if owner is not None else None
         if len(named_counts) != 1 or shape is None:
             continue
         (key, count), = named_counts.items()
-        found = slot(shape, pci.profile(key))
+        key_profile = pci.profile(key)
+        found = slot(shape, key_profile) if key_profile is not None else None
         if found is not None:
             out[address] = Need(address, pci.short_name(pci.profile_name(key)),
                                 instance_name(shape, found.instance),
@@ -618,8 +611,8 @@ def used(address: str) -> Dict[int, List[str]]:
         except OSError:
             continue
         try:
-            held = hostroot.read_text(hostroot.path(pci.PCI_DEVICES, vf, "nvidia",
-                                                    "current_vgpu_type")).strip()
+            held = (hostroot.read_text(hostroot.path(pci.PCI_DEVICES, vf, "nvidia",
+                                                     "current_vgpu_type")) or "").strip()
         except HostReadError:
             continue  # no nvidia/ files: the VF holds nothing the driver knows
         if held in ("", "0"):
@@ -642,7 +635,7 @@ def layout(need: Need, existing: Sequence[GpuInstance], busy: Mapping[int, Seque
     gone) says whether what is missing can be created.
     """
     same = [g for g in existing if g.profile == need.instance]
-    missing = max(0, need.count - len(same))
+    missing = max(0, need.gis - len(same))
     if not missing:
         return Layout()
     other = [g for g in existing if g.profile != need.instance]
@@ -653,7 +646,7 @@ def layout(need: Need, existing: Sequence[GpuInstance], busy: Mapping[int, Seque
         steps = "; ".join(f"nvidia-smi mig -i {gpu} -dci -gi {g.id}; nvidia-smi mig -i {gpu} "
                           f"-dgi -gi {g.id}" for g in held)
         return Layout(problem=(
-            f"GPU {need.gpu}: MIG-backed {need.profile} needs {need.count} x {need.instance} GPU "
+            f"GPU {need.gpu}: MIG-backed {need.profile} needs {need.gis} x {need.instance} GPU "
             f"instances, but GPU instance {text.listing([f'{g.id} ({g.profile})' for g in held])} "
             f"holds the vGPUs of VF {text.listing(vfs)}; the charm never destroys a GPU instance "
             "in use. Move or delete the guests on those VFs, release each VF (echo 0 > "
@@ -663,7 +656,7 @@ def layout(need: Need, existing: Sequence[GpuInstance], busy: Mapping[int, Seque
     if offers is not None and (offer is None or offer.free < missing):
         listed = f"lists {offer.free} creatable" if offer else "does not offer it"
         return Layout(problem=(
-            f"GPU {need.gpu}: MIG-backed {need.profile} needs {need.count} x {need.instance} GPU "
+            f"GPU {need.gpu}: MIG-backed {need.profile} needs {need.gis} x {need.instance} GPU "
             f"instances, {len(same)} exist and nvidia-smi mig -lgip {listed}"))
     return Layout(destroy=tuple(other), create=missing)
 
@@ -679,7 +672,7 @@ def ensure(need: Need, timeout: float = TIMEOUT) -> List[str]:
     existing = instances(need.gpu, timeout)
     plan = layout(need, existing, used(need.gpu))
     if plan.problem:
-        raise InUse(plan.problem, plan.held) if plan.held else MigError(plan.problem)
+        raise MigInUseError(plan.problem, plan.held) if plan.held else MigError(plan.problem)
     if not plan.create:
         return []
     offers = offered(need.gpu, timeout)
@@ -757,5 +750,5 @@ def at_boot(need: Need, until: float) -> bool:
         log.error("GPU %s: %s", gpu, error)
         return False
     if not done:
-        log.info("GPU %s: %d x %s GPU instances there already", gpu, need.count, need.instance)
+        log.info("GPU %s: %d x %s GPU instances there already", gpu, need.gis, need.instance)
     return True

@@ -40,6 +40,7 @@ from .errors import (
     HostReadError,
     InstallError,
     MigError,
+    MigInUseError,
     PrincipalConfigError,
     ResourceInvalidError,
     ResourceMissingError,
@@ -485,7 +486,7 @@ class _Steps:
                 continue
             try:
                 changed = bool(mig.ensure(need)) or changed
-            except mig.InUse as error:
+            except MigInUseError as error:
                 from . import guests  # who holds them: named, since the steps start there
 
                 held = guests.vgpu_guests(error.vfs, defined=True)
