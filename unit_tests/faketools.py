@@ -318,6 +318,8 @@ if len(args) == 4 and args[0] == "-i" and args[2] == "-mig" and args[3] == "1":
     else:
         gpu["current"] = "Enabled"
         print("Enabled MIG Mode for GPU %s" % smi(address))
+    for n in range(gpu.get("noise", 0)):  # a driver that says far too much
+        print("Warning: line %d of a very long answer %s" % (n, "." * 60))
     print("All done.")
     save()
     sys.exit(0)

@@ -284,7 +284,7 @@ def enable(address: str, timeout: float = TIMEOUT) -> Enabled:
     mode = modes([address], timeout)[address]
     if pending_warning(said) and mode.enabled:
         mode = mode._replace(current="Disabled")  # nvidia-smi's word: not in force yet
-    log.info("%s: %s", enable_command(address), said or "no output")
+    log.info("%s: %s", enable_command(address), bounded(said) or "no output")
     return Enabled(said, mode)
 
 
@@ -347,26 +347,45 @@ def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "",
         head = (f"GPU {address} is not in MIG mode, which MIG-backed {', '.join(names)} "
                 f"({OPTION}) need")
         if mode.awaiting_reset:
-            out.append(f"{head}: enabling it waits for a reset; reset the GPU (nvidia-smi -r -i "
-                       f"{smi_address(address)}, no guest or process on it) or reboot the host")
+            out.append(f"{head}: enabling it waits for a reset; "
+                       + PENDING_STEPS.format(reset=reset_command(address)))
         else:
             out.append(f"{head}: {run_it} gpu={address} (it runs {enable_command(address)})")
     return out
 
 
+OUTPUT_LIMIT = 2000  # characters of nvidia-smi's answer in an action result (action-set is bounded)
+PENDING_STEPS = ("reset the GPU ({reset}) while no guest or process uses it; a reboot may leave "
+                 "the mode pending on Hopper (NVIDIA/gpu-operator issue 2600)")
+AT_BOOT = ("at every boot, before libvirt and nova-compute start, nvidia-vgpu-vfs.service puts a "
+           "MIG mode still pending on a GPU given a MIG-backed profile in force ({reset}) and "
+           "creates its GPU instances again (they never survive a reboot), then enables the VFs "
+           "and gives them their types")
+
+
+def bounded(output: str, limit: int = OUTPUT_LIMIT) -> str:
+    """A tool's answer for an action result: printable, at most ``limit`` characters, said so."""
+    cleaned = text.clean(output).strip()
+    if len(cleaned) <= limit:
+        return cleaned
+    return f"{cleaned[:limit]}\n... ({len(cleaned) - limit} more characters not shown)"
+
+
 def enable_results(address: str, done: Optional[Enabled]) -> Dict[str, str]:
-    """The enable-mig action's results: what nvidia-smi said, and whether a reset is needed."""
+    """The enable-mig action's results: what nvidia-smi said (bounded), a reset, the boot step."""
     command = enable_command(address)
+    at_boot = AT_BOOT.format(reset=reset_command(address))
     if done is None:
-        return {"gpu": address, "command": command, "reset-required": "no",
+        return {"gpu": address, "command": command, "reset-required": "no", "at-boot": at_boot,
                 "message": f"GPU {address} is in MIG mode already; nothing run"}
     if done.reset_needed:
-        message = (f"MIG mode is pending on GPU {address}: reset the GPU (nvidia-smi -r -i "
-                   f"{smi_address(address)}, no guest or process on it) or reboot the host")
+        message = (f"MIG mode is pending on GPU {address}: "
+                   + PENDING_STEPS.format(reset=reset_command(address)))
     else:
         message = f"MIG mode enabled on GPU {address}"
-    return {"gpu": address, "command": command, "output": done.output or "(nothing)",
-            "reset-required": "yes" if done.reset_needed else "no", "message": message}
+    return {"gpu": address, "command": command, "output": bounded(done.output) or "(nothing)",
+            "reset-required": "yes" if done.reset_needed else "no", "at-boot": at_boot,
+            "message": message}
 
 
 # -- GPU instances: nvidia-smi mig ---------------------------------------------------------
