@@ -9,12 +9,18 @@ as still creatable. This module holds:
 * the geometry of the GPUs the charm knows (:data:`GEOMETRIES`): their GPU
   instance profiles, the memory slices each takes and where it may start
   (its placements), from NVIDIA's MIG user guide;
-* which GI profile a vGPU profile sits on, how many vGPUs one GI holds, how
-  many the GPU holds (:func:`fits`), and whether several profiles can share
-  one GPU (:func:`arrangement`);
+* which GI profile a vGPU profile sits on, how many vGPUs one GI holds and how
+  many the GPU holds (:func:`fits`); one MIG-backed profile per GPU (Nova gives
+  all VFs of one GPU one resource class: :mod:`vgpu.plan` refuses two);
 * MIG mode: read with ``nvidia-smi --query-gpu`` (:func:`modes`) only when a
   MIG-backed profile is mapped, and turned on only by the ``enable-mig``
-  action (:func:`enable`); hooks never change it.
+  action (:func:`enable`); hooks never change it;
+* GPU instances (:func:`ensure`): created before a VF takes a MIG-backed type,
+  which places its vGPU in one but creates none (NVIDIA's vGPU for Compute
+  guide, "Configuring a GPU for MIG-Backed vGPUs"), as many as the mapping asks
+  for, ``+gfx`` on the RTX PRO 6000; never destroyed while a VF's vGPU is in one;
+* the boot step's part (:func:`at_boot`): a pending MIG mode put in force by a
+  GPU reset before libvirt starts, and the GPU instances created again.
 
 Sources (cited where used):
 
