@@ -251,3 +251,28 @@ def test_enable_mig_output_is_bounded_however_much_nvidia_smi_says(ctx, root, to
     assert output.endswith("more characters not shown)")
     assert sum(len(v) for v in ctx.action_results.values()) < 4000
     assert host.mig_mode(GPU)["current"] == "Enabled"
+
+
+def test_after_a_reboot_the_boot_step_brings_back_mode_instances_vfs_and_types(ctx, root, tools,
+                                                                             deb):
+    """What the charm wrote is enough for the boot step, even with MIG mode left pending."""
+    from vgpu import boot
+
+    host = ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{H200X-2-35C: ['18:00.0']}"}, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    vfs = ["0000:18:00.4", "0000:18:00.5", "0000:18:00.6"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
+    host.set_mig("0000:18:00.0", pending_after_reboot=True)  # Hopper, gpu-operator#2600
+    host.reboot()
+    assert host.gpu_instances("0000:18:00.0") == []
+    assert host.mig_mode("0000:18:00.0")["current"] == "Disabled"
+    data = json.loads((root / "var/lib/nova-compute-nvidia-vgpu/boot.json").read_text())
+    data["limits"] = {"total": 20, "manager": 2, "call": 10, "delay": 0, "poll": 0.05}
+    assert boot.restore(data) == 0
+    assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
+    assert host.gpu_instances("0000:18:00.0") == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active", out.unit_status
