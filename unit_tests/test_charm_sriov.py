@@ -104,7 +104,8 @@ def test_vfio_types_are_written_and_published_as_pci_devices(ctx, vfio, root, to
     boot = json.loads(sriov.data_path().read_text())
     assert [(g["address"], [v["name"] for v in g["vfs"]]) for g in boot["gpus"]] == [
         (L40S, ["NVIDIA L40S-12Q"] * 4), (H200, ["NVIDIA H200X-35C"] * 4)]
-    assert "Before=nova-compute.service libvirtd.service" in unit
+    assert "Before=nova-compute.service libvirtd.service virtqemud.service " \
+        "libvirt-guests.service" in unit
     assert "After=nvidia-vgpu-mgr.service" in unit
     assert ["systemctl daemon-reload", f"systemctl enable {sriov.UNIT}"] == [
         c for c in tools.calls() if c.startswith(("systemctl daemon", "systemctl enable"))]

@@ -70,3 +70,12 @@ class UncheckedEntryError(VgpuError):
 
 class MigError(VgpuError):
     """MIG mode could not be read or changed (nvidia-smi missing, failing or silent)."""
+
+
+class MigInUseError(MigError):
+    """GPU instances in the way hold vGPUs of these VFs: a hook changes none of them."""
+
+    def __init__(self, message: str, vfs):
+        """The message with the steps; ``vfs``: the VFs whose vGPUs are in the way."""
+        super().__init__(message)
+        self.vfs = tuple(vfs)

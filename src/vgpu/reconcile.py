@@ -40,6 +40,8 @@ from .errors import (
     GuestsRunningError,
     HostReadError,
     InstallError,
+    MigError,
+    MigInUseError,
     PrincipalConfigError,
     ResourceInvalidError,
     ResourceMissingError,
@@ -212,6 +214,7 @@ class _Steps:
         self.out = Outcome()
         self._problems = self.out.problems
         self._waits = self.out.waits
+        self._mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
 
     def _facts(self) -> facts.Facts:
         return self._host.facts()
@@ -329,6 +332,8 @@ class _Steps:
         sections: Optional[dict] = {}
         plan = None
         if here.pci.gpus:
+            self._mig_instances()
+            here = self._facts()
             validation = self._mapping()
             release = here.supported_release()
             plan = self._addressable(validation.plan)
@@ -493,9 +498,49 @@ class _Steps:
         """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
         from . import mig
 
-        problems = mig.mode_problems(mig.by_gpu(plan.assignments), self._given.unit)
+        problems = mig.mode_problems(mig.by_gpu(plan.assignments), self._given.unit,
+                                     self._mig_modes)
         self._problems.extend(problems)
         return not problems
+
+    def _mig_instances(self) -> None:
+        """The GPU instances the mapping's MIG-backed profiles need, before it is checked.
+
+        A VF lists a MIG-backed type only where a GPU instance has room for it
+        (NVIDIA's vGPU for Compute guide, "Configuring a GPU for MIG-Backed
+        vGPUs": on KVM the host creates them), so they are created first, on GPUs
+        in MIG mode only (the status asks for the mode otherwise); a GPU instance
+        in use is never destroyed (see :func:`vgpu.mig.ensure`).
+        """
+        from . import mig
+
+        here = self._facts()
+        if self._paused or here.driver is None or not here.driver.installed:
+            return
+        checked = self._given.checked()
+        wanted = mig.mapped(checked.mapping, here.pci) if checked.ok else {}
+        if not wanted:
+            return
+        try:
+            found = mig.modes(wanted)
+        except MigError:
+            return  # said by _mig_ready, with what MIG-backed profiles need
+        self._mig_modes = found  # what _mig_ready asks, read once per dispatch
+        changed = False
+        for need in wanted.values():
+            if not found[need.gpu].enabled:
+                continue
+            try:
+                changed = bool(mig.ensure(need)) or changed
+            except MigInUseError as error:
+                from . import guests  # who holds them: named, since the steps start there
+
+                held = guests.vgpu_guests(error.vfs, defined=True)
+                self._problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
+            except MigError as error:
+                self._problems.append(str(error))
+        if changed:
+            self._refresh()
 
     def _ensure_boot_unit(self, plan) -> None:
         """The boot-time unit and its data: the selected GPUs' VFs and their profiles by name.
@@ -513,7 +558,8 @@ class _Steps:
             if plan is not None or not sriov.data_path().exists():
                 # Without a plan in force the data keeps the types last applied.
                 wanted = sriov.selected(self._given.checked().mapping, here.pci).wanted
-                sriov.write_boot_data(sriov.boot_data(here.pci, plan, wanted, daemons(here)))
+                data = sriov.boot_data(here.pci, plan, wanted, daemons(here))
+                sriov.write_boot_data(_with_mig(data, plan, here.pci))
             sriov.ensure_unit(sriov.render_unit())
         except SriovError as error:
             self._problems.append(f"{sriov.UNIT}: {error}")
@@ -538,3 +584,15 @@ class _Steps:
         except OSError as error:
             self._problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
         return mdevs.kept()
+
+
+def _with_mig(data: dict, plan, host) -> dict:
+    """The boot data with each MIG-backed GPU's GPU instances (``gpus[].mig``, see vgpu.mig)."""
+    from . import mig
+
+    wanted = mig.needs(plan.assignments, host) if plan is not None else {}
+    for entry in data.get("gpus", []):
+        if entry.get("address") in wanted:
+            entry["mig"] = wanted[entry["address"]].data()
+    return data
+
