@@ -19,7 +19,7 @@ How a vGPU is recognised:
 * vendor-specific VFIO: a ``hostdev`` of type ``pci`` whose address is an
   NVIDIA VF holding a type (``nvidia/current_vgpu_type`` not 0).
 
-Capacity, decided here and documented in the README:
+Capacity, decided here and documented in docs/explanation/licensing.md:
 
 * "used" counts vGPUs held by a guest libvirt knows, running or shut off:
   Nova keeps a shut-off instance's vGPU (its mdev or VF) and its Placement
@@ -242,7 +242,7 @@ MAX_LISTED = 4  # names listed in one open case; the rest are counted
 
 
 class Rule(NamedTuple):
-    """How NVIDIA counts the licences of one edition (README, Guest licensing)."""
+    """How NVIDIA counts the licences of one edition (docs/explanation/licensing.md)."""
 
     product: str  # the licence NVIDIA sells for the edition
     basis: str  # BY_VM, BY_GPU or BY_VGPU: what one licence stands for here
