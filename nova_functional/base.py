@@ -16,6 +16,7 @@ from pathlib import Path
 
 import fixtures
 import nova.conf
+from nova import objects
 from lxml import etree
 from nova.tests.functional.libvirt import test_vgpu
 from nova.virt.libvirt import utils as libvirt_utils
@@ -122,8 +123,14 @@ class CharmJudgedTest(test_vgpu.VGPUTestBase):
         return sorted(held)
 
     def _get_instance(self, server):
-        from nova import objects
         return objects.Instance.get_by_uuid(self.context, server["id"])
+
+    def assertPCIDeviceCounts(self, hostname, total, free):  # noqa: N802 - Nova's own helper's name
+        """As Nova's PCI tests check: $hostname tracks $total devices, $free of them free."""
+        node = objects.ComputeNode.get_by_nodename(self.context, hostname)
+        devices = objects.PciDeviceList.get_by_compute_node(self.context, node.id)
+        self.assertEqual(total, len(devices))
+        self.assertEqual(free, len([d for d in devices if d.is_available()]))
 
     def domain_xml(self, compute, server):
         """The libvirt domain of a server, parsed."""
