@@ -80,6 +80,13 @@ class CharmJudgedTest(test_vgpu.VGPUTestBase):
         self.flags(api_paste_config=API_PASTE, group="wsgi")
         super()._setup_services()
 
+    def _create_mdev(self, dev_name, mdev_type, uuid=None):
+        """Nova's fake mdev creation, and the parent's available instances drop as the kernel's do."""
+        uuid = super()._create_mdev(dev_name, mdev_type, uuid)
+        connection = self.computes[self._current_host].driver._host.get_connection()
+        connection.pci_info.devices[dev_name].mdev_created(mdev_type)
+        return uuid
+
     # -- nova.conf -------------------------------------------------------------------
     def use_nova_conf(self, path: Path) -> dict:
         """Give the harness what nova.conf at ``path`` sets for this host's devices."""

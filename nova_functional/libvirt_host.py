@@ -89,6 +89,16 @@ class TreeDevice(fakelibvirt.FakePCIDevice):
     def address(self, value):
         self._address = value
 
+    def mdev_created(self, type_id: str) -> None:
+        """The driver's counts after an mdev of ``type_id`` is made here: one fewer of it, none of others.
+
+        NVIDIA's time-sliced vGPUs: one type per physical GPU at a time (and a VF of an
+        SR-IOV GPU holds one vGPU), so a GPU holding one offers no other type.
+        """
+        self.mdev_types = {t: (name, str(max(int(available) - 1, 0)) if t == type_id else "0")
+                           for t, (name, available) in self.mdev_types.items()}
+        self.generate_xml()
+
     def generate_xml(self, skip_capability=False):  # noqa: D102
         caps = []
         if self.vfs and not skip_capability:
