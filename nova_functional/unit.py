@@ -44,6 +44,7 @@ class Unit:
         """The driver installed (real dpkg, the charm's install code), its daemons up."""
         self.deb = debs.host_driver(self.base / "debs")
         driver.install(driver.inspect_deb(self.deb))
+        host.loaded_driver(debs.OLD)  # the package's version: no reboot pending
         host.install_sriov_manage()
         self.tools.set_active("nvidia-vgpu-mgr")
         self.tools.set_active("nvidia-vgpud")
