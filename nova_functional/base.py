@@ -16,8 +16,8 @@ from pathlib import Path
 
 import fixtures
 import nova.conf
-from nova import objects
 from lxml import etree
+from nova import objects
 from nova.tests.functional.libvirt import test_vgpu
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_config import cfg
@@ -91,15 +91,26 @@ class CharmJudgedTest(test_vgpu.VGPUTestBase):
     def use_nova_conf(self, path: Path) -> dict:
         """Give the harness what nova.conf at ``path`` sets for this host's devices."""
         values = nova_conf_values(path)
+        for group in DEVICE_GROUPS:  # what the file leaves out is Nova's default again
+            for name in CONF[group]:
+                if (group, name) not in values:
+                    CONF.clear_override(name, group)
         for (group, name), value in sorted(values.items(), key=lambda kv: kv[0][0] != "devices"):
             if group.startswith(DYNAMIC_PREFIXES):
                 nova.conf.devices.register_dynamic_opts(CONF)
             self.flags(**{name: value}, group=group)
         return values
 
-    def publish_and_use(self, whitelist=None, aliases=()) -> dict:
-        """nova-compute renders nova.conf from the relation data; the harness takes it."""
-        return self.use_nova_conf(self.unit.render_nova_conf(whitelist, aliases))
+    def publish_and_use(self, whitelist=None, aliases=(), refused: str = "") -> dict:
+        """nova-compute renders nova.conf from the relation data; the harness takes it.
+
+        ``refused``: nova.conf lines the charm refuses to publish, added at the end of the
+        file (oslo.config merges a repeated section), to show what Nova does with them.
+        """
+        path = self.unit.render_nova_conf(whitelist, aliases)
+        if refused:
+            path.write_text(path.read_text() + refused)
+        return self.use_nova_conf(path)
 
     # -- the compute ---------------------------------------------------------------
     def start_host(self, hostname="compute1"):

@@ -66,12 +66,16 @@ class Unit:
         return self.state
 
     def new_relation(self) -> testing.State:
-        """The nova-vgpu relation removed and made again (juju remove-relation, integrate)."""
+        """The nova-vgpu relation removed and made again (juju remove-relation, integrate).
+
+        The new relation's data starts empty; its relation-joined hook runs with the
+        unit's stored state as the last hook left it.
+        """
         assert self.state is not None
-        state = testing.State(config=dict(self.state.config),
-                              relations=[testing.SubordinateRelation("nova-vgpu", remote_app_name=APP)],
+        relation = testing.SubordinateRelation("nova-vgpu", remote_app_name=APP)
+        state = testing.State(config=dict(self.state.config), relations=[relation],
                               resources=self.state.resources, stored_states=self.state.stored_states)
-        self.state = self.ctx.run(self.ctx.on.config_changed(), state)
+        self.state = self.ctx.run(self.ctx.on.relation_joined(relation), state)
         return self.state
 
     def status(self):
@@ -101,8 +105,11 @@ class Unit:
         charmhelpers hands them to the template.
         """
         subordinate = principal.render_nova_conf(principal.nova_context(self.published()))
-        return FakeHost(self.root, write_defaults=False).principal_nova_conf(
-            whitelist, aliases, subordinate)
+        return self.host().principal_nova_conf(whitelist, aliases, subordinate)
+
+    def host(self) -> FakeHost:
+        """The fixture host under this unit's root."""
+        return FakeHost(self.root, write_defaults=False)
 
 
 def alias_of(results: dict, profile: str) -> str:
