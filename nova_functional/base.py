@@ -143,10 +143,14 @@ class CharmJudgedTest(test_vgpu.VGPUTestBase):
     def _get_instance(self, server):
         return objects.Instance.get_by_uuid(self.context, server["id"])
 
+    def pci_devices(self, hostname):
+        """The PCI devices nova-compute tracks on $hostname."""
+        node = objects.ComputeNode.get_by_nodename(self.context, hostname)
+        return objects.PciDeviceList.get_by_compute_node(self.context, node.id)
+
     def assertPCIDeviceCounts(self, hostname, total, free):  # noqa: N802 - Nova's own helper's name
         """As Nova's PCI tests check: $hostname tracks $total devices, $free of them free."""
-        node = objects.ComputeNode.get_by_nodename(self.context, hostname)
-        devices = objects.PciDeviceList.get_by_compute_node(self.context, node.id)
+        devices = self.pci_devices(hostname)
         self.assertEqual(total, len(devices))
         self.assertEqual(free, len([d for d in devices if d.is_available()]))
 
