@@ -82,7 +82,13 @@ class CharmJudgedTest(test_vgpu.VGPUTestBase):
 
     def _create_mdev(self, dev_name, mdev_type, uuid=None):
         """Nova's fake mdev creation, and the parent's available instances drop as the kernel's do."""
-        uuid = super()._create_mdev(dev_name, mdev_type, uuid)
+        return self._mdev_made(super()._create_mdev(dev_name, mdev_type, uuid), dev_name, mdev_type)
+
+    def _create_mdev_7_3(self, dev_name, mdev_type, uuid=None):
+        """Nova 31's name for the same fake (libvirt 7.3+, persistent mdevs)."""
+        return self._mdev_made(super()._create_mdev_7_3(dev_name, mdev_type, uuid), dev_name, mdev_type)
+
+    def _mdev_made(self, uuid, dev_name, mdev_type):
         connection = self.computes[self._current_host].driver._host.get_connection()
         connection.pci_info.devices[dev_name].mdev_created(mdev_type)
         return uuid
