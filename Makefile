@@ -33,6 +33,8 @@ lint: $(VENV)/.ready
 NOVA_VERSION ?= 34.0.0
 NOVA_VENV ?= .nova-venv-$(NOVA_VERSION)
 NOVA_PY = $(NOVA_VENV)/bin/python
+# What testtools runs: all of nova_functional/, or e.g. NOVA_TESTS=nova_functional.test_vfio
+NOVA_TESTS ?= discover -s nova_functional -t .
 
 $(NOVA_VENV)/.ready: nova_functional/requirements.txt nova_functional/constraints-$(NOVA_VERSION).txt
 	rm -rf $(NOVA_VENV)
@@ -47,7 +49,7 @@ $(NOVA_VENV)/.ready: nova_functional/requirements.txt nova_functional/constraint
 
 nova-functional: $(NOVA_VENV)/.ready
 	NOVA_API_PASTE='$(CURDIR)/$(NOVA_VENV)/etc/nova/api-paste.ini' PYTHONPATH=src:. \
-	    $(NOVA_PY) -m testtools.run discover -s nova_functional -t . $(ARGS)
+	    $(NOVA_PY) -m testtools.run $(NOVA_TESTS)
 
 # Mutation testing (mutmut, configured in pyproject.toml): the unit tests against
 # each mutant of src/, or of MODULE only. Results stay in mutants/; afterwards

@@ -130,7 +130,7 @@ class DomainAboveFfffTest(CharmJudgedTest):
     def test_nova_refuses_a_gpu_address_with_a_domain_above_ffff(self):
         self.unit.configure(vgpu_device_mappings="{nvidia-108: ['c1:00.0']}")
         self.publish_and_use(refused=f"[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0,{VMD_GPU}\n")
-        # Nova 31 raises the address error itself, Nova 34 wraps it in its mdev config error.
+        # Nova 34 wraps the address error in its mdev config error; either names the address.
         error = self.assertRaises(
             (exception.InvalidLibvirtMdevConfig, exception.PciDeviceWrongAddressFormat), self.start_host)
         self.assertIn(VMD_GPU, str(error))
