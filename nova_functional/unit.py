@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 from ops import testing
 
 from charm import NovaComputeNvidiaVgpuCharm
+from nova import version as nova_version
 from unit_tests import debs, principal
 from unit_tests.fakehost import FakeHost
 from unit_tests.faketools import Tools
@@ -22,6 +23,7 @@ from vgpu import driver
 
 APP = "nova-compute"
 RESOURCE = "nvidia-vgpu-software"
+NOVA_VERSION = nova_version.version_string()
 
 
 class Unit:
@@ -42,6 +44,9 @@ class Unit:
 
     def ready(self, host: FakeHost) -> FakeHost:
         """The driver installed (real dpkg, the charm's install code), its daemons up."""
+        # The host's Nova is the harness's: the charm picks Nova's options by nova-common's
+        # version (written first: dpkg's status file is rewritten whole).
+        host.nova(f"3:{NOVA_VERSION}-0ubuntu1")
         self.deb = debs.host_driver(self.base / "debs")
         driver.install(driver.inspect_deb(self.deb))
         host.loaded_driver(debs.OLD)  # the package's version: no reboot pending
