@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
+from nova import version as nova_version
 from ops import testing
 
 from charm import NovaComputeNvidiaVgpuCharm
-from nova import version as nova_version
 from unit_tests import debs, principal
 from unit_tests.fakehost import FakeHost
 from unit_tests.faketools import Tools
