@@ -130,7 +130,7 @@ def alias_of(results: dict, profile: str) -> str:
 def flavor_property(results: dict, address: str, profile: str) -> str:
     """The flavor property list-vgpu-types prints for a type on one GPU."""
     for gpu in results["gpus"].values():
-        if gpu["address"] == address:
+        if address in gpu["addresses"].split(","):  # one entry per group of like GPUs
             for type_id, entry in gpu["types"].items():
                 if profile in (type_id, entry["name"]) or entry["name"].endswith(" " + profile):
                     return entry["flavor-property"]
