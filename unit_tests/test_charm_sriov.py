@@ -642,6 +642,30 @@ def test_the_boot_data_names_profiles_and_the_unit_runs_the_boot_step(ctx, vfio,
     assert [v["name"] for v in saved["gpus"][1]["vfs"]] == ["NVIDIA H200X-35C"] * 4
 
 
+@pytest.mark.parametrize("spoil", ["wrong type", "link", "huge"])
+def test_boot_data_the_boot_step_cannot_use_is_rewritten_by_the_next_hook(ctx, vfio, root, deb,
+                                                                          spoil):
+    from vgpu import bootdata
+
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    target = sriov.data_path()
+    target.unlink()
+    elsewhere = root / "etc/elsewhere.json"
+    elsewhere.parent.mkdir(parents=True, exist_ok=True)
+    elsewhere.write_text("kept\n")
+    if spoil == "link":
+        target.symlink_to(elsewhere)
+    else:
+        target.write_text('{"version": 1, "gpus": [{"address": "0000:81:00.0", "vfs": 5}]}'
+                          if spoil == "wrong type" else " " * (bootdata.LIMIT + 1))
+    # A mapping the host refuses: no plan in force, yet the data is made usable again.
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": "{L40S-99Q: ['81:00.0']}"}))
+    assert out.unit_status.name == "blocked"
+    assert not target.is_symlink() and elsewhere.read_text() == "kept\n"
+    gpus, wait_for, _ = bootdata.parse(bootdata.load(f"/{sriov.DATA_FILE}"))
+    assert [g.address for g in gpus] == [L40S, H200] and wait_for == [MGR]
+
+
 def test_a_masked_boot_unit_is_left_masked_and_the_status_says_so(ctx, vfio, root, tools, deb):
     target = sriov.unit_path()
     target.parent.mkdir(parents=True, exist_ok=True)

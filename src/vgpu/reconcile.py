@@ -464,9 +464,13 @@ class _Steps:
                 or sriov.unit_masked():
             return
         try:
-            if plan is not None or not sriov.data_path().exists():
-                # Without a plan in force the data keeps the types last applied.
+            if plan is not None or not sriov.boot_data_usable():
+                # Without a plan in force the data keeps the types last applied, unless
+                # the boot step could not use it (then the next hook restores the types).
                 wanted = sriov.selected(self._given.checked().mapping, here.pci).wanted
+                if plan is None:  # and the GPUs nova-compute has VFs of now
+                    wanted = tuple(sorted({*wanted, *sriov.selected(
+                        self._published_mapping(), here.pci).wanted}))
                 sriov.write_boot_data(sriov.boot_data(here.pci, plan, wanted, daemons(here)))
             sriov.ensure_unit(sriov.render_unit())
         except SriovError as error:

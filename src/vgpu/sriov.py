@@ -159,6 +159,16 @@ def boot_data(host: pci.Host, plan, wanted: Sequence[str], wait_for: Sequence[st
     return {"version": DATA_VERSION, "wait_for": list(wait_for), "gpus": gpus}
 
 
+def boot_data_usable() -> bool:
+    """Whether the boot step can use the data file now (a link, a huge or odd file: no)."""
+    try:
+        bootdata.parse(bootdata.load(f"/{DATA_FILE}"))
+    except bootdata.DataError as error:
+        log.info("/%s: %s", DATA_FILE, error)
+        return False
+    return True
+
+
 def data_path() -> Path:
     """Where the boot step's data lives under the host root."""
     return hostroot.path(DATA_FILE)
@@ -169,7 +179,12 @@ def write_boot_data(data: Mapping) -> bool:
     content = json.dumps(data, indent=1, sort_keys=True) + "\n"
     target = data_path()
     try:
-        if target.exists() and target.read_text(encoding="utf-8") == content:
+        before = files.read(target, bootdata.LIMIT)
+    except OSError as error:  # a link, not a file, too large: replaced (never written through)
+        log.warning("replacing /%s: %s", DATA_FILE, error.strerror or error)
+        before = None
+    try:
+        if before == content.encode("utf-8"):
             return False
         files.write_atomic(target, content)
     except OSError as error:
