@@ -79,6 +79,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._waits: List[str] = []  # waiting messages from this dispatch's work
         self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
         self._removing = False  # this dispatch is remove: the status check reads (writes) nothing
+        self._busy = False  # the boot step held the host lock: the hook left the host alone
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
                       on.update_status, on[RELATION].relation_joined,
@@ -180,6 +181,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._waits.extend(done.waits)
         if done.vf_failures is not None:
             self._vf_failures = done.vf_failures
+        self._busy = self._busy or done.busy
         if done.resumed:
             self._stored.paused = False
             self._stored.masked = []
@@ -216,6 +218,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if self._removing:  # reading the mapping would learn the types and save them again
             event.add_status(ops.MaintenanceStatus(
                 "removing: the charm's files are deleted; the vGPU host driver stays installed"))
+            return
+        if self._busy:  # the host is half restored: what it shows now says nothing yet
+            for message in self._waits:
+                event.add_status(ops.WaitingStatus(message))
             return
         try:
             pairs = status.statuses(self._status_inputs())

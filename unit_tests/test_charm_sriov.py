@@ -427,6 +427,73 @@ def test_a_gpu_whose_vfs_stay_missing_is_named_and_nothing_is_published(ctx, roo
     assert types_of(root, L40S, 4) == [0] * 4  # nothing half-applied
 
 
+LOCK = "run/nova-compute-nvidia-vgpu/host.lock"
+
+
+def held_elsewhere(root) -> bool:
+    """Whether another process holds the host lock now (the file is the charm's, by path)."""
+    import fcntl
+
+    path = root / LOCK
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_hook_while_the_boot_step_runs_leaves_the_host_to_it_and_says_so(ctx, root, tools, deb,
+                                                                            monkeypatch):
+    """The reboot race: the agent's start hook runs while nvidia-vgpu-vfs restores the VFs."""
+    import subprocess
+    import sys
+
+    from vgpu import hostlock, reconcile
+
+    host = ready(l40s_host(root, enabled=False), root, tools, deb)
+    for gpu in (L40S, H200):
+        host.vfio_model(gpu).frozen = True  # the boot step runs in another process
+    sriov.write_boot_data({
+        "version": 1, "wait_for": ["nvidia-vgpu-late"],  # never active: the step waits 2 s
+        "limits": {"manager": 2, "poll": 0.05, "total": 30},
+        "gpus": [{"address": L40S, "model": "L40S",
+                  "vfs": [{"index": n, "name": "NVIDIA L40S-12Q", "number": 1139}
+                          for n in range(4)]}]})
+    boot = subprocess.Popen([sys.executable, str(sriov.BOOT_SCRIPT), f"/{sriov.DATA_FILE}"],
+                            env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        until = time.monotonic() + 20
+        while not held_elsewhere(root) and boot.poll() is None and time.monotonic() < until:
+            time.sleep(0.02)
+        assert held_elsewhere(root), "the boot step does not hold the host lock"
+        monkeypatch.setattr(hostlock, "HOOK_WAIT", 0.3)
+        out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    finally:
+        journal, _ = boot.communicate(timeout=60)
+    assert boot.returncode == 0, journal
+    assert out.unit_status == testing.WaitingStatus(reconcile.BUSY)
+    assert reconcile.BUSY == (
+        "waiting for nvidia-vgpu-vfs.service (the boot step) to finish restoring VFs, vGPU types "
+        "and mdevs: this hook left the host and nova-compute's settings as they are; the next "
+        "hook does the work")
+    assert "subordinate_configuration" not in ours(out)
+    assert [c for c in tools.calls() if c.startswith("sriov-manage")] == [f"sriov-manage -e {L40S}"]
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]  # the boot step's work stands
+    for gpu in (L40S, H200):
+        host.vfio_model(gpu).frozen = False
+    out = ctx.run(ctx.on.update_status(), again(out))  # the next hook does the rest
+    assert out.unit_status.name == "active"
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert types_of(root, H200, 4) == [1282] * 4
+    assert nova_conf(out).count("device_spec") == 8
+
+
 # -- mediated devices on VFs (A100) ------------------------------------------------------
 
 @pytest.fixture

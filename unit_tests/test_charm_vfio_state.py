@@ -188,6 +188,40 @@ def test_a_change_refused_halfway_is_rolled_back_to_what_nova_conf_lists(ctx, ro
                     + [f"vGPU type {a}: nvidia-1139" for a in vfs(L40S, 4)])
 
 
+def test_a_rollback_undoes_only_what_the_hook_wrote(ctx, root, tools, deb, monkeypatch):
+    """The race of issue 21: the hook read the VFs empty, the boot step then gave two their type.
+
+    Replayed in one process: the boot step's writes land right after the hook read
+    the host. The hook's own write refused, it undoes its writes only.
+    """
+    from vgpu import facts
+
+    host = ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    four = vfs(L40S, 4)
+    for address in four:  # rebooted: the types are gone, the boot step has not run yet
+        vf_file(root, address, "current_vgpu_type").write_text("0\n")
+    gather = facts.gather
+    boot_step = []
+
+    def read_then_boot_step_writes():
+        found = gather()
+        if not boot_step:
+            for address in four[:2]:
+                vf_file(root, address, "current_vgpu_type").write_text("1139\n")
+                boot_step.append(address)
+        return found
+
+    monkeypatch.setattr(facts, "gather", read_then_boot_step_writes)
+    host.vfio_model(L40S).refuse.add((four[3], 1139))
+    out = ctx.run(ctx.on.start(), again(first))
+    assert types_of(root, L40S, 4) == [1139, 1139, 0, 0]
+    assert out.unit_status.message.startswith(f"VF {four[3]} holds 0 after writing 1139; every VF")
+    undone = [line.message for line in ctx.juju_log if "released" in line.message]
+    assert undone == [f"vGPU type {four[2]}: released nvidia-1139"]
+
+
 def test_a_rollback_that_fails_too_says_the_vfs_differ_from_nova_conf(ctx, root, tools, deb):
     host = ready(l40s_host(root), root, tools, deb)
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},

@@ -37,9 +37,9 @@ import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import bootdata, catalogue, hostroot, kernel, mdevs, pci, services, sriov, vfio
+from . import bootdata, catalogue, hostlock, hostroot, kernel, mdevs, pci, services, sriov, vfio
 from .bootdata import DataError, GpuPlan, Limits, VfPlan, load, parse
-from .errors import ServiceError, VfTypeError, VgpuError
+from .errors import HostBusyError, ServiceError, VfTypeError, VgpuError
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,25 @@ def main(argv: Sequence[str]) -> int:
 
 
 def run(where: str) -> int:
-    """The VFs and types the data file ``where`` names, then the mdevs recorded beside it."""
+    """The VFs and types the data file ``where`` names, then the mdevs recorded beside it.
+
+    All of it holding the host lock (:mod:`vgpu.hostlock`): a hook that runs
+    meanwhile waits, or leaves its work to the next hook.
+    """
+    try:
+        with hostlock.held(hostlock.BOOT_WAIT):
+            return _run(where)
+    except HostBusyError as error:
+        log.error("%s: a hook of the charm is changing the VFs; nothing restored (the charm's "
+                  "next hook gives the VFs the types nova.conf lists)", error)
+        return 1
+    except OSError as error:  # no lock file (a link on the way): restoring matters more
+        log.warning("cannot take the host lock /%s: %s; restoring without it", hostlock.FILE,
+                    error.strerror or error)
+    return _run(where)
+
+
+def _run(where: str) -> int:
     started = time.monotonic()
     try:
         data = load(where)

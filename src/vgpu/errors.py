@@ -66,3 +66,7 @@ class PrincipalConfigError(VgpuError):
 
 class MigError(VgpuError):
     """MIG mode could not be read or changed (nvidia-smi missing, failing or silent)."""
+
+
+class HostBusyError(VgpuError):
+    """Another process (the boot step) holds the host lock (:mod:`vgpu.hostlock`) past the wait."""

@@ -14,9 +14,21 @@ through one :class:`Host` the charm keeps for the whole dispatch (its status
 and actions read through the same one).
 """
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from . import (
     LIVE_MIGRATION,
@@ -25,6 +37,7 @@ from . import (
     catalogue,
     driver,
     facts,
+    hostlock,
     kernel,
     mappings,
     mdevs,
@@ -37,6 +50,7 @@ from . import (
 )
 from .errors import (
     GuestsRunningError,
+    HostBusyError,
     HostReadError,
     InstallError,
     PrincipalConfigError,
@@ -132,6 +146,7 @@ class Outcome:
     waits: List[str] = field(default_factory=list)  # waiting messages
     vf_failures: Optional[Dict[str, str]] = None  # GPU address -> why; None: VFs not looked at
     resumed: bool = False  # the paused daemons run again (started outside the charm)
+    busy: bool = False  # the boot step held the host lock: nothing done, the waits say so
 
 
 def wants_driver(here: facts.Facts, options: Mapping[str, Any]) -> bool:
@@ -182,10 +197,13 @@ def reconcile(host: Host, given: Inputs) -> Outcome:
     """
     steps = _Steps(host, given)
     try:
-        steps.run()
+        with _locked(host, steps.out):
+            steps.run()
     except HostReadError as error:
         logger.error("%s", error)
         steps.out.problems.append(str(error))
+    except HostBusyError:
+        pass  # said in the outcome's waits
     return steps.out
 
 
@@ -193,10 +211,43 @@ def publish(host: Host, given: Inputs) -> Outcome:
     """Only what nova-compute gets (after an action changed the host); read errors are logged."""
     steps = _Steps(host, given)
     try:
-        steps._publish()
+        with _locked(host, steps.out):
+            steps._publish()
     except HostReadError as error:
         logger.error("%s", error)
+    except HostBusyError:
+        pass
     return steps.out
+
+
+BUSY = (f"waiting for {sriov.UNIT} (the boot step) to finish restoring VFs, vGPU types and "
+        "mdevs: this hook left the host and nova-compute's settings as they are; the next hook "
+        "does the work")
+
+
+@contextlib.contextmanager
+def _locked(host: Host, out: Outcome) -> Iterator[None]:
+    """The host lock held (:mod:`vgpu.hostlock`), the host read afresh once it is.
+
+    Not had within :data:`vgpu.hostlock.HOOK_WAIT`: HostBusyError, with
+    :data:`BUSY` among ``out``'s waits. A lock file that cannot be opened is
+    a problem, and the work is not done either.
+    """
+    lock = hostlock.held(hostlock.HOOK_WAIT)
+    try:
+        lock.__enter__()
+    except HostBusyError as error:
+        logger.warning("%s; %s", error, BUSY)
+        out.waits.append(BUSY)
+        out.busy = True
+        raise
+    except OSError as error:
+        raise HostReadError(f"cannot take the host lock /{hostlock.FILE}: "
+                            f"{error.strerror or error}") from None
+    with contextlib.ExitStack() as stack:
+        stack.push(lock)  # released however the block ends
+        host.refresh()  # whatever was read before the lock may be stale now
+        yield
 
 
 class _Steps:

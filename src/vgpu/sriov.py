@@ -25,7 +25,7 @@ from string import Template
 from types import MappingProxyType
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Sequence
 
-from . import APP, bootdata, files, hostroot, kernel, pci, run, services, text
+from . import APP, bootdata, files, hostlock, hostroot, kernel, pci, run, services, text
 from .errors import CommandError, ServiceError, SriovError
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def render_unit() -> str:
             raise SriovError(f"cannot name {text.quote(word)} in {UNIT}: unusual characters")
     return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
         charm=APP, python=words[0], script=words[1], data=words[2],
-        timeout=int(bootdata.Limits().total) + 60)
+        timeout=int(bootdata.Limits().total + hostlock.BOOT_WAIT) + 60)
 
 
 def unit_masked() -> bool:

@@ -12,7 +12,7 @@ type would change: a running one, or a shut-off one whose definition keeps it
 """
 
 import logging
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from . import hostroot, pci
 from .errors import VfTypeError
@@ -55,14 +55,19 @@ def ensure_types(plan, host: pci.Host) -> List[str]:
 
     guests.ensure_no_guests(changes, defined=True)
     done: List[str] = []
+    written: Set[str] = set()
+    order = write_order(plan, changes)
     try:
-        order = write_order(plan, changes)
-        _apply({address: target for address, (_, target) in changes.items()}, order, done)
+        _apply({address: target for address, (_, target) in changes.items()}, order, done,
+               written)
     except VfTypeError as error:
-        previous = {address: current for address, (current, _) in changes.items()}
+        # Only the VFs this hook wrote go back: another VF's type may have been written since
+        # the host was read (the boot step, before the host lock existed), and stays.
+        previous = {address: current for address, (current, _) in changes.items()
+                    if address in written}
         undone: List[str] = []
         try:
-            _apply(previous, order, undone)
+            _apply(previous, [a for a in order if a in previous], undone)
         except VfTypeError as again:
             raise VfTypeError(f"{error}; rolling back failed too ({again}): the VFs do not all "
                               "hold what nova.conf lists") from None
@@ -71,17 +76,21 @@ def ensure_types(plan, host: pci.Host) -> List[str]:
     return done
 
 
-def _apply(targets: Dict[str, int], order: List[str], done: List[str]) -> None:
+def _apply(targets: Dict[str, int], order: List[str], done: List[str],
+           written: Optional[Set[str]] = None) -> None:
     """Give each VF its target type (0: none): release what differs, then write, logging each.
 
     Each VF's current type is read again first, so a half-done change is
     undone by applying the previous targets. Types are written in ``order``
-    (see :func:`write_order`); ``done`` collects what was done.
+    (see :func:`write_order`); ``done`` collects what was done, ``written`` each
+    VF written to (before the write: one that failed may have changed all the same).
     """
+    written = set() if written is None else written
     held_now = {address: held(address) for address in targets}
     # Address order is virtfn order: a VF's routing ID is its PF's plus offset + index x stride.
     for address in sorted(targets):
         if held_now[address] and held_now[address] != targets[address]:
+            written.add(address)
             _write(address, 0)
             _done(done, f"{address}: released nvidia-{held_now[address]}")
     for address in order:
@@ -92,6 +101,7 @@ def _apply(targets: Dict[str, int], order: List[str], done: List[str]) -> None:
         if target not in {t.number for t in creatable}:
             listed = ", ".join(t.id for t in creatable) or "nothing"
             raise VfTypeError(f"VF {address} cannot take nvidia-{target} now: it lists {listed}")
+        written.add(address)
         _write(address, target)
         _done(done, f"{address}: nvidia-{target}")
 
