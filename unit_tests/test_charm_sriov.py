@@ -494,6 +494,47 @@ def test_a_hook_while_the_boot_step_runs_leaves_the_host_to_it_and_says_so(ctx, 
     assert nova_conf(out).count("device_spec") == 8
 
 
+# -- restoring is not changing: the boot step did not run ---------------------------------
+
+GUEST = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
+
+
+def rebooted_without_the_boot_step(ctx, host, root, deb, guest_on=("0000:81:00.5",)):
+    """Served, then a reboot whose boot step did not run; shut-off guests keep VFs ``guest_on``."""
+    from unit_tests.libvirt import defined_guest
+
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    for n, address in enumerate(guest_on):
+        defined_guest(root, f"instance-0000002{n}", GUEST[:-1] + str(n), pci_address=address)
+    host.reboot()
+    return first
+
+
+def test_a_hook_after_a_reboot_gives_the_vfs_back_their_published_types_despite_a_guest(
+        ctx, vfio, root, deb):
+    first = rebooted_without_the_boot_step(ctx, vfio, root, deb)
+    out = ctx.run(ctx.on.start(), again(first))
+    # A restore, for the shut-off guest's own VF too, on every VF of both GPUs.
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert types_of(root, H200, 4) == [1282] * 4
+    assert out.unit_status.name == "active", out.unit_status
+    assert ours(out) == ours(first)
+
+
+def test_a_change_a_guest_blocks_after_a_reboot_still_restores_what_nova_conf_lists(
+        ctx, vfio, root, deb):
+    first = rebooted_without_the_boot_step(ctx, vfio, root, deb)
+    out = ctx.run(ctx.on.start(), again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]  # published: L40S-12Q on four
+    assert types_of(root, H200, 4) == [1282] * 4
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings not applied: 1 guest(s) hold vGPUs, running or shut off: "
+        "instance-00000020 (vm-instance-00000020, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d0, shut off); "
+        "the 8 VFs without a type got back the types nova.conf lists; move them or restore the "
+        "mapping")
+    assert ours(out) == ours(first)
+
+
 # -- mediated devices on VFs (A100) ------------------------------------------------------
 
 @pytest.fixture

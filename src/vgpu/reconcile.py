@@ -480,10 +480,16 @@ class _Steps:
 
         if self._paused and vfio.desired(plan, self._facts().pci):
             return False  # the vGPU manager is stopped: VF types wait for resume
+        published = self._published_classes()
         try:
-            done = vfio.ensure_types(plan, self._facts().pci)
+            done = vfio.ensure_types(plan, self._facts().pci, published)
         except GuestsRunningError as error:
+            restored = self._restore_vf_types(published)
+            if restored is None:
+                return False
             self._problems.append(
+                f"{OPTION} not applied: {error}; the {restored} VFs without a type got back the "
+                "types nova.conf lists; move them or restore the mapping" if restored else
                 f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
             return False
         except VfTypeError as error:
@@ -493,6 +499,29 @@ class _Steps:
         if done:
             self._refresh()
         return True
+
+    def _published_classes(self) -> Dict[str, str]:
+        """``{VF address: resource class}``: the VFIO VFs nova-compute has now (first relation)."""
+        for ours in self._published():
+            return novaconf.device_classes(novaconf.sections_from_relation(ours))
+        return {}
+
+    def _restore_vf_types(self, published: Dict[str, str]) -> Optional[int]:
+        """Give VFs without a type the types nova.conf lists, a change being refused; how many.
+
+        None (a problem said) when a VF refused its type.
+        """
+        from . import vfio
+
+        try:
+            done = vfio.restore(self._facts().pci, published)
+        except VfTypeError as error:
+            self._problems.append(f"{error}; retrying on the next hook")
+            self._refresh()
+            return None
+        if done:
+            self._refresh()
+        return len(done)
 
     def _mig_ready(self, plan) -> bool:
         """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
