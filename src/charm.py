@@ -244,7 +244,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             related=bool(self.model.relations[RELATION]),
             forced=forced, published=published, problems=tuple(self._problems),
             paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
-            vf_failures=dict(self._vf_failures))
+            vf_failures=dict(self._vf_failures),
+            mapped=self._mapped() if status.missing_gpus(here, published) else ())
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
@@ -254,6 +255,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         validation = self._mapping()
         return inputs._replace(validation=validation, **self._driver_inputs(),
                                services=self._service_answers(), capacity=self._capacity(published))
+
+    def _mapped(self) -> tuple:
+        """The addresses the option names (normalised; not ``all``), for naming GPUs gone."""
+        return tuple(a for addresses in self._checked_text().mapping.values()
+                     for a in addresses if a != "all")
 
     def _principal(self) -> str:
         """The principal's application name: nova-vgpu's remote app, else juju-info's."""
@@ -348,6 +354,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(f"nothing forgotten: {error}")
             return
         present = [a for a in named if host.gpu(a) is not None]
+        without_vfs = {a: gpu for a in named if a not in present
+                       for gpu in [status.present_gpu(self._facts(), a)] if gpu}
         unknown = [a for a in named if not plans.same_gpu(missing, [a])]
         if not named:
             event.fail("nothing forgotten: give gpus=<address>[,<address>...]")
@@ -356,6 +364,13 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(f"nothing forgotten: {text.listing(present)} "
                        f"{'is' if len(present) == 1 else 'are'} on this host; a GPU present is "
                        f"changed through {OPTION}")
+            return
+        if without_vfs:
+            vf, gpu = next(iter(without_vfs.items()))
+            event.fail(f"nothing forgotten: {vf} is a VF of GPU {gpu}, which is on this host "
+                       f"without its VFs: sriov-manage -e failed (read journalctl -u "
+                       f"{sriov.UNIT.removesuffix('.service')} and the unit's status); once "
+                       "its VFs are back the next hook serves them again")
             return
         if unknown:
             event.fail(f"nothing forgotten: {unknown[0]} is no GPU whose published devices are "

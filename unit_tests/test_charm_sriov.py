@@ -422,7 +422,7 @@ def test_a_gpu_whose_vfs_stay_missing_is_named_and_nothing_is_published(ctx, roo
     assert out.unit_status == testing.BlockedStatus(
         "no virtual functions on SR-IOV GPU 0000:c1:00.0 (H200 SXM 141GB) after sriov-manage -e: "
         "sriov-manage -e 0000:c1:00.0 failed: Enabling VFs on 0000:c1:00.0 failed: "
-        "Input/output error")
+        "Input/output error; the boot step's attempts: journalctl -u nvidia-vgpu-vfs.service")
     assert "subordinate_configuration" not in ours(out)
     assert types_of(root, L40S, 4) == [0] * 4  # nothing half-applied
 
