@@ -201,7 +201,8 @@ def _vf_statuses(inputs: Inputs) -> List[Status]:
         return []
     gpus = inputs.facts.pci.gpus
     selected = inputs.vf_selected
-    published = {present_gpu(inputs.facts, a) for a in missing_gpus(inputs.facts, inputs.published)}
+    published = ({present_gpu(inputs.facts, a) for a in missing_gpus(inputs.facts, inputs.published)}
+                 if any(gpu.vfs_missing for gpu in gpus) else set())
     missing = [gpu for gpu in gpus if gpu.vfs_missing and gpu.address not in inputs.vf_refused
                and (selected is None or gpu.address in selected or gpu.address in published)]
     out: List[Status] = [
