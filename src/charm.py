@@ -31,6 +31,7 @@ from vgpu import (
     kernel,
     mappings,
     mdevs,
+    neighbours,
     novaconf,
     pci,
     reconcile,
@@ -70,7 +71,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # install and upgrade-charm (Juju runs it when a new revision is
         # attached), by the upgrade action and while the driver is not fully
         # installed, so steady hooks start neither resource-get nor dpkg-deb.
-        self._stored.set_default(paused=False, masked=[], checked={}, attached={})
+        # ``reported``: [pci] report_in_placement was published once. Nova refuses it turned
+        # off afterwards, so it is published again on a nova-vgpu relation added anew.
+        self._stored.set_default(paused=False, masked=[], checked={}, attached={}, reported=False)
         self._host = reconcile.Host()  # this dispatch's reading of the host
         # This dispatch's inspection of the resource: a DebInfo or the error it raised.
         self._package: Union[driver.DebInfo, VgpuError, None] = None
@@ -166,7 +169,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return reconcile.Inputs(
             options=self.config, checked=self._checked_text, attached=self._attached,
             relations=self._relations, unit=self.unit.name, paused=bool(self._stored.paused),
-            new_revision=new_revision, show=self._show_installing)
+            new_revision=new_revision, show=self._show_installing,
+            reported=self._published_reporting())
 
     def _relations(self) -> List[reconcile.Published]:
         return [reconcile.Published(r.app.name if r.app else reconcile.PRINCIPAL, r.data[self.unit])
@@ -191,6 +195,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             if changed:
                 logger.info("publishing %s on %s", ", ".join(sorted(changed)), relation.name)
                 relation.data[self.unit].update(changed)
+        self._published_reporting()  # remembers report_in_placement once published
 
     def _vgpu_services(self) -> List[str]:
         """Every vGPU service the installed driver ships: the status checks them all."""
@@ -208,7 +213,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return reconcile.published_mapping(self._ours())
 
     def _published_reporting(self) -> bool:
-        return reconcile.published_reporting(self._ours())
+        """Whether report_in_placement is published now or was once (remembered in StoredState)."""
+        if not self._stored.reported and reconcile.published_reporting(self._ours()):
+            self._stored.reported = True
+        return bool(self._stored.reported)
 
     # -- status -------------------------------------------------------------
     _KINDS = {status.BLOCKED: ops.BlockedStatus, status.MAINTENANCE: ops.MaintenanceStatus,
@@ -244,7 +252,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             related=bool(self.model.relations[RELATION]),
             forced=forced, published=published, problems=tuple(self._problems),
             paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
-            vf_failures=dict(self._vf_failures),
+            vf_failures=dict(self._vf_failures), neighbour_notes=tuple(neighbours.notes(
+                neighbours.installed_of(here.packages), self._publishes_sections(),
+                self._principal())),
             mapped=self._mapped() if status.missing_gpus(here, published) else ())
         if not status.checks_host(here, forced, published):
             return inputs
@@ -253,6 +263,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             inputs = inputs._replace(vf_selected=choice.addresses, vf_refused=dict(choice.refused),
                                      boot_unit_masked=sriov.unit_masked())
         validation = self._mapping()
+        if kernel.VFIO_NOT_LOADED in here.reboot_reasons():  # Secure Boot may be why
+            inputs = inputs._replace(secure_boot=kernel.secure_boot())
         return inputs._replace(validation=validation, **self._driver_inputs(),
                                services=self._service_answers(), capacity=self._capacity(published))
 
@@ -260,6 +272,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         """The addresses the option names (normalised; not ``all``), for naming GPUs gone."""
         return tuple(a for addresses in self._checked_text().mapping.values()
                      for a in addresses if a != "all")
+
+    def _publishes_sections(self) -> bool:
+        """Whether this unit's data (first relation) holds nova.conf sections."""
+        return any(novaconf.sections_from_relation(ours) for ours in self._ours()[:1])
 
     def _principal(self) -> str:
         """The principal's application name: nova-vgpu's remote app, else juju-info's."""
@@ -316,13 +332,15 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except HostReadError as error:
             event.fail(str(error))
             return
-        offered = catalogue.offered(host, here.loaded_driver_version, self._learnt(host))
+        learnt = self._learnt(host)
+        offered = catalogue.offered(host, here.loaded_driver_version, learnt)
         options = {"mdev_class": bool(self.config.get(MDEV_CLASS)),
                    "pci_in_placement": bool(self.config.get(PCI_IN_PLACEMENT)),
                    "live_migration": bool(self.config.get(LIVE_MIGRATION))}
+        whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
         event.set_results(table.fit({
-            "gpus": report.gpu_results(host, offered=offered, **options),
-            "table": report.types_table(host, offered, **options),
+            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, **options),
+            "table": report.types_table(host, offered, whole_gb=whole, **options),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod

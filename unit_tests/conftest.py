@@ -5,6 +5,7 @@ No GPU, systemd or initramfs exists here, so ``systemctl`` and
 dpkg-deb are the real ones.
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,34 @@ def root(tmp_path, monkeypatch) -> Path:
     path.mkdir()
     monkeypatch.setenv("VGPU_HOST_ROOT", str(path))
     return path
+
+
+@pytest.fixture
+def bindir(tmp_path, monkeypatch) -> Path:
+    """A folder first on PATH for stand-in tools."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ['PATH']}")
+    return path
+
+
+@pytest.fixture
+def moves(monkeypatch):
+    """Each os.replace as (source, destination, source directory, destination directory).
+
+    The writer opens its temporary file relative to a descriptor of the target's
+    directory: where that descriptor points is read from /proc/self/fd.
+    """
+    made = []
+    real = os.replace
+
+    def replace(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        made.append((src, dst, os.readlink(f"/proc/self/fd/{src_dir_fd}"),
+                     os.readlink(f"/proc/self/fd/{dst_dir_fd}")))
+        return real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(os, "replace", replace)
+    return made
 
 
 @pytest.fixture
@@ -69,3 +98,22 @@ def packages(tmp_path_factory) -> dict:
         "depends": debs.unmet_depends(d),
         "hollow": debs.build(d, debs.HOST, debs.OLD, debs.machine_arch(), {"usr/share/doc/x": "x\n"}),
     }
+
+
+@pytest.fixture(scope="session")
+def made_charms(tmp_path_factory) -> dict:
+    """``make charm``'s artefacts (tools/build_charm.py), one per platform, built once a session.
+
+    ``{target: path of the .charm}``; wheels come from PyPI through pip's cache.
+    """
+    import yaml
+
+    from tools import build_charm
+    from unit_tests import packing
+
+    if not packing.in_git_checkout():
+        pytest.skip("not a git checkout: the charm is built from what git stores")
+    out = tmp_path_factory.mktemp("made-charms")
+    config = yaml.safe_load((build_charm.REPO / "charmcraft.yaml").read_text(encoding="utf-8"))
+    return {target: build_charm.build(target, out, out / "work" / target.platform.replace(":", "-"))
+            for target in build_charm.targets(config)}

@@ -175,73 +175,72 @@ def _slices(name: str) -> int:
 
 
 class MigModel:
-    """GPU instances on one MIG-mode GPU, as the driver makes them when VFs take MIG types."""
+    """The driver's side of MIG-backed vGPUs on one GPU: GPU instances come from nvidia-smi.
 
-    def __init__(self, gis: Mapping[tuple, tuple]):
+    The GPU instances are the stand-in nvidia-smi's (its state file, shared with it):
+    writing a MIG-backed type to a VF never creates one (NVIDIA's vGPU for Compute guide,
+    "Configuring a GPU for MIG-Backed vGPUs": on KVM the GPU instances are created first).
+    A VF lists a MIG-backed type only while a GPU instance of the profile the type sits on
+    has room (one vGPU type per instance, ``GI GB // type GB`` vGPUs); a VF given one
+    gets ``nvidia/gpu_instance_id`` (as bigstack-oss/cubecos issue 312 shows).
+    """
+
+    def __init__(self, gis: Mapping[tuple, tuple], gfx: bool = False):
         self.gis = dict(gis)
-        self.instances: Dict[int, dict] = {}  # GI id -> {"type", "start", "size", "vfs": {dir}}
+        self.gfx = gfx  # the GPU's MIG-backed types need +gfx instances (RTX PRO 6000)
         self.state: Optional[Path] = None  # the stand-in nvidia-smi's state file
         self.address = ""
 
-    def enabled(self) -> bool:
+    def _gpu(self) -> dict:
         try:
             state = json.loads(self.state.read_text()) if self.state else {}
         except (OSError, ValueError):
-            return False
-        return state.get(self.address, {}).get("current") == "Enabled"
+            return {}
+        return state.get(self.address, {})
 
-    def shape(self, name: str):
-        """(GI GB, memory slices, placements) of the smallest GI that holds the type, or None."""
+    def enabled(self) -> bool:
+        return self._gpu().get("current") == "Enabled"
+
+    def instance_profile(self, name: str) -> Optional[str]:
+        """The GPU instance profile a MIG-backed type sits on: ``1g.24gb+gfx``; None: none."""
         slices, gb = _slices(name), _gb(name)
         fitting = sorted(k for k in self.gis if k[0] == slices and k[1] >= gb)
-        return (fitting[0][1], *self.gis[fitting[0]]) if fitting else None
-
-    def prune(self) -> None:
-        """Forget VFs that hold another type now (released), and instances left empty."""
-        for gi in list(self.instances):
-            entry = self.instances[gi]
-            entry["vfs"] = {d for d in entry["vfs"] if _current(d) == entry["type"]}
-            if not entry["vfs"]:
-                del self.instances[gi]
-
-    def room(self, number: int, name: str):
-        """``("join", gi)``, ``("new", start)`` or None: where one more vGPU of the type goes."""
-        shape = self.shape(name)
-        if shape is None:
+        if not fitting:
             return None
-        gi_gb, size, starts = shape
-        for gi, entry in sorted(self.instances.items()):
-            if entry["type"] == number and len(entry["vfs"]) < gi_gb // _gb(name):
-                return "join", gi
-        used = {s for e in self.instances.values() for s in range(e["start"], e["start"] + e["size"])}
-        for start in starts:
-            if not used & set(range(start, start + size)):
-                return "new", start
+        return f"{slices}g.{fitting[0][1]}gb" + ("+gfx" if self.gfx else "")
+
+    def place(self, pf_dir: str, vf_dir: str, number: int, name: str) -> Optional[int]:
+        """The GPU instance the VF's vGPU lives in (the lowest with room), or None."""
+        wanted = self.instance_profile(name)
+        gis = sorted(self._gpu().get("gis", []), key=lambda g: g["id"])
+        mine = _read(os.path.join(vf_dir, "nvidia", "gpu_instance_id"))
+        if _current(vf_dir) == number and any(str(g["id"]) == mine and g["profile"] == wanted
+                                              for g in gis):
+            return int(mine)  # read again: where it was placed
+        held: Dict[int, List[int]] = {}
+        for link in os.listdir(pf_dir):
+            sibling = os.path.realpath(os.path.join(pf_dir, link))
+            if not link.startswith("virtfn") or sibling == vf_dir:
+                continue
+            current = _current(sibling)
+            gi = _read(os.path.join(sibling, "nvidia", "gpu_instance_id"))
+            if current and gi.isdigit():
+                held.setdefault(int(gi), []).append(current)
+        for gi in gis:
+            there = held.get(gi["id"], [])
+            room = int(gi["profile"].split(".")[1].split("gb")[0]) // max(1, _gb(name))
+            if gi["profile"] == wanted and len(there) < room and set(there) <= {number}:
+                return gi["id"]
         return None
-
-    def place(self, vf_dir: str, number: int, name: str) -> Optional[int]:
-        """The GI id the VF's vGPU lives in, placing it; None when it does not fit."""
-        for gi, entry in self.instances.items():
-            if vf_dir in entry["vfs"]:
-                return gi
-        where = self.room(number, name)
-        if where is None:
-            return None
-        if where[0] == "join":
-            self.instances[where[1]]["vfs"].add(vf_dir)
-            return where[1]
-        gi = min(set(range(1, 16)) - set(self.instances))
-        self.instances[gi] = {"type": number, "start": where[1], "size": self.shape(name)[1],
-                              "vfs": {vf_dir}}
-        return gi
 
 
 class VfioModel:
     """What NVIDIA's driver lists in a VF's creatable_vgpu_types, given its siblings."""
 
-    def __init__(self, types: Mapping[int, str], mig: Optional[Mapping[tuple, tuple]] = None):
+    def __init__(self, types: Mapping[int, str], mig: Optional[Mapping[tuple, tuple]] = None,
+                 gfx: bool = False):
         self.types = dict(types)
-        self.mig = MigModel(mig) if mig else None
+        self.mig = MigModel(mig, gfx) if mig else None
         self.total = max(_gb(n) for n in self.types.values() if not _mig(n))
         # VF addresses whose writes the driver refuses (reads back 0), or (address, type id)
         # pairs: that VF refuses only that type.
@@ -249,14 +248,15 @@ class VfioModel:
         self.written: set = set()  # VFs written since last read (refusals apply to those)
         self.hidden: set = set()  # VF addresses that list nothing creatable (and refuse all)
         self.frozen = False  # True: the VFs' files stay as a test writes them, never recomputed
+        self.vf_dirs: Dict[str, str] = {}  # VF address -> its directory, as the hook saw it
 
     def creatable(self, own: int, siblings: Iterable[int], vf: str = "") -> Dict[int, str]:
         if own or vf in self.hidden:
             return {}
         if self.mig is not None and self.mig.enabled():
-            self.mig.prune()
-            return {n: name for n, name in self.types.items()
-                    if _mig(name) and self.mig.room(n, name) is not None}
+            pf_dir = os.path.realpath(os.path.join(self.vf_dirs.get(vf, ""), "physfn"))
+            return {n: name for n, name in self.types.items() if _mig(name) and os.path.isdir(pf_dir)
+                    and self.mig.place(pf_dir, self.vf_dirs[vf], n, name) is not None}
         held = [t for t in siblings if t]
         sizes = {_gb(self.types[t]) for t in held if t in self.types}
         free = self.total - sum(_gb(self.types[t]) for t in held if t in self.types)
@@ -266,6 +266,14 @@ class VfioModel:
 
 _MODELS: Dict[str, VfioModel] = {}  # PF directory (real path) -> model
 _HOOK = threading.local()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
 
 
 def _current(vf_dir: str) -> int:
@@ -300,6 +308,7 @@ def _vfio_kernel(event, args):
         model = _MODELS.get(pf_dir)
         if model is None or model.frozen:
             return
+        model.vf_dirs[os.path.basename(vf_dir)] = vf_dir
         if writing:  # judged when read back, as the driver answers the write
             model.written.add(os.path.basename(vf_dir))
             return
@@ -344,22 +353,29 @@ def _mig_write(model: VfioModel, vf_dir: str, own: int, nvidia: str) -> bool:
     on = mig.enabled()
     if not on and not _mig(name):
         return False  # time-sliced on a GPU out of MIG mode: the plain model
-    mig.prune()
+    instance = os.path.join(nvidia, "gpu_instance_id")
     gi = None
     if own and on and _mig(name) and os.path.basename(vf_dir) not in model.refuse:
-        gi = mig.place(vf_dir, own, name)
-    instance = os.path.join(nvidia, "gpu_instance_id")
+        gi = mig.place(os.path.realpath(os.path.join(vf_dir, "physfn")), vf_dir, own, name)
     if gi is None:
         if own:
             with open(os.path.join(nvidia, "current_vgpu_type"), "w") as handle:
                 handle.write("0\n")
-            mig.prune()
         if os.path.exists(instance):
             os.unlink(instance)
     else:
         with open(instance, "w") as handle:
             handle.write(f"{gi}\n")
     return True
+
+
+def _new_types(pf: Path, types: Mapping[int, str]) -> VfioModel:
+    """A GPU's model with a new driver's type ids; what it knows of MIG stays."""
+    model = VfioModel(types)
+    before = _MODELS.get(os.path.realpath(pf))
+    if before is not None:
+        model.mig = before.mig
+    return model
 
 
 _PENDING: list = []  # ``create`` files written to, not yet turned into mdevs
@@ -499,7 +515,8 @@ class FakeHost:
                       mdev_types: Optional[Mapping[str, MdevType]] = None,
                       vfio_types: Optional[Mapping[int, str]] = None,
                       enabled: bool = True, totalvfs: Optional[int] = None,
-                      first_function: int = 4, mig: Optional[Mapping[tuple, tuple]] = None) -> Path:
+                      first_function: int = 4, mig: Optional[Mapping[tuple, tuple]] = None,
+                      gfx: bool = False) -> Path:
         """An SR-IOV GPU with ``count`` VFs (device id ``vf_device``) offering mdev or VFIO types.
 
         ``enabled=False``: the VFs are only recorded, for sriov-manage to create.
@@ -507,7 +524,7 @@ class FakeHost:
         """
         directory = self.add_gpu(address, device=device, totalvfs=totalvfs or count)
         if vfio_types:
-            _MODELS[os.path.realpath(directory)] = VfioModel(vfio_types, mig)
+            _MODELS[os.path.realpath(directory)] = VfioModel(vfio_types, mig, gfx)
             _install_kernel_model()
         recipe = {"count": count, "device": vf_device,
                   "mdev": {k: [t.name, t.framebuffer_mb, t.max_instance]
@@ -562,19 +579,21 @@ class FakeHost:
         recipes[address]["fails"] = True
         self.recipes.write_text(json.dumps(recipes))
 
-    def install_nvidia_smi(self, modes: Mapping[str, str]) -> Path:
+    def install_nvidia_smi(self, modes: Mapping[str, str], table: str = "") -> Path:
         """The stand-in /usr/bin/nvidia-smi; ``modes``: each MIG-capable GPU's mode.
 
         A mode is ``Enabled``, ``Disabled``, or ``reset`` (disabled, and ``-mig 1``
         leaves it pending until a reset, as on Ampere) or ``busy`` (pending: in use).
+        ``table``: the GPU model's GPU instance profiles (a key of faketools.MIG_TABLES).
         """
         from unit_tests.faketools import nvidia_smi
 
-        state = self.recipes.parent / "nvidia-smi.json"
+        state = self.smi_state
         state.parent.mkdir(parents=True, exist_ok=True)
         state.write_text(json.dumps({a: {"current": "Disabled" if m in ("reset", "busy") else m,
                                          "pending": "Disabled" if m in ("reset", "busy") else m,
-                                         "hold": m in ("reset", "busy"), "busy": m == "busy"}
+                                         "hold": m in ("reset", "busy"), "busy": m == "busy",
+                                         "table": table, "gis": []}
                                      for a, m in modes.items()}))
         for address in modes:
             model = _MODELS.get(os.path.realpath(self.bus / address))
@@ -582,13 +601,29 @@ class FakeHost:
                 model.mig.state, model.mig.address = state, address
         path = self.root / "usr/bin/nvidia-smi"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(nvidia_smi(state))
+        path.write_text(nvidia_smi(state, self.bus))
         path.chmod(0o755)
         return path
 
+    @property
+    def smi_state(self) -> Path:
+        """The stand-in nvidia-smi's state: MIG modes and GPU instances, per GPU."""
+        return self.recipes.parent / "nvidia-smi.json"
+
+    def set_mig(self, address: str, **values) -> None:
+        """Change what the stand-in nvidia-smi holds for a GPU (current, pending, busy, gis...)."""
+        state = json.loads(self.smi_state.read_text())
+        state[address].update(values)
+        self.smi_state.write_text(json.dumps(state))
+
+    def gpu_instances(self, address: str) -> List[str]:
+        """The GPU instances nvidia-smi holds for a GPU: ``["1:1g.24gb+gfx@0", ...]``."""
+        return [f"{g['id']}:{g['profile']}@{g['start']}"
+                for g in sorted(self.mig_mode(address).get("gis", []), key=lambda g: g["id"])]
+
     def mig_mode(self, address: str) -> dict:
-        """What the stand-in nvidia-smi holds for a GPU: current, pending."""
-        return json.loads((self.recipes.parent / "nvidia-smi.json").read_text())[address]
+        """What the stand-in nvidia-smi holds for a GPU: current, pending, its GPU instances."""
+        return json.loads(self.smi_state.read_text())[address]
 
     def install_sriov_manage(self) -> Path:
         """The stand-in /usr/lib/nvidia/sriov-manage (after the driver package put its own)."""
@@ -642,12 +677,32 @@ class FakeHost:
             (pf / "sriov_numvfs").write_text("0\n")
             if vfio_types and address in vfio_types:
                 recipe["vfio"] = {str(k): v for k, v in vfio_types[address].items()}
-                _MODELS[os.path.realpath(pf)] = VfioModel(vfio_types[address])
+                _MODELS[os.path.realpath(pf)] = _new_types(pf, vfio_types[address])
         if recipes:
             self.recipes.write_text(json.dumps(recipes))
         shutil.rmtree(self.root / "run/libvirt/qemu", ignore_errors=True)
+        self._reboot_mig()
         if driver:
             self.loaded_driver(driver)
+
+    def _reboot_mig(self) -> None:
+        """What a reboot does to MIG: every GPU instance gone, the mode kept or pending.
+
+        MIG mode persists (MIG user guide, "Enable MIG Mode"), but on Hopper it has been
+        seen pending until a GPU reset (gpu-operator#2600): ``pending_after_reboot`` in a
+        GPU's state models that.
+        """
+        if not self.smi_state.exists():
+            return
+        state = json.loads(self.smi_state.read_text())
+        for gpu in state.values():
+            gpu["gis"] = []
+            if gpu.get("pending_after_reboot"):
+                gpu["current"], gpu["pending"] = "Disabled", "Enabled"
+            else:
+                gpu["current"] = gpu["pending"]
+            gpu["hold"] = gpu["busy"] = False
+        self.smi_state.write_text(json.dumps(state))
 
     def _mdev_types(self, directory: Path, types: Mapping[str, MdevType]) -> None:
         if not getattr(sys, "_fake_mdev_kernel", False):
@@ -903,9 +958,9 @@ def rtx_pro_6000_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = Tru
         host.add_sriov_gpu(address, device="0x2bb5", vf_device="0x2bb5", count=vfs,
                            vfio_types=RTX_PRO_6000_MIG_TYPES if mig else RTX_PRO_6000_TYPES,
                            enabled=enabled, totalvfs=48, first_function=2,
-                           mig=RTX_PRO_6000_GIS if mig else None)
+                           mig=RTX_PRO_6000_GIS if mig else None, gfx=True)
     if mig:
-        host.install_nvidia_smi({address: mig for address in addresses})
+        host.install_nvidia_smi({address: mig for address in addresses}, "RTX PRO 6000")
     host.iommu_groups(8)
     host.nova(nova)
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
@@ -931,7 +986,7 @@ def h200_sxm_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
                            vfio_types=H200_SXM_MIG_TYPES if mig else H200_SXM_TYPES,
                            enabled=enabled, totalvfs=32, mig=H200_GIS if mig else None)
     if mig:
-        host.install_nvidia_smi({a: mig for a in ("0000:18:00.0", "0000:2a:00.0")})
+        host.install_nvidia_smi({a: mig for a in ("0000:18:00.0", "0000:2a:00.0")}, "H200")
     host.iommu_groups(4)
     host.nova(nova)
     host.modules(["nvidia_vgpu_vfio", "nvidia"])

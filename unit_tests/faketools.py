@@ -76,6 +76,25 @@ FAKE_UPDATE_INITRAMFS = """#!/bin/sh
 echo "update-initramfs $*" >> "$FAKE_LOG"
 """
 
+# apt-get installs a package by putting its program under the host root (only mdevctl is
+# known: /usr/sbin/mdevctl); $FAKE_STATE/apt-get.fail-<package> makes it fail as apt does
+# for a package its sources lack.
+FAKE_APT_GET = """#!/bin/sh
+echo "apt-get $*" >> "$FAKE_LOG"
+case " $* " in *" install "*) ;; *) exit 0 ;; esac
+for pkg in "$@"; do
+  case "$pkg" in -*|install) continue ;; esac
+  if [ -e "$FAKE_STATE/apt-get.fail-$pkg" ]; then
+    echo "E: Unable to locate package $pkg" >&2; exit 100
+  fi
+  if [ "$pkg" = mdevctl ] && [ -n "$VGPU_HOST_ROOT" ]; then
+    mkdir -p "$VGPU_HOST_ROOT/usr/sbin"
+    printf '#!/bin/sh\n' > "$VGPU_HOST_ROOT/usr/sbin/mdevctl"
+    chmod 755 "$VGPU_HOST_ROOT/usr/sbin/mdevctl"
+  fi
+done
+"""
+
 LOGGING_WRAPPER = """#!/bin/sh
 echo "%s $*" >> "$FAKE_LOG"
 exec %s "$@"
@@ -93,7 +112,7 @@ class Tools:
         self.state.mkdir(parents=True)
         self.log.touch()
         for name, text in (("systemctl", FAKE_SYSTEMCTL),
-                           ("update-initramfs", FAKE_UPDATE_INITRAMFS)):
+                           ("update-initramfs", FAKE_UPDATE_INITRAMFS), ("apt-get", FAKE_APT_GET)):
             self._script(name, text)
 
     def calls(self):
@@ -131,6 +150,10 @@ class Tools:
     def fail_start(self, unit: str) -> None:
         self.fail("start", unit)
 
+    def apt_fails(self, package: str) -> None:
+        """``apt-get install`` cannot find ``package`` from now on."""
+        (self.state / f"apt-get.fail-{package}").touch()
+
     def no_bus(self) -> None:
         """Every systemctl call fails as it does without D-Bus."""
         (self.state / "no-bus").touch()
@@ -156,6 +179,14 @@ def stand_in(path: Path, script: str) -> Path:
     path.write_text(script)
     path.chmod(0o755)
     return path
+
+
+def shell_tool(bindir: Path, name: str, body: str) -> Path:
+    """A /bin/sh stand-in for host tool ``name`` in ``bindir`` (a folder first on PATH)."""
+    return stand_in(bindir / name, "#!/bin/sh\n" + body)
+
+
+HANG = "sleep 300 & wait\n"  # a stand-in's body that never ends on its own
 
 
 class Opened:
@@ -202,10 +233,45 @@ class Opened:
 OPENED = Opened()
 
 
-NVIDIA_SMI = '''#!{python}
-"""Stand-in nvidia-smi: the MIG-mode query and -mig 1 (only what the charm runs)."""
+# GPU instance profiles per GPU model, from NVIDIA's Multi-Instance GPU User Guide, "Supported
+# MIG Profiles" (H100 80GB: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb;
+# H200 141GB: 1g.18gb ... 7g.141gb, at most 7, 4, 3, 2, 1, 1 instances) and its placement
+# examples ("Creating GPU Instances", ``nvidia-smi mig -lgipp``: 1g {0..6}:1, 1g x2 {0,2,4,6}:2,
+# 2g {0,2,4}:2, 3g {0,4}:4, 4g {0}:4, 7g {0}:8; profile ids 19, 20, 15, 14, 9, 5, 0 as its
+# ``-lgip`` example shows for the A100). RTX PRO 6000 Blackwell: "Supported GPUs" (96GB, at most 4
+# instances) and aws/sagemaker-hyperpod-cli PR 403 (1g.24gb x4, 2g.48gb x2, 4g.96gb x1); its
+# +gfx profiles from NVIDIA/mig-parted; its ids and 4-slice placements are inferred (as the A30).
+# Each row: name, id, memory slices, placements, at most (0: one per placement), GiB shown.
+MIG_TABLES = {
+    "H100": [["1g.10gb", 19, 1, [0, 1, 2, 3, 4, 5, 6], 0, 9.75],
+             ["1g.10gb+me", 20, 1, [0, 1, 2, 3, 4, 5, 6], 1, 9.75],
+             ["1g.20gb", 15, 2, [0, 2, 4, 6], 0, 19.62], ["2g.20gb", 14, 2, [0, 2, 4], 0, 19.62],
+             ["3g.40gb", 9, 4, [0, 4], 0, 39.50], ["4g.40gb", 5, 4, [0], 0, 39.50],
+             ["7g.80gb", 0, 8, [0], 0, 79.25]],
+    "H200": [["1g.18gb", 19, 1, [0, 1, 2, 3, 4, 5, 6], 0, 16.0],
+             ["1g.18gb+me", 20, 1, [0, 1, 2, 3, 4, 5, 6], 1, 16.0],
+             ["1g.35gb", 15, 2, [0, 2, 4, 6], 0, 32.5], ["2g.35gb", 14, 2, [0, 2, 4], 0, 32.5],
+             ["3g.71gb", 9, 4, [0, 4], 0, 70.0], ["4g.71gb", 5, 4, [0], 0, 70.0],
+             ["7g.141gb", 0, 8, [0], 0, 139.0]],
+    "RTX PRO 6000": [["1g.24gb", 14, 1, [0, 1, 2, 3], 0, 23.5],
+                     ["1g.24gb+gfx", 47, 1, [0, 1, 2, 3], 0, 23.5],
+                     ["2g.48gb", 5, 2, [0, 2], 0, 47.5], ["2g.48gb+gfx", 35, 2, [0, 2], 0, 47.5],
+                     ["4g.96gb", 0, 4, [0], 0, 95.0], ["4g.96gb+gfx", 32, 4, [0], 0, 95.0]],
+}
+
+NVIDIA_SMI = """#!{python}
+\"\"\"Stand-in nvidia-smi: MIG mode, GPU reset and GPU instances (only what the charm runs).
+
+State (JSON, the fake host's, so a reboot can wipe it): per GPU address its mode
+(current, pending; hold: enabling waits for a reset; busy: in use, a reset fails),
+``table`` (a key of MIG_TABLES) and ``gis`` ([{{id, profile, start, size}}]). A GPU
+instance is in use while a VF of the GPU holds a vGPU type in it (``nvidia/gpu_instance_id``
+beside a non-zero ``current_vgpu_type``): it cannot be destroyed then.
+\"\"\"
 import json, os, re, sys
 STATE = {state!r}
+TABLES = {tables!r}
+DEVICES = {devices!r}
 args = sys.argv[1:]
 log = os.environ.get("FAKE_LOG")
 if log:
@@ -222,16 +288,55 @@ def sysfs(bus_id):
     return m and "%04x:%s:%s.%s" % (int(m.group(1), 16), m.group(2).lower(), m.group(3).lower(),
                                     m.group(4))
 
+def save():
+    json.dump(state, open(STATE, "w"))
+
+def gpu_of(bus_id):
+    address = sysfs(bus_id or "")
+    if address not in state:
+        print("No devices were found")
+        sys.exit(6)
+    gpu = state[address]
+    gpu.setdefault("gis", [])
+    return address, gpu
+
+def table(gpu):
+    return {{row[0]: row for row in TABLES.get(gpu.get("table", ""), [])}}
+
+def used_slices(gpu):
+    return {{s for gi in gpu["gis"] for s in range(gi["start"], gi["start"] + gi["size"])}}
+
+def free_starts(gpu, row):
+    taken = used_slices(gpu)
+    starts = [s for s in row[3] if not taken & set(range(s, s + row[2]))]
+    if row[4] and sum(gi["profile"] == row[0] for gi in gpu["gis"]) >= row[4]:
+        return []
+    return starts
+
+def in_use(address, gi_id):
+    pf = os.path.join(DEVICES, address)
+    for name in sorted(os.listdir(pf)) if os.path.isdir(pf) else ():
+        if not name.startswith("virtfn"):
+            continue
+        nvidia = os.path.join(pf, name, "nvidia")
+        try:
+            held = open(os.path.join(nvidia, "current_vgpu_type")).read().strip()
+            gi = open(os.path.join(nvidia, "gpu_instance_id")).read().strip()
+        except OSError:
+            continue
+        if held not in ("", "0") and gi == str(gi_id):
+            return True
+    return False
+
+def option(flag):
+    return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else None
+
 if args[:1] and args[0].startswith("--query-gpu=pci.bus_id,mig.mode.current"):
     for address in sorted(state):
         print("%s, %s, %s" % (smi(address), state[address]["current"], state[address]["pending"]))
     sys.exit(0)
 if len(args) == 4 and args[0] == "-i" and args[2] == "-mig" and args[3] == "1":
-    address = sysfs(args[1])
-    if address not in state:
-        print("No devices were found")
-        sys.exit(6)
-    gpu = state[address]
+    address, gpu = gpu_of(args[1])
     gpu["pending"] = "Enabled"
     if gpu.get("hold"):
         # NVIDIA's MIG user guide, "Enable MIG Mode": the pending-state warning.
@@ -244,14 +349,107 @@ if len(args) == 4 and args[0] == "-i" and args[2] == "-mig" and args[3] == "1":
     else:
         gpu["current"] = "Enabled"
         print("Enabled MIG Mode for GPU %s" % smi(address))
+    for n in range(gpu.get("noise", 0)):  # a driver that says far too much
+        print("Warning: line %d of a very long answer %s" % (n, "." * 60))
     print("All done.")
-    json.dump(state, open(STATE, "w"))
+    save()
     sys.exit(0)
+if "-r" in args and "-i" in args and "mig" not in args:
+    address, gpu = gpu_of(option("-i"))
+    if gpu.get("busy"):
+        print("Unable to reset GPU %s because it's being used by some other process (e.g. CUDA "
+              "application, graphics application like X server, monitoring application like "
+              "other instance of nvidia-smi)." % smi(address))
+        sys.exit(255)
+    gpu["current"] = gpu["pending"]  # a reset puts a pending mode in force
+    gpu["gis"] = []  # and takes every GPU instance with it
+    gpu["hold"] = False
+    print("GPU %s was successfully reset." % smi(address))
+    print("All done.")
+    save()
+    sys.exit(0)
+if args[:1] == ["mig"]:
+    address, gpu = gpu_of(option("-i"))
+    rows = table(gpu)
+    if gpu["current"] != "Enabled":
+        print("No MIG-enabled devices found.")
+        sys.exit(6)
+    if "-lgip" in args:
+        print("+" + "-" * 77 + "+")
+        print("| GPU instance profiles:" + " " * 54 + "|")
+        print("| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |")
+        print("|                              Free/Total   GiB              CE    JPEG  OFA  |")
+        print("|" + "=" * 77 + "|")
+        for name, row in rows.items():
+            total = row[4] or len(row[3])
+            free = min(total, len(free_starts(gpu, row)))
+            print("|   0  MIG %-14s %3d     %d/%-6d %6.2f      No     %-5d %-5d %-3d |"
+                  % (name, row[1], free, total, row[5], 16 * row[2], 0, 0))
+            print("|" + " " * 61 + "1     0     0   |")
+            print("+" + "-" * 77 + "+")
+        sys.exit(0)
+    if "-lgi" in args:
+        if not gpu["gis"]:
+            print("No GPU instances found: Not Found")
+            sys.exit(6)
+        print("+" + "-" * 55 + "+")
+        print("| GPU instances:" + " " * 40 + "|")
+        print("| GPU   Name             Profile  Instance   Placement  |")
+        print("|                          ID       ID       Start:Size |")
+        print("|" + "=" * 55 + "|")
+        for gi in sorted(gpu["gis"], key=lambda g: g["id"]):
+            print("|   0  MIG %-14s %4d     %4d        %d:%d     |"
+                  % (gi["profile"], rows[gi["profile"]][1], gi["id"], gi["start"], gi["size"]))
+            print("+" + "-" * 55 + "+")
+        sys.exit(0)
+    if "-cgi" in args:
+        status = 0
+        for wanted in option("-cgi").split(","):
+            row = rows.get(wanted) or next((r for r in rows.values() if str(r[1]) == wanted), None)
+            if row is None:
+                print("Unable to create a GPU instance on GPU  0 using profile %s: Invalid "
+                      "Argument" % wanted)
+                status = 2
+                continue
+            starts = free_starts(gpu, row)
+            if not starts:
+                print("Unable to create a GPU instance on GPU  0 using profile %s: Insufficient "
+                      "Resources" % wanted)
+                status = 2
+                continue
+            ids = {{gi["id"] for gi in gpu["gis"]}}
+            new = min(set(range(1, 15)) - ids)
+            gpu["gis"].append({{"id": new, "profile": row[0], "start": starts[0], "size": row[2]}})
+            print("Successfully created GPU instance ID %2d on GPU  0 using profile MIG %s (ID %2d)"
+                  % (new, row[0], row[1]))
+            if "-C" in args:
+                print("Successfully created compute instance ID  0 on GPU  0 GPU instance ID %2d "
+                      "using profile MIG %s (ID  0)" % (new, row[0]))
+        save()
+        sys.exit(status)
+    if "-dci" in args or "-dgi" in args:
+        gi_id = int(option("-gi"))
+        if not any(gi["id"] == gi_id for gi in gpu["gis"]):
+            print("Unable to find GPU instance ID %d on GPU  0: Not Found" % gi_id)
+            sys.exit(6)
+        if in_use(address, gi_id):
+            print("Unable to destroy %s instance ID %d from GPU  0: In use by another client"
+                  % ("compute" if "-dci" in args else "GPU", gi_id))
+            sys.exit(19)
+        if "-dgi" in args:
+            gpu["gis"] = [gi for gi in gpu["gis"] if gi["id"] != gi_id]
+            print("Successfully destroyed GPU instance ID %2d from GPU  0" % gi_id)
+        else:
+            print("Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID %2d"
+                  % gi_id)
+        save()
+        sys.exit(0)
 print("nvidia-smi stand-in: not modelled: %s" % " ".join(args), file=sys.stderr)
 sys.exit(2)
-'''
+"""
 
 
-def nvidia_smi(state: Path) -> str:
-    """The stand-in nvidia-smi's text: MIG modes in ``state`` (JSON ``{address: {current, pending}}``)."""
-    return NVIDIA_SMI.format(python=sys.executable, state=str(state))
+def nvidia_smi(state: Path, devices: Path) -> str:
+    """The stand-in nvidia-smi's text: its state in ``state`` (see its doc), VFs under ``devices``."""
+    return NVIDIA_SMI.format(python=sys.executable, state=str(state), tables=MIG_TABLES,
+                             devices=str(devices))

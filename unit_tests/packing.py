@@ -37,17 +37,21 @@ from unittest import mock
 
 import yaml
 
+# What git stores, with git's modes: the same code as `make charm` (tools/build_charm.py).
+from tools.build_charm import (  # noqa: F401 (re-exported for test_dispatch)
+    GIT_EXECUTABLE,
+    GIT_FILE,
+    GIT_SYMLINK,
+    export,
+    git_modes,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "build" / "packed-charm"
 PART_NAME = "charm"
 
 # What charm_builder keeps in the build directory between builds.
 KEPT = ("staging-venv", "charmcraft-dependencies-hash.txt")
-
-GIT_FILE = "100644"
-GIT_EXECUTABLE = "100755"
-GIT_SYMLINK = "120000"
-
 
 class BuildError(Exception):
     """The charm could not be built, packed or unpacked."""
@@ -61,36 +65,6 @@ def in_git_checkout(repo: Path = REPO) -> bool:
     except (OSError, subprocess.CalledProcessError):
         return False
     return Path(top).resolve() == repo.resolve()
-
-
-def git_modes(repo: Path = REPO) -> Dict[str, str]:
-    """Every path git stores (its index), with the mode git records: ``{path: "100755"}``."""
-    out = subprocess.run(["git", "-C", str(repo), "ls-files", "--stage", "-z"],
-                         capture_output=True, check=True).stdout
-    modes = {}
-    for entry in out.split(b"\0"):
-        if not entry:
-            continue
-        fields, _, path = entry.partition(b"\t")
-        modes[os.fsdecode(path)] = fields.split()[0].decode()
-    return modes
-
-
-def export(repo: Path, dest: Path) -> None:
-    """Lay out the files git stores under ``dest``, each with git's mode."""
-    for rel, mode in sorted(git_modes(repo).items()):
-        source = repo / rel
-        target = dest / rel
-        if mode not in (GIT_FILE, GIT_EXECUTABLE, GIT_SYMLINK):
-            continue  # a submodule: not part of this project's files
-        if not os.path.lexists(source):
-            continue  # deleted in this checkout, not yet in git: as the next commit has it
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if mode == GIT_SYMLINK:
-            target.symlink_to(os.readlink(source))
-            continue
-        shutil.copyfile(source, target)
-        target.chmod(0o755 if mode == GIT_EXECUTABLE else 0o644)
 
 
 def _clean_build_dir(build: Path) -> None:

@@ -32,15 +32,15 @@ def _import_as_on_ubuntu():
     """
     original = charmhelpers.osplatform.get_platform
     with mock.patch.object(charmhelpers.osplatform, "get_platform", _ubuntu):
-        from charmhelpers.contrib.openstack import context, utils
+        from charmhelpers.contrib.openstack import context, templating, utils
     for module in list(sys.modules.values()):
         if (getattr(module, "__name__", "").startswith("charmhelpers")
                 and getattr(module, "get_platform", None) is _ubuntu):
             module.get_platform = original
-    return context, utils
+    return context, utils, templating
 
 
-ch_context, ch_utils = _import_as_on_ubuntu()
+ch_context, ch_utils, ch_templating = _import_as_on_ubuntu()
 
 RID = "nova-vgpu:7"
 UNIT = "nova-compute-nvidia-vgpu/0"
@@ -51,24 +51,48 @@ PRINCIPAL_METADATA = {
 }
 
 
+# ceilometer-agent's subordinate_configuration on nova-ceilometer (charm-ceilometer-agent's
+# hooks/ceilometer_utils.py NOVA_SETTINGS, sent by nova_ceilometer_joined).
+CEILOMETER_DATA = {"subordinate_configuration": json.dumps({"nova": {"/etc/nova/nova.conf": {
+    "sections": {"DEFAULT": [["instance_usage_audit", "True"],
+                             ["instance_usage_audit_period", "hour"],
+                             ["notify_on_state_change", "vm_and_task_state"]]}}}})}
+CEILOMETER_FLAGS = ("instance_usage_audit=True,instance_usage_audit_period=hour,"
+                    "notify_on_state_change=vm_and_task_state")
+
+
 @contextmanager
-def _hook_tools(unit_data: Mapping[str, str]):
+def _hook_tools(unit_data: Mapping[str, str], others: Mapping[str, Mapping[str, str]] = {},
+                config: Mapping[str, str] = {}):
+    """Juju's hook tools as nova-compute's hooks see them.
+
+    ``unit_data``: this unit's on nova-vgpu; ``others``: each other
+    subordinate's (by interface: ``nova-ceilometer``) on a relation of its
+    own; ``config``: nova-compute's options.
+    """
+    relations = {"nova-vgpu": (RID, UNIT, unit_data)}
+    for n, (interface, data) in enumerate(others.items(), 20):
+        relations[interface] = (f"{interface}:{n}", f"{interface}-unit/0", data)
+
     def relation_ids(name=None):
-        return [RID] if name in (None, "nova-vgpu") else []
+        return [rid for endpoint, (rid, _, _) in relations.items() if name in (None, endpoint)]
 
     def related_units(rid=None):
-        return [UNIT] if rid == RID else []
+        return [unit for r, unit, _ in relations.values() if r == rid]
 
     def relation_get(attribute=None, unit=None, rid=None, app=None):
-        if rid != RID or unit != UNIT:
-            return None
-        return dict(unit_data) if attribute is None else unit_data.get(attribute)
+        for r, u, data in relations.values():
+            if (r, u) == (rid, unit):
+                return dict(data) if attribute is None else data.get(attribute)
+        return None
 
     patches = [mock.patch.object(module, name, fn)
                for module in (ch_context, ch_utils)
                for name, fn in (("relation_ids", relation_ids), ("related_units", related_units),
                                 ("relation_get", relation_get))]
     patches.append(mock.patch.object(ch_context, "log", lambda *a, **k: None))
+    patches.append(mock.patch.object(ch_templating, "log", lambda *a, **k: None))
+    patches.append(mock.patch.object(ch_context, "config", lambda key=None: config.get(key)))
     patches.append(mock.patch.object(ch_utils, "metadata", lambda: PRINCIPAL_METADATA))
     for patch in patches:
         patch.start()
@@ -95,6 +119,66 @@ def services(unit_data: Mapping[str, str]) -> set:
 def release_packages(unit_data: Mapping[str, str], release: str = "yoga"):
     with _hook_tools(unit_data):
         return ch_utils.get_subordinate_release_packages(release)
+
+
+# The parts of charm-nova-compute's templates/yoga/nova.conf (used by every later
+# release) that carry subordinates' settings: its DEFAULT block with config-flags
+# (user_config_flags) and the subordinates' DEFAULT pairs, and every other section
+# through templates/parts/section-ephemeral, which is copied as it is.
+_NOVA_CONF_TEMPLATE = """[DEFAULT]
+debug=False
+{% if user_config_flags -%}
+{% for key, value in user_config_flags.items() -%}
+{{ key }} = {{ value }}
+{% endfor -%}
+{% endif -%}
+
+{% if sections and 'DEFAULT' in sections -%}
+{% for key, value in sections['DEFAULT'] -%}
+{{ key }} = {{ value }}
+{% endfor -%}
+{% endif -%}
+
+{% include "parts/section-ephemeral" %}
+"""
+_SECTION_EPHEMERAL = """{% for section in sections -%}
+{% if section != 'DEFAULT' -%}
+[{{ section }}]
+{% for key, value in sections[section] -%}
+{{ key }} = {{ value }}
+{% endfor %}
+{% endif %}
+{%- endfor %}
+"""
+
+
+def render_with_neighbours(unit_data: Mapping[str, str], templates, others=None,
+                           config_flags: str = "") -> str:
+    """nova.conf as nova-compute renders it with charmhelpers' OSConfigRenderer.
+
+    Its contexts for nova.conf, in its order (hooks/nova_compute_utils.py:
+    BASE_RESOURCE_MAP): config-flags, then ``SubordinateConfigContext`` for
+    ``nova-ceilometer``/``ephemeral-backend``, then one for ``nova-vgpu``;
+    charmhelpers merges them with ``dict.update``. ``others``: the other
+    subordinates' data by interface (CEILOMETER_DATA on ``nova-ceilometer``);
+    ``templates``: an empty directory to write the template parts in.
+    """
+    (templates / "yoga" / "parts").mkdir(parents=True, exist_ok=True)
+    (templates / "yoga" / "nova.conf").write_text(_NOVA_CONF_TEMPLATE)
+    (templates / "yoga" / "parts" / "section-ephemeral").write_text(_SECTION_EPHEMERAL)
+    with _hook_tools(unit_data, others or {}, {"config-flags": config_flags}):
+        renderer = ch_templating.OSConfigRenderer(templates_dir=str(templates),
+                                                  openstack_release="yoga")
+        renderer.register("/etc/nova/nova.conf", [
+            ch_context.OSConfigFlagContext(),
+            ch_context.SubordinateConfigContext(
+                interface=["nova-ceilometer", "ephemeral-backend"],
+                service=["nova-compute", "nova"], config_file="/etc/nova/nova.conf"),
+            ch_context.SubordinateConfigContext(
+                interface=["nova-vgpu"], service=["nova-compute", "nova"],
+                config_file="/etc/nova/nova.conf"),
+        ])
+        return renderer.render("/etc/nova/nova.conf")
 
 
 def render_nova_conf(context: dict) -> str:

@@ -68,11 +68,12 @@ def rebooted(root, tools):
 @pytest.fixture
 def journal(caplog):
     caplog.set_level(logging.INFO, logger="vgpu.boot")
+    caplog.set_level(logging.INFO, logger="vgpu.mig")  # the boot step's MIG part, same journal
     return caplog
 
 
 def said(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "vgpu.boot"]
+    return [r.getMessage() for r in caplog.records if r.name in ("vgpu.boot", "vgpu.mig")]
 
 
 def test_both_gpus_get_their_vfs_and_types_by_name(rebooted, root, tools, journal):
@@ -297,32 +298,85 @@ def test_a_charm_path_systemd_would_split_is_refused(monkeypatch):
         sriov.render_unit()
 
 
-def test_mig_backed_profiles_are_restored_by_name_larger_first(root, tools, journal):
+def mig_gpu(address, profile, instance, count, vfs):
+    entry = gpu(address, [profile] * vfs)
+    entry["mig"] = {"profile": profile, "instance": instance, "count": count}
+    return entry
+
+
+def mig_host(root, tools, vfs=4, mode="Enabled"):
     from unit_tests.fakehost import h200_sxm_host
 
-    host = h200_sxm_host(root, enabled=False, vfs=4, mig="Enabled")
+    host = h200_sxm_host(root, enabled=False, vfs=vfs, mig=mode)
     host.install_sriov_manage()
     tools.set_active(MGR)
-    gpu_a = "0000:18:00.0"
-    # virtfn0 takes the 3g, virtfn1 the 4g: written in virtfn order the 3g would take
-    # start 0, the 4g's only one.
-    assert boot.restore(data(gpu(gpu_a, ["NVIDIA H200X-3-71C", "H200X-4-71C"]))) == 0
-    assert types_of(root, gpu_a, 3) == [1417, 1418, 0]
-    assert (root / "sys/bus/pci/devices/0000:18:00.5/nvidia/gpu_instance_id").read_text() == "1\n"
+    return host
+
+
+H200_A, H200_B = "0000:18:00.0", "0000:2a:00.0"
+
+
+def test_mig_backed_gpus_get_their_gpu_instances_before_their_vfs_and_types(root, tools, journal):
+    """A reboot wiped the GPU instances: created again first, then VFs, then types by name."""
+    host = mig_host(root, tools)
+    assert boot.restore(data(mig_gpu(H200_A, "NVIDIA H200X-2-35C", "2g.35gb", 3, 3))) == 0
+    assert host.gpu_instances(H200_A) == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
+    assert types_of(root, H200_A, 4) == [1416, 1416, 1416, 0]
+    calls = [c for c in tools.calls() if c.startswith(("nvidia-smi", "sriov-manage"))]
+    assert calls.index("nvidia-smi mig -i 00000000:18:00.0 -cgi 2g.35gb,2g.35gb,2g.35gb -C") < \
+        calls.index(f"sriov-manage -e {H200_A}")
+    assert "nvidia-smi -r" not in " ".join(calls)  # MIG mode in force: no reset
+
+
+def test_a_pending_mig_mode_is_put_in_force_by_a_reset_before_libvirt_starts(root, tools,
+                                                                            journal):
+    """Hopper: MIG mode seen pending after a reboot until a GPU reset (gpu-operator#2600)."""
+    host = mig_host(root, tools)
+    host.set_mig(H200_A, pending_after_reboot=True)
+    host.reboot()
+    assert host.mig_mode(H200_A)["current"] == "Disabled"
+    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2))) == 0
+    assert host.mig_mode(H200_A)["current"] == "Enabled"
+    assert host.gpu_instances(H200_A) == ["1:1g.18gb@0", "2:1g.18gb@1"]
+    assert types_of(root, H200_A, 3) == [1414, 1414, 0]
+    assert "nvidia-smi -r -i 00000000:18:00.0" in tools.calls()
+    assert ("GPU 0000:18:00.0: MIG mode is pending (enabled, not in force); resetting the GPU with "
+            "nvidia-smi -r -i 00000000:18:00.0, as NVIDIA's MIG user guide allows while nothing "
+            "uses it: libvirt and nova-compute have not started, so no guest can be using it") \
+        in said(journal)
+
+
+def test_one_mig_gpu_failing_never_stops_the_other(root, tools, journal):
+    host = mig_host(root, tools, vfs=2)
+    host.set_mig(H200_A, current="Disabled", pending="Enabled", busy=True)  # the reset fails
+    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2),
+                             mig_gpu(H200_B, "H200X-7-141C", "7g.141gb", 1, 1))) == 1
+    assert host.gpu_instances(H200_A) == [] and types_of(root, H200_A, 2) == [0, 0]
+    assert host.gpu_instances(H200_B) == ["1:7g.141gb@0"]
+    assert types_of(root, H200_B, 2) == [1419, 0]
+    assert any(line.startswith("GPU 0000:18:00.0: nvidia-smi -r -i 00000000:18:00.0 failed: Unable "
+                               "to reset GPU 00000000:18:00.0 because it's being used by some "
+                               "other process") for line in said(journal))
+    assert "restored 1 of 2 GPUs; not restored: 0000:18:00.0" in said(journal)
 
 
 def test_mig_backed_profiles_out_of_mig_mode_say_what_turns_it_on(root, tools, journal):
-    from unit_tests.fakehost import h200_sxm_host
-
-    host = h200_sxm_host(root, enabled=False, vfs=2, mig="Disabled")
-    host.install_sriov_manage()
-    tools.set_active(MGR)
-    assert boot.restore(data(gpu("0000:18:00.0", ["H200X-1-18C"]))) == 1
+    host = mig_host(root, tools, vfs=2, mode="Disabled")
+    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 1, 1))) == 1
     assert current(root, "0000:18:00.4") == 0
-    assert ("GPU 0000:18:00.0: VF 0000:18:00.4 (virtfn0): VF 0000:18:00.4 holds 0 after writing "
-            "1414; MIG-backed H200X-1-18C needs MIG mode on GPU 0000:18:00.0: run the charm's "
-            "enable-mig action (nvidia-smi -i 00000000:18:00.0 -mig 1)") in said(journal)
-    assert host.mig_mode("0000:18:00.0")["current"] == "Disabled"
+    assert ("GPU 0000:18:00.0: MIG mode is Disabled, which MIG-backed H200X-1-18C needs: run the "
+            "charm's enable-mig action (nvidia-smi -i 00000000:18:00.0 -mig 1); its GPU instances "
+            "are not created") in said(journal)
+    assert host.mig_mode(H200_A)["current"] == "Disabled"  # the boot step never enables it
+    assert host.mig_mode(H200_A)["gis"] == []
+
+
+def test_a_mig_entry_the_charm_did_not_write_is_skipped_and_said(root, tools, journal):
+    mig_host(root, tools, vfs=1)
+    entry = gpu(H200_A, [])
+    entry["mig"] = {"profile": "H200X-1-18C", "instance": "1g.18gb; reboot", "count": 1}
+    assert boot.restore(data(entry)) == 0
+    assert any("has a mig entry the charm did not write" in line for line in said(journal))
 
 
 # -- mdevs after a reboot (Nova before 30) ------------------------------------------------

@@ -13,8 +13,9 @@ import subprocess
 import pytest
 from ops import testing
 
+from charm import NovaComputeNvidiaVgpuCharm
 from unit_tests import debs, principal
-from unit_tests.fakehost import FakeHost, empty_host
+from unit_tests.fakehost import FakeHost, MdevType, empty_host, v100_host
 from unit_tests.libvirt import running_guest
 from vgpu import kernel, novaconf
 
@@ -136,6 +137,33 @@ def test_force_install_switch_installs_without_gpus(ctx, root, tools, packages):
                                           config={"force-install-nvidia-vgpu": True}))
     assert debs.dpkg_query(root) == "install ok installed 570.158.02"
     # The stand-in host has no vGPU module loaded: the forced install asks for a reboot.
+    assert out.unit_status == testing.BlockedStatus("reboot required: nvidia_vgpu_vfio is not loaded")
+
+
+def test_secure_boot_keeping_the_module_out_is_said_instead_of_waiting_for_a_reboot(
+        ctx, root, tools, packages):
+    from unit_tests.fakehost import v100_host
+    from unit_tests.test_kernel import efi, fake_journal, fake_mokutil
+
+    v100_host(root)
+    (root / "proc/modules").write_text("")  # the module did not load at boot
+    install_driver(root, packages["old"])
+    tools.set_active(MGR)
+    efi(root, 1)
+    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
+    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    fake_mokutil(tools)
+    fake_journal(tools)
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus(
+        "Secure Boot is on and the NVIDIA modules are not signed by an enrolled key (kernel: "
+        "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service), so no reboot "
+        "loads them: enrol DKMS's key (mokutil --import /var/lib/shim-signed/mok/MOK.der, "
+        "reboot, confirm it in MOK Manager at the console), sign the modules with an enrolled "
+        "key, or turn Secure Boot off in the firmware")
+    # Secure Boot off: the reboot is what the host needs.
+    (root / kernel.SECURE_BOOT_VAR).write_bytes(b"\x06\x00\x00\x00\x00")
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
     assert out.unit_status == testing.BlockedStatus("reboot required: nvidia_vgpu_vfio is not loaded")
 
 
@@ -346,25 +374,138 @@ def test_without_the_nova_vgpu_relation_the_operator_is_told_to_add_it(ctx, read
         "nova-compute-nvidia-vgpu:nova-vgpu")
 
 
+# -- status wording ---------------------------------------------------------------------
+
+OPTION = "vgpu-device-mappings"
+
+
+def test_one_mapping_error_is_shown_alone(ctx, ready):
+    out = ctx.run(ctx.on.config_changed(), state({OPTION: "{nvidia-108: [c1:00.9]}"}, resource=ready))
+    assert out.unit_status == testing.BlockedStatus(
+        'vgpu-device-mappings: nvidia-108: "c1:00.9" is not a PCI address like 0000:c1:00.0')
+
+
+def test_more_mapping_errors_are_counted(ctx, ready):
+    out = ctx.run(ctx.on.config_changed(),
+                  state({OPTION: "{nvidia-108: [c1:00.9], nvidia-109: [e1:00.9], nvidia-107: x}"},
+                        resource=ready))
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith("vgpu-device-mappings: nvidia-107: ")
+    assert out.unit_status.message.endswith(" (+2 more)")
+
+
+def test_keeping_names_what_stays_published_and_only_then(ctx, ready):
+    good = ctx.run(ctx.on.config_changed(), state({OPTION: "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    bad = testing.State(config={OPTION: "{nvidia-108: [c1:00.9]}"}, relations=good.relations,
+                        resources=good.resources)
+    out = ctx.run(ctx.on.config_changed(), bad)
+    assert out.unit_status.message == ('vgpu-device-mappings: nvidia-108: "c1:00.9" is not a PCI '
+                                       'address like 0000:c1:00.0; keeping nvidia-108 on 1')
+
+
+def test_a_forced_install_without_gpus_says_so_plainly(ctx, root, tools, packages):
+    host = empty_host(root)
+    host.modules(["nvidia_vgpu_vfio", "nvidia"])
+    tools.set_active(MGR)
+    tools.set_active(VGPUD)
+    out = ctx.run(ctx.on.install(), state({"force-install-nvidia-vgpu": True}, resource=packages["old"]))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+    assert out.unit_status == testing.ActiveStatus(
+        "no NVIDIA GPU (forced), no vGPU type mapped: set vgpu-device-mappings")
+
+
+def test_one_gpu_is_not_plural_and_two_models_are_counted(ctx, root, tools, packages):
+    host = v100_host(root, count=1)
+    tools.set_active(MGR)
+    tools.set_active(VGPUD)
+    install_driver(root, packages["old"])
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert out.unit_status == testing.ActiveStatus(
+        "1 GPU (Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings")
+    host.add_gpu("0000:21:00.0", device="0x1eb8",
+                 mdev_types={"nvidia-222": MdevType("GRID T4-8Q", 8192, 2)})
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["old"]))
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (1 Tesla T4, 1 Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings")
+
+
+@pytest.mark.parametrize("null", ["~", "null", "NULL"])
+def test_yaml_null_as_the_option_means_nothing_mapped(ctx, ready, null):
+    good = ctx.run(ctx.on.config_changed(), state({OPTION: "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    out = ctx.run(ctx.on.config_changed(), testing.State(
+        config={OPTION: null}, relations=good.relations, resources=good.resources))
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), no vGPU type mapped: set vgpu-device-mappings")
+    assert principal.nova_context(ours(out)) == {}
+
+
+# -- single-type GPUs and framebuffer units ---------------------------------------------
+
+def test_a_gpu_offering_one_type_is_served_through_all(ctx, root, tools, packages):
+    host = FakeHost(root)
+    host.pci_ids()
+    host.add_gpu("0000:c1:00.0", mdev_types={"nvidia-109": MdevType("GRID V100-16Q", 16384, 1)})
+    host.nova("3:29.0.0-0ubuntu1")
+    host.modules(["nvidia_vgpu_vfio", "nvidia"])
+    tools.set_active(MGR)
+    tools.set_active(VGPUD)
+    install_driver(root, packages["old"])
+    out = ctx.run(ctx.on.config_changed(), state({OPTION: "{nvidia-109: all}"}, resource=packages["old"]))
+    assert out.unit_status.name == "active"
+    assert out.unit_status.message.startswith("1 GPU (Tesla V100 PCIe 16GB), nvidia-109 on 1")
+    conf = nova_conf(out)
+    assert "enabled_mdev_types = nvidia-109\n" in conf
+    assert "[mdev_nvidia-109]\ndevice_addresses = 0000:c1:00.0\n" in conf
+
+
+@pytest.mark.parametrize("written,mib", [
+    ("framebuffer=8257536K", 8064),
+    ("framebuffer=8455716864", 8064),  # bytes
+    ("framebuffer=1T", 1024 * 1024),
+    ("framebuffer=8064MB", 8064),
+    ("framebuffer = 8064M ", 8064),
+])
+def test_framebuffer_sizes_in_every_unit(ctx, root, tools, packages, written, mib):
+    host = FakeHost(root)
+    directory = host.add_gpu("0000:c1:00.0",
+                             mdev_types={"nvidia-900": MdevType("GRID X-8Q", 8192, 1)})
+    (directory / "mdev_supported_types/nvidia-900/description").write_text(
+        f"num_heads=1, {written}, max_instance=1\n")
+    ctx.run(ctx.on.action("list-vgpu-types"), state(resource=packages["empty"]))
+    assert ctx.action_results["gpus"]["gpu-0"]["types"]["nvidia-900"]["framebuffer-mb"] == str(mib)
+
+
+def test_a_description_spanning_lines_is_read_whole(ctx, root, tools, packages):
+    host = FakeHost(root)
+    directory = host.add_gpu("0000:c1:00.0",
+                             mdev_types={"nvidia-900": MdevType("GRID X-8Q", 8192, 1)})
+    (directory / "mdev_supported_types/nvidia-900/description").write_text(
+        "num_heads=4, frl_config=60\nframebuffer=8064M\nmax_resolution=7680x4320\nmax_instance=3\n")
+    ctx.run(ctx.on.action("list-vgpu-types"), state(resource=packages["empty"]))
+    entry = ctx.action_results["gpus"]["gpu-0"]["types"]["nvidia-900"]
+    assert (entry["framebuffer-mb"], entry["max-instances"]) == ("8064", "3")
+
+
 # -- actions ----------------------------------------------------------------------
 
 def test_list_vgpu_types(ctx, ready):
     ctx.run(ctx.on.action("list-vgpu-types"), state(resource=ready))
     results = ctx.action_results
-    gpu = results["gpus"]["gpu-0"]
-    assert (gpu["address"], gpu["model"], gpu["driver"]) == (
-        "0000:c1:00.0", "Tesla V100 PCIe 16GB", "nvidia")
+    gpu = results["gpus"]["gpu-0"]  # both V100s offer the same: one entry names them both
+    assert (gpu["addresses"], gpu["model"], gpu["driver"]) == (
+        "0000:c1:00.0,0000:e1:00.0", "Tesla V100 PCIe 16GB", "nvidia")
     assert gpu["types"]["nvidia-108"] == {
         "id": "nvidia-108", "name": "GRID V100-8Q", "framework": "mdev",
         "framebuffer-mb": "8192", "max-instances": "2", "available-instances": "2",
         "flavor-property": "resources:VGPU=1"}
-    assert sorted(results["gpus"]) == ["gpu-0", "gpu-1"]
+    assert sorted(results["gpus"]) == ["gpu-0"]
     lines = results["table"].splitlines()
-    assert lines[0].split() == ["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",
+    assert lines[0].split() == ["GPUS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",
                                 "FLAVOR"]
-    assert lines[-1].split() == ["0000:e1:00.0", "Tesla", "V100", "PCIe", "16GB", "nvidia-109",
-                                 "GRID", "V100-16Q", "16384", "MiB", "1", "1", "resources:VGPU=1"]
-    assert len(lines) == 1 + 2 * 5  # mdev types need no [pci] alias: nothing under the table
+    assert lines[-1].split() == ["0000:c1:00.0,0000:e1:00.0", "Tesla", "V100", "PCIe", "16GB",
+                                 "nvidia-109", "GRID", "V100-16Q", "16384", "MiB", "1", "1",
+                                 "resources:VGPU=1"]
+    assert len(lines) == 1 + 5  # mdev types need no [pci] alias: nothing under the table
 
 
 def test_list_vgpu_types_without_gpus(ctx, root, tools):
@@ -493,6 +634,112 @@ def test_upgrade_without_a_usable_resource_fails_and_changes_nothing(ctx, ready,
         ctx.run(ctx.on.action("upgrade"), state(resource=packages["guest"]))
     assert "guest driver" in failure.value.message
     assert debs.dpkg_query(root) == "install ok installed 570.158.02"
+
+
+# -- the upgrade action: forced, paused, half-installed, another branch ------------------
+
+GUEST = ("instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
+MDEV_UUID = "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f"
+
+
+def test_a_forced_upgrade_goes_ahead_with_guests_running(ctx, v100, root, packages):
+    install_driver(root, packages["old"])
+    running_guest(root, *GUEST, mdev_uuid=MDEV_UUID)
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
+    assert failure.value.message.startswith("not upgraded: 1 running guest(s) use vGPUs")
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+    ctx.run(ctx.on.action("upgrade", params={"force": True}), state(resource=packages["new"]))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.NEW}"
+    assert ("WARNING", f"forced past 1 running vGPU guest(s): {GUEST[0]}") in [
+        (line.level, line.message) for line in ctx.juju_log]
+    assert ctx.action_results["previous"] == f"{debs.HOST} {debs.OLD}"
+    assert ctx.action_results["message"].startswith(f"{debs.HOST} {debs.NEW} installed; ")
+
+
+def test_upgrade_while_paused_says_to_resume_first_and_installs_nothing(ctx, v100, root, packages):
+    install_driver(root, packages["old"])
+    paused = ctx.run(ctx.on.action("pause"), state(resource=packages["new"]))
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("upgrade"), paused)
+    assert failure.value.message == (
+        "not upgraded: the unit is paused and its services masked, which the driver's install "
+        "scripts need; run resume first")
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+
+
+def test_force_false_is_the_same_as_no_force(ctx, v100, root, packages):
+    install_driver(root, packages["old"])
+    running_guest(root, *GUEST, mdev_uuid=MDEV_UUID)
+    with pytest.raises(testing.ActionFailed):
+        ctx.run(ctx.on.action("upgrade", params={"force": False}), state(resource=packages["new"]))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+
+
+def test_upgrade_with_no_driver_installed_installs_the_attached_one(ctx, v100, root, packages):
+    out = ctx.run(ctx.on.action("upgrade"), state(resource=packages["old"]))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+    assert ctx.action_results == {
+        "package": debs.HOST, "version": debs.OLD, "previous": "none", "reboot-required": "no",
+        "message": f"{debs.HOST} {debs.OLD} installed; no reboot needed"}
+    # nova-compute learns of the package at once, and of no service to pause.
+    assert principal.services(ours(out)) == set()
+    assert principal.release_packages(ours(out)).install == {debs.HOST}
+
+
+def test_upgrade_over_a_half_installed_driver_of_the_same_version_finishes_it(ctx, v100, root,
+                                                                              packages):
+    install_driver(root, packages["old"])
+    (root / "var/lib/dpkg/updates/0000").write_text(
+        f"Package: {debs.HOST}\nStatus: install ok half-configured\n"
+        f"Architecture: {debs.machine_arch()}\nVersion: {debs.OLD}\n"
+        "Maintainer: Test <test@example.com>\nDescription: test\n")
+    assert debs.dpkg_query(root) == f"install ok half-configured {debs.OLD}"
+    ctx.run(ctx.on.action("upgrade"), state(resource=packages["old"]))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+    assert ctx.action_results["message"] == f"{debs.HOST} {debs.OLD} installed; no reboot needed"
+    assert ctx.action_results["previous"] == f"{debs.HOST} {debs.OLD}"
+
+
+def test_a_same_version_package_of_another_branch_is_an_upgrade(ctx, v100, root, packages):
+    install_driver(root, packages["old"])
+    out = ctx.run(ctx.on.update_status(), state(resource=packages["other-branch"]))
+    assert out.unit_status.message.endswith(
+        f"driver {debs.OLD} installed, {debs.OLD} attached: run the upgrade action")
+    out = ctx.run(ctx.on.action("upgrade"), state(resource=packages["other-branch"]))
+    assert debs.dpkg_query(root, "nvidia-vgpu-ubuntu-580") == f"install ok installed {debs.OLD}"
+    assert not debs.dpkg_query(root).endswith(f"installed {debs.OLD}")
+    assert ctx.action_results["message"] == (f"nvidia-vgpu-ubuntu-580 {debs.OLD} installed; "
+                                             "no reboot needed")
+    assert principal.release_packages(ours(out)).install == {"nvidia-vgpu-ubuntu-580"}
+
+
+def test_upgrade_to_the_same_package_and_version_changes_nothing(ctx, v100, root, tools, packages):
+    install_driver(root, packages["old"])
+    mtime = (root / "var/lib/dpkg/status").stat().st_mtime_ns
+    ctx.run(ctx.on.action("upgrade"), state(resource=packages["old"]))
+    assert ctx.action_results["message"] == f"{debs.HOST} {debs.OLD} already installed; no reboot needed"
+    assert (root / "var/lib/dpkg/status").stat().st_mtime_ns == mtime
+
+
+def test_an_upgrade_that_leaves_sysfs_unreadable_still_reports_and_logs_why(ctx, v100, root,
+                                                                            packages, tmp_path):
+    # A package whose install leaves a PCI function the charm cannot read: its `vendor` is a
+    # directory. The driver is installed; publishing afterwards cannot read the host.
+    files = debs.host_files()
+    files["sys/bus/pci/devices/0000:99:00.0/vendor/placeholder"] = ""
+    breaking = debs.build(tmp_path, debs.HOST, debs.NEW, debs.machine_arch(), files)
+    install_driver(root, packages["old"])
+    out = ctx.run(ctx.on.action("upgrade"), state(resource=breaking))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.NEW}"
+    unreadable = "cannot read /sys/bus/pci/devices/0000:99:00.0/vendor: Is a directory"
+    assert ctx.action_results == {
+        "package": debs.HOST, "version": debs.NEW, "previous": f"{debs.HOST} {debs.OLD}",
+        "reboot-required": "unknown",
+        "message": f"{debs.HOST} {debs.NEW} installed; cannot tell whether a reboot is needed: "
+                   + unreadable}
+    assert ("ERROR", unreadable) in [(line.level, line.message) for line in ctx.juju_log]
+    assert out.unit_status == testing.BlockedStatus(unreadable)
 
 
 # -- remove -----------------------------------------------------------------------
@@ -872,6 +1119,17 @@ def test_when_every_gpu_vanishes_the_sections_stay_and_the_status_names_them(ctx
         "driver reloading? check lspci and journalctl -k); keeping nvidia-108 on 1, nvidia-109 on 1; "
         "removed for good? juju run nova-compute-nvidia-vgpu/0 forget-gpus "
         "gpus=0000:c1:00.0,0000:e1:00.0")
+
+
+def test_an_unreadable_nova_version_blocks_the_unit_saying_so(root, tools, tmp_path):
+    host = v100_host(root)
+    host.nova("3:garbage")
+    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+    out = ctx.run(ctx.on.update_status(), testing.State(relations=[testing.SubordinateRelation("nova-vgpu")],
+                      resources={testing.Resource(name="nvidia-vgpu-software",
+                                                  path=debs.empty(tmp_path))}))
+    assert out.unit_status == testing.BlockedStatus(
+        "cannot read Nova's release from version '3:garbage'")
 
 
 # -- one GPU of several vanishes (issue 15, item 4) -------------------------------

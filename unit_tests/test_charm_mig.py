@@ -23,6 +23,11 @@ GPU, OTHER = "0000:42:00.0", "0000:8c:00.0"
 VF = [f"0000:42:00.{n}" for n in range(2, 8)] + ["0000:42:01.0", "0000:42:01.1"]
 UNIT = "nova-compute-nvidia-vgpu/0"
 SMI = "nvidia-smi --query-gpu=pci.bus_id,mig.mode.current,mig.mode.pending --format=csv,noheader"
+AT_BOOT = ("at every boot, before libvirt and nova-compute start, nvidia-vgpu-vfs.service puts a "
+           "MIG mode still pending on a GPU given a MIG-backed profile in force (nvidia-smi -r -i "
+           "00000000:42:00.0) and creates its GPU instances again (they never survive a reboot), "
+           "then enables the VFs and gives them their types")
+LGI, LGIP = "nvidia-smi mig -i 00000000:42:00.0 -lgi", "nvidia-smi mig -i 00000000:42:00.0 -lgip"
 
 
 @pytest.fixture(scope="module")
@@ -59,21 +64,32 @@ def smi_calls(tools):
 
 def test_a_mig_backed_profile_is_written_and_published_like_a_time_sliced_one(ctx, root, tools,
                                                                              deb):
-    rtx(root, tools, deb)
+    host = rtx(root, tools, deb)
     out = ctx.run(ctx.on.config_changed(),
                   state({"vgpu-device-mappings": "{DC-1-24Q: ['42:00.0']}"}, resource=deb))
     rc = "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_1_24Q"
     assert out.unit_status == testing.ActiveStatus(
         f"2 GPUs (RTX PRO 6000 Blackwell Server Edition), {rc} on 4; {rc}: 0 used, 4 free")
-    # 4 x 1g.24gb: four VFs, each in its own GPU instance; the rest stay free.
+    # 4 x 1g.24gb+gfx GPU instances created first (writing a type creates none), checked
+    # with -lgi/-lgip; then four VFs, each in its own GPU instance; the rest stay free.
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
+    assert host.gpu_instances(OTHER) == []
     assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:5]] == ["2033"] * 4 + ["0"]
     assert [nvidia(root, vf, "gpu_instance_id") for vf in VF[:5]] == ["1", "2", "3", "4", "absent"]
     assert [s["address"] for s in specs(out)] == VF[:4]
     assert {s["resource_class"] for s in specs(out)} == {rc}
-    assert smi_calls(tools) == [SMI]
+    assert smi_calls(tools) == [SMI, LGI, LGIP, "nvidia-smi mig -i 00000000:42:00.0 -cgi "
+                                "1g.24gb+gfx,1g.24gb+gfx,1g.24gb+gfx,1g.24gb+gfx -C"]
     boot = json.loads((root / "var/lib/nova-compute-nvidia-vgpu/boot.json").read_text())
     assert [v["name"] for v in boot["gpus"][0]["vfs"]] == [
         "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q"] * 4
+    assert boot["gpus"][0]["mig"] == {"profile": "DC-1-24Q", "instance": "1g.24gb+gfx", "count": 4}
+    # The next hook finds them there: nothing created, nothing destroyed.
+    before = len(smi_calls(tools))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active"
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
+    assert smi_calls(tools)[before:] == [SMI, LGI]
 
 
 def test_a_gpu_out_of_mig_mode_blocks_naming_the_command_and_changes_nothing(ctx, root, tools,
@@ -96,8 +112,8 @@ def test_a_gpu_out_of_mig_mode_blocks_naming_the_command_and_changes_nothing(ctx
     modes[GPU]["pending"] = "Enabled"
     state_file.write_text(json.dumps(modes))
     out = ctx.run(ctx.on.update_status(), again(out))
-    assert "enabling it waits for a reset; reset the GPU (nvidia-smi -r -i 00000000:42:00.0" \
-        in out.unit_status.message
+    assert "enabling it waits for a reset; reset the GPU (nvidia-smi -r -i 00000000:42:00.0) " \
+        "while no guest or process uses it" in out.unit_status.message
 
 
 def test_update_status_asks_nvidia_smi_only_while_a_mig_profile_is_mapped(ctx, root, tools, deb):
@@ -118,7 +134,8 @@ def test_enable_mig_turns_the_mode_on_and_the_waiting_mapping_applies(ctx, root,
     assert ctx.action_results == {
         "gpu": GPU, "command": "nvidia-smi -i 00000000:42:00.0 -mig 1",
         "output": "Enabled MIG Mode for GPU 00000000:42:00.0\nAll done.",
-        "reset-required": "no", "message": "MIG mode enabled on GPU 0000:42:00.0"}
+        "reset-required": "no", "message": "MIG mode enabled on GPU 0000:42:00.0",
+        "at-boot": AT_BOOT}
     assert host.mig_mode(GPU)["current"] == "Enabled" and host.mig_mode(OTHER)["current"] == "Disabled"
     assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:4]] == ["2033"] * 4
     assert out.unit_status.name == "active"
@@ -132,10 +149,12 @@ def test_enable_mig_says_when_a_reset_or_reboot_is_needed(ctx, root, tools, deb)
     assert ctx.action_results["reset-required"] == "yes"
     assert ctx.action_results["message"] == (
         "MIG mode is pending on GPU 0000:42:00.0: reset the GPU (nvidia-smi -r -i "
-        "00000000:42:00.0, no guest or process on it) or reboot the host")
+        "00000000:42:00.0) while no guest or process uses it; a reboot may leave the mode pending "
+        "on Hopper (NVIDIA/gpu-operator issue 2600)")
+    assert ctx.action_results["at-boot"] == AT_BOOT
     assert "pending enable state" in ctx.action_results["output"]
     assert host.mig_mode(GPU) == {"current": "Disabled", "pending": "Enabled", "hold": True,
-                                  "busy": True}
+                                  "busy": True, "table": "RTX PRO 6000", "gis": []}
 
 
 def test_enable_mig_is_refused_while_a_guest_holds_a_vgpu_on_that_gpu(ctx, root, tools, deb):
@@ -151,34 +170,38 @@ def test_enable_mig_is_refused_while_a_guest_holds_a_vgpu_on_that_gpu(ctx, root,
         ctx.run(ctx.on.action("enable-mig", params={"gpu": "99:00.0"}), state(resource=deb))
 
 
-def test_several_mig_profiles_share_a_gpu_and_guests_keep_theirs(ctx, root, tools, deb):
+@pytest.mark.parametrize("placement", [True, False])
+def test_two_mig_profiles_on_one_gpu_are_refused_and_the_last_good_state_stays(ctx, root, tools,
+                                                                               deb, placement):
+    """Nova: one resource class per PF (PlacementPciMixedResourceClassException stops it)."""
     ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
     a, b, c = "0000:18:00.4", "0000:18:00.5", "0000:18:00.6"
-    mapping = f"{{H200X-3-71C: ['{a}'], H200X-4-71C: ['{b}']}}"
-    config = {"vgpu-device-mappings": mapping, "pci-in-placement": True}
+    config = {"vgpu-device-mappings": f"{{H200X-2-35C: ['{a}']}}", "pci-in-placement": placement}
     out = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
     assert out.unit_status.name == "active", out.unit_status
-    # The 4g is written first, though on the later VF (its only start is 0); the 3g then
-    # starts at 4. In address order the 3g would take 0 and leave the 4g nowhere.
-    assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b, c)] == ["1417", "1418", "0"]
-    assert [nvidia(root, vf, "gpu_instance_id") for vf in (a, b)] == ["2", "1"]
-    running_guest(root, "instance-00000002", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a02",
-                  pci_address=b)
-    changed = dict(config, **{"vgpu-device-mappings": "{H200X-1-18C: ['18:00.0']}"})
-    out = ctx.run(ctx.on.config_changed(), again(out, changed))
+    published = ours(out)
+    mixed = dict(config, **{"vgpu-device-mappings":
+                            f"{{H200X-1-18C: ['{a}', '{b}'], H200X-2-35C: ['{c}']}}"})
+    out = ctx.run(ctx.on.config_changed(), again(out, mixed))
     assert out.unit_status.name == "blocked"
-    assert "guest(s) use vGPUs: instance-00000002" in out.unit_status.message
-    assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b)] == ["1417", "1418"]
+    assert ("GPU 0000:18:00.0 (H200 SXM 141GB) is mapped to MIG-backed H200X-1-18C, H200X-2-35C: "
+            "one MIG-backed profile per GPU. Nova gives all VFs of one GPU one resource class in "
+            "Placement (two stop nova-compute: PlacementPciMixedResourceClassException)") \
+        in out.unit_status.message
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in (a, b, c)] == ["1416", "0", "0"]
+    assert ours(out) == published
+    assert {s["resource_class"] for s in specs(out)} <= {"CUSTOM_VGPU_H200X_2_35C"}
 
 
 def test_a_shut_off_guest_keeps_its_mig_backed_vf(ctx, root, tools, deb):
     """Nova keeps a shut-off instance's VF: the mapping may not take its MIG-backed type away."""
-    ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    host = ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
     a = "0000:18:00.4"
     config = {"vgpu-device-mappings": f"{{H200X-3-71C: ['{a}']}}"}
     out = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
     assert out.unit_status.name == "active", out.unit_status
     assert nvidia(root, a, "current_vgpu_type") == "1417"
+    assert host.gpu_instances("0000:18:00.0") == ["1:3g.71gb@0"]
     published = ours(out)
     defined_guest(root, "instance-00000003", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a03", pci_address=a)
     out = ctx.run(ctx.on.config_changed(),
@@ -186,8 +209,15 @@ def test_a_shut_off_guest_keeps_its_mig_backed_vf(ctx, root, tools, deb):
     assert out.unit_status.name == "blocked"
     assert "instance-00000003" in out.unit_status.message
     assert "shut off" in out.unit_status.message
+    # The layout the new profile needs differs and is in use: blocked with the steps.
+    assert out.unit_status.message.startswith(
+        "GPU 0000:18:00.0: MIG-backed H200X-1-18C needs 7 x 1g.18gb GPU instances, but GPU "
+        "instance 1 (3g.71gb) holds the vGPUs of VF 0000:18:00.4; the charm never destroys a GPU "
+        "instance in use.")
     assert nvidia(root, a, "current_vgpu_type") == "1417"  # neither released nor retyped
+    assert host.gpu_instances("0000:18:00.0") == ["1:3g.71gb@0"]  # never changed by a hook
     assert ours(out) == published  # nova-compute keeps the VF it gave the instance
+    assert not [c for c in smi_calls(tools) if " -dgi" in c or " -dci" in c]
 
 
 def test_list_vgpu_types_and_vgpu_usage_show_slices_and_gpu_instances(ctx, root, tools, deb):
@@ -208,3 +238,41 @@ def test_list_vgpu_types_and_vgpu_usage_show_slices_and_gpu_instances(ctx, root,
     vgpu = ctx.action_results["vgpus"]["vgpu-0"]
     assert (vgpu["address"], vgpu["mig-slices"], vgpu["gpu-instance"]) == (VF[5], "2", "2")
     assert "RTX Pro 6000 Blackwell DC-2-12Q (2 slices, GI 2)" in ctx.action_results["table"]
+
+
+def test_enable_mig_output_is_bounded_however_much_nvidia_smi_says(ctx, root, tools, deb):
+    """A 4 MB answer must not become a 4 MB action result (action-set takes far less)."""
+    host = rtx(root, tools, deb, mode="Disabled")
+    host.set_mig(GPU, noise=60000)  # about 4.5 MB of warnings
+    ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
+    output = ctx.action_results["output"]
+    assert len(output) < 2100
+    assert output.startswith("Enabled MIG Mode for GPU 00000000:42:00.0\nWarning: line 0")
+    assert output.endswith("more characters not shown)")
+    assert sum(len(v) for v in ctx.action_results.values()) < 4000
+    assert host.mig_mode(GPU)["current"] == "Enabled"
+
+
+def test_after_a_reboot_the_boot_step_brings_back_mode_instances_vfs_and_types(ctx, root, tools,
+                                                                             deb):
+    """What the charm wrote is enough for the boot step, even with MIG mode left pending."""
+    from vgpu import boot
+
+    host = ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{H200X-2-35C: ['18:00.0']}"}, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    vfs = ["0000:18:00.4", "0000:18:00.5", "0000:18:00.6"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
+    host.set_mig("0000:18:00.0", pending_after_reboot=True)  # Hopper, gpu-operator#2600
+    host.reboot()
+    assert host.gpu_instances("0000:18:00.0") == []
+    assert host.mig_mode("0000:18:00.0")["current"] == "Disabled"
+    data = json.loads((root / "var/lib/nova-compute-nvidia-vgpu/boot.json").read_text())
+    data["limits"] = {"total": 20, "manager": 2, "call": 10, "delay": 0, "poll": 0.05}
+    assert boot.restore(data) == 0
+    assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
+    assert host.gpu_instances("0000:18:00.0") == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active", out.unit_status

@@ -206,3 +206,28 @@ def test_the_attach_and_resume_hints_name_this_application_and_unit(gpu_a, root,
         relations=[vgpu], resources={testing.Resource(name="nvidia-vgpu-software", path=deb)}))
     assert out.unit_status == testing.MaintenanceStatus(
         "paused: vGPU services stopped; juju run gpu-a/3 resume to start them")
+
+
+def test_reporting_survives_the_relation_removed_and_added_again(ctx, vfio, deb, tmp_path):
+    """Nova refuses report_in_placement turned off: the unit remembers it, not the relation."""
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING,
+                                                    PLACEMENT: True}, resource=deb))
+    assert nova_reads(first, tmp_path).pci.report_in_placement is True
+    gone = first.get_relations("nova-vgpu")[0]
+    # pci-in-placement turned off meanwhile, then the relation removed (its data goes with it).
+    config = {"vgpu-device-mappings": MAPPING, PLACEMENT: False}
+    out = ctx.run(ctx.on.relation_broken(gone), testing.State(
+        config=config, relations=first.relations, resources=first.resources,
+        stored_states=first.stored_states))
+    out = ctx.run(ctx.on.update_status(), testing.State(
+        config=config, relations=[], resources=out.resources, stored_states=out.stored_states))
+    added = relation()
+    for event in (ctx.on.relation_created(added), ctx.on.relation_joined(added)):
+        out = ctx.run(event, testing.State(config=config, relations=[added],
+                                           resources=out.resources,
+                                           stored_states=out.stored_states))
+        added = out.get_relations("nova-vgpu")[0]
+    conf = nova_reads(out, tmp_path)
+    assert conf.pci.report_in_placement is True
+    assert len(our_specs(conf)) == 8
+    assert out.unit_status.message.endswith("; " + status.REPORTING_KEPT)

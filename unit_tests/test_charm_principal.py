@@ -150,6 +150,28 @@ def test_a_nova_conf_that_cannot_be_read_is_named_and_the_last_good_stays(ctx, v
     assert types_of(root, L40S, 5) == [1139] * 4 + [0]
 
 
+@pytest.mark.parametrize("entry,why", [
+    ('{"address": {"bus": "' + "(|)" * 40 + 'x"}}',
+     "matching its regular expressions timed out after 0.5s and was stopped"),
+    ("[" * 5000 + "]" * 5000, "its JSON is nested more than 32 deep"),
+])
+def test_an_entry_no_hook_can_evaluate_is_named_and_the_last_good_stays(ctx, vfio, root, deb,
+                                                                       monkeypatch, entry, why):
+    from vgpu import principalconf, text
+
+    monkeypatch.setattr(principalconf, "REGEX_BUDGET", 0.5)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, deb))
+    rendered(vfio, first, whitelist=entry)
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert out.unit_status == testing.BlockedStatus(
+        f"cannot check compute-gpu's pci-passthrough-whitelist entry {text.one_line(entry, 70)}: "
+        f"{why}; whether it takes this unit's vGPU devices is unknown, the last published "
+        "settings stay; change it: juju config compute-gpu pci-passthrough-whitelist=...")
+    assert ours(out) == ours(first)
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+
+
 def test_without_nova_conf_it_waits_and_publishes_no_pci(ctx, vfio, root, deb):
     (root / "etc/nova/nova.conf").unlink()
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, deb))
@@ -163,12 +185,74 @@ def test_without_nova_conf_it_waits_and_publishes_no_pci(ctx, vfio, root, deb):
     assert len(published_specs(out)) == 8
 
 
-def test_an_mdev_host_never_reads_nova_conf(ctx, root, tools, deb):
+V100 = '{"vendor_id": "10de", "product_id": "1db4"}'  # every V100 on the host
+
+
+def test_a_whitelisted_gpu_whose_mdevs_would_be_given_to_nova_blocks(ctx, root, tools, deb):
     host = v100_host(root)
     ready(host, root, tools, deb)
+    host.principal_nova_conf("[" + NIC + ", " + V100 + "]")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"}, deb))
+    assert out.unit_status == testing.BlockedStatus(
+        f"compute-gpu's pci-passthrough-whitelist entry {V100} matches GPU 0000:c1:00.0, whose "
+        "mdevs this unit gives Nova for vGPUs: libvirt lists mdev parents as PCI devices, so a "
+        "passthrough flavor would take the whole device with the vGPUs on it; leave it out; "
+        "change it: juju config compute-gpu pci-passthrough-whitelist=...")
+    assert "subordinate_configuration" not in ours(out)
+    # The entry narrowed to the GPU not mapped: published.
+    host.principal_nova_conf('{"address": "0000:e1:00.0"}')
+    out = ctx.run(ctx.on.config_changed(), again(out, {"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}))
+    assert out.unit_status.name == "active", out.unit_status
+    assert "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0" in principal.render_nova_conf(
+        principal.nova_context(ours(out)))
+    # Widened again later: blocked, and what was published stays.
+    first = ours(out)
+    host.principal_nova_conf('{"address": "*:c1:00.*"}')
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.message.startswith(
+        "compute-gpu's pci-passthrough-whitelist entry {\"address\": \"*:c1:00.*\"} matches GPU "
+        "0000:c1:00.0, whose mdevs this unit gives Nova")
+    assert ours(out) == first
+
+
+def test_a_whitelisted_vf_that_hosts_mdevs_blocks(ctx, root, tools, deb):
+    from unit_tests.fakehost import a100_host
+
+    host = a100_host(root)
+    ready(host, root, tools, deb)
+    host.principal_nova_conf('{"address": "0000:41:00.5"}')
+    out = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{nvidia-474: ['41:00.4', '41:00.5']}"}, deb))
+    assert out.unit_status == testing.BlockedStatus(
+        "compute-gpu's pci-passthrough-whitelist entry {\"address\": \"0000:41:00.5\"} matches VF "
+        "0000:41:00.5 of GPU 0000:41:00.0, whose VFs 0000:41:00.4, 0000:41:00.5 host the mdevs "
+        "this unit gives Nova for vGPUs: libvirt lists mdev parents as PCI devices, so a "
+        "passthrough flavor would take the whole device with the vGPUs on it; leave it out; "
+        "change it: juju config compute-gpu pci-passthrough-whitelist=...")
+    assert "subordinate_configuration" not in ours(out)
+
+
+def test_an_mdev_host_checks_nova_conf_and_keeps_the_last_good_when_it_cannot(ctx, root, tools,
+                                                                             deb):
+    host = v100_host(root)
+    ready(host, root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: all}"}, deb))
+    assert first.unit_status.name == "active", first.unit_status
     conf = root / "etc/nova/nova.conf"
     conf.unlink()
-    conf.mkdir()  # would block if it were read
+    conf.mkdir()
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": "{nvidia-109: all}"}))
+    assert out.unit_status == testing.BlockedStatus(
+        "cannot check compute-gpu's [pci] settings against this unit's: cannot read "
+        "/etc/nova/nova.conf: Is a directory; the last published settings stay")
+    assert ours(out) == ours(first)
+
+
+def test_an_mdev_host_publishes_before_nova_conf_is_written(ctx, root, tools, deb):
+    host = v100_host(root)
+    ready(host, root, tools, deb)
+    (root / "etc/nova/nova.conf").unlink()
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"}, deb))
     assert out.unit_status.name == "active", out.unit_status
     assert "[mdev_nvidia-108]" in principal.render_nova_conf(principal.nova_context(ours(out)))

@@ -104,7 +104,8 @@ def test_vfio_types_are_written_and_published_as_pci_devices(ctx, vfio, root, to
     boot = json.loads(sriov.data_path().read_text())
     assert [(g["address"], [v["name"] for v in g["vfs"]]) for g in boot["gpus"]] == [
         (L40S, ["NVIDIA L40S-12Q"] * 4), (H200, ["NVIDIA H200X-35C"] * 4)]
-    assert "Before=nova-compute.service libvirtd.service" in unit
+    assert "Before=nova-compute.service libvirtd.service virtqemud.service " \
+        "libvirt-guests.service" in unit
     assert "After=nvidia-vgpu-mgr.service" in unit
     assert ["systemctl daemon-reload", f"systemctl enable {sriov.UNIT}"] == [
         c for c in tools.calls() if c.startswith(("systemctl daemon", "systemctl enable"))]
@@ -308,9 +309,11 @@ def test_list_vgpu_types_gives_the_flavor_property_and_the_pci_alias(ctx, vfio, 
     assert f"\n  {entry['pci-alias']}\n" in table  # under the table, with its siblings'
     assert table.count('"name": "vgpu-l40s-') == 6  # one per L40S type, not one per VF
     assert l40s["virtual-functions"] == ",".join(vfs(L40S, 16))
-    # The full GPU lists nothing: the learnt type carries no counts, shown as "-".
+    # The full GPU lists nothing: the learnt type is counted from its profile against the
+    # GPU's 48 GB (learnt while its VFs were free): four fit, none is free.
+    assert (entry["max-instances"], entry["available-instances"]) == ("4", "0")
     row = next(line for line in ctx.action_results["table"].splitlines() if " nvidia-1139 " in line)
-    assert row.split()[-5:] == ["12288", "MiB", "-", "-", "pci_passthrough:alias=vgpu-l40s-12q:1"]
+    assert row.split()[-5:] == ["12288", "MiB", "4", "0", "pci_passthrough:alias=vgpu-l40s-12q:1"]
 
 
 def test_remove_stops_and_deletes_the_boot_unit(ctx, vfio, root, tools, deb):
@@ -843,10 +846,31 @@ def test_rtx_pro_6000_in_two_pci_domains_by_nvidia_smis_address_and_the_short_fo
     assert [(vf["index"], vf["name"]) for vf in boot["0001:c8:00.0"]] == [
         (n, RTX_TYPES[str(dc8q)]) for n in range(12)]
     ctx.run(ctx.on.action("list-vgpu-types"), again(out))
-    gpu = next(g for g in ctx.action_results["gpus"].values() if g["address"] == "0001:c8:00.0")
+    gpu = next(g for g in ctx.action_results["gpus"].values() if "0001:c8:00.0" in g["addresses"])
     alias = json.loads(gpu["types"][f"nvidia-{dc8q}"]["pci-alias"])
     assert (alias["product_id"], alias["device_type"], alias["name"]) == (
         "2bb5", "type-VF", "vgpu-rtx-pro-6000-blackwell-dc-8q")
+
+
+def test_list_vgpu_types_names_all_four_rtx_pro_6000_within_what_action_set_takes(
+        ctx, root, tools, packages):
+    # The host of cubecos #312 as it is: four GPUs, 48 VFs each, two in PCI domain 0001; the
+    # options that make each entry longest.
+    rtx_pro_6000_host(root)
+    config = {"pci-in-placement": True, "vfio-live-migration": True}
+    ctx.run(ctx.on.action("list-vgpu-types"), state(config, resource=packages["empty"]))
+    results = ctx.action_results
+    assert "truncated" not in results
+    gpus = ("0000:42:00.0", "0000:8c:00.0", "0001:04:00.0", "0001:c8:00.0")
+    assert [g["addresses"] for g in results["gpus"].values()] == [",".join(gpus)]
+    entry = results["gpus"]["gpu-0"]["types"]
+    assert len(entry) == len(RTX_TYPES)
+    dc24q = entry["nvidia-2005"]  # DC-24Q: four on a 96 GB GPU
+    assert (dc24q["max-instances"], dc24q["available-instances"]) == ("4", "4")
+    assert results["gpus"]["gpu-0"]["virtual-functions"].split(",") == [
+        vf for gpu in gpus for vf in rtx_vfs(gpu, 48)]
+    rows = results["table"].split("\n\n")[0].splitlines()
+    assert len(rows) == 1 + len(RTX_TYPES) and all(",".join(gpus) in row for row in rows[1:])
 
 
 @pytest.mark.parametrize("branch,number", [("570", 1139), ("550", 1153)])

@@ -10,8 +10,9 @@ import pytest
 
 from unit_tests import debs
 from unit_tests.fakehost import FakeHost
+from unit_tests.faketools import HANG, shell_tool
 from vgpu import dpkg
-from vgpu.errors import HostReadError
+from vgpu.errors import CommandError, HostReadError
 
 HOST = debs.HOST
 
@@ -199,6 +200,14 @@ def test_a_version_dpkg_refuses_is_a_value_error_with_its_reason(bad):
 ])
 def test_upstream_version(version, upstream):
     assert dpkg.upstream(version) == upstream
+
+
+def test_dpkg_compare_versions_that_hangs_is_reported(bindir, monkeypatch):
+    shell_tool(bindir, "dpkg", HANG)
+    monkeypatch.setattr(dpkg, "COMPARE_TIMEOUT", 1)
+    with pytest.raises(CommandError) as error:
+        dpkg.compare_versions(debs.OLD, debs.NEW)
+    assert str(error.value) == "dpkg --compare-versions timed out after 1s and was stopped"
 
 
 def test_only_package_fields_name_a_stanza_wherever_they_stand(root):

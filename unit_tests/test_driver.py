@@ -2,15 +2,17 @@
 
 import os
 import shutil
+import subprocess
 
 import pytest
 
 from unit_tests import debs
-from unit_tests.faketools import running
+from unit_tests.faketools import HANG, running, shell_tool
 from vgpu import dpkg, driver, hostroot
 from vgpu.errors import InstallError, ResourceInvalidError, ResourceMissingError
 
 ARCH = debs.machine_arch()
+REAL_DPKG = shutil.which("dpkg")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +35,12 @@ def built(tmp_path_factory):
         "550": debs.older_branch(d),
         "hollow": debs.build(d, debs.HOST, debs.OLD, ARCH, {"usr/share/doc/x/README": "x\n"}),
     }
+
+
+@pytest.fixture(scope="module")
+def deb(built):
+    """The host driver package, the one most tests install."""
+    return built["old"]
 
 
 @pytest.fixture
@@ -252,6 +260,184 @@ def test_a_driver_removed_but_not_purged_counts_as_absent(root):
     FakeHost(root).dpkg_status({"nvidia-vgpu-ubuntu-570": "570.158.02"},
                                states={"nvidia-vgpu-ubuntu-570": "config-files"})
     assert driver.installed_driver() is None
+
+
+# -- apt-get -f install, on the real root only -------------------------------------
+
+DEPENDENCY_PROBLEMS = (
+    "dpkg: dependency problems prevent configuration of nvidia-vgpu-ubuntu-570:\n"
+    " nvidia-vgpu-ubuntu-570 depends on dkms; however:\n"
+    "  Package dkms is not installed.\n\n"
+    "dpkg: error processing package nvidia-vgpu-ubuntu-570 (--install):\n"
+    " dependency problems - leaving unconfigured\n"
+    "Errors were encountered while processing:\n nvidia-vgpu-ubuntu-570\n")
+
+
+@pytest.fixture
+def real_root(tmp_path, monkeypatch, bindir):
+    """The charm working on this machine's own root (no VGPU_HOST_ROOT).
+
+    Only reads reach the real system: ``dpkg --install`` is a stand-in that fails as
+    dpkg does with unmet dependencies, ``apt-get`` a stand-in that records its call.
+    Everything else dpkg is asked (--print-architecture) is the real dpkg.
+    """
+    monkeypatch.delenv(hostroot.ENV, raising=False)
+    monkeypatch.setenv("DEBIAN_FRONTEND", "readline")  # what the charm must override
+    assert hostroot.is_real_root()
+    if driver.installed_driver() is not None:  # pragma: no cover - a vGPU host running the tests
+        pytest.skip("this machine has a vGPU host driver installed")
+    log = tmp_path / "calls.log"
+    problems = tmp_path / "problems.txt"
+    problems.write_text(DEPENDENCY_PROBLEMS)
+    shell_tool(bindir, "dpkg",
+               'case " $* " in *" --install "*) ;; *) exec ' + REAL_DPKG + ' "$@" ;; esac\n'
+               f'echo "dpkg LC_ALL=$LC_ALL DEBIAN_FRONTEND=$DEBIAN_FRONTEND $*" >> {log}\n'
+               f'cat {problems} >&2\nexit 1\n')
+    apt_fails = tmp_path / "apt.fails"
+    shell_tool(bindir, "apt-get",
+               f'echo "apt-get LC_ALL=$LC_ALL DEBIAN_FRONTEND=$DEBIAN_FRONTEND $*" >> {log}\n'
+               f'if [ -e {apt_fails} ]; then\n'
+               '  echo "E: Unable to correct problems, you have held broken packages." >&2; exit 100\n'
+               'fi\n')
+
+    class Real:
+        def calls(self):
+            return log.read_text().splitlines() if log.exists() else []
+
+        def apt_fails(self):
+            apt_fails.touch()
+
+        def other_failure(self, text):
+            problems.write_text(text)
+    return Real()
+
+
+def test_dependency_problems_on_the_real_root_run_apt_get_fix_broken(real_root, deb):
+    info = driver.inspect_deb(deb)
+    with pytest.raises(InstallError) as error:
+        driver.install(info)
+    calls = real_root.calls()
+    assert [c.split()[0] for c in calls] == ["dpkg", "apt-get"]
+    assert calls[1] == ("apt-get LC_ALL=C DEBIAN_FRONTEND=noninteractive --fix-broken install --yes "
+                        "--option=Dpkg::Options::=--force-confdef "
+                        "--option=Dpkg::Options::=--force-confold")
+    # apt-get ran and succeeded, yet dpkg's answer is what counts: this machine has no
+    # such package, so dpkg's own cause is reported.
+    assert str(error.value) == (f"dpkg did not install {debs.HOST} {debs.OLD}: {debs.HOST} depends "
+                                "on dkms; however: Package dkms is not installed. (dependency "
+                                f"problems prevent configuration of {debs.HOST})")
+
+
+def test_when_apt_get_cannot_fix_it_its_cause_is_shown(real_root, deb):
+    real_root.apt_fails()
+    with pytest.raises(InstallError) as error:
+        driver.install(driver.inspect_deb(deb))
+    assert str(error.value) == (f"dpkg did not install {debs.HOST} {debs.OLD}: "
+                                "Unable to correct problems, you have held broken packages.")
+
+
+def test_other_dpkg_failures_on_the_real_root_do_not_run_apt_get(real_root, deb):
+    real_root.other_failure("dpkg: error: requested operation requires superuser privilege\n")
+    with pytest.raises(InstallError) as error:
+        driver.install(driver.inspect_deb(deb))
+    assert [c.split()[0] for c in real_root.calls()] == ["dpkg"]
+    assert str(error.value) == (f"dpkg did not install {debs.HOST} {debs.OLD}: "
+                                "requested operation requires superuser privilege")
+
+
+# -- dpkg reads the same in every locale -------------------------------------------
+
+def test_every_dpkg_and_dpkg_deb_call_runs_in_the_c_locale(tmp_path, monkeypatch, bindir, deb):
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
+    monkeypatch.setenv("LANG", "de_DE.UTF-8")
+    log = tmp_path / "env.log"
+    for name in ("dpkg", "dpkg-deb"):
+        shell_tool(bindir, name, f'echo "{name} LC_ALL=$LC_ALL $1" >> {log}\n'
+                                 f'exec {shutil.which(name)} "$@"\n')
+    driver.install(driver.inspect_deb(deb))
+    dpkg.compare_versions(debs.OLD, debs.NEW)
+    calls = log.read_text().splitlines()
+    assert {c.split()[0] for c in calls} == {"dpkg", "dpkg-deb"}
+    assert len(calls) >= 5  # architecture, fields, contents, install, compare
+    assert [c for c in calls if " LC_ALL=C " not in c] == []
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+
+
+# -- dpkg's answer decides, whatever its exit status ------------------------------------
+
+def test_a_dpkg_error_elsewhere_after_the_driver_installed_is_logged_not_fatal(
+        tmp_path, monkeypatch, bindir, deb, caplog):
+    # dpkg installs the driver, then fails on another pending package and exits 1.
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    shell_tool(bindir, "dpkg", f'{REAL_DPKG} "$@" || exit $?\n'
+                               'case "$*" in *--install*)\n'
+                               '  echo "dpkg: error processing package libfoo (--configure):" >&2\n'
+                               '  echo " installed libfoo package post-installation script subprocess '
+                               'returned error exit status 1" >&2\n'
+                               '  exit 1;;\nesac\n')
+    with caplog.at_level("INFO"):
+        driver.install(driver.inspect_deb(deb))
+    assert debs.dpkg_query(root) == f"install ok installed {debs.OLD}"
+    assert ("WARNING", "dpkg reported installed libfoo package post-installation script subprocess "
+                       "returned error exit status 1 (error processing package libfoo (--configure)) "
+                       f"but {debs.HOST} {debs.OLD} is installed") in [
+        (r.levelname, r.getMessage()) for r in caplog.records]
+
+
+def test_another_branch_that_dpkg_cannot_remove_stops_the_install_naming_it(
+        tmp_path, monkeypatch, deb, caplog):
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    older = "nvidia-vgpu-ubuntu-550"
+    driver.install(driver.inspect_deb(debs.older_branch(tmp_path)))
+    # A package of the operator's that needs the older branch: dpkg will not remove it.
+    tools = debs.build(tmp_path, "site-vgpu-tools", "1.0", debs.machine_arch(),
+                       {"usr/share/doc/site-vgpu-tools/README": "x\n"}, depends=older)
+    subprocess.run([REAL_DPKG, f"--root={root}", f"--admindir={root}/var/lib/dpkg", "--install",
+                    str(tools)], check=True, capture_output=True)
+    with caplog.at_level("INFO"), pytest.raises(InstallError) as error:
+        driver.install(driver.inspect_deb(deb))
+    assert str(error.value).startswith(
+        f"dpkg could not remove {older} to install {debs.HOST}: ")
+    assert "site-vgpu-tools" in str(error.value)
+    # Still installed (dpkg marks it for removal only), and the new branch is not unpacked.
+    assert debs.dpkg_query(root, older).endswith(" ok installed 550.127.06")
+    assert debs.dpkg_query(root) == ""
+    assert ("INFO", f"removing {older} before installing {debs.HOST}") in [
+        (r.levelname, r.getMessage()) for r in caplog.records]
+
+
+def test_a_dpkg_that_says_success_but_installed_nothing_is_not_believed(tmp_path, monkeypatch, bindir,
+                                                                       deb):
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    shell_tool(bindir, "dpkg", f'case "$*" in *--install*) exit 0;; esac\nexec {REAL_DPKG} "$@"\n')
+    with pytest.raises(InstallError) as error:
+        driver.install(driver.inspect_deb(deb))
+    assert str(error.value) == f"dpkg did not install {debs.HOST} {debs.OLD}"
+
+
+# -- dpkg and dpkg-deb that hang -------------------------------------------------
+
+def test_dpkg_print_architecture_that_hangs_is_reported(bindir, monkeypatch, deb):
+    shell_tool(bindir, "dpkg", HANG)
+    monkeypatch.setattr(driver, "ARCH_TIMEOUT", 1)
+    with pytest.raises(ResourceInvalidError) as error:
+        driver.inspect_deb(deb)
+    assert str(error.value) == ("cannot check nvidia-vgpu-software: dpkg --print-architecture "
+                                "timed out after 1s and was stopped")
+
+
+def test_dpkg_deb_that_hangs_is_reported(bindir, monkeypatch, deb):
+    shell_tool(bindir, "dpkg-deb", HANG)
+    monkeypatch.setattr(driver, "INSPECT_TIMEOUT", 1)
+    with pytest.raises(ResourceInvalidError) as error:
+        driver.inspect_deb(deb, arch=debs.machine_arch())
+    assert str(error.value) == ("cannot check nvidia-vgpu-software: dpkg-deb --field "
+                                "timed out after 1s and was stopped")
 
 
 # -- dpkg under faults -------------------------------------------------------------

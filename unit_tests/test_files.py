@@ -5,9 +5,11 @@ The host root is a fixture tree; the links point at a directory standing for
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
+from unit_tests.faketools import OPENED
 from vgpu import files
 
 
@@ -102,6 +104,40 @@ def test_read_is_bounded_and_follows_no_link(root, ssh):
     with pytest.raises(OSError) as error:
         files.read(target.parent / "sshd_config", 100)
     assert "is a symbolic link" in error.value.strerror
+
+
+# -- temporary files: beside their target, and gone after a failure --------------------
+
+def test_write_atomic_creates_its_temporary_file_in_the_target_directory(tmp_path, moves):
+    target = tmp_path / "etc/systemd/system/unit.service"
+    with OPENED as opened:
+        files.write_atomic(target, "[Unit]\n")
+    # Opened by name in the target's directory (its descriptor), then renamed there.
+    (written,) = opened.writes
+    assert written == Path(written.name)
+    assert moves == [(written.name, "unit.service", str(target.parent), str(target.parent))]
+    # Hidden and named after its target: nothing reading the directory takes it for a unit,
+    # and one left by a crash says what it was.
+    assert written.name.startswith(".unit.service.")
+    assert target.read_text() == "[Unit]\n"
+    assert oct(target.stat().st_mode & 0o777) == "0o644"
+    assert os.listdir(target.parent) == ["unit.service"]
+
+
+def test_a_failed_replace_leaves_no_temporary_file_behind(tmp_path):
+    target = tmp_path / "etc" / "unit.service"
+    (target / "occupied").mkdir(parents=True)  # a directory where the file belongs
+    with pytest.raises(OSError):
+        files.write_atomic(target, "[Unit]\n")
+    assert os.listdir(target.parent) == ["unit.service"]
+    assert os.listdir(target) == ["occupied"]
+
+
+def test_a_failed_write_leaves_no_temporary_file_behind(tmp_path):
+    target = tmp_path / "unit.service"
+    with pytest.raises(UnicodeEncodeError):
+        files.write_atomic(target, "bad \udcff surrogate")
+    assert os.listdir(tmp_path) == []
 
 
 def test_remove_deletes_the_file_and_then_its_empty_directory(root, ssh):

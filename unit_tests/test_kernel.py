@@ -5,6 +5,7 @@ import stat
 
 import pytest
 
+from unit_tests.faketools import HANG, OPENED, shell_tool
 from vgpu import hostroot, kernel
 from vgpu.errors import InstallError
 
@@ -125,6 +126,65 @@ def test_remove_blacklist_keeps_file_when_refresh_fails(root, initramfs):
     assert (root / TARGET).read_text() == kernel.render_blacklist()
 
 
+# -- the blacklist through a temporary file; update-initramfs failing or hanging ----------
+
+def test_the_blacklist_is_written_through_a_file_in_its_own_directory(tmp_path, monkeypatch,
+                                                                     bindir, moves):
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    shell_tool(bindir, "update-initramfs", "exit 0\n")
+    with OPENED as opened:
+        assert kernel.ensure_nouveau_blacklisted()
+    target = kernel.blacklist_path()
+    (written,) = opened.writes
+    assert moves == [(written.name, target.name, str(target.parent), str(target.parent))]
+    assert os.listdir(target.parent) == [target.name]
+
+
+def test_update_initramfs_failing_silently_still_says_why_and_undoes_the_file(root, bindir):
+    shell_tool(bindir, "update-initramfs", "exit 1\n")
+    with pytest.raises(InstallError) as error:
+        kernel.ensure_nouveau_blacklisted()
+    assert str(error.value) == "update-initramfs -u failed: update-initramfs -u exited with status 1"
+    target = kernel.blacklist_path()
+    assert not target.exists()
+    assert os.listdir(target.parent) == []  # no temporary file left either
+
+
+def test_update_initramfs_failing_on_a_rewrite_puts_the_old_file_back_byte_for_byte(root, bindir):
+    old = b"blacklist nouveau\n# \x00\xff an older charm's file, edited by hand\n"
+    kernel.blacklist_path().parent.mkdir(parents=True)
+    kernel.blacklist_path().write_bytes(old)
+    shell_tool(bindir, "update-initramfs", "exit 1\n")
+    with pytest.raises(InstallError):
+        kernel.ensure_nouveau_blacklisted()
+    assert kernel.blacklist_path().read_bytes() == old
+
+
+def test_update_initramfs_failing_on_removal_keeps_the_blacklist_byte_for_byte(root, bindir):
+    shell_tool(bindir, "update-initramfs", "exit 0\n")
+    kernel.ensure_nouveau_blacklisted()
+    # Edited by hand since, with bytes that are not text: they come back exactly.
+    written = kernel.blacklist_path().read_bytes() + b"# \x00\xff by hand\n"
+    kernel.blacklist_path().write_bytes(written)
+    shell_tool(bindir, "update-initramfs", "exit 2\n")
+    with pytest.raises(InstallError, match="^update-initramfs -u failed: update-initramfs -u exited "
+                                           "with status 2$"):
+        kernel.remove_blacklist()
+    assert kernel.blacklist_path().read_bytes() == written
+    assert os.listdir(kernel.blacklist_path().parent) == [kernel.blacklist_path().name]
+
+
+def test_update_initramfs_that_hangs_is_stopped_and_the_file_undone(root, bindir, monkeypatch):
+    shell_tool(bindir, "update-initramfs", HANG)
+    monkeypatch.setattr(kernel, "INITRAMFS_TIMEOUT", 1)
+    with pytest.raises(InstallError) as error:
+        kernel.ensure_nouveau_blacklisted()
+    assert str(error.value) == "update-initramfs -u timed out after 1s and was stopped"
+    assert not kernel.blacklist_path().exists()
+
+
 PROC_MODULES = """\
 nvidia_vgpu_vfio 110592 0 - Live 0x0000000000000000
 nvidia 62586880 2 nvidia_vgpu_vfio, Live 0x0000000000000000 (POE)
@@ -234,3 +294,100 @@ def test_a_blacklist_that_cannot_be_deleted_says_why_in_words(root, tools, monke
     with pytest.raises(InstallError) as error:
         kernel.remove_blacklist()
     assert str(error.value) == f"cannot remove /{kernel.BLACKLIST}: Read-only file system"
+
+
+# -- Secure Boot ---------------------------------------------------------------------------
+
+MOKUTIL = """#!/bin/sh
+echo "mokutil $*" >> "$FAKE_LOG"
+case "$1" in
+  --sb-state) echo "SecureBoot %(state)s" ;;
+  --test-key) echo "$2 %(key)s" ;;
+  --list-new) printf '%(pending)s' ;;
+esac
+"""
+JOURNAL = ("Dec 01 nvidia-vgpu-mgr[812]: error: vmiop_log: NVOS status 0x56\n"
+           "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service\n")
+
+
+def efi(root, value=None):
+    """A machine booted through EFI; ``value``: SecureBoot's data byte (None: no variable)."""
+    (root / "sys/firmware/efi/efivars").mkdir(parents=True)
+    if value is not None:
+        (root / kernel.SECURE_BOOT_VAR).write_bytes(b"\x06\x00\x00\x00" + bytes([value]))
+
+
+def fake_mokutil(tools, state="enabled", key="is not enrolled", pending=""):
+    from unit_tests.faketools import stand_in
+
+    stand_in(tools.bin / "mokutil", MOKUTIL % {"state": state, "key": key, "pending": pending})
+
+
+def fake_journal(tools, text=JOURNAL):
+    from unit_tests.faketools import stand_in
+
+    (tools.bin.parent / "journal.txt").write_text(text)
+    stand_in(tools.bin / "journalctl",
+             f'#!/bin/sh\necho "journalctl $*" >> "$FAKE_LOG"\ncat "{tools.bin.parent}/journal.txt"\n')
+
+
+def test_without_efi_secure_boot_is_off_and_nothing_runs(root, tools):
+    fake_mokutil(tools)
+    assert kernel.secure_boot() == kernel.SecureBoot(False)
+    assert tools.calls() == []
+
+
+@pytest.mark.parametrize("value,enabled", [(1, True), (0, False)])
+def test_the_firmware_variable_answers_first(root, tools, value, enabled):
+    efi(root, value)
+    fake_mokutil(tools, state="disabled" if enabled else "enabled")
+    assert kernel.secure_boot_enabled() is enabled
+    assert not [c for c in tools.calls() if "--sb-state" in c]
+
+
+def test_mokutil_answers_when_the_variable_is_not_there(root, tools):
+    efi(root)
+    assert kernel.secure_boot_enabled() is None  # no mokutil either: cannot tell
+    fake_mokutil(tools, state="enabled")
+    assert kernel.secure_boot_enabled() is True
+
+
+def test_an_unenrolled_dkms_key_and_the_kernels_refusal_are_found(root, tools):
+    efi(root, 1)
+    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
+    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    fake_mokutil(tools)
+    fake_journal(tools)
+    state = kernel.secure_boot()
+    assert state == kernel.SecureBoot(
+        True, "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service", False)
+    assert state.blocks_modules()
+    assert kernel.secure_boot_advice(state) == (
+        "Secure Boot is on and the NVIDIA modules are not signed by an enrolled key (kernel: "
+        "modprobe: ERROR: could not insert 'nvidia': Key was rejected by service), so no reboot "
+        "loads them: enrol DKMS's key (mokutil --import /var/lib/shim-signed/mok/MOK.der, "
+        "reboot, confirm it in MOK Manager at the console), sign the modules with an enrolled "
+        "key, or turn Secure Boot off in the firmware")
+
+
+def test_an_enrolment_waiting_for_the_console_is_said(root, tools):
+    efi(root, 1)
+    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
+    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    fake_mokutil(tools, pending="[key 1]\\nSHA1 Fingerprint: 12:34\\n")
+    fake_journal(tools, "")
+    state = kernel.secure_boot()
+    assert (state.pending, state.key_enrolled, state.blocks_modules()) == (True, False, True)
+    assert kernel.secure_boot_advice(state).startswith(
+        "Secure Boot is on and DKMS's signing key waits for enrolment: reboot and confirm it in "
+        "MOK Manager")
+
+
+def test_an_enrolled_key_without_refusals_is_left_to_the_reboot(root, tools):
+    efi(root, 1)
+    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
+    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    fake_mokutil(tools, key="is already enrolled")
+    fake_journal(tools, "nothing to see\n")
+    assert kernel.secure_boot() == kernel.SecureBoot(True, "", True)
+    assert not kernel.secure_boot().blocks_modules()

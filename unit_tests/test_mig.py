@@ -4,7 +4,7 @@ import pytest
 
 from unit_tests.fakehost import h200_sxm_host, rtx_pro_6000_host
 from vgpu import mig, pci
-from vgpu.errors import MigError
+from vgpu.errors import MigError, MigInUseError
 
 H200_GPU = pci.Gpu("0000:18:00.0", "0x2335", "H200 SXM 141GB", "nvidia", "0x030200")
 RTX_GPU = pci.Gpu("0000:42:00.0", "0x2bb5", "RTX PRO 6000", "nvidia", "0x030200")
@@ -40,33 +40,6 @@ def test_no_gpu_instance_or_no_table_gives_no_count():
     assert mig.slot(mig.H200, profile("H200X-1-72C")) is None  # more memory than a 1g holds
     assert mig.slot(mig.H200, profile("H200X-18C")) is None  # time-sliced
     assert mig.fits(H200_GPU._replace(device_id="0x20f1"), profile("A100-1-5C")) is None
-
-
-def test_placements_allow_what_nvidia_allows_together():
-    gi = {g.name: g for g in mig.H200.profiles}
-    # 4g at 0 beside 3g at 4; 3 x 2g beside 1g.35gb at 6; 7 x 1g.
-    assert mig.arrangement(mig.H200, {gi["4g.71gb"]: 1, gi["3g.71gb"]: 1}) == [
-        (gi["4g.71gb"], 0), (gi["3g.71gb"], 4)]
-    assert mig.arrangement(mig.H200, {gi["2g.35gb"]: 3, gi["1g.35gb"]: 1}) is not None
-    assert mig.arrangement(mig.H200, {gi["1g.18gb"]: 7}) is not None
-    # Refused: 2 x 3g beside anything, a 4g and a 1g.35gb at 6 beside a 3g, two +me instances.
-    assert mig.arrangement(mig.H200, {gi["3g.71gb"]: 2, gi["1g.18gb"]: 1}) is None
-    assert mig.arrangement(mig.H200, {gi["4g.71gb"]: 1, gi["3g.71gb"]: 1,
-                                      gi["1g.18gb"]: 1}) is None
-    assert mig.arrangement(mig.H200, {gi["1g.18gb+me"]: 2}) is None
-    assert mig.arrangement(mig.H200, {gi["1g.18gb"]: 8}) is None
-
-
-def test_together_problem_names_the_gpu_the_profiles_and_the_instances():
-    assert mig.together_problem(RTX_GPU, {profile("DC-1-24Q"): 2, profile("DC-2-48Q"): 1}) is None
-    assert mig.together_problem(RTX_GPU, {profile("DC-1-24Q"): 3, profile("DC-2-48Q"): 1}) == (
-        "GPU 0000:42:00.0 (RTX PRO 6000): 3 x DC-1-24Q, 1 x DC-2-48Q need GPU instances "
-        "3 x 1g.24gb, 1 x 2g.48gb, which NVIDIA's MIG placements on RTX PRO 6000 Blackwell "
-        "Server Edition (4 compute slices) do not allow together")
-    # vGPUs share an instance: 8 DC-1-8Q need 3 1g.24gb instances, leaving room for nothing big.
-    assert mig.instances({profile("DC-1-8Q"): 8}, mig.RTX_PRO_6000) == {
-        mig.RTX_PRO_6000.profiles[0]: 3}
-    assert mig.together_problem(RTX_GPU, {profile("DC-1-8Q"): 8, profile("DC-2-48Q"): 1})
 
 
 def test_addresses_in_both_spellings():
@@ -108,16 +81,126 @@ def test_enable_turns_mig_mode_on_or_says_a_reset_is_needed(root, tools):
         mig.enable("0000:c8:00.0")
 
 
-def test_gpu_instance_id_is_read_for_reports(root):
+def test_writing_a_type_creates_no_gpu_instance(root):
+    """NVIDIA's vGPU for Compute guide: on KVM the GPU instances are created first."""
+    from vgpu import vfio
+    from vgpu.errors import VfTypeError
+
     host = h200_sxm_host(root, vfs=2, mig="Enabled")
     vf = "0000:18:00.4"
-    assert mig.instance_id(vf) is None
-    from vgpu import vfio
-    vfio.assign(vf, 1414)  # H200X-1-18C
+    assert vfio.creatable(vf) == ()  # no GPU instance: nothing MIG-backed is creatable
+    with pytest.raises(VfTypeError, match="holds 0 after writing 1414"):
+        vfio.assign(vf, 1414)  # H200X-1-18C
+    assert host.gpu_instances(H200) == []
+    mig.create(H200, "1g.18gb", 1)
+    assert [t.number for t in vfio.creatable(vf)] == [1414]
+    vfio.assign(vf, 1414)
     assert mig.instance_id(vf) == "1"
+    assert mig.used(H200) == {1: [vf]}
     vfio.assign(vf, 0)
-    assert mig.instance_id(vf) is None
-    assert host.vfio_model("0000:18:00.0").mig.instances == {}
+    assert mig.instance_id(vf) is None and mig.used(H200) == {}
+
+
+H200 = "0000:18:00.0"
+NEED = mig.Need(H200, "H200X-2-35C", "2g.35gb", 3)
+
+
+def test_listing_parses_nvidia_smis_tables(root, tools):
+    host = h200_sxm_host(root, vfs=2, mig="Enabled")
+    assert mig.instances(H200) == []  # "No GPU instances found": none, not an error
+    offers = mig.offered(H200)
+    assert offers["1g.18gb"] == mig.Offered("1g.18gb", 19, 7, 7)
+    assert offers["1g.18gb+me"] == mig.Offered("1g.18gb+me", 20, 1, 1)
+    assert offers["7g.141gb"] == mig.Offered("7g.141gb", 0, 1, 1)
+    assert mig.create(H200, "3g.71gb", 1).startswith("Successfully created GPU instance ID  1")
+    assert mig.instances(H200) == [mig.GpuInstance(1, "3g.71gb", 0, 4)]
+    assert mig.offered(H200)["3g.71gb"].free == 1 and mig.offered(H200)["4g.71gb"].free == 0
+    assert host.gpu_instances(H200) == ["1:3g.71gb@0"]
+    host.set_mig(H200, current="Disabled")
+    with pytest.raises(MigError, match="-lgi failed: No MIG-enabled devices found"):
+        mig.instances(H200)
+
+
+def test_layout_keeps_what_fits_destroys_only_what_is_unused_and_never_what_is_in_use():
+    gi = mig.GpuInstance
+    assert mig.layout(NEED, [gi(1, "2g.35gb", 0, 2)] * 3, {}) == mig.Layout()
+    assert mig.layout(NEED, [gi(1, "2g.35gb", 0, 2)], {}) == mig.Layout(create=2)
+    other = gi(5, "1g.18gb", 6, 1)
+    assert mig.layout(NEED, [other], {}) == mig.Layout(destroy=(other,), create=3)
+    held = mig.layout(NEED, [other], {5: ["0000:18:00.4"]})
+    assert held.create == 0 and held.destroy == () and held.held == ("0000:18:00.4",)
+    assert held.problem == (
+        "GPU 0000:18:00.0: MIG-backed H200X-2-35C needs 3 x 2g.35gb GPU instances, but GPU "
+        "instance 5 (1g.18gb) holds the vGPUs of VF 0000:18:00.4; the charm never destroys a GPU "
+        "instance in use. Move or delete the guests on those VFs, release each VF (echo 0 > "
+        "/sys/bus/pci/devices/<VF>/nvidia/current_vgpu_type), then run nvidia-smi mig -i "
+        "00000000:18:00.0 -dci -gi 5; nvidia-smi mig -i 00000000:18:00.0 -dgi -gi 5; the next "
+        "hook creates the rest")
+    short = mig.layout(NEED, [], {}, {"2g.35gb": mig.Offered("2g.35gb", 14, 2, 3)})
+    assert short.problem == ("GPU 0000:18:00.0: MIG-backed H200X-2-35C needs 3 x 2g.35gb GPU "
+                             "instances, 0 exist and nvidia-smi mig -lgip lists 2 creatable")
+    assert "does not offer it" in mig.layout(NEED, [], {}, {}).problem
+
+
+def test_ensure_creates_what_is_missing_and_replaces_only_unused_instances(root, tools):
+    from vgpu import vfio
+
+    host = h200_sxm_host(root, vfs=2, mig="Enabled")
+    mig.create(H200, "1g.18gb", 2)
+    assert mig.ensure(NEED) == ["GPU instance 1 (1g.18gb, unused) destroyed",
+                                "GPU instance 2 (1g.18gb, unused) destroyed",
+                                "3 x 2g.35gb GPU instances created"]
+    assert host.gpu_instances(H200) == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
+    assert mig.ensure(NEED) == []  # there already: nothing run but the listing
+    # A VF's vGPU in an instance of another profile: the layout stays, the steps are said.
+    vfio.assign("0000:18:00.4", 1416)
+    before = len(tools.calls())
+    with pytest.raises(MigInUseError, match="holds the vGPUs of VF 0000:18:00.4") as caught:
+        mig.ensure(mig.Need(H200, "H200X-1-18C", "1g.18gb", 7))
+    assert caught.value.vfs == ("0000:18:00.4",)
+    assert host.gpu_instances(H200) == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
+    assert not [c for c in tools.calls()[before:] if "-dci" in c or "-dgi" in c or "-cgi" in c]
+    # The stand-in refuses to destroy it too, as the driver would.
+    with pytest.raises(MigError, match="In use by another client"):
+        mig.destroy(H200, 1)
+
+
+def test_a_reboot_wipes_the_gpu_instances_and_may_leave_the_mode_pending(root, tools):
+    host = h200_sxm_host(root, vfs=2, mig="Enabled")
+    mig.create(H200, "7g.141gb", 1)
+    host.reboot()
+    assert mig.instances(H200) == [] and mig.modes([H200])[H200].enabled
+    host.set_mig(H200, pending_after_reboot=True)
+    host.reboot()
+    assert mig.modes([H200])[H200] == mig.Mode("Disabled", "Enabled")
+    mig.reset(H200)
+    assert mig.modes([H200])[H200].enabled
+    host.set_mig(H200, busy=True)
+    with pytest.raises(MigError, match="nvidia-smi -r -i 00000000:18:00.0 failed: Unable to reset"):
+        mig.reset(H200)
+
+
+def test_the_rtx_pro_6000_gets_gfx_instances_from_the_mapping(root):
+    host = rtx_pro_6000_host(root, vfs=8, gpus=2, mig="Enabled")
+    found = mig.mapped({"DC-2-12Q": ("0000:42:00.0",), "H200X-1-18C": ("all",)}, pci.discover())
+    assert found == {"0000:42:00.0": mig.Need("0000:42:00.0", "DC-2-12Q", "2g.48gb+gfx", 2)}
+    # VF by VF: 5 VFs of 4 per instance take 2 instances.
+    vfs = tuple(f"0000:8c:00.{n}" for n in range(2, 7))
+    assert mig.mapped({"DC-2-12Q": vfs}, pci.discover())["0000:8c:00.0"].gis == 2
+    # Two MIG-backed profiles on one GPU: none (the plan refuses the mapping).
+    assert mig.mapped({"DC-2-12Q": vfs[:1], "DC-1-24Q": vfs[1:2]}, pci.discover()) == {}
+    mig.ensure(found["0000:42:00.0"])
+    assert host.gpu_instances("0000:42:00.0") == ["1:2g.48gb+gfx@0", "2:2g.48gb+gfx@2"]
+
+
+def test_boot_needs_take_only_what_the_charm_writes():
+    good = {"address": H200, "mig": NEED.data()}
+    assert mig.boot_needs({"gpus": [good]}) == {H200: NEED}
+    for bad in ({"address": H200, "mig": dict(NEED.data(), count=True)},
+                {"address": "18:00.0", "mig": NEED.data()},
+                {"address": H200, "mig": dict(NEED.data(), instance="2g; reboot")},
+                {"address": H200, "mig": dict(NEED.data(), count=9)}):
+        assert mig.boot_needs({"gpus": [bad]}) == {}
 
 
 def test_mode_problems_count_what_cannot_be_read_as_out_of_mig_mode(root, tools):

@@ -56,13 +56,39 @@ def test_a_device_spec_field_nova_conf_must_not_get_is_refused(field, value):
         novaconf.check(pci(["device_spec", spec(**{field: value})]))
 
 
-@pytest.mark.parametrize("address", ["00000001:c8:00.2", "00001:c8:00.2", "0001:C8:00.2", "1:c8:00.2"])
+@pytest.mark.parametrize("address", ["00000001:c8:00.2", "00001:c8:00.2", "0001:C8:00.2", "1:c8:00.2",
+                                     "10000:01:00.0"])
 def test_only_sysfs_spelling_of_an_address_is_published(address):
-    """Nova compares addresses as strings with libvirt's (0001:c8:00.2): any other spelling never matches."""
+    """Nova compares addresses as strings with libvirt's (0001:c8:00.2): any other spelling never matches.
+
+    A domain above ffff (VMD) is refused too: Nova's PciAddressGlobSpec
+    refuses it and device_addresses needs a four-digit domain
+    (``pci_utils.parse_address``); nova-compute would not start.
+    """
     with pytest.raises(ValueError, match=f"^refusing address '{address}' for nova.conf"):
         novaconf.check(pci(["device_spec", spec(address=address)]))
-    for good in ("0001:c8:00.2", "10000:01:00.0"):  # a VMD domain above ffff keeps its digits
-        novaconf.check(pci(["device_spec", spec(address=good)]))
+    with pytest.raises(ValueError, match=f"^refusing address '{address}' for nova.conf"):
+        novaconf.check({"devices": [["enabled_mdev_types", "nvidia-108"]],
+                        "mdev_nvidia-108": [["device_addresses", address]]})
+    novaconf.check(pci(["device_spec", spec(address="0001:c8:00.2")]))
+
+
+@pytest.mark.parametrize("address,nova", [("0000:81:00.4", True), ("ffff:01:00.0", True),
+                                          ("10000:01:00.0", False), ("1000000:01:00.0", False)])
+def test_novas_own_address_rules_agree(address, nova):
+    """Nova's parse_address (device_addresses) and PciAddressGlobSpec (device_spec), where installed."""
+    utils = pytest.importorskip("nova.pci.utils")
+    devspec = pytest.importorskip("nova.pci.devspec")
+    from nova import exception
+
+    try:
+        utils.parse_address(address)
+        devspec.PciAddressGlobSpec(address)
+        accepted = True
+    except (exception.PciDeviceWrongAddressFormat, exception.PciConfigInvalidSpec):
+        accepted = False
+    assert accepted is nova
+    assert novaconf.nova_addressable(address) is nova
 
 
 @pytest.mark.parametrize("value", ["False", "true", "True\n[DEFAULT]"])

@@ -505,9 +505,19 @@ H200_A, H200_B = "0000:18:00.0", "0000:2a:00.0"
 
 
 def mig_build(text, pci_in_placement=True):
-    """Several profiles of one model tell apart only by resource class: pci-in-placement on."""
+    """The plan after the GPU instances the mapping needs were created, as the charm does.
+
+    A VF lists a MIG-backed type only where a GPU instance has room for it (see
+    vgpu.mig.mapped). Several profiles of one model tell apart only by resource
+    class: pci-in-placement on.
+    """
+    from vgpu import mig
+
     checked = mappings.check_text(text)
     assert checked.ok, checked.errors
+    for need in mig.mapped(checked.mapping, pci.discover()).values():
+        if mig.modes([need.gpu])[need.gpu].enabled:
+            mig.ensure(need)
     return plan.build(checked.mapping, pci.discover(), EPOXY, pci_in_placement=pci_in_placement)
 
 
@@ -531,36 +541,36 @@ def test_a_gpu_serves_time_sliced_or_mig_backed_profiles_never_both(root):
             "one GPU serves either time-sliced or MIG-backed profiles, never both",)
 
 
-def test_several_mig_backed_profiles_share_a_gpu_where_placements_allow(root):
+def one_per_gpu(gpu, model, names):
+    return (f"GPU {gpu} ({model}) is mapped to MIG-backed {names}: one MIG-backed profile per "
+            "GPU. Nova gives all VFs of one GPU one resource class in Placement (two stop "
+            "nova-compute: PlacementPciMixedResourceClassException) and, without "
+            "pci-in-placement, cannot tell VFs of one product id apart; map one of them")
+
+
+@pytest.mark.parametrize("placement", [True, False])
+def test_two_mig_backed_profiles_on_one_gpu_are_refused_with_or_without_placement(root, placement):
+    """Nova: all VFs of one PF share one resource class; without Placement one product id."""
     h200_sxm_host(root, mig="Enabled")
     a, b, c = vfs(H200_A, 3)
-    ok = mig_build(f"{{H200X-4-71C: ['{a}'], H200X-3-71C: ['{b}']}}")
-    assert ok.errors == () and [x.name for x in ok.assignments] == [
-        "NVIDIA H200X-4-71C", "NVIDIA H200X-3-71C"]
-    refused = mig_build(f"{{H200X-4-71C: ['{a}'], H200X-3-71C: ['{b}', '{c}']}}")
-    assert refused.errors == (
-        "GPU 0000:18:00.0 (H200 SXM 141GB): 2 x H200X-3-71C, 1 x H200X-4-71C need GPU instances "
-        "2 x 3g.71gb, 1 x 4g.71gb, which NVIDIA's MIG placements on H200 141GB (7 compute "
-        "slices) do not allow together",)
+    refused = mig_build(f"{{H200X-1-18C: ['{a}', '{b}'], H200X-2-35C: ['{c}']}}", placement)
+    assert one_per_gpu(H200_A, "H200 SXM 141GB", "H200X-1-18C, H200X-2-35C") in refused.errors
     assert refused.assignments == ()
-    assert mig_build(f"{{H200X-4-71C: ['{a}'], H200X-3-71C: ['{b}']}}", False).errors == (
-        "profiles H200X-3-71C, H200X-4-71C share VF product id 2335, which a PCI alias by vendor "
-        "and product id cannot tell apart: map one profile per GPU model or set "
-        "pci-in-placement=true",)
+    whole = mig_build(f"{{H200X-4-71C: [18:00.0], H200X-3-71C: ['{vfs(H200_A, 6)[5]}']}}",
+                      placement)
+    assert one_per_gpu(H200_A, "H200 SXM 141GB", "H200X-3-71C, H200X-4-71C") in whole.errors
+    # One profile on each GPU is fine with Placement, each GPU its own class.
+    assert mig_build("{H200X-1-18C: [18:00.0], H200X-2-35C: [2a:00.0]}").errors == ()
 
 
-def test_mig_backed_sharing_needs_vfs_one_by_one_and_counts_are_kept(root):
+def test_mig_backed_counts_are_kept(root):
     h200_sxm_host(root, mig="Enabled")
-    assert mig_build(f"{{H200X-4-71C: [18:00.0], H200X-3-71C: ['{vfs(H200_A, 6)[5]}']}}",
-                 EPOXY).errors == (
-        "GPU 0000:18:00.0 is mapped whole to MIG-backed H200X-3-71C, H200X-4-71C: map the VFs of "
-        "each profile one by one to share a GPU between MIG-backed profiles",)
     assert mig_build(f"{{H200X-3-71C: {list(vfs(H200_A, 3))}}}").errors == (
         "H200X-3-71C: 3 virtual functions of GPU 0000:18:00.0 are mapped but H200X-3-71C fits 2 "
         "per GPU (2 x 3g.71gb GPU instances, 1 each)",)
     first = vfs(H200_A, 1)[0]
-    assert mig_build(f"{{H200X-1-18C: ['{first}'], H200X-2-35C: ['{first}']}}").errors == (
-        f"H200X-2-35C: VF {first} is mapped to both H200X-1-18C and H200X-2-35C",)
+    assert one_per_gpu(H200_A, "H200 SXM 141GB", "H200X-1-18C, H200X-2-35C") in mig_build(
+        f"{{H200X-1-18C: ['{first}'], H200X-2-35C: ['{first}']}}").errors
 
 
 def test_mig_backed_on_the_rtx_pro_6000_by_nvidia_names(root):
@@ -571,7 +581,7 @@ def test_mig_backed_on_the_rtx_pro_6000_by_nvidia_names(root):
     assert [a.address for a in whole.assignments] == list(first)
     shared = mig_build(f"{{DC-1-24Q: ['{first[0]}', '{first[1]}'], "
                    f"'NVIDIA RTX Pro 6000 Blackwell DC-2-48Q': ['{first[2]}']}}")
-    assert shared.errors == ()
+    assert shared.assignments == () and len(shared.errors) == 1
     assert len(mig_build("{DC-1-8Q: all}").assignments) == 12  # 3 per 1g.24gb, 4 instances
 
 
@@ -579,9 +589,9 @@ def test_mig_backed_profiles_need_a_table_for_the_gpu_model(root):
     host = h200_sxm_host(root, mig="Enabled", vfs=2)
     # The same types on a model the charm has no MIG geometry for (device id changed).
     for address in ("0000:18:00.0", "0000:2a:00.0"):
-        (host.bus / address / "device").resolve().write_text("0x2330\n")
+        (host.bus / address / "device").resolve().write_text("0x2342\n")
     assert mig_build("{H200X-1-18C: [18:00.0]}").errors == (
-        "GPU 0000:18:00.0 (NVIDIA 0x2330, device 0x2330): the charm has no MIG table for this "
+        "GPU 0000:18:00.0 (NVIDIA 0x2342, device 0x2342): the charm has no MIG table for this "
         "model, so MIG-backed H200X-1-18C cannot be counted",)
 
 

@@ -15,7 +15,7 @@ import pytest
 from oslo_config import cfg
 
 from unit_tests.fakehost import render_principal_nova_conf
-from vgpu import novaconf, pci, plan, principalconf
+from vgpu import novaconf, pci, plan, principalconf, text
 from vgpu.errors import HostReadError, PrincipalConfigError
 from vgpu.principalconf import Device, Entry
 
@@ -41,8 +41,9 @@ HOST = pci.Host(gpus=(pci.Gpu(
               for n, a in enumerate(VFS))),))
 
 
-def whitelist(value: str, section: str = "pci", key: str = "passthrough_whitelist") -> Entry:
-    return Entry(section, key, value)
+def whitelist(value: str, section: str = "pci", key: str = "passthrough_whitelist",
+              file: str = principalconf.NOVA_CONF) -> Entry:
+    return Entry(section, key, value, file)
 
 
 def found(value: str, sections=None, **where) -> list:
@@ -155,13 +156,44 @@ def test_load_reads_under_the_host_root(root):
     path = root / "etc/nova/nova.conf"
     path.parent.mkdir(parents=True)
     path.write_text(render_principal_nova_conf('{"vendor_id": "15b3"}'))
-    assert principalconf.load()["pci"]["passthrough_whitelist"] == ['{"vendor_id": "15b3"}']
+    assert principalconf.load()[0][1]["pci"]["passthrough_whitelist"] == ['{"vendor_id": "15b3"}']
     path.write_text("[pci]\ngarbage\n")
     with pytest.raises(PrincipalConfigError, match=r"cannot parse /etc/nova/nova.conf: line 2: "):
         principalconf.load()
     path.unlink()
     path.mkdir()
     with pytest.raises(HostReadError, match="cannot read /etc/nova/nova.conf: Is a directory"):
+        principalconf.load()
+
+
+def test_nova_compute_conf_is_read_after_nova_conf_as_oslo_config_reads_both(root):
+    """Ubuntu's nova-compute runs with --config-file nova.conf --config-file nova-compute.conf."""
+    conf_dir = root / "etc/nova"
+    conf_dir.mkdir(parents=True)
+    (conf_dir / "nova.conf").write_text(MESSY)
+    (conf_dir / "nova-compute.conf").write_text(
+        "[DEFAULT]\ncompute_driver=libvirt.LibvirtDriver\n"
+        '[pci]\ndevice_spec = {"address": "0000:81:00.0"}\n'
+        'passthrough_whitelist = {"vendor_id": "1af4"}\nalias = {"name": "virtio"}\n'
+        '[DEFAULT]\npci_passthrough_whitelist = {"vendor_id": "abcd"}\n')
+    conf = cfg.ConfigOpts()
+    conf.register_opts(NOVA_OPTS, group="pci")
+    conf(args=[], default_config_files=[str(conf_dir / "nova.conf"),
+                                        str(conf_dir / "nova-compute.conf")])
+    parsed = principalconf.principal(principalconf.load())
+    assert [e.value for e in parsed.specs] == list(conf.pci.device_spec)
+    assert [e.value for e in parsed.aliases] == list(conf.pci.alias)
+    assert [e.file for e in parsed.specs[-3:]] == ["/etc/nova/nova-compute.conf"] * 3
+    # An entry there that takes our VFs is named with the file to correct.
+    assert found('{"address": "0000:81:00.0"}', file="/etc/nova/nova-compute.conf",
+                 key="device_spec") == [
+        "compute-gpu's [pci] device_spec entry {\"address\": \"0000:81:00.0\"} matches GPU "
+        f"{PF} and its VFs {', '.join(VFS[:4])} and 4 more, whose VFs this unit publishes for vGPUs: "
+        "Nova refuses a GPU beside its VFs in Placement (nova-compute stops); leave the GPU out; "
+        "[pci] device_spec is none of compute-gpu's options: remove it where it comes from "
+        "(config-flags, another subordinate or a hand edit of /etc/nova/nova-compute.conf)"]
+    (conf_dir / "nova-compute.conf").write_text("[pci]\nbroken\n")
+    with pytest.raises(PrincipalConfigError, match="cannot parse /etc/nova/nova-compute.conf: "):
         principalconf.load()
 
 
@@ -255,9 +287,12 @@ def test_specs_for_other_devices_are_fine(value, sections):
     assert found(value, sections) == []
 
 
-def test_nothing_clashes_without_a_pci_section():
-    assert found('{"vendor_id": "10de"}', {"devices": [["enabled_mdev_types", "nvidia-105"]]}) == []
-    assert found("not json", {"mdev_nvidia-105": [["device_addresses", PF]]}) == []
+def test_nothing_clashes_without_sections_that_give_nova_devices():
+    for value in ('{"vendor_id": "10de"}', "not json"):
+        assert principalconf.conflicts([whitelist(value)], {}, HOST, APP) == []
+    # mdev types on a GPU not on this host: nothing of it to take.
+    assert found('{"vendor_id": "10de"}', {"mdev_nvidia-105": [["device_addresses", "0000:99:00.0"]]}) \
+        == []
 
 
 @pytest.mark.parametrize("value,why", [
@@ -278,7 +313,7 @@ def test_an_entry_nova_refuses_is_named_with_why(value, why):
     [message] = found(value)
     assert message.startswith("compute-gpu's pci-passthrough-whitelist entry ")
     assert " is refused by Nova (" in message and why in message
-    assert "whether it takes this unit's vGPU VFs is unknown" in message
+    assert "whether it takes this unit's vGPU devices is unknown" in message
 
 
 def test_a_long_entry_is_cut_to_a_readable_length():
@@ -293,6 +328,64 @@ def test_published_vfs_that_are_gone_from_the_host_are_still_checked():
     specs = [whitelist('{"address": "0000:81:00.5"}')]
     [message] = principalconf.conflicts(specs, REPORTING, gone, APP)
     assert f"matches VF {OURS[1]} of GPU {OURS[1]}" in message
+
+
+V100S = pci.Host(gpus=tuple(pci.Gpu(
+    address=a, device_id="0x1db4", model="V100", driver="nvidia", class_code="0x030200",
+    types=(pci.VgpuType(108, "GRID V100-8Q", pci.MDEV),)) for a in (
+    "0000:c1:00.0", "0000:e1:00.0")))
+
+
+@pytest.mark.parametrize("sections,hit", [
+    ({"devices": [["enabled_mdev_types", "nvidia-108"]],
+      "mdev_nvidia-108": [["device_addresses", "0000:e1:00.0"]]}, ["0000:e1:00.0"]),
+    # Queens to Train: one type, no addresses: every mdev GPU serves it.
+    ({"devices": [["enabled_vgpu_types", "nvidia-108"]]}, ["0000:c1:00.0", "0000:e1:00.0"]),
+])
+def test_a_spec_taking_a_gpu_whose_mdevs_nova_gets_is_a_conflict(sections, hit):
+    def said(value):
+        return principalconf.conflicts([whitelist(value)], sections, V100S, APP)
+
+    assert said('{"address": "0000:3b:00.0"}') == []
+    for address in ("0000:c1:00.0", "0000:e1:00.0"):
+        spec = json.dumps({"address": address})
+        assert bool(said(spec)) == (address in hit)
+    assert said('{"vendor_id": "10de"}')[0].startswith(
+        f"compute-gpu's pci-passthrough-whitelist entry {{\"vendor_id\": \"10de\"}} matches GPU "
+        f"{hit[0]}, whose mdevs this unit gives Nova for vGPUs")
+
+
+# -- bounded: what a hook evaluates of the principal's text ------------------------------
+
+CATASTROPHIC = {"address": {"bus": "(|)" * 40 + "x"}}  # 2**40 ways to fail on every bus
+
+
+@pytest.mark.parametrize("value,why", [
+    (json.dumps(CATASTROPHIC), "matching its regular expressions timed out after 0.5s and was "
+                               "stopped"),
+    ("[" * 5000 + "]" * 5000, "its JSON is nested more than 32 deep"),
+    (json.dumps({"address": "0000:81:00.0", "x": "a" * 70000}),
+     "it is 70036 characters long, more than the 65536 this charm evaluates"),
+])
+def test_an_entry_beyond_the_bounds_is_named_as_not_checked(monkeypatch, value, why):
+    monkeypatch.setattr(principalconf, "REGEX_BUDGET", 0.5)
+    message = found(value)
+    assert message == [
+        f"cannot check compute-gpu's pci-passthrough-whitelist entry "
+        f"{text.one_line(value, 70)}: {why}; whether it takes this unit's vGPU devices is "
+        "unknown, the last published settings stay; change it: juju config compute-gpu "
+        "pci-passthrough-whitelist=..."]
+
+
+def test_regex_addresses_are_matched_as_re_match_does_in_a_process_of_their_own():
+    spec = principalconf.parse_spec({"address": {"bus": "8[0-9a-f]", "function": "[45]"}}, set())
+    assert [principalconf.matches(spec, Device("10de", "26ba", a)) for a in VFS[:3]] == [
+        True, True, False]
+    assert principalconf.regex_answers([("8", "81"), ("1$", "81"), ("", "x")]) == {
+        ("8", "81"): True, ("1$", "81"): False, ("", "x"): True}
+    # A regex that matches our VF, found within the bounds, is a conflict like any other.
+    assert found('{"address": {"bus": "81", "slot": "00", "function": "4"}}')[0].startswith(
+        "compute-gpu's pci-passthrough-whitelist entry {\"address\": {\"bus\": \"81\"")
 
 
 # -- the same rules through Nova's own PciDeviceSpec -------------------------------------

@@ -1,6 +1,6 @@
-"""Every [pci] alias and device_spec the documentation shows works when typed.
+"""Every [pci] alias, device_spec and command the documentation shows works when typed.
 
-README.md and config.yaml show ``[pci] alias`` and ``[pci] device_spec``
+README.md, every page of docs/ and config.yaml show ``[pci] alias`` and ``[pci] device_spec``
 entries that operators paste into nova-cloud-controller's and nova-compute's
 ``pci-alias`` and read back from ``nova.conf``. Each one is found here (every
 JSON object in the text: one with a ``name`` is an alias, one with an
@@ -20,9 +20,14 @@ JSON object in the text: one with a ``name`` is an alias, one with an
   ``nova/pci/devspec.py``;
 * where Nova is importable, both also through Nova's real functions.
 
-Every ``pci_passthrough:alias=NAME:N`` in the README must name an alias the
-README defines, and every NVIDIA alias must match, by ids, a device spec the
-README shows.
+Every ``pci_passthrough:alias=NAME:N`` in the documentation must name an alias
+it defines, and every NVIDIA alias must match, by ids, a device spec it shows.
+
+The commands are checked against the charm itself: every ``juju run <unit>
+<action> k=v`` names an action of actions.yaml with its parameters (or one of
+the principal's, listed below), every ``juju config <app> <option>=...`` an
+option of config.yaml (or a neighbour's, listed below), every ``make <target>``
+a target of the Makefile, and every relative link resolves, anchors included.
 """
 
 import json
@@ -35,7 +40,8 @@ import pytest
 from unit_tests.test_nova_rules import nova_devspec, placement_class
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "config.yaml")
+PAGES = ("README.md",) + tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md")))
+DOCS = PAGES + ("config.yaml",)
 
 # nova/pci/request.py _ALIAS_SCHEMA; nova/pci/utils.py PCI_VENDOR_PATTERN;
 # nova/objects/fields.py PciDeviceType (vDPA excluded) and PCINUMAAffinityPolicy.
@@ -186,14 +192,18 @@ def test_every_documented_device_spec_passes_novas_rules(doc, text):
     assert placement_class(rc) == rc
 
 
-def test_every_flavor_alias_in_the_readme_is_defined_there():
-    readme = (REPO / "README.md").read_text()
-    wanted = FLAVOR_ALIAS.findall(readme)
-    assert wanted, "the README shows no pci_passthrough:alias flavor"
-    defined = {json.loads(text)["name"] for doc, text in ALIASES if doc == "README.md"}
-    assert {name for name, _ in wanted} - defined == set()
+def test_the_documentation_is_the_readme_and_every_page_of_docs():
+    assert "docs/index.md" in PAGES and "docs/how-to/flavors.md" in PAGES, PAGES
+
+
+def test_every_flavor_alias_in_the_documentation_is_defined_there():
+    wanted = [(page, name, count) for page in PAGES
+              for name, count in FLAVOR_ALIAS.findall((REPO / page).read_text())]
+    assert {page for page, _, _ in wanted} >= {"README.md", "docs/how-to/flavors.md"}, wanted
+    defined = {json.loads(text)["name"] for doc, text in ALIASES}
+    assert {(page, name) for page, name, _ in wanted if name not in defined} == set()
     # A flavor asks for a positive count.
-    assert all(int(count) >= 1 for _, count in wanted)
+    assert all(int(count) >= 1 for _, _, count in wanted)
 
 
 @pytest.mark.parametrize("text,in_placement,ok", [
@@ -286,3 +296,216 @@ def _real_nova_accepts(texts, pci_in_placement):
         conf.clear_override("alias", group="pci")
         conf.clear_override("pci_in_placement", group="filter_scheduler")
         request.get_alias_from_config.cache_clear()
+
+
+# -- Commands and links ------------------------------------------------------------------------
+
+# Actions of the principal the documentation runs (charm-nova-compute's actions.yaml).
+PRINCIPAL_ACTIONS = {"nova-compute": {"pause": set(), "resume": set(), "openstack-upgrade": set()}}
+# Options of the neighbouring charms the documentation sets (their config.yaml), by application.
+NEIGHBOUR_OPTIONS = {
+    "nova-compute": {"pci-alias", "pci-passthrough-whitelist", "openstack-origin", "config-flags",
+                     "debug", "enable-live-migration"},
+    "nova-cloud-controller": {"pci-alias", "scheduler-default-filters", "openstack-origin",
+                              "config-flags", "debug",
+                              "pci-in-placement"},  # newer revisions: docs/how-to/pci-in-placement.md
+}
+JUJU_RUN = re.compile(r"juju run (?:--\S+ )*(\S+) (\S+)((?: [A-Za-z][\w-]*=\S*)*)")
+JUJU_CONFIG = re.compile(r"juju config (\S+) ([A-Za-z][\w-]*)=")
+# make in command position: a line's start (after a prompt), or after && || | ( or sudo;
+# "apt install git make python3-venv" names the package, and "...; make it installable" in a
+# status message is prose, not a target.
+MAKE = re.compile(r"(?:^\s*(?:\$\s+)?|(?:&&|\|\||[|(])\s*|sudo\s+)make ([a-z][\w-]*)")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.M | re.S)  # indented in lists too
+
+
+def code_segments(text):
+    """The text of every fenced block (line by line) and inline code span (lines joined)."""
+    out = []
+    for block in FENCE.findall(text):
+        out.extend(block.splitlines()[1:-1])
+    prose = FENCE.sub("", text)
+    out.extend(" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose))
+    return out
+
+
+def _yaml(name):
+    import yaml
+
+    return yaml.safe_load((REPO / name).read_text())
+
+
+def makefile_targets(text):
+    """The targets a Makefile defines (rules and .PHONY), variables' own paths left out."""
+    targets = set(re.findall(r"^([A-Za-z][\w.-]*)\s*:(?!=)", text, re.M))
+    for phony in re.findall(r"^\.PHONY\s*:(.*)$", text, re.M):
+        targets.update(phony.split())
+    return targets
+
+
+def command_problems(text, actions, options, targets):
+    """What is wrong with the juju run, juju config and make commands in ``text``."""
+    problems = []
+    for segment in code_segments(text):
+        problems += _run_problems(segment, actions) + _config_problems(segment, options)
+        problems += [f"make {target}: no such target in the Makefile"
+                     for target in MAKE.findall(segment) if target not in targets]
+    return problems
+
+
+def _run_problems(segment, actions):
+    problems = []
+    for unit, action, params in JUJU_RUN.findall(segment):
+        if unit.startswith("<") or action.startswith("<"):
+            continue  # a placeholder
+        known = PRINCIPAL_ACTIONS.get(unit.split("/")[0], actions)
+        if action not in known:
+            problems.append(f"juju run {unit} {action}: no such action")
+            continue
+        problems += [f"juju run {unit} {action}: no parameter {name}"
+                     for name in re.findall(r"([A-Za-z][\w-]*)=", params)
+                     if name not in known[action]]
+    return problems
+
+
+def _config_problems(segment, options):
+    return [f"juju config {app} {option}: no such option"
+            for app, option in JUJU_CONFIG.findall(segment)
+            if not app.startswith(("<", "$")) and option not in NEIGHBOUR_OPTIONS.get(app, options)]
+
+
+def anchors(text):
+    """GitHub's anchors for the headings of a Markdown text (duplicates numbered)."""
+    out, seen = set(), {}
+    for heading in re.findall(r"^#+ (.*)$", FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        out.add(slug if count == 0 else f"{slug}-{count}")
+    return out
+
+
+def link_problems(page, text, root=REPO):
+    """Relative links of ``page`` (a path under ``root``) that lead nowhere."""
+    problems = []
+    for target in LINK.findall(FENCE.sub("", text)):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        dest = (root / page).parent / path if path else root / page
+        if not dest.exists():
+            problems.append(f"{page}: {target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+            problems.append(f"{page}: {target}: no such heading")
+    return problems
+
+
+def _charm_actions():
+    return {name: set((spec or {}).get("params", {})) for name, spec in _yaml("actions.yaml").items()}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_command_in_the_documentation_is_real(page):
+    problems = command_problems((REPO / page).read_text(), _charm_actions(),
+                                set(_yaml("config.yaml")["options"]),
+                                makefile_targets((REPO / "Makefile").read_text()))
+    assert problems == []
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_in_the_documentation_resolves(page):
+    assert link_problems(page, (REPO / page).read_text()) == []
+
+
+def test_the_documentation_shows_the_commands_it_checks():
+    segments = [s for page in PAGES for s in code_segments((REPO / page).read_text())]
+    runs = {action for s in segments for _, action, _ in JUJU_RUN.findall(s)}
+    assert set(_charm_actions()) <= runs, set(_charm_actions()) - runs
+    configured = {option for s in segments for _, option in JUJU_CONFIG.findall(s)}
+    assert set(_yaml("config.yaml")["options"]) - {"force-install-nvidia-vgpu"} <= configured
+    assert {"demo", "test"} <= {t for s in segments for t in MAKE.findall(s)}
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("`juju run nova-compute-nvidia-vgpu/0 upgrade forse=true`", "no parameter forse"),
+    ("```\njuju run nova-compute-nvidia-vgpu/0 list-gpus\n```", "list-gpus: no such action"),
+    ("`juju run nova-compute/3 upgrade`", "no such action"),  # the principal has no upgrade
+    ("`juju config nova-compute-nvidia-vgpu pci-in-placment=true`", "no such option"),
+    ("`juju config nova-compute vgpu-device-mappings=x`", "no such option"),
+    ("```\nmake tset ARGS=-q\n```", "make tset"),
+    ("`cd x && make lint-all`", "make lint-all"),
+    ("```\n$ make tset\n```", "make tset"),
+])
+def test_the_command_check_finds_what_is_wrong(text, problem):
+    actions = {"upgrade": {"force"}, "list-vgpu-types": set()}
+    found = command_problems(text, actions, {"pci-in-placement"}, {"test", "lint"})
+    assert len(found) == 1 and problem in found[0], found
+    # The same text, spelt right, passes.
+    right = (text.replace("forse", "force").replace("list-gpus", "list-vgpu-types")
+             .replace("nova-compute/3 upgrade", "nova-compute/3 pause")
+             .replace("placment", "placement").replace("nova-compute vgpu-device-mappings",
+                                                       "nova-compute pci-alias")
+             .replace("tset", "test").replace("lint-all", "lint"))
+    assert command_problems(right, actions, {"pci-in-placement"}, {"test", "lint"}) == []
+
+
+def test_the_link_check_finds_missing_files_and_headings(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A page\n\n## PCI in Placement (opt-in)\n")
+    page = ("# The `p` page\n[ok](a.md#pci-in-placement-opt-in) [self](#the-p-page) [web](https://x.org/)\n"
+            "[gone](b.md) [no heading](a.md#pci-in-placement) [up](../README.md)\n"
+            "  ```\n  [in code](nowhere.md)\n  # not a heading\n  ```\n[no](#not-a-heading)\n")
+    (tmp_path / "docs" / "p.md").write_text(page)
+    problems = link_problems("docs/p.md", page, root=tmp_path)
+    assert problems == ["docs/p.md: b.md: no such file",
+                        "docs/p.md: a.md#pci-in-placement: no such heading",
+                        "docs/p.md: ../README.md: no such file",
+                        "docs/p.md: #not-a-heading: no such heading"], problems
+
+
+def test_makefile_targets_are_read_from_rules_and_phony():
+    text = ".PHONY: demo charm\nVENV ?= .venv\n$(VENV)/.ready: x\ntest: $(VENV)/.ready\nX := 1\n"
+    assert makefile_targets(text) == {"demo", "charm", "test"}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_documentation_writes_no_test_counts(page):
+    # Figures like "723 passed, 2 skipped" go stale with the next test.
+    assert re.findall(r"\b\d[\d,]* (?:passed|skipped|failed)\b", (REPO / page).read_text()) == []
+
+
+def test_every_page_of_docs_is_linked_from_the_index():
+    index = (REPO / "docs" / "index.md").read_text()
+    linked = {str((REPO / "docs" / target.partition("#")[0]).resolve().relative_to(REPO))
+              for target in LINK.findall(index) if not re.match(r"[a-z]+:", target)
+              and target.partition("#")[0]}
+    assert set(PAGES) - {"README.md", "docs/index.md"} - linked == set()
+
+
+def _table_names(page):
+    """The first column's code names of every table row of ``page`` (``enable-mig gpu=...`` -> enable-mig)."""
+    rows = re.findall(r"^\| `([a-z][\w-]*)[^`]*` \|", (REPO / page).read_text(), re.M)
+    return set(rows)
+
+
+def test_the_options_reference_lists_exactly_the_options_of_config_yaml():
+    documented = _table_names("docs/reference/options.md")
+    assert documented == set(_yaml("config.yaml")["options"])
+
+
+def test_the_actions_reference_lists_exactly_the_actions_of_actions_yaml():
+    assert _table_names("docs/reference/actions.md") == set(_charm_actions())
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_code_block_of_the_documentation_is_closed(page):
+    fences = re.findall(r"^[ \t]*```(\S*)", (REPO / page).read_text(), re.M)
+    assert len(fences) % 2 == 0, fences
+    # An info string (```console) only ever opens a block.
+    assert all(info == "" for info in fences[1::2]), fences
+
+
+def test_make_as_a_package_name_is_no_target():
+    assert command_problems("```\nsudo apt install git make python3-venv\n```", {}, set(), {"test"}) == []
+    assert command_problems("`blocked: mdevctl is missing; make it installable`", {}, set(), {"test"}) == []

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from unit_tests.fakehost import a100_host, l40s_host
+from unit_tests.fakehost import L40S_TYPES, a100_host, l40s_host, rtx_pro_6000_host
 from unit_tests.test_readme import nova_aliases
-from vgpu import pci, report
+from vgpu import pci, plan, report
 
 
 @pytest.fixture
@@ -80,3 +80,75 @@ def test_aliases_under_the_table_are_bounded(vfio_host, monkeypatch):
     lines = report.types_table(vfio_host).split("\n\n")[1].splitlines()
     assert len(lines) == 1 + 3 + 1
     assert lines[-1] == "  ... and 8 more; see pci-alias in the nested results"
+
+
+# -- GPUs grouped by what they offer; counts of VFIO types; types the mapping refuses ---------
+
+RTX = ("0000:42:00.0", "0000:8c:00.0", "0001:04:00.0", "0001:c8:00.0")
+
+
+def test_gpus_that_offer_the_same_types_are_one_entry_naming_every_address(root):
+    rtx_pro_6000_host(root, vfs=8)
+    results = report.gpu_results(pci.with_available(pci.discover()))
+    assert list(results) == ["gpu-0"]
+    assert results["gpu-0"]["addresses"] == ",".join(RTX)
+    assert results["gpu-0"]["virtual-functions"].split(",")[8:10] == ["0000:8c:00.2", "0000:8c:00.3"]
+    assert len(results["gpu-0"]["types"]) == 15
+    text = report.types_table(pci.with_available(pci.discover()))
+    rows = text.splitlines()[1:16]
+    assert all(row.split()[0] == ",".join(RTX) for row in rows)  # every GPU, on every row
+    assert len(text.split("\n\n")[0].splitlines()) == 1 + 15  # one row per type, not per GPU
+
+
+def test_gpus_whose_counts_differ_are_entries_of_their_own(root):
+    rtx_pro_6000_host(root, vfs=8)
+    held = root / "sys/bus/pci/devices/0001:04:00.2/nvidia/current_vgpu_type"
+    held.write_text("2003\n")  # DC-12Q on one VF: that GPU has less room now
+    results = report.gpu_results(pci.with_available(pci.discover()), whole_gb={a: 96 for a in RTX})
+    assert [g["addresses"] for g in results.values()] == [
+        "0000:42:00.0,0000:8c:00.0,0001:c8:00.0", "0001:04:00.0"]
+    assert results["gpu-0"]["types"]["nvidia-2003"]["available-instances"] == "8"
+    assert results["gpu-1"]["types"]["nvidia-2003"]["available-instances"] == "7"
+
+
+def test_vfio_time_sliced_types_count_from_the_profile(vfio_host):
+    results = report.gpu_results(vfio_host)
+    types = results["gpu-0"]["types"]
+    # 48 GB: four L40S-12Q, one L40S-48Q, 16 VFs free; 141 GB: seven H200X-18C on 8 VFs.
+    assert (types["nvidia-1139"]["max-instances"], types["nvidia-1139"]["available-instances"]) == (
+        "4", "4")
+    assert (types["nvidia-1142"]["max-instances"], types["nvidia-1142"]["available-instances"]) == (
+        "1", "1")
+    assert results["gpu-1"]["types"]["nvidia-1281"]["max-instances"] == "7"
+    row = next(line for line in report.types_table(vfio_host).splitlines() if " nvidia-1139 " in line)
+    assert row.split()[-3:] == ["4", "4", "pci_passthrough:alias=vgpu-l40s-12q:1"]
+
+
+def test_a_partly_used_vfio_gpu_counts_from_its_whole_framebuffer(root):
+    l40s_host(root)
+    (root / "sys/bus/pci/devices/0000:81:00.4/nvidia/current_vgpu_type").write_text("1139\n")
+    found = pci.with_available(pci.discover())
+    # What the charm learnt while the VFs were free (vgpu.catalogue): every L40S type.
+    offered = {"0000:81:00.0": tuple(pci.VgpuType(n, name, pci.VFIO)
+                                     for n, name in sorted(L40S_TYPES.items()))}
+    types = report.gpu_results(found, offered, whole_gb={"0000:81:00.0": 48})["gpu-0"]["types"]
+    assert (types["nvidia-1139"]["max-instances"], types["nvidia-1139"]["available-instances"]) == (
+        "4", "3")
+    assert types["nvidia-1140"]["available-instances"] == "0"  # another size: none beside 12Q
+    # Without the whole GPU's size a partly used GPU's VFs cannot tell: no count is guessed.
+    unknown = report.gpu_results(found, offered)["gpu-0"]["types"]["nvidia-1139"]
+    assert "max-instances" not in unknown and "available-instances" not in unknown
+
+
+def test_a_type_the_mapping_refuses_is_offered_no_flavor(root):
+    a100_host(root)
+    host = pci.with_available(pci.discover())
+    refused = plan.build({"A100-4-20C": ["all"]}, host).errors
+    for mdev_class in (False, True):
+        entry = report.gpu_results(host, mdev_class=mdev_class)["gpu-0"]["types"]["nvidia-699"]
+        assert "flavor-property" not in entry and "resource-class" not in entry
+        assert refused == (f"A100-4-20C: GRID A100-4-20C (nvidia-699) on 0000:41:00.0 "
+                           f"(A100 PCIe 40GB) is {entry['refused']}",)
+        row = next(line for line in report.types_table(host, mdev_class=mdev_class).splitlines()
+                   if " nvidia-699 " in line)
+        assert "resources:" not in row and row.endswith("none (the mapping refuses it)")

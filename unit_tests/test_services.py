@@ -2,6 +2,7 @@
 
 import pytest
 
+from unit_tests.faketools import HANG, shell_tool
 from vgpu import services
 from vgpu.errors import ServiceError
 
@@ -152,6 +153,18 @@ def test_a_hung_query_is_stopped_within_its_timeout(tools, monkeypatch):
     monkeypatch.setattr(services, "QUERY_TIMEOUT", 1)
     with pytest.raises(ServiceError, match=f"^systemctl is-active {MGR} timed out after 1s"):
         services.active([MGR])
+
+
+def test_systemctl_that_hangs_is_reported(bindir, monkeypatch):
+    shell_tool(bindir, "systemctl", HANG)
+    monkeypatch.setattr(services, "QUERY_TIMEOUT", 1)
+    monkeypatch.setattr(services, "CHANGE_TIMEOUT", 1)
+    with pytest.raises(ServiceError) as error:
+        services.active(["nvidia-vgpu-mgr"])
+    assert str(error.value) == "systemctl is-active nvidia-vgpu-mgr timed out after 1s and was stopped"
+    with pytest.raises(ServiceError) as error:
+        services.pause(["nvidia-vgpu-mgr"])
+    assert "timed out after 1s and was stopped" in str(error.value)
 
 
 @pytest.mark.parametrize("name", ["--now", "-f", "a b", "x;reboot", ""])

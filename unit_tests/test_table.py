@@ -133,13 +133,16 @@ def test_list_vgpu_types_with_thousands_of_types_fits_action_set(big, tools, tmp
     assert action_set_bytes(results) <= table.MAX_RESULTS_BYTES
     exec_with(results)
     lines = results["table"].splitlines()
-    assert lines[0].split()[:3] == ["ADDRESS", "MODEL", "TYPE"]
+    assert lines[0].split()[:3] == ["GPUS", "MODEL", "TYPE"]
     assert len(lines) - 2 <= table.MAX_ROWS  # the header and the last line are not types
     assert lines[-1] == f"... and {2000 - (len(lines) - 2)} more types; see the nested results"
     assert len(results["table"].encode()) <= table.MAX_TABLE_BYTES
     shown = sum(len(g.get("types", {})) for g in results["gpus"].values())
     assert 0 < shown < 2000
     assert results["truncated"].startswith(f"{shown} of 2000 types shown")
+    # Each GPU offers types of its own: twenty entries, every one named although types are cut.
+    assert [g["addresses"] for g in results["gpus"].values()] == [
+        f"0000:{0x10 + g:02x}:00.0" for g in range(20)]
 
 
 def _rows(host):
@@ -147,7 +150,7 @@ def _rows(host):
     assert text.splitlines()[-1].startswith("... and ")
     rows = [[gpu.address, gpu.model, t.id, t.name, str(t.framebuffer_mb), str(t.max_instances),
              str(t.available_instances)] for gpu in host.gpus for t in gpu.offered_types()]
-    return ["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE"], rows
+    return ["GPUS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE"], rows
 
 
 def test_a_records_own_fields_are_kept_or_dropped_together():
@@ -180,3 +183,15 @@ def test_a_gpu_without_a_driver_says_so_in_the_results_and_the_table(root):
     assert (gpu["driver"], gpu["types"]) == ("none", "none (is the vGPU host driver loaded?)")
     row = report.types_table(found).splitlines()[1]
     assert row.split()[-9:] == ["no", "types", "(driver", "not", "loaded?)", "-", "-", "-", "-"]
+
+
+def test_every_record_is_named_before_any_records_details_take_room():
+    # Four GPUs whose types fill the budget: types are dropped, never a GPU's own fields.
+    results = {"gpus": {f"gpu-{n}": {"addresses": f"0000:{n:02x}:00.0", "types": {
+        f"nvidia-{m}": {"name": "x" * 200} for m in range(20)}} for n in range(4)}}
+    out = table.fit(results, depth=4, records="gpus", what="types", budget=4000)
+    assert [g["addresses"] for g in out["gpus"].values()] == [f"0000:{n:02x}:00.0" for n in range(4)]
+    shown = sum(len(g.get("types", {})) for g in out["gpus"].values())
+    assert 0 < shown < 80
+    assert out["truncated"].startswith(f"{shown} of 80 types shown")
+    assert table.fit(results, depth=4, records="gpus", what="types", budget=10**6) == results

@@ -129,6 +129,10 @@ def test_vgpu_usage_on_a_full_gpu_names_the_type_learnt_while_it_was_free(root, 
     ("GRID V100-8Q", "V100-8Q", "RTX Virtual Workstation", 8192),
     ("NVIDIA L40S-12Q", "L40S-12Q", "RTX Virtual Workstation", 12288),
     ("GRID A100-20C", "A100-20C", "Virtual Compute Server", 20480),
+    # MIG-backed media profiles (+me GPU instances) are C-series: counted in their edition.
+    ("GRID A100-1-5CME", "A100-1-5CME", "Virtual Compute Server", 5120),
+    ("NVIDIA H200X-1-18CME", "H200X-1-18CME", "Virtual Compute Server", 18432),
+    ("NVIDIA H200X-2-35C", "H200X-2-35C", "Virtual Compute Server", 35840),
     ("NVIDIA A16-2B", "A16-2B", "Virtual PC", 2048),
     ("NVIDIA L4-4A", "L4-4A", "Virtual Applications", 4096),
     ("GRID T4-1Z", "T4-1Z", "unknown", 1024),
@@ -293,9 +297,16 @@ def test_two_c_series_vgpus_on_one_gpu_need_one_gpu_licence(root):
     assert results["licences"]["virtual-compute-server"]["licences"] == "1"
     assert results["licences"]["virtual-compute-server"]["gpus"] == "0000:41:00.0"
     assert results["licences"]["virtual-compute-server"]["running-vgpus"] == "2"
+    # NVIDIA's two counts: the per-GPU entitlement and the licence server's leases, one per
+    # running vGPU ("NVIDIA vGPU for Compute Licensing"); neither called exact.
+    entry = results["licences"]["virtual-compute-server"]
+    assert (entry["entitlement-gpus"], entry["leases"]) == ("1", "2")
+    assert entry["exact"].startswith("no: NVIDIA counts leases on the licence server")
+    assert "1 GPU, 2 leases" in results["table"]
     assert results["open-cases"] == {}  # one project, all running: nothing left open
     assert results["summary"] == ("2 vGPUs in running guests (2 Virtual Compute Server); "
-                                  "licences: 1 NVIDIA AI Enterprise")
+                                  "licences: NVIDIA AI Enterprise: 1 GPU entitlement, 2 licence "
+                                  "server leases")
 
 
 def test_c_series_on_two_gpus_need_two_licences_whoever_holds_them(root):

@@ -8,15 +8,21 @@ next:
 
 1. the units in ``wait_for`` (the vGPU manager) are waited for, at most
    ``manager`` seconds, then the step goes on regardless;
-2. a GPU not bound to the ``nvidia`` driver is left alone; one without VFs
+2. a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.mig.at_boot`)
+   first gets its MIG mode in force (a mode still pending after the reboot, as
+   seen on Hopper, is put in force with ``nvidia-smi -r -i <GPU>``: nothing can
+   use the GPU yet, libvirt and nova-compute start after this unit) and its GPU
+   instances created again, as many as the data names: they never survive a
+   reboot;
+3. a GPU not bound to the ``nvidia`` driver is left alone; one without VFs
    gets ``sriov-manage -e``, retried ``attempts`` times with a growing pause;
-3. each VF gets its profile by name: its id is looked up in the VF's
+4. each VF gets its profile by name: its id is looked up in the VF's
    ``nvidia/creatable_vgpu_types`` read right before the write (the list
    shrinks as siblings take types, and ids change between driver releases).
    A VF that lists nothing while no sibling holds a type is waited for (the
    manager is still starting); one that holds a type already is left alone.
 
-4. on Nova before 30, each mdev an instance held when the charm last looked
+5. on Nova before 30, each mdev an instance held when the charm last looked
    (the record :mod:`vgpu.mdevs` keeps beside the data file, ``mdevs.json``)
    is created again: its UUID written to its parent's
    ``mdev_supported_types/<type>/create``. One whose parent is gone, or whose
@@ -37,7 +43,19 @@ import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import bootdata, catalogue, hostlock, hostroot, kernel, mdevs, pci, services, sriov, vfio
+from . import (
+    bootdata,
+    catalogue,
+    hostlock,
+    hostroot,
+    kernel,
+    mdevs,
+    mig,
+    pci,
+    services,
+    sriov,
+    vfio,
+)
 from .bootdata import DataError, GpuPlan, Limits, VfPlan, load, parse
 from .errors import HostBusyError, ServiceError, VfTypeError, VgpuError
 
@@ -114,10 +132,13 @@ def restore(data: Mapping) -> int:
         return 1
     _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager), limits.poll)
     outcome = {}
+    instances = mig.boot_needs(data)  # MIG-backed GPUs: mode in force, GPU instances first
     for n, gpu in enumerate(gpus):
         until = time.monotonic() + (deadline - time.monotonic()) / (len(gpus) - n)
         try:
-            outcome[gpu.address] = _restore_gpu(gpu, until, limits)
+            ready = gpu.address not in instances or mig.at_boot(instances[gpu.address], until)
+            restored = _restore_gpu(gpu, until, limits)  # the VFs are enabled either way
+            outcome[gpu.address] = restored if ready else FAILED
         except (VgpuError, OSError) as error:  # whatever it was, the next GPU still gets its turn
             log.error("GPU %s: %s", gpu.address, error)
             outcome[gpu.address] = FAILED
@@ -189,17 +210,11 @@ def _mig_first(vfs: Sequence[VfPlan]) -> List[VfPlan]:
 
 
 def _mig_hint(gpu: str, name: str) -> str:
-    """What a MIG-backed profile that failed needs; '' for a time-sliced one.
-
-    MIG mode may not survive a reboot (NVIDIA/gpu-operator issue 2600 on
-    Hopper); the boot step never changes it: the charm's enable-mig action does.
-    """
-    from . import mig
-
+    """What a MIG-backed profile that failed needs; '' for a time-sliced one."""
     if mig.mig_profile(name) is None:
         return ""
-    return (f"; MIG-backed {pci.profile_name(name)} needs MIG mode on GPU {gpu}: run the "
-            f"charm's enable-mig action ({mig.enable_command(gpu)})")
+    return (f"; MIG-backed {pci.profile_name(name)} needs MIG mode and a GPU instance with room "
+            f"on GPU {gpu} (nvidia-smi mig -i {mig.smi_address(gpu)} -lgi)")
 
 
 def _learn_names() -> None:

@@ -64,9 +64,22 @@ class PrincipalConfigError(VgpuError):
     """The principal's nova.conf cannot be parsed (oslo.config, so nova-compute, would refuse it)."""
 
 
+class UncheckedEntryError(VgpuError):
+    """A principal's configuration entry is beyond what the charm evaluates (size, depth, time)."""
+
+
 class MigError(VgpuError):
     """MIG mode could not be read or changed (nvidia-smi missing, failing or silent)."""
 
 
 class HostBusyError(VgpuError):
     """Another process (the boot step) holds the host lock (:mod:`vgpu.hostlock`) past the wait."""
+
+
+class MigInUseError(MigError):
+    """GPU instances in the way hold vGPUs of these VFs: a hook changes none of them."""
+
+    def __init__(self, message: str, vfs):
+        """The message with the steps; ``vfs``: the VFs whose vGPUs are in the way."""
+        super().__init__(message)
+        self.vfs = tuple(vfs)

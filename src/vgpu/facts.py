@@ -10,6 +10,9 @@ from typing import List, Mapping, NamedTuple, Optional
 from . import dpkg, driver, kernel, pci, releases
 from .errors import UnsupportedReleaseError
 
+# Packages of nova-compute's other subordinates (see vgpu.neighbours.PACKAGES).
+NEIGHBOURS = ("ceilometer-agent-compute",)
+
 
 class Facts(NamedTuple):
     """What one read of the host found; its methods derive answers without reading again."""
@@ -61,7 +64,7 @@ class Facts(NamedTuple):
 
 def gather() -> Facts:
     """Read the host once: PCI devices, dpkg's packages, modules, IOMMU, driver services."""
-    packages = dpkg.packages(names=[releases.NOVA_PACKAGE], prefixes=[driver.PREFIX])
+    packages = dpkg.packages(names=[releases.NOVA_PACKAGE, *NEIGHBOURS], prefixes=[driver.PREFIX])
     package = driver.installed_driver(packages)
     return Facts(
         pci=pci.discover(),

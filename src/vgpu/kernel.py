@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 from string import Template
-from typing import FrozenSet, Iterable, List, Optional
+from typing import FrozenSet, Iterable, List, NamedTuple, Optional
 
 from . import APP, dpkg, files, hostroot, run
 from .errors import CommandError, HostReadError, InstallError
@@ -24,6 +24,7 @@ CHARM_ROOT = Path(__file__).resolve().parents[2]  # src/vgpu/kernel.py -> charm 
 TEMPLATE = CHARM_ROOT / "templates" / "blacklist-nouveau.conf"
 BLACKLIST = "etc/modprobe.d/nvidia-vgpu-blacklist-nouveau.conf"
 INITRAMFS_TIMEOUT = 240
+VFIO_NOT_LOADED = "nvidia_vgpu_vfio is not loaded"  # the reboot reason Secure Boot may explain
 
 
 def blacklist_path() -> Path:
@@ -150,9 +151,118 @@ def reboot_reasons(modules: Optional[Iterable[str]] = None,
     if "nouveau" in loaded:
         reasons.append("nouveau is loaded")
     if driver_installed and "nvidia_vgpu_vfio" not in loaded:
-        reasons.append("nvidia_vgpu_vfio is not loaded")
+        reasons.append(VFIO_NOT_LOADED)
     elif (driver_installed and installed_version and loaded_version
           and dpkg.upstream(installed_version) != loaded_version):
         reasons.append(f"NVIDIA driver {loaded_version} is loaded, {installed_version} installed")
     return reasons
 
+
+
+# -- Secure Boot ----------------------------------------------------------------------
+# With Secure Boot on, Ubuntu's kernel loads only modules signed by a key it trusts.
+# DKMS signs what it builds with the machine owner key it generated
+# (/var/lib/shim-signed/mok/MOK.der), which works only once enrolled in shim's MOK
+# list (mokutil --import, then a reboot confirmed at the console in MOK Manager).
+# Until then no reboot loads the NVIDIA modules: the status says what to do instead.
+
+EFI_GLOBAL = "8be4df61-93ca-11d2-aa0d-00e098032b8c"  # EFI_GLOBAL_VARIABLE's GUID
+SECURE_BOOT_VAR = f"sys/firmware/efi/efivars/SecureBoot-{EFI_GLOBAL}"
+MOK_KEY = "var/lib/shim-signed/mok/MOK.der"  # the key DKMS signs modules with on Ubuntu
+SECURE_BOOT_TIMEOUT = 30
+# What the kernel and modprobe say when a module's signature is refused.
+_REJECTED = ("Key was rejected by service", "Loading of module with unavailable key is rejected",
+             "unsigned module loading is restricted", "Loading of unsigned module is rejected")
+
+
+class SecureBoot(NamedTuple):
+    """What the host says about Secure Boot and the modules' signing key."""
+
+    enabled: Optional[bool]  # None: cannot tell
+    rejected: str = ""  # the kernel's (or modprobe's) words refusing a module's key, if logged
+    key_enrolled: Optional[bool] = None  # DKMS's MOK enrolled (None: no key or cannot tell)
+    pending: bool = False  # a MOK enrolment waits for the next boot (confirmed at the console)
+
+    def blocks_modules(self) -> bool:
+        """Whether Secure Boot is why the modules do not load (a reboot alone will not help)."""
+        return bool(self.enabled) and (bool(self.rejected) or self.key_enrolled is False)
+
+
+def secure_boot_enabled() -> Optional[bool]:
+    """Secure Boot's state from the firmware's variable; mokutil --sb-state when unreadable.
+
+    False on a machine without EFI (``sys/firmware/efi`` absent under the
+    host root), None when neither answers.
+    """
+    if not hostroot.path("sys/firmware/efi").exists():
+        return False
+    try:
+        value = hostroot.read_bytes(hostroot.path(SECURE_BOOT_VAR))
+    except HostReadError:
+        value = None
+    if value is not None and len(value) >= 5:  # 4 bytes of attributes, then the value
+        return value[4] == 1
+    said = _mokutil("--sb-state")
+    if "SecureBoot enabled" in said:
+        return True
+    if "SecureBoot disabled" in said:
+        return False
+    return None
+
+
+def secure_boot() -> SecureBoot:
+    """Secure Boot, and (only when it is on) the kernel log and DKMS's key, via mokutil."""
+    enabled = secure_boot_enabled()
+    if not enabled:
+        return SecureBoot(enabled)
+    key_enrolled = None
+    pending = False
+    if hostroot.path(MOK_KEY).exists():
+        said = _mokutil("--test-key", str(hostroot.path(MOK_KEY)))
+        if "is already enrolled" in said:
+            key_enrolled = True
+        elif "is not enrolled" in said:
+            key_enrolled = False
+            pending = bool(_mokutil("--list-new").strip())
+    return SecureBoot(enabled, _rejection(), key_enrolled, pending)
+
+
+def _mokutil(*args: str) -> str:
+    """mokutil's output (stdout and stderr: it answers on both), '' when it cannot run."""
+    if shutil.which("mokutil") is None:
+        return ""
+    try:
+        result = run.run(["mokutil", *args], SECURE_BOOT_TIMEOUT, check=False)
+    except CommandError as error:
+        log.warning("%s", error)
+        return ""
+    return f"{result.stdout}\n{result.stderr}"
+
+
+def _rejection() -> str:
+    """The last line of this boot's log where a module's key was refused ('' if none)."""
+    if shutil.which("journalctl") is None:
+        return ""
+    try:
+        result = run.run(["journalctl", "--boot", "--no-pager", "--quiet", "--output=cat",
+                          "--lines=20000"], SECURE_BOOT_TIMEOUT, check=False)
+    except CommandError as error:
+        log.warning("%s", error)
+        return ""
+    lines = [line.strip() for line in result.stdout.splitlines()
+             if any(words in line for words in _REJECTED)]
+    return lines[-1] if lines else ""
+
+
+def secure_boot_advice(state: SecureBoot) -> str:
+    """What the operator does when Secure Boot keeps the NVIDIA modules out."""
+    if state.pending:
+        return ("Secure Boot is on and DKMS's signing key waits for enrolment: reboot and confirm "
+                "it in MOK Manager at the machine's console (the password given to mokutil "
+                "--import)")
+    seen = f" (kernel: {state.rejected})" if state.rejected else (
+        f" (/{MOK_KEY} is not enrolled)" if state.key_enrolled is False else "")
+    return ("Secure Boot is on and the NVIDIA modules are not signed by an enrolled key"
+            f"{seen}, so no reboot loads them: enrol DKMS's key (mokutil --import /{MOK_KEY}, "
+            "reboot, confirm it in MOK Manager at the console), sign the modules with an "
+            "enrolled key, or turn Secure Boot off in the firmware")

@@ -9,12 +9,18 @@ as still creatable. This module holds:
 * the geometry of the GPUs the charm knows (:data:`GEOMETRIES`): their GPU
   instance profiles, the memory slices each takes and where it may start
   (its placements), from NVIDIA's MIG user guide;
-* which GI profile a vGPU profile sits on, how many vGPUs one GI holds, how
-  many the GPU holds (:func:`fits`), and whether several profiles can share
-  one GPU (:func:`arrangement`);
+* which GI profile a vGPU profile sits on, how many vGPUs one GI holds and how
+  many the GPU holds (:func:`fits`); one MIG-backed profile per GPU (Nova gives
+  all VFs of one GPU one resource class: :mod:`vgpu.plan` refuses two);
 * MIG mode: read with ``nvidia-smi --query-gpu`` (:func:`modes`) only when a
   MIG-backed profile is mapped, and turned on only by the ``enable-mig``
-  action (:func:`enable`); hooks never change it.
+  action (:func:`enable`); hooks never change it;
+* GPU instances (:func:`ensure`): created before a VF takes a MIG-backed type,
+  which places its vGPU in one but creates none (NVIDIA's vGPU for Compute
+  guide, "Configuring a GPU for MIG-Backed vGPUs"), as many as the mapping asks
+  for, ``+gfx`` on the RTX PRO 6000; never destroyed while a VF's vGPU is in one;
+* the boot step's part (:func:`at_boot`): a pending MIG mode put in force by a
+  GPU reset before libvirt starts, and the GPU instances created again.
 
 Sources (cited where used):
 
@@ -42,11 +48,13 @@ type per GI).
 """
 
 import logging
+import os
 import re
+import time
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from . import hostroot, pci, run, text
-from .errors import CommandError, HostReadError, MigError
+from .errors import CommandError, HostReadError, MigError, MigInUseError
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +90,15 @@ class Geometry(NamedTuple):
     compute_slices: int
     memory_slices: int
     profiles: Tuple[GiProfile, ...]
+    # Its MIG-backed vGPU types need GPU instances with the GFX attribute (``+gfx`` profiles):
+    # the RTX PRO 6000 Blackwell, per NVIDIA/vgpu-device-manager and NVIDIA/mig-parted
+    # (documentation only: no transcript of this charm on such a host).
+    gfx: bool = False
+    # The vGPU model names its MIG-backed types use, upper-cased (H200X-1-18C: H200X).
+    names: Tuple[str, ...] = ()
 
 
-def _hopper(gb: Tuple[int, int, int, int], model: str) -> Geometry:
+def _hopper(gb: Tuple[int, int, int, int], model: str, names: Tuple[str, ...]) -> Geometry:
     """An H100/H200-shaped GPU: 7 compute, 8 memory slices; ``gb`` of 1g, 1g x2, 3g, 7g."""
     one, two, three, seven = gb
     return Geometry(model, 7, 8, (
@@ -95,18 +109,23 @@ def _hopper(gb: Tuple[int, int, int, int], model: str) -> Geometry:
         GiProfile(f"3g.{three}gb", 3, three, 4, (0, 4)),
         GiProfile(f"4g.{three}gb", 4, three, 4, (0,)),
         GiProfile(f"7g.{seven}gb", 7, seven, 8, (0,)),
-    ))
+    ), names=names)
 
 
-H200 = _hopper((18, 35, 71, 141), "H200 141GB")
+H200 = _hopper((18, 35, 71, 141), "H200 141GB", ("H200X", "H200"))
+# H100 80GB (MIG user guide, "H100 MIG Profiles": 1g.10gb ... 7g.80gb); its vGPU names (H100XM on
+# SXM5, H100 on PCIe) from NVIDIA's Hopper vGPU tables; documentation only.
+H100 = _hopper((10, 20, 40, 80), "H100 80GB", ("H100XM", "H100"))
 RTX_PRO_6000 = Geometry("RTX PRO 6000 Blackwell Server Edition", 4, 4, (
     GiProfile("1g.24gb", 1, 24, 1, (0, 1, 2, 3)),
     GiProfile("2g.48gb", 2, 48, 2, (0, 2)),
     GiProfile("4g.96gb", 4, 96, 4, (0,)),
-))
+), gfx=True, names=("DC", "RTX PRO 6000 BLACKWELL DC"))
 # By the GPU's PCI device id (pci.ids: 2335 GH100 [H200 SXM 141GB], 233b GH100 [H200 NVL],
-# 2bb5 GB202GL [RTX PRO 6000 Blackwell Server Edition]).
-GEOMETRIES: Dict[str, Geometry] = {"0x2335": H200, "0x233b": H200, "0x2bb5": RTX_PRO_6000}
+# 2bb5 GB202GL [RTX PRO 6000 Blackwell Server Edition], 2330 GH100 [H100 SXM5 80GB],
+# 2331 GH100 [H100 PCIe]).
+GEOMETRIES: Dict[str, Geometry] = {"0x2335": H200, "0x233b": H200, "0x2bb5": RTX_PRO_6000,
+                                   "0x2330": H100, "0x2331": H100}
 
 
 class Slot(NamedTuple):
@@ -149,68 +168,6 @@ def fits(gpu: pci.Gpu, profile: pci.Profile) -> Optional[int]:
     shape = geometry(gpu)
     found = slot(shape, profile) if shape is not None else None
     return found.fits if found is not None else None
-
-
-def arrangement(shape: Geometry, demand: Mapping[GiProfile, int]) -> Optional[List[Tuple[GiProfile, int]]]:
-    """GPU instances placed without overlap, ``demand[gi]`` of each: ``[(gi, start)]``, or None.
-
-    NVIDIA's placement rule: an instance takes ``size`` memory slices from one of
-    its profile's starts; instances never overlap, and their compute slices add
-    up to at most the GPU's. The largest are placed first, each trying every
-    start (a small search: at most 8 instances).
-    """
-    wanted: List[GiProfile] = []
-    for gi, count in sorted(demand.items(),
-                            key=lambda item: (-item[0].size, -item[0].slices, item[0].name)):
-        if count > gi.most:
-            return None
-        wanted.extend([gi] * count)
-    if sum(gi.slices for gi in wanted) > shape.compute_slices or \
-            sum(gi.size for gi in wanted) > shape.memory_slices:
-        return None
-    placed: List[Tuple[GiProfile, int]] = []
-
-    def place(index: int, used: frozenset) -> bool:
-        if index == len(wanted):
-            return True
-        gi = wanted[index]
-        earliest = max((s for g, s in placed if g == gi), default=-1)  # same profile: in order
-        for start in gi.starts:
-            taken = frozenset(range(start, start + gi.size))
-            if start > earliest and not taken & used:
-                placed.append((gi, start))
-                if place(index + 1, used | taken):
-                    return True
-                placed.pop()
-        return False
-
-    return list(placed) if place(0, frozenset()) else None
-
-
-def instances(counts: Mapping[pci.Profile, int], shape: Geometry) -> Dict[GiProfile, int]:
-    """GPU instances each profile needs for its count of vGPUs (one vGPU type per instance)."""
-    demand: Dict[GiProfile, int] = {}
-    for profile, count in counts.items():
-        found = slot(shape, profile)
-        if found is not None and count > 0:
-            demand[found.instance] = demand.get(found.instance, 0) - (-count // found.per_instance)
-    return demand
-
-
-def together_problem(gpu: pci.Gpu, counts: Mapping[pci.Profile, int]) -> Optional[str]:
-    """Why these MIG-backed profiles, so many vGPUs each, cannot share ``gpu``; None if they can."""
-    shape = geometry(gpu)
-    if shape is None:
-        return None  # said by the caller: no geometry, no count
-    demand = instances(counts, shape)
-    if arrangement(shape, demand) is not None:
-        return None
-    wanted = ", ".join(f"{count} x {profile.name}" for profile, count in
-                       sorted(counts.items(), key=lambda item: item[0].name))
-    gis = ", ".join(f"{n} x {gi.name}" for gi, n in sorted(demand.items(), key=lambda i: i[0].name))
-    return (f"GPU {gpu.address} ({gpu.model}): {wanted} need GPU instances {gis}, which NVIDIA's "
-            f"MIG placements on {shape.model} ({shape.compute_slices} compute slices) do not "
-            "allow together")
 
 
 # -- MIG mode: nvidia-smi -----------------------------------------------------------------
@@ -333,7 +290,7 @@ def enable(address: str, timeout: float = TIMEOUT) -> Enabled:
     mode = modes([address], timeout)[address]
     if pending_warning(said) and mode.enabled:
         mode = mode._replace(current="Disabled")  # nvidia-smi's word: not in force yet
-    log.info("%s: %s", enable_command(address), said or "no output")
+    log.info("%s: %s", enable_command(address), bounded(said) or "no output")
     return Enabled(said, mode)
 
 
@@ -369,7 +326,8 @@ def by_gpu(assignments: Sequence) -> Dict[str, List[str]]:
     return out
 
 
-def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "") -> List[str]:
+def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "",
+                  found: Optional[Mapping[str, Mode]] = None) -> List[str]:
     """Why the MIG-backed profiles ``wanted`` (``{GPU: [profile names]}``) cannot be given now.
 
     One nvidia-smi run for all of them (:func:`modes`); a GPU out of MIG mode is
@@ -382,7 +340,7 @@ def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "") -> List[s
     if not wanted:
         return []
     try:
-        found = modes(wanted)
+        found = found if found is not None and set(wanted) <= set(found) else modes(wanted)
     except MigError as error:
         return [f"cannot tell whether GPU {text.listing(sorted(wanted))} is in MIG mode, which "
                 f"MIG-backed profiles need: {error}; no VF changed"]
@@ -395,23 +353,427 @@ def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "") -> List[s
         head = (f"GPU {address} is not in MIG mode, which MIG-backed {', '.join(names)} "
                 f"({OPTION}) need")
         if mode.awaiting_reset:
-            out.append(f"{head}: enabling it waits for a reset; reset the GPU (nvidia-smi -r -i "
-                       f"{smi_address(address)}, no guest or process on it) or reboot the host")
+            out.append(f"{head}: enabling it waits for a reset; "
+                       + PENDING_STEPS.format(reset=reset_command(address)))
         else:
             out.append(f"{head}: {run_it} gpu={address} (it runs {enable_command(address)})")
     return out
 
 
+OUTPUT_LIMIT = 2000  # characters of nvidia-smi's answer in an action result (action-set is bounded)
+PENDING_STEPS = ("reset the GPU ({reset}) while no guest or process uses it; a reboot may leave "
+                 "the mode pending on Hopper (NVIDIA/gpu-operator issue 2600)")
+AT_BOOT = ("at every boot, before libvirt and nova-compute start, nvidia-vgpu-vfs.service puts a "
+           "MIG mode still pending on a GPU given a MIG-backed profile in force ({reset}) and "
+           "creates its GPU instances again (they never survive a reboot), then enables the VFs "
+           "and gives them their types")
+
+
+def bounded(output: str, limit: int = OUTPUT_LIMIT) -> str:
+    """A tool's answer for an action result: printable, at most ``limit`` characters, said so."""
+    cleaned = text.clean(output).strip()
+    if len(cleaned) <= limit:
+        return cleaned
+    return f"{cleaned[:limit]}\n... ({len(cleaned) - limit} more characters not shown)"
+
+
 def enable_results(address: str, done: Optional[Enabled]) -> Dict[str, str]:
-    """The enable-mig action's results: what nvidia-smi said, and whether a reset is needed."""
+    """The enable-mig action's results: what nvidia-smi said (bounded), a reset, the boot step."""
     command = enable_command(address)
+    at_boot = AT_BOOT.format(reset=reset_command(address))
     if done is None:
-        return {"gpu": address, "command": command, "reset-required": "no",
+        return {"gpu": address, "command": command, "reset-required": "no", "at-boot": at_boot,
                 "message": f"GPU {address} is in MIG mode already; nothing run"}
     if done.reset_needed:
-        message = (f"MIG mode is pending on GPU {address}: reset the GPU (nvidia-smi -r -i "
-                   f"{smi_address(address)}, no guest or process on it) or reboot the host")
+        message = (f"MIG mode is pending on GPU {address}: "
+                   + PENDING_STEPS.format(reset=reset_command(address)))
     else:
         message = f"MIG mode enabled on GPU {address}"
-    return {"gpu": address, "command": command, "output": done.output or "(nothing)",
-            "reset-required": "yes" if done.reset_needed else "no", "message": message}
+    return {"gpu": address, "command": command, "output": bounded(done.output) or "(nothing)",
+            "reset-required": "yes" if done.reset_needed else "no", "at-boot": at_boot,
+            "message": message}
+
+
+# -- GPU instances: nvidia-smi mig ---------------------------------------------------------
+#
+# NVIDIA's vGPU for Compute guide, "Configuring a GPU for MIG-Backed vGPUs": on KVM the host
+# enables MIG mode, creates GPU instances and creates compute instances in them before a
+# MIG-backed vGPU type is given to a VF (only VMware vSphere creates them itself); writing the
+# type places the vGPU in a GPU instance that exists, it creates none. The MIG user guide,
+# "Creating GPU Instances" and "Destroying GPU Instances", gives the commands used here:
+# ``nvidia-smi mig -lgip`` (profiles, free/total), ``-lgi`` (instances and placements),
+# ``-cgi <profile>,... -C`` (GPU instances, each with its default compute instance),
+# ``-dci``/``-dgi -gi <id>``.
+#
+# nvidia-smi rather than NVML (nvidia-ml-py): the charm already runs nvidia-smi through
+# vgpu.run, bounded in time in a process group of its own, so a hung driver call ends with
+# its process instead of hanging the hook or the boot step (an NVML call in-process cannot
+# be stopped); it needs no new dependency in the charm's venv or in the boot step; and a
+# stand-in script on PATH tests it the way the other host tools are tested. The cost is
+# parsing a table: what cannot be parsed is an error (MigError), never an empty layout.
+
+_LGI = re.compile(r"^\|\s*\d+\s+MIG\s+(\S+)\s+\d+\s+(\d+)\s+(\d+):(\d+)\s*\|$")
+_LGIP = re.compile(r"^\|\s*\d+\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)/(\d+)\s")
+_NONE = "No GPU instances found"
+_PCI = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+class GpuInstance(NamedTuple):
+    """One GPU instance as ``nvidia-smi mig -lgi`` lists it."""
+
+    id: int
+    profile: str  # 1g.24gb+gfx
+    start: int
+    size: int
+
+
+class Offered(NamedTuple):
+    """One GPU instance profile as ``nvidia-smi mig -lgip`` lists it."""
+
+    profile: str
+    id: int
+    free: int
+    total: int
+
+
+class Need(NamedTuple):
+    """The GPU instances one GPU's MIG-backed profile needs."""
+
+    gpu: str
+    profile: str  # the vGPU profile: H200X-1-18C
+    instance: str  # the GPU instance profile: 1g.18gb, 1g.24gb+gfx
+    gis: int  # how many GPU instances
+
+    def data(self) -> Dict[str, object]:
+        """As the boot data keeps it."""
+        return {"profile": self.profile, "instance": self.instance, "count": self.gis}
+
+
+class Layout(NamedTuple):
+    """What one GPU's GPU instances need: instances to destroy, how many to create, or why not."""
+
+    destroy: Tuple[GpuInstance, ...] = ()
+    create: int = 0
+    problem: str = ""
+    held: Tuple[str, ...] = ()  # the VFs whose vGPUs are in GPU instances in the way
+
+
+def instance_name(shape: Geometry, gi: GiProfile) -> str:
+    """The GPU instance profile nvidia-smi creates for ``gi`` on ``shape``: ``+gfx`` where needed."""
+    return gi.name + ("+gfx" if shape.gfx and not gi.media else "")
+
+
+def needs(assignments: Sequence, host: pci.Host) -> Dict[str, Need]:
+    """``{GPU: Need}`` for a plan's MIG-backed assignments: enough GPU instances for its VFs."""
+    counts: Dict[str, Dict[str, int]] = {}
+    for a in assignments:
+        if mig_profile(a.name) is not None:
+            counts.setdefault(a.gpu, {}).setdefault(a.name, 0)
+            counts[a.gpu][a.name] += 1
+    out: Dict[str, Need] = {}
+    for address, named in counts.items():
+        gpu = host.gpu(address)
+        shape = geometry(gpu) if gpu is not None else None
+        for name, count in named.items():  # one MIG-backed profile per GPU (vgpu.plan)
+            named_profile = pci.profile(name)
+            found = slot(shape, named_profile) if shape is not None and named_profile else None
+            if shape is not None and found is not None:
+                out[address] = Need(address, pci.short_name(pci.profile_name(name)),
+                                    instance_name(shape, found.instance),
+                                    -(-count // found.per_instance))
+    return out
+
+
+def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, Need]:
+    """``{GPU: Need}`` from the mapping itself, before it is checked against what VFs list.
+
+    A VF lists a MIG-backed type only while a GPU instance with room for it
+    exists, so the instances come first, from the mapping's MIG-backed keys on
+    the VFIO GPUs of a model the charm has a table for (:data:`GEOMETRIES`) whose
+    vGPU names the key uses: a GPU mapped whole takes as many as the profile
+    fits, VF by VF one per VF. A GPU the mapping gives two MIG-backed profiles
+    gets none (:mod:`vgpu.plan` refuses it).
+    """
+    counts: Dict[str, Dict[str, int]] = {}
+    for key, where in mapping.items():
+        named = mig_profile(key)
+        if named is None:
+            continue
+        everywhere = tuple(where) == ("all",)
+        for gpu in host.gpus:
+            shape = geometry(gpu)
+            found = slot(shape, named) if shape is not None and gpu.framework == pci.VFIO \
+                and named.model.upper() in shape.names else None
+            if found is None or gpu.vfs_missing:
+                continue
+            mine = [a for a in where if gpu.function(a) is not None]
+            count = found.fits if everywhere or gpu.address in mine else len(mine)
+            if count:
+                counts.setdefault(gpu.address, {})[key] = min(count, found.fits)
+    out: Dict[str, Need] = {}
+    for address, named_counts in counts.items():
+        owner = host.gpu(address)
+        shape = geometry(owner) if owner is not None else None
+        if len(named_counts) != 1 or shape is None:
+            continue
+        (key, count), = named_counts.items()
+        key_profile = pci.profile(key)
+        found = slot(shape, key_profile) if key_profile is not None else None
+        if found is not None:
+            out[address] = Need(address, pci.short_name(pci.profile_name(key)),
+                                instance_name(shape, found.instance),
+                                -(-count // found.per_instance))
+    return out
+
+
+def parse_instances(output: str) -> List[GpuInstance]:
+    """The rows of ``nvidia-smi mig -lgi``."""
+    out = []
+    for line in output.splitlines():
+        match = _LGI.match(line.strip())
+        if match:
+            name, number, start, size = match.groups()
+            out.append(GpuInstance(int(number), name, int(start), int(size)))
+    return out
+
+
+def parse_profiles(output: str) -> Dict[str, Offered]:
+    """The rows of ``nvidia-smi mig -lgip`` by profile name."""
+    out = {}
+    for line in output.splitlines():
+        match = _LGIP.match(line.strip())
+        if match:
+            name, number, free, total = match.groups()
+            out[name] = Offered(name, int(number), int(free), int(total))
+    return out
+
+
+def _mig(address: str, args: Sequence[str], timeout: float) -> run.Result:
+    command = ["mig", "-i", smi_address(address), *args]
+    try:
+        return run.run([tool(), *command], timeout, check=False,
+                       what="nvidia-smi " + " ".join(command))
+    except CommandError as error:
+        raise MigError(str(error)) from None
+
+
+def _failed(address: str, args: Sequence[str], result: run.Result) -> MigError:
+    why = text.cause(result.stdout + "\n" + result.stderr) or f"exit status {result.returncode}"
+    return MigError(f"nvidia-smi mig -i {smi_address(address)} {' '.join(args)} failed: {why}")
+
+
+def instances(address: str, timeout: float = TIMEOUT) -> List[GpuInstance]:
+    """The GPU instances on ``address`` (``-lgi``); MigError when that cannot be told."""
+    result = _mig(address, ["-lgi"], timeout)
+    if _NONE in result.stdout + result.stderr:
+        return []
+    found = parse_instances(result.stdout)
+    if result.returncode != 0 or not found:
+        raise _failed(address, ["-lgi"], result) if result.returncode else MigError(
+            f"nvidia-smi mig -i {smi_address(address)} -lgi listed nothing the charm can read")
+    return found
+
+
+def offered(address: str, timeout: float = TIMEOUT) -> Dict[str, Offered]:
+    """The GPU instance profiles ``address`` offers, with how many are creatable now (``-lgip``)."""
+    result = _mig(address, ["-lgip"], timeout)
+    found = parse_profiles(result.stdout)
+    if result.returncode != 0 or not found:
+        raise _failed(address, ["-lgip"], result) if result.returncode else MigError(
+            f"nvidia-smi mig -i {smi_address(address)} -lgip listed nothing the charm can read")
+    return found
+
+
+def create(address: str, profile: str, count: int, timeout: float = TIMEOUT) -> str:
+    """Create ``count`` GPU instances of ``profile``, each with its compute instance (``-C``)."""
+    args = ["-cgi", ",".join([profile] * count), "-C"]
+    result = _mig(address, args, timeout)
+    if result.returncode != 0:
+        raise _failed(address, args, result)
+    return result.stdout.strip()
+
+
+def destroy(address: str, gi: int, timeout: float = TIMEOUT) -> None:
+    """Destroy a GPU instance's compute instances, then the instance (MIG user guide order)."""
+    for args in (["-dci", "-gi", str(gi)], ["-dgi", "-gi", str(gi)]):
+        result = _mig(address, args, timeout)
+        if result.returncode != 0 and not (args[0] == "-dci" and "Not Found" in result.stdout):
+            raise _failed(address, args, result)
+
+
+def reset_command(address: str) -> str:
+    """The GPU reset that puts a pending MIG mode in force."""
+    return f"nvidia-smi -r -i {smi_address(address)}"
+
+
+def reset(address: str, timeout: float = TIMEOUT) -> None:
+    """``nvidia-smi -r -i <GPU>``; MigError when it fails (a process or guest uses the GPU)."""
+    try:
+        result = run.run([tool(), "-r", "-i", smi_address(address)], timeout, check=False,
+                         what=reset_command(address))
+    except CommandError as error:
+        raise MigError(str(error)) from None
+    if result.returncode != 0:
+        why = text.cause(result.stdout + "\n" + result.stderr) or f"exit status {result.returncode}"
+        raise MigError(f"{reset_command(address)} failed: {why}")
+
+
+def used(address: str) -> Dict[int, List[str]]:
+    """``{GPU instance id: [VFs holding a vGPU in it]}`` for the GPU at ``address``, from sysfs.
+
+    A VF that holds a type but whose ``nvidia/gpu_instance_id`` cannot be read
+    is a MigError: what cannot be read counts as in use, never as free.
+    """
+    out: Dict[int, List[str]] = {}
+    entry = hostroot.path(pci.PCI_DEVICES, address)
+    try:
+        links = sorted(n for n in os.listdir(entry) if n.startswith("virtfn"))
+    except OSError:
+        return out
+    for link in links:
+        try:
+            vf = os.path.basename(os.readlink(os.path.join(entry, link)))
+        except OSError:
+            continue
+        try:
+            held = (hostroot.read_text(hostroot.path(pci.PCI_DEVICES, vf, "nvidia",
+                                                     "current_vgpu_type")) or "").strip()
+        except HostReadError:
+            continue  # no nvidia/ files: the VF holds nothing the driver knows
+        if held in ("", "0"):
+            continue
+        gi = instance_id(vf)
+        if gi is None:
+            raise MigError(f"VF {vf} holds nvidia-{held} but its GPU instance cannot be read "
+                           "(nvidia/gpu_instance_id); no GPU instance changed")
+        out.setdefault(int(gi), []).append(vf)
+    return out
+
+
+def layout(need: Need, existing: Sequence[GpuInstance], busy: Mapping[int, Sequence[str]],
+           offers: Optional[Mapping[str, Offered]] = None) -> Layout:
+    """What ``need`` asks of the GPU instances there now (pure; ``busy``: in use, by VF).
+
+    Instances of the needed profile count; others are destroyed only when room is
+    needed and no VF's vGPU is in them; one in use that stands in the way is a
+    problem with the steps to clear it. ``offers`` (``-lgip``, read with the others
+    gone) says whether what is missing can be created.
+    """
+    same = [g for g in existing if g.profile == need.instance]
+    missing = max(0, need.gis - len(same))
+    if not missing:
+        return Layout()
+    other = [g for g in existing if g.profile != need.instance]
+    held = [g for g in other if busy.get(g.id)]
+    if held:
+        gpu = smi_address(need.gpu)
+        vfs = sorted(vf for g in held for vf in busy[g.id])
+        steps = "; ".join(f"nvidia-smi mig -i {gpu} -dci -gi {g.id}; nvidia-smi mig -i {gpu} "
+                          f"-dgi -gi {g.id}" for g in held)
+        return Layout(problem=(
+            f"GPU {need.gpu}: MIG-backed {need.profile} needs {need.gis} x {need.instance} GPU "
+            f"instances, but GPU instance {text.listing([f'{g.id} ({g.profile})' for g in held])} "
+            f"holds the vGPUs of VF {text.listing(vfs)}; the charm never destroys a GPU instance "
+            "in use. Move or delete the guests on those VFs, release each VF (echo 0 > "
+            "/sys/bus/pci/devices/<VF>/nvidia/current_vgpu_type), then run "
+            f"{steps}; the next hook creates the rest"), held=tuple(vfs))
+    offer = (offers or {}).get(need.instance)
+    if offers is not None and (offer is None or offer.free < missing):
+        listed = f"lists {offer.free} creatable" if offer else "does not offer it"
+        return Layout(problem=(
+            f"GPU {need.gpu}: MIG-backed {need.profile} needs {need.gis} x {need.instance} GPU "
+            f"instances, {len(same)} exist and nvidia-smi mig -lgip {listed}"))
+    return Layout(destroy=tuple(other), create=missing)
+
+
+def ensure(need: Need, timeout: float = TIMEOUT) -> List[str]:
+    """Give ``need.gpu`` the GPU instances ``need`` asks for; what was done, line by line.
+
+    Only GPU instances no VF's vGPU is in are destroyed, and only when room is
+    needed; one in use that stands in the way raises MigError with the steps
+    (a hook never changes it). Nothing is destroyed unless what is missing can be
+    created once they are gone (``-lgip`` is read first).
+    """
+    existing = instances(need.gpu, timeout)
+    plan = layout(need, existing, used(need.gpu))
+    if plan.problem:
+        raise MigInUseError(plan.problem, plan.held) if plan.held else MigError(plan.problem)
+    if not plan.create:
+        return []
+    offers = offered(need.gpu, timeout)
+    room = sum(g.size for g in plan.destroy)  # what destroying the unused ones frees
+    check = layout(need, [g for g in existing if g not in plan.destroy], {},
+                   offers if not room else None)
+    if check.problem:
+        raise MigError(check.problem)
+    done = []
+    for gi in plan.destroy:
+        destroy(need.gpu, gi.id, timeout)
+        done.append(f"GPU instance {gi.id} ({gi.profile}, unused) destroyed")
+    if room:
+        check = layout(need, [g for g in existing if g not in plan.destroy], {},
+                       offered(need.gpu, timeout))
+        if check.problem:
+            raise MigError(check.problem)
+    create(need.gpu, need.instance, plan.create, timeout)
+    done.append(f"{plan.create} x {need.instance} GPU instance{'s' if plan.create > 1 else ''} "
+                "created")
+    for line in done:
+        log.info("GPU %s: %s", need.gpu, line)
+    return done
+
+
+def boot_needs(data: Mapping) -> Dict[str, Need]:
+    """``{GPU: Need}`` from the boot data's ``gpus[].mig``; an entry not so shaped is skipped."""
+    out: Dict[str, Need] = {}
+    for entry in data.get("gpus") or []:
+        wanted = entry.get("mig") if isinstance(entry, dict) else None
+        if not isinstance(wanted, dict):
+            continue
+        address, profile = entry.get("address"), wanted.get("profile")
+        instance, count = wanted.get("instance"), wanted.get("count")
+        if isinstance(address, str) and _PCI.fullmatch(address) \
+                and isinstance(profile, str) and isinstance(instance, str) \
+                and re.fullmatch(r"[0-9]g\.[0-9]+gb(?:\+[a-z]+)?", instance) \
+                and isinstance(count, int) and not isinstance(count, bool) and 0 < count <= 8:
+            out[address] = Need(address, profile, instance, count)
+        else:
+            log.error("boot data: GPU entry %s has a mig entry the charm did not write: %s",
+                      text.quote(address), text.quote(wanted, 80))
+    return out
+
+
+def at_boot(need: Need, until: float) -> bool:
+    """Before libvirt and nova-compute start: MIG mode in force, the GPU instances back.
+
+    A mode still pending (seen on Hopper after a reboot, NVIDIA/gpu-operator issue
+    2600) is put in force by a GPU reset, as NVIDIA's MIG user guide ("Enable MIG
+    Mode") allows while no process uses the GPU: the boot step runs before libvirt
+    and nova-compute, so no guest can. True when the instances are there.
+    """
+    gpu = need.gpu
+
+    def left() -> float:
+        return max(1.0, min(TIMEOUT, until - time.monotonic()))
+
+    try:
+        mode = modes([gpu], left())[gpu]
+        if not mode.enabled and mode.pending == ENABLED:
+            log.info("GPU %s: MIG mode is pending (enabled, not in force); resetting the GPU with "
+                     "%s, as NVIDIA's MIG user guide allows while nothing uses it: libvirt and "
+                     "nova-compute have not started, so no guest can be using it", gpu,
+                     reset_command(gpu))
+            reset(gpu, left())
+            mode = modes([gpu], left())[gpu]
+        if not mode.enabled:
+            log.error("GPU %s: MIG mode is %s, which MIG-backed %s needs: run the charm's "
+                      "enable-mig action (%s); its GPU instances are not created", gpu,
+                      mode.current, need.profile, enable_command(gpu))
+            return False
+        done = ensure(need, left())
+    except MigError as error:
+        log.error("GPU %s: %s", gpu, error)
+        return False
+    if not done:
+        log.info("GPU %s: %d x %s GPU instances there already", gpu, need.gis, need.instance)
+    return True

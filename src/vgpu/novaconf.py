@@ -28,12 +28,23 @@ NVIDIA_VENDOR = "10de"
 _SAFE = {
     "section": re.compile(r"devices|pci|(?:mdev|vgpu)_nvidia-[0-9]{1,6}"),
     "type": re.compile(r"nvidia-[0-9]{1,6}"),
-    # sysfs's form, which Nova compares as a string with libvirt's: a four-digit domain, or
-    # more digits only above ffff (never nvidia-smi's zero-padded 00000001:c8:00.0).
-    "address": re.compile(r"(?:[0-9a-f]{4}|[1-9a-f][0-9a-f]{4,7}):[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]"),
+    # sysfs's form, which Nova compares as a string with libvirt's: a four-digit domain
+    # (never nvidia-smi's zero-padded 00000001:c8:00.0). A domain above ffff (VMD) is
+    # refused: Nova's PciAddressGlobSpec refuses it in a device_spec and
+    # pci_utils.parse_address in device_addresses; nova-compute would not start.
+    "address": re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]"),
     "product_id": re.compile(r"[0-9a-f]{4}"),
     "resource_class": re.compile(r"CUSTOM_[A-Z0-9_]{1,200}"),
 }
+
+
+def nova_addressable(address: str) -> bool:
+    """Whether Nova takes ``address``'s PCI domain (four hex digits; VMD domains above ffff not)."""
+    domain = address.split(":", 1)[0]
+    try:
+        return int(domain, 16) <= 0xFFFF
+    except ValueError:
+        return False
 
 
 def sections(mapping: Mapping[str, Tuple[str, ...]], release) -> Sections:

@@ -19,9 +19,9 @@ function by function, what Nova gets:
   given. The charm writes the type to each (see :mod:`vgpu.vfio`) and Nova
   takes them as PCI devices.
 
-A GPU takes one time-sliced profile (mixed-size mode is refused), or one or
-more MIG-backed profiles (``H200X-1-18C``) where NVIDIA's MIG placements
-allow them together (see :mod:`vgpu.mig`), never both kinds.
+A GPU takes one time-sliced profile (mixed-size mode is refused), or one
+MIG-backed profile (``H200X-1-18C``; see :mod:`vgpu.mig`), never both kinds:
+Nova gives all VFs of one GPU one resource class.
 """
 
 import re
@@ -116,6 +116,31 @@ def flavor_property(vgpu_type: pci.VgpuType, framework: Optional[str], mdev_clas
     return "resources:VGPU=1"
 
 
+def refused(gpu: pci.Gpu, vgpu_type: pci.VgpuType) -> Optional[str]:
+    """Why no mapping of ``vgpu_type`` on ``gpu`` is ever planned, whatever else is mapped; else None.
+
+    A MIG-backed profile on mediated devices (an A100's ``A100-4-20C``): the
+    charm configures MIG-backed profiles on the vendor-specific VFIO framework only.
+    """
+    from . import mig
+
+    if mig.mig_profile(vgpu_type.name) is not None and gpu.framework != pci.VFIO:
+        return ("MIG-backed; this charm configures MIG-backed profiles on NVIDIA's "
+                "vendor-specific VFIO framework only (Hopper, Blackwell)")
+    return None
+
+
+def vfio_fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, whole_gb: Optional[int] = None) -> Optional[int]:
+    """How many vGPUs of a time-sliced VFIO type one GPU holds, counted as a mapping counts them.
+
+    The profile's framebuffer against the whole GPU's, at most one per VF (see
+    :func:`_fits`); None when that cannot be told (a partly used GPU whose
+    whole framebuffer is unknown, a name that is no profile).
+    """
+    fits = _fits(gpu, vgpu_type, (), pci.VFIO, whole_gb)
+    return fits if fits >= 0 else None
+
+
 def alias_name(name: str) -> str:
     """``NVIDIA L40S-12Q`` -> ``vgpu-l40s-12q`` (a [pci] alias name)."""
     return "vgpu-" + re.sub(r"[^a-z0-9]+", "-", pci.profile_name(name).lower()).strip("-")
@@ -137,11 +162,15 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
     """
     draft = _Draft(host, offered, whole_gpus)
     draft.vanished = tuple(vanished)
+    mixed = _mig_mixed(mapping, host)  # refused by name: a VF lists no type without its instance
+    draft.errors.extend(_one_per_gpu(host.gpu(gpu), names) for gpu, names in mixed.items())
     for key, addresses in mapping.items():
         if tuple(addresses) == (ALL,):
             draft.everywhere(key)
         else:
-            draft.at(key, addresses)
+            mine = pci.profile(key)
+            draft.at(key, [a for a in addresses if not (
+                mine is not None and mine.mig and getattr(host.gpu(a), "address", "") in mixed)])
     assignments = draft.assignments(release)
     errors = draft.errors
     single = _single_type_problem(assignments, release)
@@ -223,6 +252,15 @@ class _Draft:
 
     def claim(self, key: str, gpu: pci.Gpu, address: str) -> None:
         """``address`` (``gpu`` or one of its VFs) takes ``key``'s type; one type per GPU."""
+        from . import mig
+
+        named = mig.mig_profile(key)
+        if named is not None and gpu.framework == pci.VFIO and mig.geometry(gpu) is None:
+            # Its VFs list the type only once a GPU instance exists, which needs the table.
+            self.errors.append(f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the "
+                               "charm has no MIG table for this model, so MIG-backed "
+                               f"{named.name} cannot be counted")
+            return
         vgpu_type, problem = _resolve(key, gpu, self.types_of(gpu))
         if problem:
             self.errors.append(problem)
@@ -577,11 +615,14 @@ class _MigClaim(NamedTuple):
 class _MigClaims:
     """The MIG-backed profiles each GPU is mapped to; counted from :mod:`vgpu.mig`'s tables.
 
-    A GPU serves time-sliced or MIG-backed profiles, never both; several
-    MIG-backed profiles share a GPU only VF by VF, and only where NVIDIA's
-    placements allow their GPU instances together. How many VFs a profile
-    takes comes from the profile and the GPU's geometry (``H200X-1-18C``: 7),
-    never from what the VFs list as creatable now.
+    A GPU serves time-sliced or MIG-backed profiles, never both, and one
+    MIG-backed profile at most: Nova puts all VFs of one PF in one resource
+    class (``PlacementPciMixedResourceClassException`` in
+    nova/compute/pci_placement_translator.py stops nova-compute otherwise), and
+    without Placement it tells VFs apart only by vendor and product id, which
+    every VF of a GPU shares. How many VFs a profile takes comes from the
+    profile and the GPU's geometry (``H200X-1-18C``: 7), never from what the
+    VFs list as creatable now.
     """
 
     def __init__(self):
@@ -605,10 +646,9 @@ class _MigClaims:
                     "MIG-backed profiles, never both")
         if profile is None:
             return None
-        if gpu.framework != pci.VFIO:
-            return (f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {gpu.address} ({gpu.model}) is "
-                    "MIG-backed; this charm configures MIG-backed profiles on NVIDIA's "
-                    "vendor-specific VFIO framework only (Hopper, Blackwell)")
+        why = refused(gpu, vgpu_type)
+        if why:
+            return f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {gpu.address} ({gpu.model}) is {why}"
         held = mine.get(vgpu_type.number, _MigClaim(vgpu_type, key))
         held = (held._replace(whole=True) if address == gpu.address
                 else held._replace(vfs=held.vfs + (address,)))
@@ -630,19 +670,36 @@ class _MigClaims:
         made: List[Assignment] = []
         problems: List[str] = []
         taken: Dict[str, str] = {}
-        counts: Dict[pci.Profile, int] = {}
         for held in claims:
             vfs, why = _mig_vfs(gpu, held, shape, taken)
             problems.extend(why)
-            named = held.vgpu_type.profile
-            if named is not None:
-                counts[named] = len(vfs)
             made.extend(Assignment(gpu.address, vf.address, held.vgpu_type.number,
                                    held.vgpu_type.name, pci.VFIO, _hex4(vf.device_id))
                         for vf in vfs)
-        if not problems:
-            problems.extend(p for p in [mig.together_problem(gpu, counts)] if p)
         return ([] if problems else made), problems
+
+
+def _mig_mixed(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, List[str]]:
+    """GPUs whose addresses the mapping gives two MIG-backed profiles or more, with their names."""
+    named: Dict[str, Dict[str, None]] = {}
+    for key, addresses in mapping.items():
+        mine = pci.profile(key)
+        if mine is None or not mine.mig or tuple(addresses) == (ALL,):
+            continue
+        for address in addresses:
+            gpu = host.gpu(address)
+            if gpu is not None:
+                named.setdefault(gpu.address, {})[pci.short_name(mine.name)] = None
+    return {gpu: sorted(names) for gpu, names in named.items() if len(names) > 1}
+
+
+def _one_per_gpu(gpu: Optional[pci.Gpu], names: Sequence[str]) -> str:
+    """Why one GPU takes one MIG-backed profile at most (Nova's rule, with or without Placement)."""
+    where = f"{gpu.address} ({gpu.model})" if gpu is not None else "?"
+    return (f"GPU {where} is mapped to MIG-backed {', '.join(names)}: one MIG-backed "
+            "profile per GPU. Nova gives all VFs of one GPU one resource class in Placement "
+            "(two stop nova-compute: PlacementPciMixedResourceClassException) and, without "
+            "pci-in-placement, cannot tell VFs of one product id apart; map one of them")
 
 
 def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:
@@ -656,9 +713,8 @@ def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:
     if mig.geometry(gpu) is None:
         return (f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the charm has no MIG "
                 f"table for this model, so MIG-backed {names} cannot be counted")
-    if len(claims) > 1 and any(c.whole for c in claims):
-        return (f"GPU {gpu.address} is mapped whole to MIG-backed {names}: map the VFs of each "
-                "profile one by one to share a GPU between MIG-backed profiles")
+    if len(claims) > 1:
+        return _one_per_gpu(gpu, [pci.profile_name(c.vgpu_type.name) for c in claims])
     return ""
 
 

@@ -18,7 +18,13 @@ refuses to start, or hands devices out wrongly, when:
   (``nova/pci/whitelist.py``), and the principal's come first, so the VF would
   lose ``managed = no`` and its resource class.
 
-The file is parsed the way oslo.config reads it (``oslo_config/iniparser.py``:
+Ubuntu's nova-compute service reads ``/etc/nova/nova-compute.conf`` after
+nova.conf (``--config-file`` twice; charm-nova-compute renders it from Train
+on): both are read, in that order. oslo.config accumulates a multi-valued
+option over its files, file by file (each file's values in the order below),
+so the principal's entries are every file's, nova.conf's first.
+
+Each file is parsed the way oslo.config reads it (``oslo_config/iniparser.py``:
 repeated sections merge, a repeated key accumulates, indented lines continue
 a value, ``#`` and ``;`` start comments, section names other than
 ``DEFAULT`` are case-insensitive) and each spec is matched the way
@@ -29,12 +35,15 @@ imports ops.
 import json
 import re
 import string
+import sys
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from . import hostroot, pci, text
-from .errors import PrincipalConfigError
+from . import hostroot, pci, run, text
+from .errors import CommandError, PrincipalConfigError, UncheckedEntryError
 
 NOVA_CONF = "/etc/nova/nova.conf"
+NOVA_COMPUTE_CONF = "/etc/nova/nova-compute.conf"
+CONFIG_FILES = (NOVA_CONF, NOVA_COMPUTE_CONF)  # in the order nova-compute reads them
 
 # Every name Nova reads [pci] device_spec under, in the order oslo.config returns
 # their values: a MultiStrOpt collects each deprecated name's values ahead of the
@@ -49,7 +58,22 @@ _TRUE = ("1", "t", "true", "on", "y", "yes")  # oslo_utils.strutils' spellings
 _FALSE = ("0", "f", "false", "off", "n", "no")
 _BOOL_TAGS = ("managed", "live_migratable", "one_time_use")  # refused unless they read as a bool
 
+# What a hook evaluates of one entry. The principal's option is the operator's text:
+# a regex address with catastrophic backtracking would stall the hook (holding the
+# machine lock nova-compute needs to correct it), a list nested thousands deep
+# would fail it with RecursionError. Beyond these bounds an entry is "not checked".
+MAX_ENTRY = 65536  # characters of one option value
+MAX_DEPTH = 32  # nesting of JSON lists and objects (Nova's entries use three)
+REGEX_BUDGET = 5.0  # seconds for one entry's regular expressions, in a process of their own
+# Matches each [pattern, field] read from stdin as Nova does (re.match), printing one
+# answer per pair; run with the charm's Python in isolated mode, ended when out of time.
+_REGEX_SCRIPT = (
+    "import json, re, sys\n"
+    "pairs = json.load(sys.stdin)\n"
+    "json.dump([bool(re.match(p, f)) for p, f in pairs], sys.stdout)\n")
+
 Parsed = Dict[str, Dict[str, List[str]]]  # section -> key -> values, in file order
+Files = List[Tuple[str, Parsed]]  # (path, parsed) per file nova-compute reads, in its order
 
 
 class Entry(NamedTuple):
@@ -58,6 +82,7 @@ class Entry(NamedTuple):
     section: str
     key: str
     value: str
+    file: str = NOVA_CONF  # the file it is in
 
     @property
     def option(self) -> str:
@@ -83,25 +108,31 @@ class Device(NamedTuple):
 
 # -- reading nova.conf ----------------------------------------------------------------
 
-def path():
-    """nova-compute's nova.conf under the host root."""
-    return hostroot.path(NOVA_CONF)
+def path(name: str = NOVA_CONF):
+    """One of nova-compute's configuration files under the host root."""
+    return hostroot.path(name)
 
 
-def load() -> Optional[Parsed]:
-    """The principal's nova.conf, parsed; None while nova-compute has not written it.
+def load() -> Optional[Files]:
+    """nova.conf, then nova-compute.conf where it exists, parsed; None without nova.conf.
 
-    Raises HostReadError when it cannot be read, PrincipalConfigError when
-    oslo.config (so nova-compute) could not parse it either.
+    None while nova-compute has not written nova.conf. Raises HostReadError
+    when a file cannot be read, PrincipalConfigError when oslo.config (so
+    nova-compute) could not parse it either.
     """
-    content = hostroot.read_text(path(), clean=False)  # values are cleaned where quoted
-    if content is None:
-        return None
-    try:
-        return parse(content)
-    except ValueError as error:
-        raise PrincipalConfigError(f"cannot parse {NOVA_CONF}: {text.one_line(str(error), 120)}") \
-            from None
+    out: Files = []
+    for name in CONFIG_FILES:
+        content = hostroot.read_text(path(name), clean=False)  # values are cleaned where quoted
+        if content is None:
+            if name == NOVA_CONF:
+                return None
+            continue
+        try:
+            out.append((name, parse(content)))
+        except ValueError as error:
+            raise PrincipalConfigError(f"cannot parse {name}: {text.one_line(str(error), 120)}") \
+                from None
+    return out
 
 
 def parse(content: str) -> Parsed:
@@ -159,17 +190,22 @@ def _assignment(line: str, number: int) -> Tuple[str, List[str]]:
     return key, [value]
 
 
-def principal(parsed: Parsed, ours: Iterable[str] = ()) -> Principal:
+def principal(conf, ours: Iterable[str] = ()) -> Principal:
     """The principal's device specs and aliases: every entry but this unit's own.
 
-    ``ours``: the ``[pci] device_spec`` values this unit published or is about
-    to publish; nova.conf holds them beside the principal's once rendered.
+    ``conf``: what :func:`load` returns, or one parsed nova.conf. ``ours``:
+    the ``[pci] device_spec`` values this unit published or is about to
+    publish; nova.conf holds them beside the principal's once rendered.
     """
+    files: Files = [(NOVA_CONF, conf)] if isinstance(conf, dict) else list(conf)
     own = set(ours)
-    specs = tuple(Entry(section, key, value) for section, key in SPEC_OPTIONS
+    specs = tuple(Entry(section, key, value, name) for name, parsed in files
+                  for section, key in SPEC_OPTIONS
                   for value in parsed.get(section, {}).get(key, [])
-                  if not ((section, key) == ("pci", "device_spec") and value in own))
-    aliases = tuple(Entry(section, key, value) for section, key in ALIAS_OPTIONS
+                  if not (name == NOVA_CONF and (section, key) == ("pci", "device_spec")
+                          and value in own))
+    aliases = tuple(Entry(section, key, value, name) for name, parsed in files
+                    for section, key in ALIAS_OPTIONS
                     for value in parsed.get(section, {}).get(key, []))
     return Principal(specs=specs, aliases=aliases)
 
@@ -188,15 +224,48 @@ class Spec(NamedTuple):
 
 
 def specs_of(entry: Entry) -> List[Dict[str, Any]]:
-    """The spec objects of one option value (a JSON object or list of them); ValueError if not."""
+    """The spec objects of one option value (a JSON object or list of them); ValueError if not.
+
+    Raises UncheckedEntryError, before parsing, for a value longer than
+    MAX_ENTRY or nested deeper than MAX_DEPTH.
+    """
+    if len(entry.value) > MAX_ENTRY:
+        raise UncheckedEntryError(f"it is {len(entry.value)} characters long, more than the "
+                                  f"{MAX_ENTRY} this charm evaluates")
+    if _depth(entry.value) > MAX_DEPTH:
+        raise UncheckedEntryError(f"its JSON is nested more than {MAX_DEPTH} deep")
     try:
         loaded = json.loads(entry.value)
+    except RecursionError:  # not reached within MAX_DEPTH; a hook never fails on it
+        raise UncheckedEntryError(f"its JSON is nested more than {MAX_DEPTH} deep") from None
     except ValueError:
         raise ValueError("not valid JSON") from None
     items = [loaded] if isinstance(loaded, dict) else loaded
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
         raise ValueError("not a JSON object or a list of them")
     return items
+
+
+def _depth(value: str) -> int:
+    """How deep JSON lists and objects nest in ``value`` (strings skipped), without recursion."""
+    depth = deepest = 0
+    quoted = escaped = False
+    for char in value:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def parse_spec(spec: Dict[str, Any], physical_functions: Set[str]) -> Spec:
@@ -277,36 +346,95 @@ def _single(fields: Sequence[Any], physical_functions: Set[str]) -> bool:
     return f"{domain}:{bus}:{slot}.{function}" in physical_functions
 
 
-def matches(spec: Spec, device: Device) -> bool:
-    """Whether Nova's ``PciDeviceSpec.match`` takes ``device`` for ``spec``."""
+Answers = Dict[Tuple[str, str], bool]  # (pattern, address field) -> whether re.match takes it
+
+
+def matches(spec: Spec, device: Device, answers: Optional[Answers] = None) -> bool:
+    """Whether Nova's ``PciDeviceSpec.match`` takes ``device`` for ``spec``.
+
+    A regex address is matched from ``answers`` (see :func:`regex_answers`),
+    or in a process of its own when they are not given; UncheckedEntryError
+    when that runs out of time.
+    """
     if spec.devname is not None:
         return False  # an interface name resolves to a NIC, never to a GPU function
     if spec.vendor_id not in (ANY, device.vendor_id) or spec.product_id not in (ANY, device.product_id):
         return False
-    if spec.physical_function and device.parent_addr and _address_matches(spec, device.parent_addr):
+    if answers is None and spec.regex is not None:
+        answers = regex_answers(regex_questions([spec], [device]))
+    if spec.physical_function and device.parent_addr \
+            and _address_matches(spec, device.parent_addr, answers):
         return True
-    return _address_matches(spec, device.address)
+    return _address_matches(spec, device.address, answers)
 
 
-def _address_matches(spec: Spec, address: str) -> bool:
+def _fields(address: str) -> Tuple[str, str, str, str]:
     dbs, _, function = address.partition(".")
     domain, bus, slot = dbs.split(":")
-    fields = (domain, bus, slot, function)
+    return domain, bus, slot, function
+
+
+def _address_matches(spec: Spec, address: str, answers: Optional[Answers]) -> bool:
+    fields = _fields(address)
     if spec.regex is not None:
-        return all(pattern.match(field) for pattern, field in zip(spec.regex, fields))
+        assert answers is not None
+        return all(answers[(pattern.pattern, field)] for pattern, field in zip(spec.regex, fields))
     assert spec.glob is not None
     return all(want in (ANY, field) for want, field in zip(spec.glob, fields))
+
+
+def regex_questions(specs: Iterable[Spec], devices: Iterable[Device]) -> List[Tuple[str, str]]:
+    """Every (pattern, address field) pair matching ``specs`` against ``devices`` asks."""
+    addresses = sorted({a for d in devices for a in (d.address, d.parent_addr) if a})
+    pairs = {(pattern.pattern, field) for spec in specs if spec.regex is not None
+             for address in addresses for pattern, field in zip(spec.regex, _fields(address))}
+    return sorted(pairs)
+
+
+def regex_answers(pairs: Sequence[Tuple[str, str]]) -> Answers:
+    """``re.match`` of each pair, as Nova matches regex address fields, within REGEX_BUDGET.
+
+    Python's ``re`` cannot be interrupted, so the patterns run in a process
+    of their own, ended when out of time: UncheckedEntryError then (or when
+    that process cannot run), and the hook goes on.
+    """
+    if not pairs:
+        return {}
+    try:
+        result = run.run([sys.executable, "-I", "-c", _REGEX_SCRIPT], REGEX_BUDGET,
+                         what="matching its regular expressions", stdin=json.dumps(pairs))
+        said = json.loads(result.stdout)
+    except CommandError as error:
+        raise UncheckedEntryError(error.cause) from None
+    except ValueError:
+        raise UncheckedEntryError("matching its regular expressions gave no answer") from None
+    if not isinstance(said, list) or len(said) != len(pairs):
+        raise UncheckedEntryError("matching its regular expressions gave no answer")
+    return {(str(pattern), str(field)): bool(answer)
+            for (pattern, field), answer in zip(pairs, said)}
 
 
 # -- conflicts --------------------------------------------------------------------------
 
 class _Target(NamedTuple):
-    """A GPU whose VFs this unit publishes: its functions as Nova sees them."""
+    """A GPU whose functions this unit gives Nova: its functions as Nova sees them."""
 
     gpu: str
     pf: Optional[Device]  # None when the GPU is not on the host now
-    ours: Tuple[Device, ...]  # the VFs we publish
+    ours: Tuple[Device, ...]  # the functions we publish: VFIO VFs, or mdev parents
     others: Tuple[Device, ...]  # its other VFs
+    mdev: bool = False  # ours host mediated devices (mdev parents), not VFIO VFs
+
+
+def checked_sections(sections: Optional[Dict[str, List[List[str]]]]) -> bool:
+    """Whether ``sections`` give Nova devices a principal's spec could also take.
+
+    ``[pci]`` (VFIO device specs, report_in_placement) and the mdev types
+    (``[devices]``, ``[mdev_*]``, ``[vgpu_*]``): libvirt lists an mdev
+    parent as a PCI device too, so a whitelist entry can pass it through.
+    """
+    return bool(sections) and any(
+        name in ("pci", "devices") or name.startswith(("mdev_", "vgpu_")) for name in sections or {})
 
 
 def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host: pci.Host,
@@ -314,44 +442,59 @@ def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host
     """Blocked messages for principal ``specs`` Nova refuses or mishandles beside ``sections``.
 
     ``sections``: this unit's nova.conf sections (to publish, or published;
-    nothing clashes without a ``[pci]``); ``host``: the GPUs and VFs found;
-    ``app``: the principal application's name, for the command that fixes it.
-    Each message names the entry, what it hits and the option to change.
+    nothing clashes without a ``[pci]`` or mdev types); ``host``: the GPUs and
+    VFs found; ``app``: the principal application's name, for the command
+    that fixes it. Each message names the entry, what it hits and the option
+    to change. An entry beyond what a hook evaluates (see MAX_ENTRY,
+    MAX_DEPTH, REGEX_BUDGET) is named as not checked.
     """
     pairs = [list(p) for p in sections.get("pci", [])]
-    if not pairs:
-        return []
     reporting = ["report_in_placement", "True"] in pairs
     targets = _targets([value for key, value in pairs if key == "device_spec"], host)
+    targets += _mdev_targets(sections, host)
+    if not targets and not reporting:
+        return []
     physical = {gpu.address for gpu in host.gpus if gpu.sriov}
+    devices = [d for t in targets for d in (t.pf, *t.ours, *t.others) if d is not None]
     out = []
     for entry in specs:
         try:
             items = specs_of(entry)
             parsed = [(item, parse_spec(dict(item), physical)) for item in items]
+            answers = regex_answers(regex_questions([spec for _, spec in parsed], devices))
+        except UncheckedEntryError as error:
+            out.append(f"cannot check {_named(app, entry, entry.value)}: {error}; whether it takes "
+                       f"this unit's vGPU devices is unknown, the last published settings stay; "
+                       f"{_fix(app, entry)}")
+            continue
         except ValueError as error:
             out.append(f"{_named(app, entry, entry.value)} is refused by Nova "
                        f"({text.one_line(str(error), _ENTRY_LIMIT)}), so "
-                       f"whether it takes this unit's vGPU VFs is unknown: correct it; "
+                       f"whether it takes this unit's vGPU devices is unknown: correct it; "
                        f"{_fix(app, entry)}")
             continue
         for item, spec in parsed:
-            problem = _problem(spec, targets, reporting)
+            problem = _problem(spec, targets, reporting, answers)
             if problem:
                 shown = entry.value if len(items) == 1 else json.dumps(item)
                 out.append(f"{_named(app, entry, shown)} {problem}; {_fix(app, entry)}")
     return out
 
 
-def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool) -> str:
-    """What ``spec`` does to the GPUs this unit publishes VFs of ('' when nothing)."""
+def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool, answers: Answers) -> str:
+    """What ``spec`` does to the GPUs this unit gives Nova ('' when nothing)."""
     if reporting and spec.devname is not None:
         return ("names a device by devname, which Nova refuses while [pci] report_in_placement "
                 "is on (nova-compute stops): name it by PCI address")
     for target in targets:
-        pf = target.pf is not None and matches(spec, target.pf)
-        ours = [d.address for d in target.ours if matches(spec, d)]
-        others = [d.address for d in target.others if matches(spec, d)] if reporting else []
+        pf = target.pf is not None and matches(spec, target.pf, answers)
+        ours = [d.address for d in target.ours if matches(spec, d, answers)]
+        if target.mdev:
+            problem = _mdev_problem(target, pf, ours)
+            if problem:
+                return problem
+            continue
+        others = [d.address for d in target.others if matches(spec, d, answers)] if reporting else []
         hit_vfs = ours + others
         vfs = ("VF " if len(hit_vfs) == 1 else "VFs ") + text.listing(hit_vfs)
         if pf:
@@ -368,6 +511,59 @@ def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool) -> str:
                     "for vGPUs: one GPU's VFs would mix resource classes in Placement "
                     "(nova-compute stops); leave them out")
     return ""
+
+
+def _mdev_problem(target: _Target, pf: bool, ours: List[str]) -> str:
+    """A spec that takes a GPU (or VF) whose mediated devices this unit gives Nova."""
+    parents = [d.address for d in target.ours]
+    if not pf and not ours:
+        return ""
+    if pf or target.gpu in ours:
+        hit = f"GPU {target.gpu}"
+    else:
+        hit = f"{'VF' if len(ours) == 1 else 'VFs'} {text.listing(ours)} of GPU {target.gpu}"
+    if parents == [target.gpu]:
+        whose = "whose mdevs"
+    else:
+        whose = f"whose VF{'s' if len(parents) > 1 else ''} {text.listing(parents)} host the mdevs"
+    return (f"matches {hit}, {whose} this unit gives Nova for vGPUs: libvirt lists mdev parents "
+            "as PCI devices, so a passthrough flavor would take the whole device with the vGPUs "
+            "on it; leave it out")
+
+
+def _mdev_targets(sections: Dict[str, List[List[str]]], host: pci.Host) -> List[_Target]:
+    """The GPUs whose functions host the mdevs ``sections`` give Nova (found on the host now).
+
+    ``device_addresses`` names each parent (a GPU, or a VF of an SR-IOV GPU);
+    a ``[devices]`` type without them (Queens to Train, or a type that is the
+    default for unclaimed GPUs) covers every mdev GPU here.
+    """
+    named: Dict[str, Set[str]] = {}  # GPU address -> parents
+    addresses = [a for name, pairs in sections.items() if name.startswith(("mdev_", "vgpu_"))
+                 for key, value in pairs if key == "device_addresses"
+                 for a in filter(None, str(value).split(","))]
+    for address in addresses:
+        gpu = host.gpu(address)
+        if gpu is not None:
+            named.setdefault(gpu.address, set()).add(address)
+    types = [v for k, v in sections.get("devices", []) if k in ("enabled_mdev_types",
+                                                                 "enabled_vgpu_types")]
+    if types and not addresses:  # every mdev GPU offering the type may serve it
+        for gpu in host.gpus:
+            if gpu.framework == pci.MDEV:
+                named.setdefault(gpu.address, set()).update(
+                    [vf.address for vf in gpu.vfs] if gpu.sriov else [gpu.address])
+    out = []
+    for gpu_address, parents in sorted(named.items()):
+        gpu = host.gpu(gpu_address)
+        assert gpu is not None
+        pf = Device(_NVIDIA, _id(gpu.device_id), gpu.address)
+        by_address = {vf.address: Device(_NVIDIA, _id(vf.device_id), vf.address, gpu.address)
+                      for vf in gpu.vfs}
+        by_address[gpu.address] = pf
+        out.append(_Target(gpu.address, pf, tuple(by_address[a] for a in sorted(parents)), (),
+                           mdev=True))
+    return out
 
 
 def _targets(device_specs: Sequence[str], host: pci.Host) -> List[_Target]:
@@ -406,15 +602,19 @@ def _id(device_id: str) -> str:
     return device_id.lower().removeprefix("0x")
 
 
+def _whitelist(entry: Entry) -> bool:
+    """Whether ``entry`` is where charm-nova-compute renders its pci-passthrough-whitelist."""
+    return entry.file == NOVA_CONF and (entry.section, entry.key) == ("pci", "passthrough_whitelist")
+
+
 def _named(app: str, entry: Entry, shown: str) -> str:
-    what = ("pci-passthrough-whitelist" if (entry.section, entry.key) == ("pci", "passthrough_whitelist")
-            else entry.option)
+    what = "pci-passthrough-whitelist" if _whitelist(entry) else entry.option
     return f"{app}'s {what} entry {text.one_line(shown, _ENTRY_LIMIT)}"
 
 
 def _fix(app: str, entry: Entry) -> str:
     """What to change: nova-compute's option, or the entry wherever else it comes from."""
-    if (entry.section, entry.key) == ("pci", "passthrough_whitelist"):
+    if _whitelist(entry):
         return f"change it: juju config {app} pci-passthrough-whitelist=..."
     return (f"{entry.option} is none of {app}'s options: remove it where it comes from "
-            f"(config-flags, another subordinate or a hand edit of {NOVA_CONF})")
+            f"(config-flags, another subordinate or a hand edit of {entry.file})")

@@ -40,6 +40,7 @@ from . import (
     hostlock,
     kernel,
     mappings,
+    mdevctl,
     mdevs,
     novaconf,
     pci,
@@ -53,6 +54,8 @@ from .errors import (
     HostBusyError,
     HostReadError,
     InstallError,
+    MigError,
+    MigInUseError,
     PrincipalConfigError,
     ResourceInvalidError,
     ResourceMissingError,
@@ -134,6 +137,8 @@ class Inputs(NamedTuple):
     paused: bool = False  # the pause action stopped the driver's daemons
     new_revision: bool = False  # install or upgrade-charm: inspect the resource again
     show: Callable[[str], None] = lambda message: None  # maintenance message while installing
+    # [pci] report_in_placement was published once (the unit's memory, kept across relations).
+    reported: bool = False
 
 
 @dataclass
@@ -260,6 +265,7 @@ class _Steps:
         self.out = Outcome()
         self._problems = self.out.problems
         self._waits = self.out.waits
+        self._mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
 
     def _facts(self) -> facts.Facts:
         return self._host.facts()
@@ -281,7 +287,7 @@ class _Steps:
         return published_mapping(self._published())
 
     def _published_reporting(self) -> bool:
-        return published_reporting(self._published())
+        return self._given.reported or published_reporting(self._published())
 
     def run(self) -> None:
         """The steps of :func:`reconcile`, in order; raises HostReadError."""
@@ -377,9 +383,11 @@ class _Steps:
         sections: Optional[dict] = {}
         plan = None
         if here.pci.gpus:
+            self._mig_instances()
+            here = self._facts()
             validation = self._mapping()
             release = here.supported_release()
-            plan = validation.plan
+            plan = self._addressable(validation.plan)
             ok = (validation.ok and release is not None and plan is not None
                   and not plan.missing_vfs)
             sections = None
@@ -394,7 +402,7 @@ class _Steps:
                 except ValueError as error:  # sysfs gave something nova.conf must not get
                     self._problems.append(f"not publishing: {error}")
                     ok = False
-            ok = ok and self._mdevs_may_change(sections)
+            ok = ok and self._mdevs_may_change(sections) and self._mdevctl_ready(sections, release)
             # The principal's [pci] is checked before any VF takes a type from the plan.
             accepted = self._principal_accepts(sections)
             ok = ok and accepted and self._mig_ready(plan) and self._give_vfs_types(plan)
@@ -411,21 +419,63 @@ class _Steps:
         self.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
                                   for ours in self._published()]
 
+    def _mdevctl_ready(self, sections, release) -> bool:
+        """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it."""
+        if not sections or release is None or not mdevctl.needed(release.nova_major) \
+                or not novaconf.mapping_from_sections(
+                    {k: v for k, v in sections.items() if k != "pci"}):
+            return True
+        try:
+            mdevctl.ensure()
+        except InstallError as error:
+            self._problems.append(
+                f"{mdevctl.PACKAGE} is missing and could not be installed ({error}): Nova "
+                f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
+                f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
+                f"make it installable (universe) or install it, then the mdev types are published")
+            return False
+        return True
+
+    def _addressable(self, plan):
+        """``plan`` without the GPUs in a PCI domain above ffff, each named as a problem.
+
+        Nova refuses such addresses (``PciAddressGlobSpec``, and
+        ``device_addresses`` needs a four-digit domain): nova-compute would
+        stop. The other GPUs are published as planned.
+        """
+        if plan is None:
+            return None
+        wide = sorted({a.gpu for a in plan.assignments if not novaconf.nova_addressable(a.gpu)})
+        if not wide:
+            return plan
+        host = self._facts().pci
+        for address in wide:
+            gpu = host.gpu(address)
+            model = f" ({gpu.model})" if gpu is not None and gpu.model else ""
+            self._problems.append(
+                f"GPU {address}{model} is in PCI domain {address.split(':', 1)[0]}, above ffff, "
+                "which Nova refuses (nova-compute would stop): not given to Nova; turn VMD off "
+                f"for its slot in the firmware, or map the other GPUs by address in {OPTION}")
+        return plan._replace(assignments=tuple(a for a in plan.assignments if a.gpu not in wide))
+
     def _principal_accepts(self, sections: Optional[dict]) -> bool:
         """Whether ``sections`` may join the principal's nova.conf; the published are checked too.
 
-        nova.conf is read only when ours carry ``[pci]`` (VFIO device specs, or
-        report_in_placement). Each principal entry Nova would refuse or let take
-        our GPUs' functions is a blocked problem, as is a nova.conf that cannot be
-        read or parsed; one not written yet is a wait. False keeps the last
-        published sections.
+        nova.conf (and nova-compute.conf) are read only when ours give Nova
+        devices (mdev types, VFIO device specs) or report_in_placement. Each
+        principal entry Nova would refuse or let take our GPUs' functions is a
+        blocked problem, as is a file that cannot be read or parsed; a nova.conf
+        not written yet is a wait before publishing ``[pci]`` (mdev types need
+        no wait: nothing of the principal's can take them yet). False keeps
+        the last published sections.
         """
-        new = bool(sections and "pci" in sections)
+        new = principalconf.checked_sections(sections)
         if sections is not None and not new:
-            return True  # replaces what was published, and touches no [pci]
+            return True  # replaces what was published, and gives Nova no device
         relations = self._given.relations()
         published = [novaconf.sections_from_relation(r.data) for r in relations]
-        mine = [s for s in [sections, *published] if s and "pci" in s]
+        mine: List[novaconf.Sections] = [
+            s for s in [sections, *published] if s and principalconf.checked_sections(s)]
         if not mine:
             return True
         app = relations[0].app if relations else PRINCIPAL
@@ -436,10 +486,11 @@ class _Steps:
                                   "the last published settings stay")
             return False
         if conf is None:
-            if new:
+            waits = bool(sections and "pci" in sections)
+            if waits:
                 self._waits.append(f"waiting for {app} to write {principalconf.NOVA_CONF} "
                                    "before publishing [pci] settings")
-            return not new
+            return not waits
         ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
         specs = principalconf.principal(conf, ours).specs
         found: List[str] = []
@@ -527,9 +578,49 @@ class _Steps:
         """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
         from . import mig
 
-        problems = mig.mode_problems(mig.by_gpu(plan.assignments), self._given.unit)
+        problems = mig.mode_problems(mig.by_gpu(plan.assignments), self._given.unit,
+                                     self._mig_modes)
         self._problems.extend(problems)
         return not problems
+
+    def _mig_instances(self) -> None:
+        """The GPU instances the mapping's MIG-backed profiles need, before it is checked.
+
+        A VF lists a MIG-backed type only where a GPU instance has room for it
+        (NVIDIA's vGPU for Compute guide, "Configuring a GPU for MIG-Backed
+        vGPUs": on KVM the host creates them), so they are created first, on GPUs
+        in MIG mode only (the status asks for the mode otherwise); a GPU instance
+        in use is never destroyed (see :func:`vgpu.mig.ensure`).
+        """
+        from . import mig
+
+        here = self._facts()
+        if self._paused or here.driver is None or not here.driver.installed:
+            return
+        checked = self._given.checked()
+        wanted = mig.mapped(checked.mapping, here.pci) if checked.ok else {}
+        if not wanted:
+            return
+        try:
+            found = mig.modes(wanted)
+        except MigError:
+            return  # said by _mig_ready, with what MIG-backed profiles need
+        self._mig_modes = found  # what _mig_ready asks, read once per dispatch
+        changed = False
+        for need in wanted.values():
+            if not found[need.gpu].enabled:
+                continue
+            try:
+                changed = bool(mig.ensure(need)) or changed
+            except MigInUseError as error:
+                from . import guests  # who holds them: named, since the steps start there
+
+                held = guests.vgpu_guests(error.vfs, defined=True)
+                self._problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
+            except MigError as error:
+                self._problems.append(str(error))
+        if changed:
+            self._refresh()
 
     def _ensure_boot_unit(self, plan) -> None:
         """The boot-time unit and its data: the selected GPUs' VFs and their profiles by name.
@@ -551,7 +642,8 @@ class _Steps:
                 if plan is None:  # and the GPUs nova-compute has VFs of now
                     wanted = tuple(sorted({*wanted, *sriov.selected(
                         self._published_mapping(), here.pci).wanted}))
-                sriov.write_boot_data(sriov.boot_data(here.pci, plan, wanted, daemons(here)))
+                data = sriov.boot_data(here.pci, plan, wanted, daemons(here))
+                sriov.write_boot_data(_with_mig(data, plan, here.pci))
             sriov.ensure_unit(sriov.render_unit())
         except SriovError as error:
             self._problems.append(f"{sriov.UNIT}: {error}")
@@ -576,3 +668,15 @@ class _Steps:
         except OSError as error:
             self._problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
         return mdevs.kept()
+
+
+def _with_mig(data: dict, plan, host) -> dict:
+    """The boot data with each MIG-backed GPU's GPU instances (``gpus[].mig``, see vgpu.mig)."""
+    from . import mig
+
+    wanted = mig.needs(plan.assignments, host) if plan is not None else {}
+    for entry in data.get("gpus", []):
+        if entry.get("address") in wanted:
+            entry["mig"] = wanted[entry["address"]].data()
+    return data
+

@@ -20,7 +20,7 @@ import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from . import novaconf, table
-from .pci import VFIO, Host, VgpuType
+from .pci import VFIO, Gpu, Host, VgpuType
 
 ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
 ALIAS_WHERE = "nova-cloud-controller and nova-compute pci-alias"
@@ -28,54 +28,84 @@ ALIAS_WHERE = "nova-cloud-controller and nova-compute pci-alias"
 
 def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None,
                 mdev_class: bool = False, pci_in_placement: bool = False,
-                live_migration: bool = False) -> Dict[str, dict]:
-    """Per GPU (keys gpu-0, gpu-1, ... in address order): address, model, types.
+                live_migration: bool = False,
+                whole_gb: Optional[Mapping[str, int]] = None) -> Dict[str, dict]:
+    """Per group of GPUs that offer the same (keys gpu-0, gpu-1, ...): addresses, model, types.
+
+    GPUs of one model that offer the same types with the same counts are one
+    entry naming all their addresses (``addresses``, comma-separated), so a
+    host of identical GPUs lists its types once and every GPU stays named
+    within what ``action-set`` takes; a GPU with other counts (some VFs
+    taken) is an entry of its own. Groups are in the order of their first
+    address; ``virtual-functions`` and ``gpu-instances`` join the group's.
 
     Juju result keys allow only lowercase letters, digits and hyphens, so the
     addresses and type names are values, never keys. Each type says the
-    flavor property that asks for it and, on vendor-specific VFIO GPUs, the
+    flavor property that asks for it (none for a type the mapping refuses:
+    ``refused`` says why) and, on vendor-specific VFIO GPUs, the
     ``[pci] alias`` that nova-cloud-controller (and nova-compute) need
     (``pci_in_placement``, ``live_migration``: the charm's options of those
     names, shaping the alias). ``offered``: every type per GPU, learnt ones
-    included (a full VFIO GPU lists none in sysfs).
+    included (a full VFIO GPU lists none in sysfs). ``whole_gb``: each VFIO
+    GPU's whole framebuffer in GB where known (:func:`vgpu.catalogue.whole_gpus`),
+    which counts a time-sliced profile on a partly used GPU.
     """
     out: Dict[str, dict] = {}
-    for index, gpu in enumerate(host.gpus):
+    for index, group in enumerate(_groups(host, offered, whole_gb)):
+        gpu, rows = group[0]
         types: Dict[str, dict] = {}
-        for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
+        for vgpu_type, most, available in rows:
             entry = _type_entry(gpu, vgpu_type, mdev_class, pci_in_placement, live_migration)
             entry.update(_mig_entry(gpu, vgpu_type))
             for key, value in (("framebuffer-mb", vgpu_type.framebuffer_mb),
-                               ("max-instances", _most(gpu, vgpu_type)),
-                               ("available-instances", _available(gpu, vgpu_type))):
+                               ("max-instances", most), ("available-instances", available)):
                 if value is not None:
                     entry[key] = str(value)
             types[vgpu_type.id] = entry
         result = {
-            "address": gpu.address,
+            "addresses": ",".join(member.address for member, _ in group),
             "model": gpu.model,
             "device-id": gpu.device_id,
             "driver": gpu.driver or "none",
             "types": types or "none (is the vGPU host driver loaded?)",
         }
         if gpu.sriov:
-            result["virtual-functions"] = ",".join(vf.address for vf in gpu.vfs) or "none enabled"
-        result.update(_gpu_instances(gpu))
+            result["virtual-functions"] = ",".join(
+                vf.address for member, _ in group for vf in member.vfs) or "none enabled"
+        result.update(_gpu_instances([member for member, _ in group]))
         out[f"gpu-{index}"] = result
     return out
+
+
+_Row = Tuple[VgpuType, Optional[int], Optional[int]]  # a type, how many fit, how many are free
+
+
+def _groups(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
+            whole_gb: Optional[Mapping[str, int]]) -> List[List[Tuple[Gpu, List[_Row]]]]:
+    """The host's GPUs with their rows, grouped where all but the address and VFs are the same."""
+    groups: Dict[tuple, List[Tuple[Gpu, List[_Row]]]] = {}
+    for gpu in host.gpus:
+        whole = (whole_gb or {}).get(gpu.address)
+        rows = [(t, _most(gpu, t, whole), _available(gpu, t, whole))
+                for t in (offered or {}).get(gpu.address) or gpu.offered_types()]
+        # The model's device id fixes what _mig_entry says of a type; the rows, the rest.
+        same = (gpu.model, gpu.device_id, gpu.driver, gpu.framework, gpu.sriov, gpu.vfs_missing,
+                tuple(rows))
+        groups.setdefault(same, []).append((gpu, rows))
+    return list(groups.values())
 
 
 def _type_entry(gpu, vgpu_type: VgpuType, mdev_class: bool, pci_in_placement: bool,
                 live_migration: bool) -> Dict[str, str]:
     """id, name, framework, the flavor property and (VFIO) the alias of one type."""
-    from .plan import flavor_property, resource_class
+    from .plan import flavor_property, refused, resource_class
 
-    entry = {
-        "id": vgpu_type.id,
-        "name": vgpu_type.name,
-        "framework": vgpu_type.framework,
-        "flavor-property": flavor_property(vgpu_type, gpu.framework, mdev_class),
-    }
+    entry = {"id": vgpu_type.id, "name": vgpu_type.name, "framework": vgpu_type.framework}
+    why = refused(gpu, vgpu_type)
+    if why:
+        entry["refused"] = why  # no flavor can ask for what is never published
+        return entry
+    entry["flavor-property"] = flavor_property(vgpu_type, gpu.framework, mdev_class)
     if gpu.framework == VFIO and gpu.vfs:
         rc = resource_class(vgpu_type.name)
         entry["resource-class"] = rc
@@ -94,33 +124,35 @@ def _product_id(gpu) -> str:
 
 def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None, *,
                 mdev_class: bool = False, pci_in_placement: bool = False,
-                live_migration: bool = False) -> str:
-    """A fixed-width table, one row per GPU and type (``offered``: learnt types too), bounded.
+                live_migration: bool = False, whole_gb: Optional[Mapping[str, int]] = None) -> str:
+    """A fixed-width table, one row per group of like GPUs and type, bounded.
 
-    FLAVOR is the flavor property that asks for one vGPU of the type; the
-    keyword arguments are the charm's options, as for :func:`gpu_results`.
-    Under the table, the ``[pci] alias`` of each VFIO type (at most
-    ``ALIASES_SHOWN``; every one is in the nested results).
+    GPUS names every GPU of the group (as :func:`gpu_results` groups them);
+    FLAVOR is the flavor property that asks for one vGPU of the type (none
+    for a type the mapping refuses); the keyword arguments are as for
+    :func:`gpu_results`. Under the table, the ``[pci] alias`` of each VFIO
+    type (at most ``ALIASES_SHOWN``; every one is in the nested results).
     """
-    from .plan import alias_name, flavor_property
+    from .plan import alias_name, flavor_property, refused
 
     if not host.gpus:
         return "no NVIDIA GPU on this host"
-    rows: List[List[str]] = [["ADDRESS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",
+    rows: List[List[str]] = [["GPUS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",
                               "FLAVOR"]]
     aliases: Dict[str, str] = {}
-    for gpu in host.gpus:
-        types = (offered or {}).get(gpu.address) or gpu.offered_types()
+    for group in _groups(host, offered, whole_gb):
+        gpu, types = group[0]
+        addresses = ",".join(member.address for member, _ in group)
         if not types:
             why = "no VFs enabled" if gpu.vfs_missing else "driver not loaded?"
-            rows.append([gpu.address, gpu.model, "-", f"no types ({why})", "-", "-", "-", "-"])
-        for vgpu_type in types:
+            rows.append([addresses, gpu.model, "-", f"no types ({why})", "-", "-", "-", "-"])
+        for vgpu_type, most, available in types:
             fb = vgpu_type.framebuffer_mb
+            flavor = ("none (the mapping refuses it)" if refused(gpu, vgpu_type)
+                      else flavor_property(vgpu_type, gpu.framework, mdev_class))
             rows.append([
-                gpu.address, gpu.model, vgpu_type.id, vgpu_type.name,
-                f"{fb} MiB" if fb is not None else "-",
-                _text(_most(gpu, vgpu_type)), _text(_available(gpu, vgpu_type)),
-                flavor_property(vgpu_type, gpu.framework, mdev_class),
+                addresses, gpu.model, vgpu_type.id, vgpu_type.name,
+                f"{fb} MiB" if fb is not None else "-", _text(most), _text(available), flavor,
             ])
             if gpu.framework == VFIO and gpu.vfs:
                 name = alias_name(vgpu_type.name)
@@ -149,23 +181,33 @@ def _mig_entry(gpu, vgpu_type: VgpuType) -> Dict[str, str]:
     return entry
 
 
-def _most(gpu, vgpu_type: VgpuType):
-    """How many of the type one GPU holds: the mdev description's, or a MIG-backed profile's."""
+def _most(gpu, vgpu_type: VgpuType, whole_gb: Optional[int] = None):
+    """How many of the type one GPU holds, None where that cannot be told.
+
+    The mdev description's, a MIG-backed profile's, or (VFIO, time-sliced) the
+    profile's framebuffer against the whole GPU's (``whole_gb``), as a mapping counts it.
+    """
     if vgpu_type.max_instances is not None:
         return vgpu_type.max_instances
     from . import mig
+    from .plan import vfio_fits
 
     named = mig.mig_profile(vgpu_type.name)
-    return mig.fits(gpu, named) if named is not None else None
+    if named is not None:
+        return mig.fits(gpu, named)
+    if gpu.framework == VFIO and not gpu.types:
+        return vfio_fits(gpu, vgpu_type, whole_gb)
+    return None
 
 
-def _gpu_instances(gpu) -> Dict[str, str]:
+def _gpu_instances(gpus) -> Dict[str, str]:
     """``gpu-instances``: each VF's GPU instance (``nvidia/gpu_instance_id``), where one is held."""
-    if gpu.framework != VFIO:
+    if gpus[0].framework != VFIO:
         return {}
     from . import mig
 
-    held = [(vf.address, mig.instance_id(vf.address)) for vf in gpu.vfs if vf.current_type]
+    held = [(vf.address, mig.instance_id(vf.address))
+            for gpu in gpus for vf in gpu.vfs if vf.current_type]
     shown = [f"{address}={gi}" for address, gi in held if gi is not None]
     return {"gpu-instances": ",".join(shown)} if shown else {}
 
@@ -182,14 +224,26 @@ def _alias_lines(aliases: List[str]) -> str:
     return "\n".join(lines)
 
 
-def _available(gpu, vgpu_type):
+def _available(gpu, vgpu_type, whole_gb: Optional[int] = None):
     """Instances still creatable; on SR-IOV GPUs one per free VF, at most what the type fits.
 
     Each VF holds at most one vGPU, and the GPU holds at most ``max_instance``
-    of the type, however many VFs still list it.
+    of the type, however many VFs still list it. A time-sliced VFIO type: the
+    free VFs that list it, at most what the profile fits (:func:`_most`) less
+    the VFs that hold it; None when that is unknown.
     """
     if gpu.types:
         return vgpu_type.available_instances
+    from . import mig
+
+    if gpu.framework == VFIO and mig.mig_profile(vgpu_type.name) is None:
+        most = _most(gpu, vgpu_type, whole_gb)
+        if most is None:
+            return None
+        free = sum(1 for vf in gpu.vfs if not vf.current_type
+                   and any(t.number == vgpu_type.number for t in vf.types))
+        held = sum(1 for vf in gpu.vfs if vf.current_type == vgpu_type.number)
+        return max(0, min(free, most - held))
     counts = [min(t.available_instances, 1) for vf in gpu.vfs for t in vf.types
               if t.number == vgpu_type.number and t.available_instances is not None]
     if not counts:

@@ -32,22 +32,24 @@ class Result(NamedTuple):
 
 
 def run(cmd: Sequence[str], timeout: float, *, check: bool = True, what: Optional[str] = None,
-        env: Optional[Mapping[str, str]] = None) -> Result:
+        env: Optional[Mapping[str, str]] = None, stdin: Optional[str] = None) -> Result:
     """Run ``cmd`` and return its output; CommandError when it cannot run or runs too long.
 
     With ``check`` a non-zero exit is a CommandError too, saying
     ``<what> failed: <cause>``; ``what`` defaults to the program's name.
+    ``stdin``: text written to the command's standard input (else it is closed).
     """
     what = what or os.path.basename(cmd[0])
     environ = dict(os.environ if env is None else env, LC_ALL="C")
     try:
-        proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=environ, start_new_session=True)
     except OSError as error:
         why = f"{what} could not run: {error.strerror or error}"
         raise CommandError(why, why) from None
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(None if stdin is None else stdin.encode("utf-8"), timeout=timeout)
     except subprocess.TimeoutExpired:
         _end_group(proc, what)
         why = f"{what} timed out after {timeout:g}s and was stopped"

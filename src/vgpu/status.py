@@ -11,7 +11,7 @@ into the matching ops status and Juju shows the most severe.
 from types import MappingProxyType
 from typing import List, Mapping, NamedTuple, Optional, Tuple
 
-from . import OPTION, PCI_IN_PLACEMENT, RELATION, driver, mappings, sriov, text
+from . import OPTION, PCI_IN_PLACEMENT, RELATION, driver, kernel, mappings, sriov, text
 from .facts import Facts
 
 BLOCKED = "blocked"
@@ -66,6 +66,8 @@ class Inputs(NamedTuple):
     vf_refused: Mapping[str, str] = MappingProxyType({})  # selected GPU -> why it is left alone
     boot_unit_masked: bool = False  # the operator masked the boot-time unit
     mapped: Tuple[str, ...] = ()  # the addresses vgpu-device-mappings names (read when one is missing)
+    neighbour_notes: Tuple[str, ...] = ()  # what other subordinates lost beside us (vgpu.neighbours)
+    secure_boot: Optional[kernel.SecureBoot] = None  # read while the vGPU module is not loaded
 
 
 def checks_host(facts: Facts, forced: bool, published: Mapping[str, Tuple[str, ...]]) -> bool:
@@ -98,6 +100,7 @@ def statuses(inputs: Inputs) -> List[Status]:
         notes.append(REPORTING_KEPT)
     if inputs.boot_unit_masked:
         notes.append(f"{sriov.UNIT} is masked: VFs and vGPU types are not restored at boot")
+    notes.extend(inputs.neighbour_notes)
     out.extend(_driver_statuses(inputs, notes))
     out.append((ACTIVE, "; ".join([serving_message(inputs)] + notes)))
     return out
@@ -243,7 +246,12 @@ def _driver_statuses(inputs: Inputs, notes: List[str]) -> List[Status]:
         out.append((MAINTENANCE, f"paused: vGPU services stopped; {run_hint(inputs, 'resume')} "
                                  "to start them"))
         return out
-    out.extend((BLOCKED, f"reboot required: {reason}") for reason in inputs.facts.reboot_reasons())
+    reasons = inputs.facts.reboot_reasons()
+    if inputs.secure_boot is not None and inputs.secure_boot.blocks_modules():
+        # No reboot loads an unsigned module: say what does instead of waiting for one.
+        out.append((BLOCKED, kernel.secure_boot_advice(inputs.secure_boot)))
+        reasons = [r for r in reasons if r != kernel.VFIO_NOT_LOADED]
+    out.extend((BLOCKED, f"reboot required: {reason}") for reason in reasons)
     out.extend(_service_statuses(inputs))
     return out
 

@@ -57,8 +57,9 @@ def fit(results: Dict[str, object], *, depth: int, records: str, what: str = "en
     ``vgpus``); a record is everything under one key path ``depth`` levels
     deep (``gpus.gpu-0.types.nvidia-105`` at depth 4), or a shallower leaf
     (a GPU's address) on its own. Everything else (a summary, totals, the
-    table) takes its room first, in order; records fill what is left, in
-    order. When anything is dropped, a ``truncated`` key says how many
+    table) takes its room first, in order; then each record's shallower
+    fields (a GPU's addresses and model), so every one stays named; records
+    fill what is left, in order. When anything is dropped, a ``truncated`` key says how many
     records of how many are shown. Long values are cut to ``MAX_VALUE_BYTES``.
     """
     groups: List[Tuple[tuple, List[Tuple[tuple, object]]]] = []
@@ -72,8 +73,11 @@ def fit(results: Dict[str, object], *, depth: int, records: str, what: str = "en
             groups.append((key, [(path, _value(value))]))
     used = 300  # room for the truncated note itself
     kept: List[int] = []
+    # Each record's own shallower fields (a GPU's addresses) before any record, so that
+    # every record stays named when its details are dropped.
     order = ([i for i, g in enumerate(groups) if g[0][0] != records]
-             + [i for i, g in enumerate(groups) if g[0][0] == records])
+             + [i for i, g in enumerate(groups) if g[0][0] == records and len(g[0]) < depth]
+             + [i for i, g in enumerate(groups) if g[0][0] == records and len(g[0]) >= depth])
     full = False
     for index in order:
         size = sum(_size(p, v) for p, v in groups[index][1])

@@ -19,7 +19,7 @@ How a vGPU is recognised:
 * vendor-specific VFIO: a ``hostdev`` of type ``pci`` whose address is an
   NVIDIA VF holding a type (``nvidia/current_vgpu_type`` not 0).
 
-Capacity, decided here and documented in the README:
+Capacity, decided here and documented in docs/explanation/licensing.md:
 
 * "used" counts vGPUs held by a guest libvirt knows, running or shut off:
   Nova keeps a shut-off instance's vGPU (its mdev or VF) and its Placement
@@ -87,9 +87,17 @@ def profile_of(name: str) -> Optional[str]:
 
 
 def edition_of(profile: str) -> str:
-    """The licence edition a profile needs, from its series letter (``-12Q`` -> Q)."""
+    """The licence edition a profile needs, from its series letter (``-12Q`` -> Q).
+
+    A MIG-backed media profile (``A100-1-5CME``, ``H200X-1-18CME``: a C-series
+    vGPU on a ``+me`` GPU instance) is in its series' edition: the ME says which
+    GPU instance it sits on, not what it is licensed as.
+    """
     found = pci.profile(profile or "")
-    return EDITIONS.get(found.series, "unknown") if found else "unknown"
+    if found is None:
+        return "unknown"
+    series = found.series[:-2] if found.mig and found.series.endswith("ME") else found.series
+    return EDITIONS.get(series, "unknown")
 
 
 def framebuffer_of(profile: str) -> Optional[int]:
@@ -220,16 +228,21 @@ def _project(use: VgpuUse) -> Tuple[str, str]:
 
 # -- licences, counted the way NVIDIA counts them --------------------------------------------
 
-# NVIDIA AI Enterprise, "NVIDIA vGPU for Compute Licensing": one licence covers up to 16 vGPU
-# instances on a single GPU, or one vGPU holding the whole GPU.
+# NVIDIA AI Enterprise, "NVIDIA vGPU for Compute Licensing": software enforces one licence per
+# vGPU assigned to a VM, each C-series vGPU checking its own out of the NVIDIA License System at
+# boot (the licence server's leases); that licence covers up to 16 vGPU instances on a single
+# GPU, or one vGPU holding the whole GPU. The NVIDIA Enterprise Licensing Guide ("Licensing")
+# sells NVIDIA AI Enterprise per GPU (the entitlement). Two counts, and neither is exact: the
+# host cannot see whether a guest is configured to check one out, nor what the subscription
+# covers (some GPUs, the H100 PCIe/NVL and H200 NVL, come with one).
 VGPUS_PER_GPU_LICENCE = 16
 BY_VM, BY_GPU, BY_VGPU = "vms", "gpus", "vgpus"
-EXACT, AT_LEAST, GUESS = "exact", "at least", "guess"
+EXACT, AT_LEAST, GUESS, TWO_COUNTS = "exact", "at least", "guess", "two counts"
 MAX_LISTED = 4  # names listed in one open case; the rest are counted
 
 
 class Rule(NamedTuple):
-    """How NVIDIA counts the licences of one edition (README, Guest licensing)."""
+    """How NVIDIA counts the licences of one edition (docs/explanation/licensing.md)."""
 
     product: str  # the licence NVIDIA sells for the edition
     basis: str  # BY_VM, BY_GPU or BY_VGPU: what one licence stands for here
@@ -248,9 +261,10 @@ RULES = {
                         "concurrent users of the session-based applications, whom the host cannot "
                         "see: running vGPUs, each with at least one user; a lower bound", AT_LEAST),
     EDITIONS["C"]: Rule("NVIDIA AI Enterprise", BY_GPU, "GPU (up to 16 vGPUs each)",
-                        "physical GPUs that running C-series vGPUs sit on (a vGPU on a VF or a MIG "
-                        "slice counts as the GPU it belongs to), one licence per GPU for up to "
-                        f"{VGPUS_PER_GPU_LICENCE} of its vGPUs", EXACT),
+                        "entitlement: physical GPUs that running C-series vGPUs sit on (a vGPU on "
+                        "a VF or a MIG slice counts as the GPU it belongs to), one per GPU for up "
+                        f"to {VGPUS_PER_GPU_LICENCE} of its vGPUs; leases: one licence server "
+                        "lease per running C-series vGPU, checked out at boot", TWO_COUNTS),
 }
 UNKNOWN_RULE = Rule("unknown edition", BY_VGPU, "vGPU (edition unknown)",
                     "running vGPUs whose profile, and so whose edition, is unknown", GUESS)
@@ -388,10 +402,14 @@ def results(uses: Sequence[VgpuUse]) -> Dict[str, object]:
 
 
 _EXACT = {EXACT: "yes", AT_LEAST: "no: a lower bound (see open-cases)",
-          GUESS: "no: edition unknown (see open-cases)"}
-_MARKED = {EXACT: "{}", AT_LEAST: ">={}", GUESS: "{}?"}
+          GUESS: "no: edition unknown (see open-cases)",
+          TWO_COUNTS: "no: NVIDIA counts leases on the licence server (one per running vGPU) "
+                      "and sells an entitlement per GPU; the host sees neither the guests' "
+                      "licensing nor the subscription"}
+_MARKED = {EXACT: "{}", AT_LEAST: ">={}", GUESS: "{}?", TWO_COUNTS: "{} GPU, {leases} leases"}
 _SAID = {EXACT: "{n} {product}", AT_LEAST: "at least {n} {product}",
-         GUESS: "{n} vGPUs of unknown edition"}
+         GUESS: "{n} vGPUs of unknown edition",
+         TWO_COUNTS: "{product}: {n} GPU entitlement, {leases} licence server leases"}
 
 
 def _licence_entry(licence: Licence) -> Dict[str, str]:
@@ -406,6 +424,8 @@ def _licence_entry(licence: Licence) -> Dict[str, str]:
     }
     if licence.rule.basis == BY_GPU:
         entry["gpus"] = ", ".join(licence.gpus)
+        entry["entitlement-gpus"] = str(licence.licences)
+        entry["leases"] = str(licence.vgpus)  # one per running vGPU (vGPU for Compute Licensing)
     return entry
 
 
@@ -419,7 +439,8 @@ def _licence_table(found: Sequence[Licence], cases: Sequence[str]) -> str:
     from . import table
 
     if found:
-        rows = [[lic.edition, lic.rule.product, _MARKED[lic.rule.bound].format(lic.licences),
+        rows = [[lic.edition, lic.rule.product,
+                 _MARKED[lic.rule.bound].format(lic.licences, leases=lic.vgpus),
                  lic.rule.unit, str(lic.vgpus), str(lic.vms)] for lic in found]
         text = table.render(["EDITION", "LICENCE", "COUNT", "PER", "VGPUS", "VMS"], rows,
                             what="editions")
@@ -470,7 +491,8 @@ def _summary(uses: Sequence[VgpuUse], running: int, editions: Mapping[str, int],
     text += f" ({parts})" if parts else ""
     if found:
         text += "; licences: " + ", ".join(
-            _SAID[lic.rule.bound].format(n=lic.licences, product=lic.rule.product) for lic in found)
+            _SAID[lic.rule.bound].format(n=lic.licences, product=lic.rule.product,
+                                         leases=lic.vgpus) for lic in found)
     if stopped:
         text += f"; {stopped} held by shut-off instances (not licensed while off)"
     return text

@@ -150,10 +150,10 @@ def _done(done: List[str], line: str) -> None:
 def write_order(plan, changes) -> List[str]:
     """The VFs to give types, larger MIG-backed profiles first, then in address order.
 
-    A MIG-backed vGPU's GPU instance is placed when its VF takes the type; a small
-    one first can take the only start a larger one has (a 3g at 0 leaves no room
-    for a 4g), so the larger are written first (inferred from NVIDIA's placement
-    table, see :mod:`vgpu.mig`). Time-sliced types keep address (virtfn) order.
+    A MIG-backed vGPU goes into a GPU instance the charm created beforehand
+    (see :func:`vgpu.mig.ensure`; one MIG-backed profile per GPU), so the order
+    only matters across GPUs; larger first is kept as harmless. Time-sliced
+    types keep address (virtfn) order.
     """
     slices = {a.address: getattr(pci.profile(a.name), "slices", 0) for a in plan.vfio()}
     return sorted(changes, key=lambda address: (-slices.get(address, 0), address))

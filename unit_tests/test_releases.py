@@ -1,11 +1,7 @@
-"""The OpenStack release read from nova-common's version, as the operator sees it."""
+"""vgpu.releases: the OpenStack release read from nova-common's version."""
 
 import pytest
-from ops import testing
 
-from charm import NovaComputeNvidiaVgpuCharm
-from unit_tests import debs
-from unit_tests.fakehost import v100_host
 from vgpu import releases
 from vgpu.errors import UnsupportedReleaseError
 
@@ -28,17 +24,6 @@ def test_an_unreadable_version_names_itself(version):
     with pytest.raises(UnsupportedReleaseError) as error:
         releases.from_version(version)
     assert str(error.value) == f"cannot read Nova's release from version {version!r}"
-
-
-def test_an_unreadable_nova_version_blocks_the_unit_saying_so(root, tools, tmp_path):
-    host = v100_host(root)
-    host.nova("3:garbage")
-    ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
-    out = ctx.run(ctx.on.update_status(), testing.State(relations=[testing.SubordinateRelation("nova-vgpu")],
-                      resources={testing.Resource(name="nvidia-vgpu-software",
-                                                  path=debs.empty(tmp_path))}))
-    assert out.unit_status == testing.BlockedStatus(
-        "cannot read Nova's release from version '3:garbage'")
 
 
 def test_installed_reads_dpkgs_answer_when_not_given_it(root):

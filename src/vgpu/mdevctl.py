@@ -1,0 +1,65 @@
+"""mdevctl, which Nova 30 and later needs on an mdev host, installed by the charm itself.
+
+From Nova 30 (2024.2 Dalmatian) the libvirt driver defines each mdev as a
+persistent libvirt node device; libvirt's node-device driver does that by
+running ``mdevctl``, which no package of this stack depends on (Ubuntu ships
+it on its own, in universe). Without it every vGPU instance build fails
+("Cannot find 'mdevctl' in path").
+
+The charm installs it with apt, before it publishes mdev types (so before
+the first instance can be scheduled here), rather than through the
+``releases-packages-map`` it sends nova-compute: nova-compute installs that
+map only in its own install, upgrade-charm and openstack-upgrade hooks, never
+when this unit's data changes, and with ``fatal=True``, so a package its
+sources lack would fail nova-compute's own hooks. Nothing here imports ops.
+"""
+
+import logging
+import os
+
+from . import hostroot, run
+from .errors import CommandError, InstallError
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "mdevctl"
+FIRST_NOVA = 30  # the first Nova that defines mdevs through libvirt (and so mdevctl)
+PROGRAMS = ("usr/sbin/mdevctl", "usr/bin/mdevctl")  # where the package puts it
+APT_TIMEOUT = 300  # seconds per apt-get run
+_INSTALL = ["apt-get", "install", "--yes", "--no-install-recommends", PACKAGE]
+
+
+def needed(nova_major: int) -> bool:
+    """Whether this Nova runs mdevctl (through libvirt) for the mdevs it creates."""
+    return nova_major >= FIRST_NOVA
+
+
+def present() -> bool:
+    """Whether mdevctl is on the host (under the host root), executable."""
+    return any(os.access(hostroot.path(p), os.X_OK) and hostroot.path(p).is_file()
+               for p in PROGRAMS)
+
+
+def ensure() -> bool:
+    """mdevctl on the host: installed with apt when missing (the package lists refreshed once).
+
+    Returns True when it was installed now. Raises InstallError saying why
+    it could not be.
+    """
+    if present():
+        return False
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        run.run(_INSTALL, APT_TIMEOUT, what=f"apt-get install {PACKAGE}", env=env)
+    except CommandError as first:
+        log.info("apt-get install %s failed (%s); refreshing the package lists", PACKAGE,
+                 first.cause)
+        try:
+            run.run(["apt-get", "update"], APT_TIMEOUT, what="apt-get update", env=env)
+            run.run(_INSTALL, APT_TIMEOUT, what=f"apt-get install {PACKAGE}", env=env)
+        except CommandError as error:
+            raise InstallError(str(error)) from None
+    if not present():
+        raise InstallError(f"apt-get installed {PACKAGE} but /{PROGRAMS[0]} is not there")
+    log.info("installed %s: Nova defines its mdevs through libvirt, which runs it", PACKAGE)
+    return True

@@ -1,0 +1,162 @@
+"""The charm beside nova-compute's own rules and its neighbours (ops.testing).
+
+What Nova refuses in an address (a PCI domain above ffff), what Nova 30 and
+later need on an mdev host (mdevctl), and what a neighbouring subordinate
+(ceilometer-agent) loses in nova.conf once this unit publishes sections:
+each read the way nova-compute reads this unit's data (charmhelpers).
+"""
+
+from ops import testing
+
+from unit_tests import principal
+from unit_tests.fakehost import V100_TYPES, v100_host
+from unit_tests.test_charm import install_driver, nova_conf, ours, state
+from unit_tests.test_charm_sriov import again
+
+MGR, VGPUD = "nvidia-vgpu-mgr", "nvidia-vgpud"
+VMD = "10000:01:00.0"  # a GPU behind Intel VMD: PCI domain 10000
+
+
+def driver_ready(root, tools, packages):
+    install_driver(root, packages["old"])
+    tools.set_active(MGR)
+    tools.set_active(VGPUD)
+
+
+# -- PCI domains above ffff ----------------------------------------------------------------
+
+def test_a_gpu_in_a_domain_above_ffff_is_never_published_and_named(ctx, root, tools, packages):
+    host = v100_host(root)
+    host.add_gpu(VMD, device="0x1db4", mdev_types=V100_TYPES)
+    driver_ready(root, tools, packages)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus(
+        f"GPU {VMD} (Tesla V100 PCIe 16GB) is in PCI domain 10000, above ffff, which Nova refuses "
+        "(nova-compute would stop): not given to Nova; turn VMD off for its slot in the "
+        "firmware, or map the other GPUs by address in vgpu-device-mappings")
+    assert nova_conf(out) == ("[devices]\nenabled_mdev_types = nvidia-108\n"
+                              "[mdev_nvidia-108]\ndevice_addresses = 0000:c1:00.0,0000:e1:00.0\n")
+    # Mapped by address, the others alone: active, the same sections.
+    out = ctx.run(ctx.on.config_changed(), again(out, {
+        "vgpu-device-mappings": "{nvidia-108: [c1:00.0, e1:00.0]}"}))
+    assert out.unit_status.name == "active", out.unit_status
+    assert principal.nova_context(ours(out))["sections"]["mdev_nvidia-108"] == [
+        ["device_addresses", "0000:c1:00.0,0000:e1:00.0"]]
+
+
+# -- ceilometer-agent's nova.conf settings -------------------------------------------------
+
+NOVA = "3:29.0.0-0ubuntu1"
+CEILOMETER = {"nova-ceilometer": principal.CEILOMETER_DATA}
+LOST = ("ceilometer-agent's nova.conf settings lost beside this unit's (instance_usage_audit, "
+        "instance_usage_audit_period, notify_on_state_change): juju config nova-compute "
+        "config-flags=instance_usage_audit=True,instance_usage_audit_period=hour,"
+        "notify_on_state_change=vm_and_task_state")
+
+
+def ceilometer_host(root, tools, packages):
+    host = v100_host(root)
+    host.dpkg_status({"nova-common": NOVA, "nova-compute": NOVA, "python3-nova": NOVA,
+                      "ceilometer-agent-compute": "2:22.0.0-0ubuntu1"})
+    driver_ready(root, tools, packages)
+    return host
+
+
+def test_charm_nova_compute_drops_ceilometers_settings_once_this_unit_publishes(tmp_path):
+    """Pinned with charmhelpers' own OSConfigRenderer and SubordinateConfigContexts."""
+    ours_data = {"subordinate_configuration": '{"nova":{"/etc/nova/nova.conf":{"sections":'
+                                              '{"devices":[["enabled_mdev_types","nvidia-108"]]}}}}'}
+    alone = principal.render_with_neighbours({}, tmp_path / "a", CEILOMETER)
+    both = principal.render_with_neighbours(ours_data, tmp_path / "b", CEILOMETER)
+    fixed = principal.render_with_neighbours(ours_data, tmp_path / "c", CEILOMETER,
+                                             config_flags=principal.CEILOMETER_FLAGS)
+    assert "instance_usage_audit = True" in alone
+    assert "instance_usage_audit" not in both and "[devices]" in both
+    assert "instance_usage_audit = True" in fixed and "[devices]" in fixed
+    # Empty sections publish nothing the principal merges: ceilometer's stay.
+    empty = {"subordinate_configuration": '{"nova":{"/etc/nova/nova.conf":{"sections":{}}}}'}
+    assert "notify_on_state_change = vm_and_task_state" in principal.render_with_neighbours(
+        empty, tmp_path / "d", CEILOMETER)
+
+
+def test_ceilometers_lost_settings_are_said_with_the_workaround(ctx, root, tools, packages,
+                                                                 tmp_path, caplog):
+    ceilometer_host(root, tools, packages)
+    conf = root / "etc/nova/nova.conf"
+    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", CEILOMETER))
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active" and "ceilometer" not in out.unit_status.message
+    # nova-compute renders its nova.conf again with this unit's sections: ceilometer's are gone.
+    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", CEILOMETER))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active"  # vGPUs work: no reason to block them
+    assert out.unit_status.message.endswith("; " + LOST)
+    assert ("ceilometer-agent's nova.conf settings (instance_usage_audit, "
+            "instance_usage_audit_period, notify_on_state_change) are missing: nova-compute "
+            "renders only one subordinate's sections once this unit publishes its own") in caplog.text
+    assert "so Nova sends no instance usage audit and no state-change notifications" in caplog.text
+    # The workaround applied: the settings are back, and so is the plain status.
+    conf.write_text(principal.render_with_neighbours(
+        ours(out), tmp_path / "t2", CEILOMETER, config_flags=principal.CEILOMETER_FLAGS))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active" and "ceilometer" not in out.unit_status.message
+
+
+def test_without_ceilometer_agent_nothing_is_said(ctx, root, tools, packages):
+    v100_host(root)
+    driver_ready(root, tools, packages)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 2; nvidia-108: 0 used, 4 free")
+
+
+# -- mdevctl on Nova 30 and later ----------------------------------------------------------
+
+DALMATIAN = "3:30.0.0-0ubuntu1"
+MDEVCTL = "usr/sbin/mdevctl"
+
+
+def test_mdevctl_is_installed_before_mdev_types_are_published_from_nova_30(ctx, root, tools,
+                                                                          packages):
+    v100_host(root, nova=DALMATIAN)
+    driver_ready(root, tools, packages)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active", out.unit_status
+    assert "apt-get install --yes --no-install-recommends mdevctl" in tools.calls()
+    assert (root / MDEVCTL).exists()
+    assert "[mdev_nvidia-108]" in nova_conf(out)
+    # Present: never asked again.
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert not [c for c in tools.calls()[calls:] if c.startswith("apt-get")]
+
+
+def test_without_mdevctl_nothing_is_published_and_the_cause_is_said(ctx, root, tools, packages):
+    v100_host(root, nova=DALMATIAN)
+    driver_ready(root, tools, packages)
+    tools.apt_fails("mdevctl")
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus(
+        "mdevctl is missing and could not be installed (apt-get install mdevctl failed: Unable "
+        "to locate package mdevctl): Nova 30 (2024.2 dalmatian) defines mdevs through libvirt, "
+        "which runs mdevctl, so every vGPU instance build would fail; make it installable "
+        "(universe) or install it, then the mdev types are published")
+    assert "subordinate_configuration" not in ours(out)
+    assert [c for c in tools.calls() if c.startswith("apt-get")] == [
+        "apt-get install --yes --no-install-recommends mdevctl", "apt-get update",
+        "apt-get install --yes --no-install-recommends mdevctl"]
+
+
+def test_before_nova_30_and_for_vfio_no_mdevctl_is_asked_for(ctx, root, tools, packages):
+    v100_host(root)  # caracal: Nova 29 creates mdevs through sysfs
+    driver_ready(root, tools, packages)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active"
+    assert not [c for c in tools.calls() if c.startswith("apt-get")]
+    assert not (root / MDEVCTL).exists()
