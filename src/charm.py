@@ -28,6 +28,7 @@ from vgpu import (
     dpkg,
     driver,
     facts,
+    hostlock,
     kernel,
     mappings,
     mdevs,
@@ -539,9 +540,16 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                                f"{', '.join(g.address for g in self._facts().pci.gpus) or 'none'})")
             guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)], defined=True)
             before = mig.modes([address])[address]
-            done = None if before.enabled else mig.enable(address)
+            done = None
+            if not before.enabled:
+                with hostlock.held(hostlock.HOOK_WAIT):  # not while the boot step restores
+                    done = mig.enable(address)
         except (ValueError, VgpuError) as error:
             event.fail(f"MIG mode not enabled: {error}")
+            return
+        except OSError as error:  # the lock file (a link on the way)
+            event.fail(f"MIG mode not enabled: cannot take the host lock /{hostlock.FILE}: "
+                       f"{error.strerror or error}")
             return
         event.set_results(mig.enable_results(address, done))
         self._refresh()
