@@ -28,6 +28,7 @@ from vgpu import (
     dpkg,
     driver,
     facts,
+    hostlock,
     kernel,
     mappings,
     mdevs,
@@ -82,6 +83,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._waits: List[str] = []  # waiting messages from this dispatch's work
         self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
         self._removing = False  # this dispatch is remove: the status check reads (writes) nothing
+        self._busy = False  # the boot step held the host lock: the hook left the host alone
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
                       on.update_status, on[RELATION].relation_joined,
@@ -184,6 +186,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._waits.extend(done.waits)
         if done.vf_failures is not None:
             self._vf_failures = done.vf_failures
+        self._busy = self._busy or done.busy
         if done.resumed:
             self._stored.paused = False
             self._stored.masked = []
@@ -225,6 +228,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.add_status(ops.MaintenanceStatus(
                 "removing: the charm's files are deleted; the vGPU host driver stays installed"))
             return
+        if self._busy:  # the host is half restored: what it shows now says nothing yet
+            for message in self._waits:
+                event.add_status(ops.WaitingStatus(message))
+            return
         try:
             pairs = status.statuses(self._status_inputs())
         except HostReadError as error:
@@ -248,7 +255,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
             vf_failures=dict(self._vf_failures), neighbour_notes=tuple(neighbours.notes(
                 neighbours.installed_of(here.packages), self._publishes_sections(),
-                self._principal())))
+                self._principal())),
+            mapped=self._mapped() if status.missing_gpus(here, published) else ())
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
@@ -260,6 +268,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             inputs = inputs._replace(secure_boot=kernel.secure_boot())
         return inputs._replace(validation=validation, **self._driver_inputs(),
                                services=self._service_answers(), capacity=self._capacity(published))
+
+    def _mapped(self) -> tuple:
+        """The addresses the option names (normalised; not ``all``), for naming GPUs gone."""
+        return tuple(a for addresses in self._checked_text().mapping.values()
+                     for a in addresses if a != "all")
 
     def _publishes_sections(self) -> bool:
         """Whether this unit's data (first relation) holds nova.conf sections."""
@@ -360,6 +373,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(f"nothing forgotten: {error}")
             return
         present = [a for a in named if host.gpu(a) is not None]
+        without_vfs = {a: gpu for a in named if a not in present
+                       for gpu in [status.present_gpu(self._facts(), a)] if gpu}
         unknown = [a for a in named if not plans.same_gpu(missing, [a])]
         if not named:
             event.fail("nothing forgotten: give gpus=<address>[,<address>...]")
@@ -368,6 +383,13 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(f"nothing forgotten: {text.listing(present)} "
                        f"{'is' if len(present) == 1 else 'are'} on this host; a GPU present is "
                        f"changed through {OPTION}")
+            return
+        if without_vfs:
+            vf, gpu = next(iter(without_vfs.items()))
+            event.fail(f"nothing forgotten: {vf} is a VF of GPU {gpu}, which is on this host "
+                       f"without its VFs: sriov-manage -e failed (read journalctl -u "
+                       f"{sriov.UNIT.removesuffix('.service')} and the unit's status); once "
+                       "its VFs are back the next hook serves them again")
             return
         if unknown:
             event.fail(f"nothing forgotten: {unknown[0]} is no GPU whose published devices are "
@@ -518,9 +540,16 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                                f"{', '.join(g.address for g in self._facts().pci.gpus) or 'none'})")
             guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)], defined=True)
             before = mig.modes([address])[address]
-            done = None if before.enabled else mig.enable(address)
+            done = None
+            if not before.enabled:
+                with hostlock.held(hostlock.HOOK_WAIT):  # not while the boot step restores
+                    done = mig.enable(address)
         except (ValueError, VgpuError) as error:
             event.fail(f"MIG mode not enabled: {error}")
+            return
+        except OSError as error:  # the lock file (a link on the way)
+            event.fail(f"MIG mode not enabled: cannot take the host lock /{hostlock.FILE}: "
+                       f"{error.strerror or error}")
             return
         event.set_results(mig.enable_results(address, done))
         self._refresh()

@@ -542,3 +542,52 @@ def test_the_boot_step_notes_the_new_drivers_type_names_while_the_vfs_are_free(r
     assert boot.restore(data(gpu(L40S, ["L40S-12Q"] * 4))) == 0
     assert types_of(root, L40S, 5) == [1139] * 4 + [0]
     assert catalogue.load()["0x26b9 570.158.02"]["1139"] == "NVIDIA L40S-12Q"
+
+
+# -- boot data read as carefully as the charm's other state files -------------------------
+
+_GPU = '{"address": "0000:81:00.0", "vfs": [{"index": 0, "name": "L40S-12Q"}]}'
+
+
+@pytest.mark.parametrize("content,why", [
+    ('{"version": 1, "gpus": [{"address": "0000:81:00.0", "vfs": 5}]}',
+     "GPU 0000:81:00.0: vfs is not a list or model not text"),
+    ('{"version": 1, "gpus": [{"address": "0000:81:00.0", "vfs": [{"index": true, "name": "x"}]}]}',
+     "GPU 0000:81:00.0: a VF entry is not an index and a name"),
+    ('{"version": 1, "gpus": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "is nested too deeply to be boot data"),
+    ('{"version": 1, "gpus": [' + _GPU + '], "limits": {"total": NaN}}',
+     "is not JSON (NaN is no JSON number)"),
+    ('{"version": 1, "gpus": [' + _GPU + '], "limits": {"poll": -Infinity}}',
+     "is not JSON (-Infinity is no JSON number)"),
+    ('{"version": 1, "gpus": [' + _GPU + '], "limits": {"total": 1e999}}',
+     "limits.total is not a number of seconds"),
+    ('{"version": 1, "gpus": [], "wait_for": ["--now"]}', "wait_for names no systemd unit"),
+    ('{"version": 1, "gpus": [], "pad": "' + "x" * (2 << 20) + '"}',
+     "is larger than 1048576 bytes"),
+])
+def test_boot_data_of_the_wrong_shape_is_refused_and_the_mdevs_still_come_back(
+        v100_rebooted, root, tools, capsys, content, why):
+    path = root / boot.DATA_FILE
+    path.write_text(content)
+    started = time.monotonic()
+    assert boot.main([f"/{boot.DATA_FILE}"]) == 2
+    assert time.monotonic() - started < 15  # not a time test: NaN once looped until systemd's kill
+    out = capsys.readouterr().out
+    assert f"/{boot.DATA_FILE}: {why}" in out and "nothing restored from it" in out
+    assert "Traceback" not in out
+    assert {uuid: mdev_where(root, uuid) for uuid in HELD} == HELD  # the record still served
+    assert sriov_calls(tools) == []
+
+
+def test_boot_data_behind_a_link_is_not_followed(v100_rebooted, root, tools, capsys):
+    elsewhere = root / "etc/boot.json"
+    elsewhere.parent.mkdir(parents=True, exist_ok=True)
+    elsewhere.write_text(json.dumps(data(gpu(L40S, ["L40S-12Q"]))))
+    (root / boot.DATA_FILE).symlink_to(elsewhere)
+    assert boot.main([f"/{boot.DATA_FILE}"]) == 2
+    out = capsys.readouterr().out
+    assert (f"/{boot.DATA_FILE}: is a symbolic link: not followed (the charm writes a plain "
+            "file); nothing restored from it") in out
+    assert sriov_calls(tools) == []
+    assert {uuid: mdev_where(root, uuid) for uuid in HELD} == HELD

@@ -425,9 +425,117 @@ def test_a_gpu_whose_vfs_stay_missing_is_named_and_nothing_is_published(ctx, roo
     assert out.unit_status == testing.BlockedStatus(
         "no virtual functions on SR-IOV GPU 0000:c1:00.0 (H200 SXM 141GB) after sriov-manage -e: "
         "sriov-manage -e 0000:c1:00.0 failed: Enabling VFs on 0000:c1:00.0 failed: "
-        "Input/output error")
+        "Input/output error; the boot step's attempts: journalctl -u nvidia-vgpu-vfs.service")
     assert "subordinate_configuration" not in ours(out)
     assert types_of(root, L40S, 4) == [0] * 4  # nothing half-applied
+
+
+LOCK = "run/nova-compute-nvidia-vgpu/host.lock"
+
+
+def held_elsewhere(root) -> bool:
+    """Whether another process holds the host lock now (the file is the charm's, by path)."""
+    import fcntl
+
+    path = root / LOCK
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_hook_while_the_boot_step_runs_leaves_the_host_to_it_and_says_so(ctx, root, tools, deb,
+                                                                            monkeypatch):
+    """The reboot race: the agent's start hook runs while nvidia-vgpu-vfs restores the VFs."""
+    import subprocess
+    import sys
+
+    from vgpu import hostlock, reconcile
+
+    host = ready(l40s_host(root, enabled=False), root, tools, deb)
+    for gpu in (L40S, H200):
+        host.vfio_model(gpu).frozen = True  # the boot step runs in another process
+    sriov.write_boot_data({
+        "version": 1, "wait_for": ["nvidia-vgpu-late"],  # never active: the step waits 2 s
+        "limits": {"manager": 2, "poll": 0.05, "total": 30},
+        "gpus": [{"address": L40S, "model": "L40S",
+                  "vfs": [{"index": n, "name": "NVIDIA L40S-12Q", "number": 1139}
+                          for n in range(4)]}]})
+    boot = subprocess.Popen([sys.executable, str(sriov.BOOT_SCRIPT), f"/{sriov.DATA_FILE}"],
+                            env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        until = time.monotonic() + 20
+        while not held_elsewhere(root) and boot.poll() is None and time.monotonic() < until:
+            time.sleep(0.02)
+        assert held_elsewhere(root), "the boot step does not hold the host lock"
+        monkeypatch.setattr(hostlock, "HOOK_WAIT", 0.3)
+        out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    finally:
+        journal, _ = boot.communicate(timeout=60)
+    assert boot.returncode == 0, journal
+    assert out.unit_status == testing.WaitingStatus(reconcile.BUSY)
+    assert reconcile.BUSY == (
+        "waiting for nvidia-vgpu-vfs.service (the boot step) to finish restoring VFs, vGPU types "
+        "and mdevs: this hook left the host and nova-compute's settings as they are; the next "
+        "hook does the work")
+    assert "subordinate_configuration" not in ours(out)
+    assert [c for c in tools.calls() if c.startswith("sriov-manage")] == [f"sriov-manage -e {L40S}"]
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]  # the boot step's work stands
+    for gpu in (L40S, H200):
+        host.vfio_model(gpu).frozen = False
+    out = ctx.run(ctx.on.update_status(), again(out))  # the next hook does the rest
+    assert out.unit_status.name == "active"
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert types_of(root, H200, 4) == [1282] * 4
+    assert nova_conf(out).count("device_spec") == 8
+
+
+# -- restoring is not changing: the boot step did not run ---------------------------------
+
+GUEST = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
+
+
+def rebooted_without_the_boot_step(ctx, host, root, deb, guest_on=("0000:81:00.5",)):
+    """Served, then a reboot whose boot step did not run; shut-off guests keep VFs ``guest_on``."""
+    from unit_tests.libvirt import defined_guest
+
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    for n, address in enumerate(guest_on):
+        defined_guest(root, f"instance-0000002{n}", GUEST[:-1] + str(n), pci_address=address)
+    host.reboot()
+    return first
+
+
+def test_a_hook_after_a_reboot_gives_the_vfs_back_their_published_types_despite_a_guest(
+        ctx, vfio, root, deb):
+    first = rebooted_without_the_boot_step(ctx, vfio, root, deb)
+    out = ctx.run(ctx.on.start(), again(first))
+    # A restore, for the shut-off guest's own VF too, on every VF of both GPUs.
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]
+    assert types_of(root, H200, 4) == [1282] * 4
+    assert out.unit_status.name == "active", out.unit_status
+    assert ours(out) == ours(first)
+
+
+def test_a_change_a_guest_blocks_after_a_reboot_still_restores_what_nova_conf_lists(
+        ctx, vfio, root, deb):
+    first = rebooted_without_the_boot_step(ctx, vfio, root, deb)
+    out = ctx.run(ctx.on.start(), again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert types_of(root, L40S, 5) == [1139] * 4 + [0]  # published: L40S-12Q on four
+    assert types_of(root, H200, 4) == [1282] * 4
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings not applied: 1 guest(s) hold vGPUs, running or shut off: "
+        "instance-00000020 (vm-instance-00000020, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d0, shut off); "
+        "the 8 VFs without a type got back the types nova.conf lists; move them or restore the "
+        "mapping")
+    assert ours(out) == ours(first)
 
 
 # -- mediated devices on VFs (A100) ------------------------------------------------------
@@ -643,6 +751,30 @@ def test_the_boot_data_names_profiles_and_the_unit_runs_the_boot_step(ctx, vfio,
     assert saved["gpus"][0]["vfs"] == [{"index": n, "name": "NVIDIA L40S-12Q", "number": 1139}
                                        for n in range(4)]
     assert [v["name"] for v in saved["gpus"][1]["vfs"]] == ["NVIDIA H200X-35C"] * 4
+
+
+@pytest.mark.parametrize("spoil", ["wrong type", "link", "huge"])
+def test_boot_data_the_boot_step_cannot_use_is_rewritten_by_the_next_hook(ctx, vfio, root, deb,
+                                                                          spoil):
+    from vgpu import bootdata
+
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    target = sriov.data_path()
+    target.unlink()
+    elsewhere = root / "etc/elsewhere.json"
+    elsewhere.parent.mkdir(parents=True, exist_ok=True)
+    elsewhere.write_text("kept\n")
+    if spoil == "link":
+        target.symlink_to(elsewhere)
+    else:
+        target.write_text('{"version": 1, "gpus": [{"address": "0000:81:00.0", "vfs": 5}]}'
+                          if spoil == "wrong type" else " " * (bootdata.LIMIT + 1))
+    # A mapping the host refuses: no plan in force, yet the data is made usable again.
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": "{L40S-99Q: ['81:00.0']}"}))
+    assert out.unit_status.name == "blocked"
+    assert not target.is_symlink() and elsewhere.read_text() == "kept\n"
+    gpus, wait_for, _ = bootdata.parse(bootdata.load(f"/{sriov.DATA_FILE}"))
+    assert [g.address for g in gpus] == [L40S, H200] and wait_for == [MGR]
 
 
 def test_a_masked_boot_unit_is_left_masked_and_the_status_says_so(ctx, vfio, root, tools, deb):

@@ -188,6 +188,40 @@ def test_a_change_refused_halfway_is_rolled_back_to_what_nova_conf_lists(ctx, ro
                     + [f"vGPU type {a}: nvidia-1139" for a in vfs(L40S, 4)])
 
 
+def test_a_rollback_undoes_only_what_the_hook_wrote(ctx, root, tools, deb, monkeypatch):
+    """The race of issue 21: the hook read the VFs empty, the boot step then gave two their type.
+
+    Replayed in one process: the boot step's writes land right after the hook read
+    the host. The hook's own write refused, it undoes its writes only.
+    """
+    from vgpu import facts
+
+    host = ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    four = vfs(L40S, 4)
+    for address in four:  # rebooted: the types are gone, the boot step has not run yet
+        vf_file(root, address, "current_vgpu_type").write_text("0\n")
+    gather = facts.gather
+    boot_step = []
+
+    def read_then_boot_step_writes():
+        found = gather()
+        if not boot_step:
+            for address in four[:2]:
+                vf_file(root, address, "current_vgpu_type").write_text("1139\n")
+                boot_step.append(address)
+        return found
+
+    monkeypatch.setattr(facts, "gather", read_then_boot_step_writes)
+    host.vfio_model(L40S).refuse.add((four[3], 1139))
+    out = ctx.run(ctx.on.start(), again(first))
+    assert types_of(root, L40S, 4) == [1139, 1139, 0, 0]
+    assert out.unit_status.message.startswith(f"VF {four[3]} holds 0 after writing 1139; every VF")
+    undone = [line.message for line in ctx.juju_log if "released" in line.message]
+    assert undone == [f"vGPU type {four[2]}: released nvidia-1139"]
+
+
 def test_a_rollback_that_fails_too_says_the_vfs_differ_from_nova_conf(ctx, root, tools, deb):
     host = ready(l40s_host(root), root, tools, deb)
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
@@ -233,10 +267,10 @@ def test_every_gpu_vanishing_is_not_active_and_names_the_missing_gpus(ctx, root,
     out = ctx.run(ctx.on.update_status(), again(first))
     assert ours(out)["subordinate_configuration"] == published
     assert out.unit_status == testing.BlockedStatus(
-        "published vGPU devices missing: 0000:81:00.4, 0000:81:00.5, 0000:81:00.6, 0000:81:00.7 "
-        "(no NVIDIA GPU found now: driver reloading? check lspci and journalctl -k); keeping "
-        "CUSTOM_VGPU_L40S_12Q on 4; removed for good? juju run nova-compute-nvidia-vgpu/0 "
-        "forget-gpus gpus=0000:81:00.4")
+        "published vGPU devices missing: the GPU on bus 0000:81 with its VFs 0000:81:00.4, "
+        "0000:81:00.5, 0000:81:00.6, 0000:81:00.7 (no NVIDIA GPU found now: driver reloading? "
+        "check lspci and journalctl -k); keeping CUSTOM_VGPU_L40S_12Q on 4; removed for good? "
+        "juju run nova-compute-nvidia-vgpu/0 forget-gpus gpus=0000:81:00.4")
 
 
 def test_one_gpu_vanishing_says_the_same(ctx, root, tools, deb):
@@ -248,19 +282,25 @@ def test_one_gpu_vanishing_says_the_same(ctx, root, tools, deb):
     out = ctx.run(ctx.on.update_status(), again(first))
     assert ours(out)["subordinate_configuration"] == published
     assert out.unit_status == testing.BlockedStatus(
-        "published vGPU devices missing: 0000:c1:00.4, 0000:c1:00.5, 0000:c1:00.6, 0000:c1:00.7 "
-        "(1 NVIDIA GPU found now: driver reloading? check lspci and journalctl -k); keeping "
-        "CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4; removed for good? juju run "
-        "nova-compute-nvidia-vgpu/0 forget-gpus gpus=0000:c1:00.4")
+        "published vGPU devices missing: GPU 0000:c1:00.0 with its VFs 0000:c1:00.4, "
+        "0000:c1:00.5, 0000:c1:00.6, 0000:c1:00.7 (1 NVIDIA GPU found now: driver reloading? "
+        "check lspci and journalctl -k); keeping CUSTOM_VGPU_H200X_35C on 4, "
+        "CUSTOM_VGPU_L40S_12Q on 4; removed for good? juju run nova-compute-nvidia-vgpu/0 "
+        "forget-gpus gpus=0000:c1:00.0")
 
 
 # -- one GPU vanishes while the other's mapping changes (issue 15, item 4) ----------------
 
 H200_VFS = ", ".join(vfs(H200, 4))
-H200_MISSING = (
-    f"published vGPU devices missing: {H200_VFS} (1 NVIDIA GPU found now: driver reloading? "
-    "check lspci and journalctl -k); keeping {kept}; removed for good? juju run "
-    "nova-compute-nvidia-vgpu/0 forget-gpus gpus=0000:c1:00.4")
+
+
+def h200_missing(mapping: str, kept: str) -> str:
+    """The status: the GPU named as the option names it, else by its bus, with its VFs."""
+    gpu, forget = (("GPU 0000:c1:00.0", "0000:c1:00.0") if "c1:00.0" in mapping
+                   else ("the GPU on bus 0000:c1", "0000:c1:00.4"))
+    return (f"published vGPU devices missing: {gpu} with its VFs {H200_VFS} (1 NVIDIA GPU found "
+            f"now: driver reloading? check lspci and journalctl -k); keeping {kept}; removed for "
+            f"good? juju run nova-compute-nvidia-vgpu/0 forget-gpus gpus={forget}")
 
 
 def checked_specs(out):
@@ -293,8 +333,8 @@ def test_a_vanished_h200_keeps_its_device_specs_exactly(ctx, root, tools, deb, m
     out = ctx.run(ctx.on.update_status(), again(first))
     assert ours(out)["subordinate_configuration"] == published
     assert checked_specs(out) == served("CUSTOM_VGPU_L40S_12Q", 4)
-    assert out.unit_status == testing.BlockedStatus(H200_MISSING.format(
-        kept="CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4"))
+    assert out.unit_status == testing.BlockedStatus(h200_missing(
+        mapping, kept="CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_12Q on 4"))
 
 
 @pytest.mark.parametrize("mapping", ["{L40S-24Q: all, H200X-35C: all}",
@@ -312,8 +352,8 @@ def test_the_present_l40s_takes_a_new_type_while_the_vanished_h200_keeps_its_spe
     assert checked_specs(out) == served("CUSTOM_VGPU_L40S_24Q", 2)
     sections = principal.nova_context(ours(out))["sections"]
     assert [v for k, v in sections["pci"] if "c1:00" in v] == kept  # verbatim
-    assert out.unit_status == testing.BlockedStatus(H200_MISSING.format(
-        kept="CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_24Q on 2"))
+    assert out.unit_status == testing.BlockedStatus(h200_missing(
+        mapping, kept="CUSTOM_VGPU_H200X_35C on 4, CUSTOM_VGPU_L40S_24Q on 2"))
 
 
 def test_forget_gpus_drops_the_vanished_h200_by_its_own_address(ctx, root, tools, deb):
@@ -346,3 +386,27 @@ def test_a_vanished_h200_coming_back_is_published_again_and_the_unit_is_active(
     assert checked_specs(out) == served("CUSTOM_VGPU_L40S_24Q", 2)
     assert types_of(root, H200, 5) == [1282] * 4 + [0]
     assert out.unit_status.name == "active"
+
+
+def test_vfs_missing_of_a_gpu_present_are_no_vanished_gpu_and_forget_gpus_refuses_them(
+        ctx, root, tools, deb):
+    """After a reboot sriov-manage fails for the H200: its GPU is here, its VFs are not."""
+    host = ready(l40s_host(root), root, tools, deb)
+    mapping = {"vgpu-device-mappings": "{L40S-12Q: all, H200X-35C: ['c1:00.0']}"}
+    first = ctx.run(ctx.on.config_changed(), state(mapping, resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    host.reboot()
+    host.fail_sriov_manage(H200)
+    out = ctx.run(ctx.on.start(), again(first))
+    assert out.unit_status == testing.BlockedStatus(
+        "no virtual functions on SR-IOV GPU 0000:c1:00.0 (H200 SXM 141GB) after sriov-manage -e: "
+        "sriov-manage -e 0000:c1:00.0 failed: Enabling VFs on 0000:c1:00.0 failed: Input/output "
+        "error; the boot step's attempts: journalctl -u nvidia-vgpu-vfs.service")
+    assert ours(out)["subordinate_configuration"] == published
+    with pytest.raises(testing.ActionFailed) as failed:
+        ctx.run(ctx.on.action("forget-gpus", params={"gpus": "0000:c1:00.4"}), again(out))
+    assert failed.value.message == (
+        "nothing forgotten: 0000:c1:00.4 is a VF of GPU 0000:c1:00.0, which is on this host "
+        "without its VFs: sriov-manage -e failed (read journalctl -u nvidia-vgpu-vfs and the "
+        "unit's status); once its VFs are back the next hook serves them again")
+    assert ours(failed.value.state)["subordinate_configuration"] == published

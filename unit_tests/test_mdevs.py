@@ -157,3 +157,17 @@ def test_domains_that_cannot_be_listed_raise_and_keep_the_record(host, root):
 def test_only_nova_before_30_loses_mdevs_at_reboot(major, recorded):
     assert mdevs.applies(major) is recorded
     assert mdevs.applies(None) is False
+
+
+def test_an_mdev_recreated_with_another_type_between_hooks_is_recorded_with_it(host, root):
+    """Same uuid, same domain file, another type: the record must follow, or boot makes the old."""
+    import shutil
+
+    mdevs.refresh(pci.discover())
+    link = root / mdevs.MDEV_DEVICES / M3
+    shutil.rmtree(link.resolve())
+    link.unlink()
+    host.add_mdev(E1, "nvidia-108", M3)
+    assert [(m.uuid, m.parent, m.type_id) for m in mdevs.refresh(pci.discover())][2] == (
+        M3, E1, "nvidia-108")
+    assert record(root)[2]["type"] == "nvidia-108"

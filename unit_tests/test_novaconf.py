@@ -263,3 +263,13 @@ def test_drop_takes_addresses_specs_and_emptied_types_but_keeps_reporting():
                              ["report_in_placement", "True"])}
     assert novaconf.drop_published(mdev(nvidia_108=[C1]), [C1]) == {}
     assert novaconf.drop_published(pci(["device_spec", spec()]), ["0000:81:00.4"]) == {}
+
+
+def test_device_classes_name_each_published_vf_and_skip_what_is_no_spec():
+    spec = ('{"address": "0000:81:00.4", "managed": "no", "product_id": "26b5", '
+            '"resource_class": "CUSTOM_VGPU_L40S_12Q", "vendor_id": "10de"}')
+    sections = {"pci": [["device_spec", spec], ["device_spec", "{not json"],
+                        ["device_spec", '{"address": "0000:81:00.5"}'],
+                        ["report_in_placement", "True"]]}
+    assert novaconf.device_classes(sections) == {"0000:81:00.4": "CUSTOM_VGPU_L40S_12Q"}
+    assert novaconf.device_classes({}) == {}

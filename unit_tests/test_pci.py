@@ -190,25 +190,19 @@ def test_each_vf_keeps_its_own_available_instances(root):
     assert second.types[2].name == "GRID A100-10C" and second.types[2].max_instances == 4
 
 
-def reads(monkeypatch):
-    """Every host file discovery opens, as paths relative to the PCI device list."""
-    from vgpu import hostroot
-    opened = []
-    real = hostroot.read_text
-
-    def read_text(where):
-        opened.append(str(where))
-        return real(where)
-
-    monkeypatch.setattr(hostroot, "read_text", read_text)
-    return opened
+def reads(opened):
+    """Every host file opened for reading, once per opening, as strings."""
+    return [str(p) for p, n in opened.reads.items() for _ in range(n)]
 
 
-def test_discovery_reads_each_type_definition_once_and_no_capacity(root, monkeypatch):
+def test_discovery_reads_each_type_definition_once_and_no_capacity(root):
     from unit_tests.fakehost import A100_TYPES
+    from unit_tests.faketools import OPENED
+
     a100_host(root, gpus=2, vfs=4)
-    opened = reads(monkeypatch)
-    host = pci.discover()
+    with OPENED as watched:
+        host = pci.discover()
+    opened = reads(watched)
     assert [len(g.vfs) for g in host.gpus] == [4, 4]
     assert all(vf.types and vf.framework == pci.MDEV for g in host.gpus for vf in g.vfs)
     names = [p for p in opened if p.endswith("/name")]
@@ -217,10 +211,12 @@ def test_discovery_reads_each_type_definition_once_and_no_capacity(root, monkeyp
     assert len([p for p in opened if p.endswith("/description")]) == len(A100_TYPES)
     # Capacity is read on demand; mdev VFs are not probed for VFIO files.
     assert not [p for p in opened if p.endswith(("/available_instances", "current_vgpu_type"))]
-    opened.clear()
+    # A VF is found through its GPU's links: its own vendor file is never read.
+    assert not [p for p in opened if p.endswith("/vendor") and "00.4" in p]
     vf = host.gpus[1].vfs[2].address
-    filled = pci.with_available(host, [vf])
-    assert len(opened) == len(A100_TYPES)
+    with OPENED as watched:
+        filled = pci.with_available(host, [vf])
+    assert len(reads(watched)) == len(A100_TYPES)
     assert all(t.available_instances is not None for t in filled.gpu(vf).function(vf).types)
     assert all(t.available_instances is None for t in filled.gpus[0].vfs[0].types)
 

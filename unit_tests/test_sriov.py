@@ -239,3 +239,23 @@ def test_a_boot_unit_that_cannot_be_read_is_named(root):
     with pytest.raises(SriovError) as error:
         sriov.ensure_unit("[Unit]\n")
     assert str(error.value) == f"cannot read /{sriov.UNIT_FILE}: Is a directory"
+
+
+def _imports(module) -> set:
+    """Every ``vgpu`` module ``module`` imports, at its top or inside a function."""
+    import ast
+    import inspect
+
+    found = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found.update([node.module] if node.module else [a.name for a in node.names])
+    return found
+
+
+def test_sriov_and_the_boot_step_share_the_data_files_module_not_each_other():
+    from vgpu import boot, bootdata
+
+    assert "boot" not in _imports(sriov)
+    assert "bootdata" in _imports(sriov) and "bootdata" in _imports(boot)
+    assert not {"boot", "sriov"} & _imports(bootdata)

@@ -119,7 +119,8 @@ def test_missing_vfs_name_three_gpus_and_the_sriov_manage_failure():
     pairs = status.statuses(inputs(host(*gpus), vf_failures=failures))
     assert ("blocked", "no virtual functions on SR-IOV GPU 0000:40:00.0 (L4), 0000:41:00.0 (L4), "
                        "0000:42:00.0 (L4) and 1 more after sriov-manage -e: "
-                       "sriov-manage -e 0000:40:00.0 failed: no such device") in pairs
+                       "sriov-manage -e 0000:40:00.0 failed: no such device; the boot step's attempts: "
+                           "journalctl -u nvidia-vgpu-vfs.service") in pairs
 
 
 def test_missing_vfs_without_a_failure_point_at_the_journal():

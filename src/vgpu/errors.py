@@ -72,6 +72,10 @@ class MigError(VgpuError):
     """MIG mode could not be read or changed (nvidia-smi missing, failing or silent)."""
 
 
+class HostBusyError(VgpuError):
+    """Another process (the boot step) holds the host lock (:mod:`vgpu.hostlock`) past the wait."""
+
+
 class MigInUseError(MigError):
     """GPU instances in the way hold vGPUs of these VFs: a hook changes none of them."""
 

@@ -131,8 +131,9 @@ def fingerprint(host: pci.Host) -> str:
     """What the record depends on, from names and ``stat`` only: no domain file is read.
 
     The host's GPU and VF addresses, each domain file's name, size and
-    modification time, and the mdevs that exist. A domain changes its mdevs
-    only by rewriting its file; an mdev keeps its parent and type while it exists.
+    modification time, and the mdevs that exist with their parents and types
+    (two links each). A domain changes its mdevs only by rewriting its file;
+    an mdev's uuid may come back with another type (:func:`_place`).
     """
     from . import guests  # its module imports no XML parser
 
@@ -147,7 +148,7 @@ def fingerprint(host: pci.Host) -> str:
             raise hostroot.unreadable(where, error) from None
         for name in names:
             if directory == MDEV_DEVICES:
-                parts.append(name)
+                parts.append(f"{name} {_place(os.path.join(where, name))}")
                 continue
             try:
                 found = os.stat(os.path.join(where, name))
@@ -157,6 +158,18 @@ def fingerprint(host: pci.Host) -> str:
                 raise hostroot.unreadable(os.path.join(where, name), error) from None
             parts.append(f"{directory}/{name} {found.st_size} {found.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode("utf-8", "replace")).hexdigest()
+
+
+def _place(device: str) -> str:
+    """Where the mdev ``device`` (its bus link) is and what type it has, from two links.
+
+    A uuid destroyed and created again with another type, or on another
+    parent, between two hooks changes this though no domain file changed.
+    """
+    try:
+        return f"{os.readlink(device)} {os.readlink(os.path.join(device, 'mdev_type'))}"
+    except OSError:
+        return "?"  # gone since it was listed, or not shaped as the kernel makes it
 
 
 def current(host: pci.Host, previous: Iterable[Mdev]) -> List[Mdev]:

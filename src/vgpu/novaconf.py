@@ -270,6 +270,20 @@ def mapping_from_sections(config_sections: Sections) -> Dict[str, Tuple[str, ...
     return out
 
 
+def device_classes(config_sections: Sections) -> Dict[str, str]:
+    """``{address: resource class}`` of each published ``[pci] device_spec`` (VFIO VFs)."""
+    out: Dict[str, str] = {}
+    for pair in config_sections.get("pci", []):
+        if pair[0] != "device_spec":
+            continue
+        try:
+            spec = json.loads(pair[1])
+            out[str(spec["address"])] = str(spec["resource_class"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 def keep_published(new: Sections, published: Sections, functions: Collection[str]) -> Sections:
     """``new`` with ``published``'s entries for ``functions`` added back, exactly as published.
 

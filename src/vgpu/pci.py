@@ -13,6 +13,7 @@ A type is named ``nvidia-<id>`` on both, since the mdev directory names and
 the VFIO table use the same vGPU type ids.
 """
 
+import errno
 import os
 import re
 from dataclasses import dataclass, replace
@@ -184,8 +185,10 @@ def discover() -> Host:
     if listed is None:
         return Host()
     physical: Dict[str, str] = {}
+    links: Dict[str, List[Tuple[str, str]]] = {}  # GPU -> its (virtfn link, VF address)
+    known_vfs: set = set()  # VFs of the GPUs found so far: sorted after their GPU, never read
     for name in sorted(listed):
-        if not _ADDRESS.match(name):
+        if name in known_vfs or not _ADDRESS.match(name):
             continue
         entry = f"{devices}/{name}"
         if _read(f"{entry}/vendor") != NVIDIA_VENDOR:
@@ -195,6 +198,8 @@ def discover() -> Host:
         class_code = _read(f"{entry}/class") or ""
         if class_code[:6] in GPU_CLASSES:
             physical[name] = class_code
+            links[name] = _virtfn_links(entry)
+            known_vfs.update(address for _, address in links[name])
 
     ids = {address: _read(f"{devices}/{address}/device") or "" for address in physical}
     names_by_id = model_names(set(ids.values()))
@@ -213,7 +218,7 @@ def discover() -> Host:
             sriov_totalvfs=_int(_read(f"{entry}/sriov_totalvfs")) or 0,
             sriov_numvfs=_int(_read(f"{entry}/sriov_numvfs")) or 0,
             types=_mdev_types(entry, definitions, device_id),
-            vfs=_virtual_functions(entry, definitions, device_id),
+            vfs=_virtual_functions(entry, definitions, device_id, links[address]),
         ))
     return Host(gpus=tuple(gpus))
 
@@ -240,25 +245,35 @@ def available_instances(address: str, type_id: str) -> Optional[int]:
                                          "available_instances")))
 
 
-def _virtual_functions(entry, definitions: Dict[tuple, Any],
-                       device_id: str) -> Tuple[VirtualFunction, ...]:
-    """The GPU's VFs, each with its framework and type ids.
+def _virtfn_links(entry) -> List[Tuple[str, str]]:
+    """The GPU's ``virtfn<N>`` links and the VF address each names, in index order."""
+    try:
+        names = [n for n in os.listdir(entry) if n.startswith("virtfn")]
+    except OSError:
+        return []
+    out = []
+    for link in sorted(names, key=lambda n: _int(n[len("virtfn"):]) or 0):
+        address = _link_name(f"{entry}/{link}")
+        if address:
+            out.append((link, address))
+    return out
+
+
+def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
+                       links: Optional[List[Tuple[str, str]]] = None
+                       ) -> Tuple[VirtualFunction, ...]:
+    """The GPU's VFs (``links``: :func:`_virtfn_links`, read here when not given), with types.
 
     The first VF that shows a framework decides it for its GPU: the VFs of one
     GPU share it, so mdev VFs are not probed for ``nvidia/`` files, nor VFIO
     VFs for ``mdev_supported_types/``.
     """
     vfs = []
-    try:
-        links = [n for n in os.listdir(entry) if n.startswith("virtfn")]
-    except OSError:
-        return ()
     decided: Optional[str] = None
     vf_device: Optional[str] = None  # one VF Device ID per PF (its SR-IOV capability)
-    for link in sorted(links, key=lambda n: _int(n[len("virtfn"):]) or 0):
+    for link, address in (_virtfn_links(entry) if links is None else links):
         index = _int(link[len("virtfn"):])
-        address = _link_name(f"{entry}/{link}")
-        if index is None or not address:
+        if index is None:
             continue
         vf_entry = f"{entry}/{link}"
         framework: Optional[str] = None
@@ -273,7 +288,7 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any],
             current = _int(_read(f"{vf_entry}/nvidia/current_vgpu_type"))
             if current is not None:
                 framework = VFIO
-                types = _vfio_types(vf_entry)
+                types = _vfio_types(vf_entry, definitions)
         decided = decided or framework
         if framework == VFIO and vf_device is None:
             vf_device = _read(f"{vf_entry}/device") or ""
@@ -332,8 +347,16 @@ def _types_from_names(entry, names: Iterable[str],
     return definitions[listing]
 
 
-def _vfio_types(entry: str) -> Tuple[VgpuType, ...]:
-    return parse_creatable(_read(f"{entry}/nvidia/creatable_vgpu_types") or "")
+def _vfio_types(entry: str, definitions: Optional[Dict[tuple, Any]] = None
+                ) -> Tuple[VgpuType, ...]:
+    """A VF's creatable types; ``definitions`` keeps each listing parsed once (free VFs share one)."""
+    listed = _read(f"{entry}/nvidia/creatable_vgpu_types") or ""
+    if definitions is None:
+        return parse_creatable(listed)
+    key = ("creatable", listed)
+    if key not in definitions:
+        definitions[key] = parse_creatable(listed)
+    return definitions[key]
 
 
 def parse_creatable(text: str) -> Tuple[VgpuType, ...]:
@@ -463,9 +486,28 @@ def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
 
 
 def _read(path) -> Optional[str]:
-    """A sysfs attribute, cleaned and stripped; None if absent; HostReadError if unreadable."""
-    content = hostroot.read_text(path)
-    return None if content is None else content.strip()
+    """A sysfs attribute, cleaned and stripped; None if absent; HostReadError if unreadable.
+
+    A sysfs attribute is at most a page: one read of :data:`_ATTRIBUTE` bytes
+    takes it whole (three system calls, not five); a longer file is read on.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, _ATTRIBUTE)
+        finally:
+            os.close(fd)
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.ENOTDIR):  # as hostroot.read_bytes has it
+            return None
+        raise hostroot.unreadable(path, error) from None
+    if len(data) == _ATTRIBUTE:
+        content = hostroot.read_text(path)  # the whole of a longer file
+        return None if content is None else content.strip()
+    return text.decode(data).strip()
+
+
+_ATTRIBUTE = 65536
 
 
 def _link_name(path) -> Optional[str]:

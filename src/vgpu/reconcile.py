@@ -14,9 +14,21 @@ through one :class:`Host` the charm keeps for the whole dispatch (its status
 and actions read through the same one).
 """
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from . import (
     LIVE_MIGRATION,
@@ -25,6 +37,7 @@ from . import (
     catalogue,
     driver,
     facts,
+    hostlock,
     kernel,
     mappings,
     mdevctl,
@@ -38,6 +51,7 @@ from . import (
 )
 from .errors import (
     GuestsRunningError,
+    HostBusyError,
     HostReadError,
     InstallError,
     MigError,
@@ -137,6 +151,7 @@ class Outcome:
     waits: List[str] = field(default_factory=list)  # waiting messages
     vf_failures: Optional[Dict[str, str]] = None  # GPU address -> why; None: VFs not looked at
     resumed: bool = False  # the paused daemons run again (started outside the charm)
+    busy: bool = False  # the boot step held the host lock: nothing done, the waits say so
 
 
 def wants_driver(here: facts.Facts, options: Mapping[str, Any]) -> bool:
@@ -187,10 +202,13 @@ def reconcile(host: Host, given: Inputs) -> Outcome:
     """
     steps = _Steps(host, given)
     try:
-        steps.run()
+        with _locked(host, steps.out):
+            steps.run()
     except HostReadError as error:
         logger.error("%s", error)
         steps.out.problems.append(str(error))
+    except HostBusyError:
+        pass  # said in the outcome's waits
     return steps.out
 
 
@@ -198,10 +216,43 @@ def publish(host: Host, given: Inputs) -> Outcome:
     """Only what nova-compute gets (after an action changed the host); read errors are logged."""
     steps = _Steps(host, given)
     try:
-        steps._publish()
+        with _locked(host, steps.out):
+            steps._publish()
     except HostReadError as error:
         logger.error("%s", error)
+    except HostBusyError:
+        pass
     return steps.out
+
+
+BUSY = (f"waiting for {sriov.UNIT} (the boot step) to finish restoring VFs, vGPU types and "
+        "mdevs: this hook left the host and nova-compute's settings as they are; the next hook "
+        "does the work")
+
+
+@contextlib.contextmanager
+def _locked(host: Host, out: Outcome) -> Iterator[None]:
+    """The host lock held (:mod:`vgpu.hostlock`), the host read afresh once it is.
+
+    Not had within :data:`vgpu.hostlock.HOOK_WAIT`: HostBusyError, with
+    :data:`BUSY` among ``out``'s waits. A lock file that cannot be opened is
+    a problem, and the work is not done either.
+    """
+    lock = hostlock.held(hostlock.HOOK_WAIT)
+    try:
+        lock.__enter__()
+    except HostBusyError as error:
+        logger.warning("%s; %s", error, BUSY)
+        out.waits.append(BUSY)
+        out.busy = True
+        raise
+    except OSError as error:
+        raise HostReadError(f"cannot take the host lock /{hostlock.FILE}: "
+                            f"{error.strerror or error}") from None
+    with contextlib.ExitStack() as stack:
+        stack.push(lock)  # released however the block ends
+        host.refresh()  # whatever was read before the lock may be stale now
+        yield
 
 
 class _Steps:
@@ -480,10 +531,16 @@ class _Steps:
 
         if self._paused and vfio.desired(plan, self._facts().pci):
             return False  # the vGPU manager is stopped: VF types wait for resume
+        published = self._published_classes()
         try:
-            done = vfio.ensure_types(plan, self._facts().pci)
+            done = vfio.ensure_types(plan, self._facts().pci, published)
         except GuestsRunningError as error:
+            restored = self._restore_vf_types(published)
+            if restored is None:
+                return False
             self._problems.append(
+                f"{OPTION} not applied: {error}; the {restored} VFs without a type got back the "
+                "types nova.conf lists; move them or restore the mapping" if restored else
                 f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
             return False
         except VfTypeError as error:
@@ -493,6 +550,29 @@ class _Steps:
         if done:
             self._refresh()
         return True
+
+    def _published_classes(self) -> Dict[str, str]:
+        """``{VF address: resource class}``: the VFIO VFs nova-compute has now (first relation)."""
+        for ours in self._published():
+            return novaconf.device_classes(novaconf.sections_from_relation(ours))
+        return {}
+
+    def _restore_vf_types(self, published: Dict[str, str]) -> Optional[int]:
+        """Give VFs without a type the types nova.conf lists, a change being refused; how many.
+
+        None (a problem said) when a VF refused its type.
+        """
+        from . import vfio
+
+        try:
+            done = vfio.restore(self._facts().pci, published)
+        except VfTypeError as error:
+            self._problems.append(f"{error}; retrying on the next hook")
+            self._refresh()
+            return None
+        if done:
+            self._refresh()
+        return len(done)
 
     def _mig_ready(self, plan) -> bool:
         """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
@@ -555,9 +635,13 @@ class _Steps:
                 or sriov.unit_masked():
             return
         try:
-            if plan is not None or not sriov.data_path().exists():
-                # Without a plan in force the data keeps the types last applied.
+            if plan is not None or not sriov.boot_data_usable():
+                # Without a plan in force the data keeps the types last applied, unless
+                # the boot step could not use it (then the next hook restores the types).
                 wanted = sriov.selected(self._given.checked().mapping, here.pci).wanted
+                if plan is None:  # and the GPUs nova-compute has VFs of now
+                    wanted = tuple(sorted({*wanted, *sriov.selected(
+                        self._published_mapping(), here.pci).wanted}))
                 data = sriov.boot_data(here.pci, plan, wanted, daemons(here))
                 sriov.write_boot_data(_with_mig(data, plan, here.pci))
             sriov.ensure_unit(sriov.render_unit())

@@ -25,7 +25,7 @@ from string import Template
 from types import MappingProxyType
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Sequence
 
-from . import APP, files, hostroot, kernel, pci, run, services, text
+from . import APP, bootdata, files, hostlock, hostroot, kernel, pci, run, services, text
 from .errors import CommandError, ServiceError, SriovError
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,8 @@ UNIT_FILE = f"etc/systemd/system/{UNIT}"
 RUNTIME_UNIT_FILE = f"run/systemd/system/{UNIT}"  # where ``systemctl mask --runtime`` links
 TEMPLATE = kernel.CHARM_ROOT / "templates" / UNIT
 BOOT_SCRIPT = kernel.CHARM_ROOT / "src" / "vgpu_boot.py"
-DATA_FILE = "var/lib/nova-compute-nvidia-vgpu/boot.json"  # beside catalogue.FILE
-DATA_VERSION = 1
+DATA_FILE = bootdata.DATA_FILE
+DATA_VERSION = bootdata.DATA_VERSION
 NVIDIA_DRIVER = "nvidia"
 TIMEOUT = 300  # one sriov-manage run
 HOOK_BUDGET = 480  # every sriov-manage run of one hook together
@@ -159,6 +159,16 @@ def boot_data(host: pci.Host, plan, wanted: Sequence[str], wait_for: Sequence[st
     return {"version": DATA_VERSION, "wait_for": list(wait_for), "gpus": gpus}
 
 
+def boot_data_usable() -> bool:
+    """Whether the boot step can use the data file now (a link, a huge or odd file: no)."""
+    try:
+        bootdata.parse(bootdata.load(f"/{DATA_FILE}"))
+    except bootdata.DataError as error:
+        log.info("/%s: %s", DATA_FILE, error)
+        return False
+    return True
+
+
 def data_path() -> Path:
     """Where the boot step's data lives under the host root."""
     return hostroot.path(DATA_FILE)
@@ -169,7 +179,12 @@ def write_boot_data(data: Mapping) -> bool:
     content = json.dumps(data, indent=1, sort_keys=True) + "\n"
     target = data_path()
     try:
-        if target.exists() and target.read_text(encoding="utf-8") == content:
+        before = files.read(target, bootdata.LIMIT)
+    except OSError as error:  # a link, not a file, too large: replaced (never written through)
+        log.warning("replacing /%s: %s", DATA_FILE, error.strerror or error)
+        before = None
+    try:
+        if before == content.encode("utf-8"):
             return False
         files.write_atomic(target, content)
     except OSError as error:
@@ -180,15 +195,13 @@ def write_boot_data(data: Mapping) -> bool:
 
 def render_unit() -> str:
     """The unit's text: the charm's Python runs the boot step on :data:`DATA_FILE`."""
-    from . import boot  # its limits bound the unit's start timeout
-
     words = (sys.executable, str(BOOT_SCRIPT), f"/{DATA_FILE}")
     for word in words:
         if not _SYSTEMD_WORD.fullmatch(word):
             raise SriovError(f"cannot name {text.quote(word)} in {UNIT}: unusual characters")
     return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
         charm=APP, python=words[0], script=words[1], data=words[2],
-        timeout=int(boot.Limits().total) + 60)
+        timeout=int(bootdata.Limits().total + hostlock.BOOT_WAIT) + 60)
 
 
 def unit_masked() -> bool:

@@ -65,6 +65,7 @@ class Inputs(NamedTuple):
     vf_selected: Optional[Tuple[str, ...]] = None  # SR-IOV GPUs the mapping selects (None: all)
     vf_refused: Mapping[str, str] = MappingProxyType({})  # selected GPU -> why it is left alone
     boot_unit_masked: bool = False  # the operator masked the boot-time unit
+    mapped: Tuple[str, ...] = ()  # the addresses vgpu-device-mappings names (read when one is missing)
     neighbour_notes: Tuple[str, ...] = ()  # what other subordinates lost beside us (vgpu.neighbours)
     secure_boot: Optional[kernel.SecureBoot] = None  # read while the vGPU module is not loaded
 
@@ -120,27 +121,53 @@ def missing_status(inputs: Inputs) -> Optional[Status]:
 
     One GPU gone or all of them: the same status, never active (Nova still
     has their devices; the published sections stay until the operator runs
-    forget-gpus, with one address per missing GPU: the first of its bus).
+    forget-gpus, with one address per missing GPU: the one the option names
+    on its bus, else the first function). VFs missing of a GPU that is here
+    (sriov-manage failed) are not vanished: :func:`_vf_statuses` names them.
     """
-    missing = missing_gpus(inputs.facts, inputs.published)
+    missing = vanished_gpus(inputs.facts, inputs.published)
     if not missing:
         return None
     found = len(inputs.facts.pci.gpus)
     now = (f"{found} NVIDIA GPU{'s' if found != 1 else ''} found now" if found
            else "no NVIDIA GPU found now")
-    gpus: dict = {}
+    buses: dict = {}
     for address in missing:
-        gpus.setdefault(address.rsplit(":", 1)[0], address)
-    forget = run_hint(inputs, f"forget-gpus gpus={','.join(gpus.values())}")
-    return BLOCKED, (f"published vGPU devices missing: {text.listing(missing)} ({now}: driver "
+        buses.setdefault(address.rsplit(":", 1)[0], []).append(address)
+    named: List[str] = []
+    forget: List[str] = []
+    for bus, addresses in buses.items():
+        gpu = next((a for a in inputs.mapped if a.rsplit(":", 1)[0] == bus), None)
+        if addresses == [gpu] or (gpu is None and addresses[0].endswith(":00.0")):
+            named.extend(addresses)  # the GPUs themselves (mdev-based)
+        else:
+            named.append(f"{'GPU ' + gpu if gpu else 'the GPU on bus ' + bus} with its VFs "
+                         f"{text.listing(addresses)}")
+        forget.append(gpu or addresses[0])
+    hint = run_hint(inputs, f"forget-gpus gpus={','.join(forget)}")
+    return BLOCKED, (f"published vGPU devices missing: {text.listing(named)} ({now}: driver "
                      "reloading? check lspci and journalctl -k); keeping "
-                     f"{mappings.summary(inputs.published)}; removed for good? {forget}")
+                     f"{mappings.summary(inputs.published)}; removed for good? {hint}")
 
 
 def missing_gpus(facts: Facts, published: Mapping[str, Tuple[str, ...]]) -> List[str]:
     """Published addresses whose GPU discovery no longer finds (all of them when none is found)."""
     return sorted({address for addresses in published.values()
                    for address in addresses if facts.pci.gpu(address) is None})
+
+
+def vanished_gpus(facts: Facts, published: Mapping[str, Tuple[str, ...]]) -> List[str]:
+    """:func:`missing_gpus` but the VFs of GPUs here without VFs (sriov-manage failed)."""
+    return [a for a in missing_gpus(facts, published) if present_gpu(facts, a) is None]
+
+
+def present_gpu(facts: Facts, address: str) -> Optional[str]:
+    """The GPU here, without its VFs, that the VF ``address`` belongs to (told by its bus)."""
+    bus = address.rsplit(":", 1)[0]
+    for gpu in facts.pci.gpus:
+        if gpu.vfs_missing and gpu.address.rsplit(":", 1)[0] == bus:
+            return gpu.address
+    return None
 
 
 def _prerequisites(inputs: Inputs) -> List[Status]:
@@ -177,16 +204,19 @@ def _vf_statuses(inputs: Inputs) -> List[Status]:
         return []
     gpus = inputs.facts.pci.gpus
     selected = inputs.vf_selected
+    published = ({present_gpu(inputs.facts, a) for a in missing_gpus(inputs.facts, inputs.published)}
+                 if any(gpu.vfs_missing for gpu in gpus) else set())
     missing = [gpu for gpu in gpus if gpu.vfs_missing and gpu.address not in inputs.vf_refused
-               and (selected is None or gpu.address in selected)]
+               and (selected is None or gpu.address in selected or gpu.address in published)]
     out: List[Status] = [
         (BLOCKED, f"SR-IOV GPU {gpu.address} ({gpu.model}) is {why}: its VFs are left alone; "
                   f"bind it to nvidia or leave it out of {OPTION}")
         for gpu in gpus if gpu.vfs_missing
         for why in [inputs.vf_refused.get(gpu.address, "").removeprefix("it is ")] if why]
     if missing:
-        why = (inputs.vf_failures.get(missing[0].address)
-               or f"check journalctl -u {sriov.UNIT} and -u {driver.DAEMONS[0]}")
+        failed = inputs.vf_failures.get(missing[0].address)
+        why = (f"{failed}; the boot step's attempts: journalctl -u {sriov.UNIT}" if failed
+               else f"check journalctl -u {sriov.UNIT} and -u {driver.DAEMONS[0]}")
         names = text.listing([f"{gpu.address} ({gpu.model})" for gpu in missing], limit=3)
         out.append((BLOCKED, f"no virtual functions on SR-IOV GPU {names} after sriov-manage -e: "
                              f"{why}"))

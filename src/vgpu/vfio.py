@@ -12,7 +12,7 @@ type would change: a running one, or a shut-off one whose definition keeps it
 """
 
 import logging
-from typing import Dict, List, Tuple
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 from . import hostroot, pci
 from .errors import VfTypeError
@@ -37,32 +37,73 @@ def desired(plan, host: pci.Host) -> Dict[str, Tuple[int, int]]:
     return out
 
 
-def ensure_types(plan, host: pci.Host) -> List[str]:
+def ensure_types(plan, host: pci.Host, published: Optional[Mapping[str, str]] = None
+                 ) -> List[str]:
     """Write the plan's types to the VFs, releasing the others first; returns what was done.
 
     All or nothing, as Nova sees it: when a VF refuses a type halfway, every
-    VF changed so far gets its previous type back (creatable_vgpu_types read
+    VF this call changed gets its previous type back (creatable_vgpu_types read
     again before each write), so the VFs hold what nova.conf still lists.
 
-    Raises GuestsRunningError (changing nothing) when guests, running or shut
-    off, hold VFs that would change; VfTypeError when a VF refuses a type,
-    saying whether the previous types are back.
+    A VF without a type that takes the one nova.conf lists for it (``published``:
+    ``{VF address: resource class}``) is restored, not changed: no guest guards
+    it (a shut-off guest keeps that very VF). Raises GuestsRunningError
+    (changing nothing) when guests, running or shut off, hold VFs that would
+    really change; VfTypeError when a VF refuses a type, saying whether the
+    previous types are back.
     """
     changes = desired(plan, host)
     if not changes:
         return []
-    from . import guests  # XML parsing only when something is to change
+    classes = {a.address: a.resource_class for a in plan.vfio()}
+    guarded = [address for address, (current, _) in changes.items()
+               if current or not published or published.get(address) != classes.get(address)]
+    if guarded:
+        from . import guests  # XML parsing only when something really changes
 
-    guests.ensure_no_guests(changes, defined=True)
+        guests.ensure_no_guests(guarded, defined=True)
+    return _change(changes, write_order(plan, changes))
+
+
+def restore(host: pci.Host, published: Mapping[str, str]) -> List[str]:
+    """Give each VFIO VF without a type the one nova.conf lists for it; returns what was done.
+
+    ``published``: ``{VF address: resource class}`` from nova-compute's device
+    specs; the type is the one the VF lists now whose profile has that class
+    (a VF listing none is left as it is). No guest guards a restore. Raises
+    VfTypeError (what it wrote undone) when a VF refuses its type.
+    """
+    from .plan import resource_class
+
+    changes: Dict[str, Tuple[int, int]] = {}
+    for gpu in host.gpus:
+        if gpu.framework != pci.VFIO:
+            continue
+        for vf in gpu.vfs:
+            wanted = published.get(vf.address)
+            if vf.current_type or wanted is None:
+                continue
+            found = [t.number for t in creatable(vf.address) if resource_class(t.name) == wanted]
+            if found:
+                changes[vf.address] = (0, found[0])
+    return _change(changes, sorted(changes)) if changes else []
+
+
+def _change(changes: Mapping[str, Tuple[int, int]], order: List[str]) -> List[str]:
+    """Apply ``{VF: (current, target)}`` in ``order``; on a refusal undo what was written."""
     done: List[str] = []
+    written: Set[str] = set()
     try:
-        order = write_order(plan, changes)
-        _apply({address: target for address, (_, target) in changes.items()}, order, done)
+        _apply({address: target for address, (_, target) in changes.items()}, order, done,
+               written)
     except VfTypeError as error:
-        previous = {address: current for address, (current, _) in changes.items()}
+        # Only the VFs this hook wrote go back: another VF's type may have been written since
+        # the host was read (the boot step, before the host lock existed), and stays.
+        previous = {address: current for address, (current, _) in changes.items()
+                    if address in written}
         undone: List[str] = []
         try:
-            _apply(previous, order, undone)
+            _apply(previous, [a for a in order if a in previous], undone)
         except VfTypeError as again:
             raise VfTypeError(f"{error}; rolling back failed too ({again}): the VFs do not all "
                               "hold what nova.conf lists") from None
@@ -71,17 +112,21 @@ def ensure_types(plan, host: pci.Host) -> List[str]:
     return done
 
 
-def _apply(targets: Dict[str, int], order: List[str], done: List[str]) -> None:
+def _apply(targets: Dict[str, int], order: List[str], done: List[str],
+           written: Optional[Set[str]] = None) -> None:
     """Give each VF its target type (0: none): release what differs, then write, logging each.
 
     Each VF's current type is read again first, so a half-done change is
     undone by applying the previous targets. Types are written in ``order``
-    (see :func:`write_order`); ``done`` collects what was done.
+    (see :func:`write_order`); ``done`` collects what was done, ``written`` each
+    VF written to (before the write: one that failed may have changed all the same).
     """
+    written = set() if written is None else written
     held_now = {address: held(address) for address in targets}
     # Address order is virtfn order: a VF's routing ID is its PF's plus offset + index x stride.
     for address in sorted(targets):
         if held_now[address] and held_now[address] != targets[address]:
+            written.add(address)
             _write(address, 0)
             _done(done, f"{address}: released nvidia-{held_now[address]}")
     for address in order:
@@ -92,6 +137,7 @@ def _apply(targets: Dict[str, int], order: List[str], done: List[str]) -> None:
         if target not in {t.number for t in creatable}:
             listed = ", ".join(t.id for t in creatable) or "nothing"
             raise VfTypeError(f"VF {address} cannot take nvidia-{target} now: it lists {listed}")
+        written.add(address)
         _write(address, target)
         _done(done, f"{address}: nvidia-{target}")
 
