@@ -12,6 +12,20 @@ applies it (relation data, statuses, StoredState); this module never imports ops
 What the host is, is read once per dispatch and read again after changing it,
 through one :class:`Host` the charm keeps for the whole dispatch (its status
 and actions read through the same one).
+
+The steps are functions over one :class:`_Hook` (the host's reading, the
+inputs, the outcome); :func:`_steps` runs them in order. Each section below
+holds one step and the functions it calls:
+
+- the driver: :func:`_inspect_resource`, :func:`_ensure_driver`, :func:`_resumed_elsewhere`;
+- the VFs: :func:`_ensure_vfs`;
+- publishing: :func:`_publish` (the only step of :func:`publish`), which checks the
+  sections to publish (:func:`_addressable`, :func:`_mdevs_may_change`,
+  :func:`_mdevctl_ready`, :func:`_principal_accepts`) and gives the VFs their types
+  (:func:`_give_vfs_types`, :func:`_restore_vf_types`), and runs the next two;
+- MIG: :func:`_mig_instances` (before the mapping is checked), :func:`_mig_ready`,
+  :func:`_with_mig` (the boot data);
+- the boot unit and the mdev record: :func:`_ensure_boot_unit`, :func:`_record_mdevs`.
 """
 
 import contextlib
@@ -200,29 +214,29 @@ def reconcile(host: Host, given: Inputs) -> Outcome:
     A host that cannot be read stops the work: nothing is published (the
     last data stays) and the error is a problem.
     """
-    steps = _Steps(host, given)
+    hook = _Hook(host, given)
     try:
-        with _locked(host, steps.out):
-            steps.run()
+        with _locked(host, hook.out):
+            _steps(hook)
     except HostReadError as error:
         logger.error("%s", error)
-        steps.out.problems.append(str(error))
+        hook.out.problems.append(str(error))
     except HostBusyError:
         pass  # said in the outcome's waits
-    return steps.out
+    return hook.out
 
 
 def publish(host: Host, given: Inputs) -> Outcome:
     """Only what nova-compute gets (after an action changed the host); read errors are logged."""
-    steps = _Steps(host, given)
+    hook = _Hook(host, given)
     try:
-        with _locked(host, steps.out):
-            steps._publish()
+        with _locked(host, hook.out):
+            _publish(hook)
     except HostReadError as error:
         logger.error("%s", error)
     except HostBusyError:
         pass
-    return steps.out
+    return hook.out
 
 
 BUSY = (f"waiting for {sriov.UNIT} (the boot step) to finish restoring VFs, vGPU types and "
@@ -255,419 +269,400 @@ def _locked(host: Host, out: Outcome) -> Iterator[None]:
         yield
 
 
-class _Steps:
-    """One run of the steps: the host, the inputs and what they found."""
+class _Hook:
+    """One hook's run of the steps: the host's reading, the inputs and the outcome they share.
+
+    ``paused`` starts as the inputs say; :func:`_steps` clears it when the
+    daemons run again. ``mig_modes``: the MIG modes :func:`_mig_instances`
+    read, for :func:`_mig_ready`.
+    """
 
     def __init__(self, host: Host, given: Inputs) -> None:
-        self._host = host
-        self._given = given
-        self._paused = given.paused
+        self.host = host
+        self.given = given
+        self.paused = given.paused
         self.out = Outcome()
-        self._problems = self.out.problems
-        self._waits = self.out.waits
-        self._mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
+        self.problems = self.out.problems
+        self.waits = self.out.waits
+        self.mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
 
-    def _facts(self) -> facts.Facts:
-        return self._host.facts()
+    def facts(self) -> facts.Facts:
+        return self.host.facts()
 
-    def _refresh(self) -> None:
-        self._host.refresh()
+    def refresh(self) -> None:
+        self.host.refresh()
 
-    def _mapping(self) -> mappings.Validation:
-        options = self._given.options
-        return self._host.mapping(self._given.checked,
-                                  pci_in_placement=bool(options.get(PCI_IN_PLACEMENT)),
-                                  live_migration=bool(options.get(LIVE_MIGRATION)),
-                                  problems=self._problems, published=self._published())
+    def mapping(self) -> mappings.Validation:
+        options = self.given.options
+        return self.host.mapping(self.given.checked,
+                                 pci_in_placement=bool(options.get(PCI_IN_PLACEMENT)),
+                                 live_migration=bool(options.get(LIVE_MIGRATION)),
+                                 problems=self.problems, published=self.published())
 
-    def _published(self) -> List[Mapping[str, str]]:
-        return [relation.data for relation in self._given.relations()]
+    def published(self) -> List[Mapping[str, str]]:
+        return [relation.data for relation in self.given.relations()]
 
-    def _published_mapping(self) -> Dict[str, tuple]:
-        return published_mapping(self._published())
+    def published_mapping(self) -> Dict[str, tuple]:
+        return published_mapping(self.published())
 
-    def _published_reporting(self) -> bool:
-        return self._given.reported or published_reporting(self._published())
+    def published_reporting(self) -> bool:
+        return self.given.reported or published_reporting(self.published())
 
-    def run(self) -> None:
-        """The steps of :func:`reconcile`, in order; raises HostReadError."""
-        if wants_driver(self._facts(), self._given.options):
-            if self._given.new_revision:
-                self._inspect_resource()  # Juju runs upgrade-charm for a new revision
-            self._ensure_driver()
-        self._ensure_vfs()
-        if self._paused and self._resumed_elsewhere():
-            logger.info("the vGPU services run again (started outside this charm): "
-                        "no longer paused")
-            self._paused = False
-            self.out.resumed = True
-        self._publish()
 
-    def _inspect_resource(self) -> None:
-        """Fetch and inspect the resource now; the charm records what it said for later hooks."""
-        try:
-            self._given.attached(True)
-        except (ResourceMissingError, ResourceInvalidError):
-            pass  # recorded: the status says it where it matters
+def _steps(hook: _Hook) -> None:
+    """The steps of :func:`reconcile`, in order; raises HostReadError."""
+    if wants_driver(hook.facts(), hook.given.options):
+        if hook.given.new_revision:
+            _inspect_resource(hook)  # Juju runs upgrade-charm for a new revision
+        _ensure_driver(hook)
+    _ensure_vfs(hook)
+    if hook.paused and _resumed_elsewhere(hook):
+        logger.info("the vGPU services run again (started outside this charm): "
+                    "no longer paused")
+        hook.paused = False
+        hook.out.resumed = True
+    _publish(hook)
 
-    def _resumed_elsewhere(self) -> bool:
-        """A paused unit whose daemons run again was resumed outside this charm.
 
-        Only by hand (systemctl unmask and start, a reinstalled package):
-        nova-compute's pause and resume leave them alone, as none is published
-        in ``services``.
-        """
-        names = daemons(self._facts())
-        try:
-            return bool(names) and all(services.active(names).values())
-        except ServiceError:
-            return False
+# -- the driver: the resource inspected, the package installed, a resume by hand noticed ---------
 
-    def _ensure_driver(self) -> None:
-        installed = self._facts().driver
-        if installed is None or not installed.installed:
-            try:
-                package = self._given.attached(True)
-            except (ResourceMissingError, ResourceInvalidError) as error:
-                logger.warning("not installing the vGPU host driver: %s", error)
-                return
-            if installed is not None and not driver.same_package(package, installed):
-                # Another version is half-installed: replacing it is the upgrade
-                # action's call (guests, downgrades), not a hook's.
-                logger.warning("%s %s is %s; not installing %s %s by itself", installed.name,
-                               installed.version, installed.state, package.package, package.version)
-                return
-            self._given.show(f"installing {package.package} {package.version}")
-            try:
-                driver.install(package)
-            except ResourceInvalidError as error:
-                logger.error("refusing to install %s: %s", package.package, error)
-                self._problems.append(str(error))
-            except InstallError as error:
-                logger.error("installing %s failed: %s", package.package, error)
-                self._problems.append(f"{error}; retrying on the next hook")
-            self._refresh()
-        try:
-            if kernel.ensure_nouveau_blacklisted():
-                logger.info("nouveau blacklisted in /%s; initramfs refreshed", kernel.BLACKLIST)
-        except VgpuError as error:
-            self._problems.append(f"blacklisting nouveau failed: {error}")
+def _inspect_resource(hook: _Hook) -> None:
+    """Fetch and inspect the resource now; the charm records what it said for later hooks."""
+    try:
+        hook.given.attached(True)
+    except (ResourceMissingError, ResourceInvalidError):
+        pass  # recorded: the status says it where it matters
 
-    def _ensure_vfs(self) -> None:
-        """Enable the VFs of the SR-IOV GPUs the mapping selects that have none (after a reboot).
 
-        Only GPUs bound to the nvidia driver are touched, within sriov's time
-        limit per hook; with the IOMMU off nothing is tried (the status asks for it).
-        """
-        here = self._facts()
-        if here.driver is None or not here.driver.installed or self._paused:
-            return
-        if here.iommu_problem():
-            return
-        choice = sriov.selected(self._given.checked().mapping, here.pci)
-        self.out.vf_failures = dict(choice.refused)
-        missing = [g.address for g in here.pci.gpus if g.address in choice.wanted and g.vfs_missing]
-        if not missing:
-            return
-        self.out.vf_failures.update(sriov.enable(missing))
-        self._refresh()
+def _resumed_elsewhere(hook: _Hook) -> bool:
+    """A paused unit whose daemons run again was resumed outside this charm.
 
-    def _publish(self) -> None:
-        """Send nova-compute the vGPU sections, services and packages, when they changed.
-
-        A mapping that fails validation (or a Nova not installed yet) leaves the
-        published sections as they are: the last good configuration stays.
-        """
-        here = self._facts()
-        installed = here.driver if here.driver is not None and here.driver.installed else None
-        sections: Optional[dict] = {}
-        plan = None
-        if here.pci.gpus:
-            self._mig_instances()
-            here = self._facts()
-            validation = self._mapping()
-            release = here.supported_release()
-            plan = self._addressable(validation.plan)
-            ok = (validation.ok and release is not None and plan is not None
-                  and not plan.missing_vfs)
-            sections = None
-            if ok:
-                try:  # with what was published for GPUs discovery no longer finds
-                    sections = novaconf.keep_published(novaconf.plan_sections(
-                        plan, release, mdev_class=bool(self._given.options.get(MDEV_CLASS)),
-                        pci_in_placement=bool(self._given.options.get(PCI_IN_PLACEMENT)),
-                        keep_placement_reporting=self._published_reporting(),
-                        live_migratable=bool(self._given.options.get(LIVE_MIGRATION))),
-                        *vanished(here, self._published()))
-                except ValueError as error:  # sysfs gave something nova.conf must not get
-                    self._problems.append(f"not publishing: {error}")
-                    ok = False
-            ok = ok and self._mdevs_may_change(sections) and self._mdevctl_ready(sections, release)
-            # The principal's [pci] is checked before any VF takes a type from the plan.
-            accepted = self._principal_accepts(sections)
-            ok = ok and accepted and self._mig_ready(plan) and self._give_vfs_types(plan)
-            sections = sections if ok else None
-            self._ensure_boot_unit(plan if ok else None)
-        elif self._published_mapping() or self._published_reporting():
-            # Every mapped GPU seems gone (a driver reload, a bad read): keep what
-            # nova-compute has rather than empty its config; the status says so.
-            # report_in_placement alone stays too: Nova refuses it turned off.
-            sections = None
-        data = novaconf.relation_data(sections or {}, packages=[installed.name] if installed else [])
-        if sections is None:
-            del data["subordinate_configuration"]
-        self.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
-                                  for ours in self._published()]
-
-    def _mdevctl_ready(self, sections, release) -> bool:
-        """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it."""
-        if not sections or release is None or not mdevctl.needed(release.nova_major) \
-                or not novaconf.mapping_from_sections(
-                    {k: v for k, v in sections.items() if k != "pci"}):
-            return True
-        try:
-            mdevctl.ensure()
-        except InstallError as error:
-            self._problems.append(
-                f"{mdevctl.PACKAGE} is missing and could not be installed ({error}): Nova "
-                f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
-                f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
-                f"make it installable (universe) or install it, then the mdev types are published")
-            return False
-        return True
-
-    def _addressable(self, plan):
-        """``plan`` without the GPUs in a PCI domain above ffff, each named as a problem.
-
-        Nova refuses such addresses (``PciAddressGlobSpec``, and
-        ``device_addresses`` needs a four-digit domain): nova-compute would
-        stop. The other GPUs are published as planned.
-        """
-        if plan is None:
-            return None
-        wide = sorted({a.gpu for a in plan.assignments if not novaconf.nova_addressable(a.gpu)})
-        if not wide:
-            return plan
-        host = self._facts().pci
-        for address in wide:
-            gpu = host.gpu(address)
-            model = f" ({gpu.model})" if gpu is not None and gpu.model else ""
-            self._problems.append(
-                f"GPU {address}{model} is in PCI domain {address.split(':', 1)[0]}, above ffff, "
-                "which Nova refuses (nova-compute would stop): not given to Nova; turn VMD off "
-                f"for its slot in the firmware, or map the other GPUs by address in {OPTION}")
-        return plan._replace(assignments=tuple(a for a in plan.assignments if a.gpu not in wide))
-
-    def _principal_accepts(self, sections: Optional[dict]) -> bool:
-        """Whether ``sections`` may join the principal's nova.conf; the published are checked too.
-
-        nova.conf (and nova-compute.conf) are read only when ours give Nova
-        devices (mdev types, VFIO device specs) or report_in_placement. Each
-        principal entry Nova would refuse or let take our GPUs' functions is a
-        blocked problem, as is a file that cannot be read or parsed; a nova.conf
-        not written yet is a wait before publishing ``[pci]`` (mdev types need
-        no wait: nothing of the principal's can take them yet). False keeps
-        the last published sections.
-        """
-        new = principalconf.checked_sections(sections)
-        if sections is not None and not new:
-            return True  # replaces what was published, and gives Nova no device
-        relations = self._given.relations()
-        published = [novaconf.sections_from_relation(r.data) for r in relations]
-        mine: List[novaconf.Sections] = [
-            s for s in [sections, *published] if s and principalconf.checked_sections(s)]
-        if not mine:
-            return True
-        app = relations[0].app if relations else PRINCIPAL
-        try:
-            conf = principalconf.load()
-        except (HostReadError, PrincipalConfigError) as error:
-            self._problems.append(f"cannot check {app}'s [pci] settings against this unit's: {error}; "
-                                  "the last published settings stay")
-            return False
-        if conf is None:
-            waits = bool(sections and "pci" in sections)
-            if waits:
-                self._waits.append(f"waiting for {app} to write {principalconf.NOVA_CONF} "
-                                   "before publishing [pci] settings")
-            return not waits
-        ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
-        specs = principalconf.principal(conf, ours).specs
-        found: List[str] = []
-        for candidate in mine:  # the new sections first: accepted, they replace the published
-            found.extend(principalconf.conflicts(specs, candidate, self._facts().pci, app))
-            if new and not found:
-                return True
-        self._problems.extend(dict.fromkeys(found))
-        return not new
-
-    def _mdevs_may_change(self, sections) -> bool:
-        """False (blocked, naming them) when guests hold mdevs of types ``sections`` take away.
-
-        Domain XML is read only when the mdev mapping to publish takes a type
-        from a function it is published for now.
-        """
-        from . import plan as plans
-
-        published = self._published_mapping()
-        wanted = novaconf.mapping_from_sections(sections)
-        removed = plans.removed_mdev_types(published, wanted, self._facts().pci)
-        if not removed:
-            return True
-        from . import guests  # XML parsing only when a type leaves a GPU
-
-        conflicts = plans.mdev_conflicts(removed, guests.held_mdevs(), self._facts().pci)
-        if not conflicts:
-            return True
-        more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-        self._problems.append(
-            f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
-            f"the instance first; keeping {mappings.summary(published)}")
+    Only by hand (systemctl unmask and start, a reinstalled package):
+    nova-compute's pause and resume leave them alone, as none is published
+    in ``services``.
+    """
+    names = daemons(hook.facts())
+    try:
+        return bool(names) and all(services.active(names).values())
+    except ServiceError:
         return False
 
-    def _give_vfs_types(self, plan) -> bool:
-        """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
-        from . import vfio
 
-        if self._paused and vfio.desired(plan, self._facts().pci):
-            return False  # the vGPU manager is stopped: VF types wait for resume
-        published = self._published_classes()
+def _ensure_driver(hook: _Hook) -> None:
+    installed = hook.facts().driver
+    if installed is None or not installed.installed:
         try:
-            done = vfio.ensure_types(plan, self._facts().pci, published)
-        except GuestsRunningError as error:
-            restored = self._restore_vf_types(published)
-            if restored is None:
-                return False
-            self._problems.append(
-                f"{OPTION} not applied: {error}; the {restored} VFs without a type got back the "
-                "types nova.conf lists; move them or restore the mapping" if restored else
-                f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
-            return False
-        except VfTypeError as error:
-            self._problems.append(f"{error}; retrying on the next hook")
-            self._refresh()
-            return False
-        if done:
-            self._refresh()
-        return True
-
-    def _published_classes(self) -> Dict[str, str]:
-        """``{VF address: resource class}``: the VFIO VFs nova-compute has now (first relation)."""
-        for ours in self._published():
-            return novaconf.device_classes(novaconf.sections_from_relation(ours))
-        return {}
-
-    def _restore_vf_types(self, published: Dict[str, str]) -> Optional[int]:
-        """Give VFs without a type the types nova.conf lists, a change being refused; how many.
-
-        None (a problem said) when a VF refused its type.
-        """
-        from . import vfio
-
+            package = hook.given.attached(True)
+        except (ResourceMissingError, ResourceInvalidError) as error:
+            logger.warning("not installing the vGPU host driver: %s", error)
+            return
+        if installed is not None and not driver.same_package(package, installed):
+            # Another version is half-installed: replacing it is the upgrade
+            # action's call (guests, downgrades), not a hook's.
+            logger.warning("%s %s is %s; not installing %s %s by itself", installed.name,
+                           installed.version, installed.state, package.package, package.version)
+            return
+        hook.given.show(f"installing {package.package} {package.version}")
         try:
-            done = vfio.restore(self._facts().pci, published)
-        except VfTypeError as error:
-            self._problems.append(f"{error}; retrying on the next hook")
-            self._refresh()
-            return None
-        if done:
-            self._refresh()
-        return len(done)
+            driver.install(package)
+        except ResourceInvalidError as error:
+            logger.error("refusing to install %s: %s", package.package, error)
+            hook.problems.append(str(error))
+        except InstallError as error:
+            logger.error("installing %s failed: %s", package.package, error)
+            hook.problems.append(f"{error}; retrying on the next hook")
+        hook.refresh()
+    try:
+        if kernel.ensure_nouveau_blacklisted():
+            logger.info("nouveau blacklisted in /%s; initramfs refreshed", kernel.BLACKLIST)
+    except VgpuError as error:
+        hook.problems.append(f"blacklisting nouveau failed: {error}")
 
-    def _mig_ready(self, plan) -> bool:
-        """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
-        from . import mig
 
-        problems = mig.mode_problems(mig.by_gpu(plan.assignments), self._given.unit,
-                                     self._mig_modes)
-        self._problems.extend(problems)
-        return not problems
+# -- the virtual functions -----------------------------------------------------------------------
 
-    def _mig_instances(self) -> None:
-        """The GPU instances the mapping's MIG-backed profiles need, before it is checked.
+def _ensure_vfs(hook: _Hook) -> None:
+    """Enable the VFs of the SR-IOV GPUs the mapping selects that have none (after a reboot).
 
-        A VF lists a MIG-backed type only where a GPU instance has room for it
-        (NVIDIA's vGPU for Compute guide, "Configuring a GPU for MIG-Backed
-        vGPUs": on KVM the host creates them), so they are created first, on GPUs
-        in MIG mode only (the status asks for the mode otherwise); a GPU instance
-        in use is never destroyed (see :func:`vgpu.mig.ensure`).
-        """
-        from . import mig
+    Only GPUs bound to the nvidia driver are touched, within sriov's time
+    limit per hook; with the IOMMU off nothing is tried (the status asks for it).
+    """
+    here = hook.facts()
+    if here.driver is None or not here.driver.installed or hook.paused:
+        return
+    if here.iommu_problem():
+        return
+    choice = sriov.selected(hook.given.checked().mapping, here.pci)
+    hook.out.vf_failures = dict(choice.refused)
+    missing = [g.address for g in here.pci.gpus if g.address in choice.wanted and g.vfs_missing]
+    if not missing:
+        return
+    hook.out.vf_failures.update(sriov.enable(missing))
+    hook.refresh()
 
-        here = self._facts()
-        if self._paused or here.driver is None or not here.driver.installed:
-            return
-        checked = self._given.checked()
-        wanted = mig.mapped(checked.mapping, here.pci) if checked.ok else {}
-        if not wanted:
-            return
-        try:
-            found = mig.modes(wanted)
-        except MigError:
-            return  # said by _mig_ready, with what MIG-backed profiles need
-        self._mig_modes = found  # what _mig_ready asks, read once per dispatch
-        changed = False
-        for need in wanted.values():
-            if not found[need.gpu].enabled:
-                continue
-            try:
-                changed = bool(mig.ensure(need)) or changed
-            except MigInUseError as error:
-                from . import guests  # who holds them: named, since the steps start there
 
-                held = guests.vgpu_guests(error.vfs, defined=True)
-                self._problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
-            except MigError as error:
-                self._problems.append(str(error))
-        if changed:
-            self._refresh()
+# -- publishing: what nova-compute gets, and the VF types that go with it ------------------------
 
-    def _ensure_boot_unit(self, plan) -> None:
-        """The boot-time unit and its data: the selected GPUs' VFs and their profiles by name.
+def _publish(hook: _Hook) -> None:
+    """Send nova-compute the vGPU sections, services and packages, when they changed.
 
-        A unit the operator masked is left alone (the status says so).
-        """
-        here = self._facts()
-        if here.driver is None or not here.driver.installed:
-            return
-        restores_mdevs = self._record_mdevs()
-        if not (restores_mdevs or any(gpu.sriov for gpu in here.pci.gpus)) \
-                or sriov.unit_masked():
-            return
-        try:
-            if plan is not None or not sriov.boot_data_usable():
-                # Without a plan in force the data keeps the types last applied, unless
-                # the boot step could not use it (then the next hook restores the types).
-                wanted = sriov.selected(self._given.checked().mapping, here.pci).wanted
-                if plan is None:  # and the GPUs nova-compute has VFs of now
-                    wanted = tuple(sorted({*wanted, *sriov.selected(
-                        self._published_mapping(), here.pci).wanted}))
-                data = sriov.boot_data(here.pci, plan, wanted, daemons(here))
-                sriov.write_boot_data(_with_mig(data, plan, here.pci))
-            sriov.ensure_unit(sriov.render_unit())
-        except SriovError as error:
-            self._problems.append(f"{sriov.UNIT}: {error}")
-
-    def _record_mdevs(self) -> bool:
-        """On Nova before 30, record the mdevs instances hold for the boot step; True if one is kept.
-
-        Nova 30 and later persists mdevs itself: nothing is recorded there.
-        """
-        here = self._facts()
+    A mapping that fails validation (or a Nova not installed yet) leaves the
+    published sections as they are: the last good configuration stays.
+    """
+    here = hook.facts()
+    installed = here.driver if here.driver is not None and here.driver.installed else None
+    sections: Optional[dict] = {}
+    plan = None
+    if here.pci.gpus:
+        _mig_instances(hook)
+        here = hook.facts()
+        validation = hook.mapping()
         release = here.supported_release()
+        plan = _addressable(hook, validation.plan)
+        ok = (validation.ok and release is not None and plan is not None
+              and not plan.missing_vfs)
+        sections = None
+        if ok:
+            try:  # with what was published for GPUs discovery no longer finds
+                sections = novaconf.keep_published(novaconf.plan_sections(
+                    plan, release, mdev_class=bool(hook.given.options.get(MDEV_CLASS)),
+                    pci_in_placement=bool(hook.given.options.get(PCI_IN_PLACEMENT)),
+                    keep_placement_reporting=hook.published_reporting(),
+                    live_migratable=bool(hook.given.options.get(LIVE_MIGRATION))),
+                    *vanished(here, hook.published()))
+            except ValueError as error:  # sysfs gave something nova.conf must not get
+                hook.problems.append(f"not publishing: {error}")
+                ok = False
+        ok = ok and _mdevs_may_change(hook, sections) and _mdevctl_ready(hook, sections, release)
+        # The principal's [pci] is checked before any VF takes a type from the plan.
+        accepted = _principal_accepts(hook, sections)
+        ok = ok and accepted and _mig_ready(hook, plan) and _give_vfs_types(hook, plan)
+        sections = sections if ok else None
+        _ensure_boot_unit(hook, plan if ok else None)
+    elif hook.published_mapping() or hook.published_reporting():
+        # Every mapped GPU seems gone (a driver reload, a bad read): keep what
+        # nova-compute has rather than empty its config; the status says so.
+        # report_in_placement alone stays too: Nova refuses it turned off.
+        sections = None
+    data = novaconf.relation_data(sections or {}, packages=[installed.name] if installed else [])
+    if sections is None:
+        del data["subordinate_configuration"]
+    hook.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
+                              for ours in hook.published()]
+
+
+def _mdevctl_ready(hook: _Hook, sections, release) -> bool:
+    """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it."""
+    if not sections or release is None or not mdevctl.needed(release.nova_major) \
+            or not novaconf.mapping_from_sections(
+                {k: v for k, v in sections.items() if k != "pci"}):
+        return True
+    try:
+        mdevctl.ensure()
+    except InstallError as error:
+        hook.problems.append(
+            f"{mdevctl.PACKAGE} is missing and could not be installed ({error}): Nova "
+            f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
+            f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
+            f"make it installable (universe) or install it, then the mdev types are published")
+        return False
+    return True
+
+
+def _addressable(hook: _Hook, plan):
+    """``plan`` without the GPUs in a PCI domain above ffff, each named as a problem.
+
+    Nova refuses such addresses (``PciAddressGlobSpec``, and
+    ``device_addresses`` needs a four-digit domain): nova-compute would
+    stop. The other GPUs are published as planned.
+    """
+    if plan is None:
+        return None
+    wide = sorted({a.gpu for a in plan.assignments if not novaconf.nova_addressable(a.gpu)})
+    if not wide:
+        return plan
+    host = hook.facts().pci
+    for address in wide:
+        gpu = host.gpu(address)
+        model = f" ({gpu.model})" if gpu is not None and gpu.model else ""
+        hook.problems.append(
+            f"GPU {address}{model} is in PCI domain {address.split(':', 1)[0]}, above ffff, "
+            "which Nova refuses (nova-compute would stop): not given to Nova; turn VMD off "
+            f"for its slot in the firmware, or map the other GPUs by address in {OPTION}")
+    return plan._replace(assignments=tuple(a for a in plan.assignments if a.gpu not in wide))
+
+
+def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:
+    """Whether ``sections`` may join the principal's nova.conf; the published are checked too.
+
+    nova.conf (and nova-compute.conf) are read only when ours give Nova
+    devices (mdev types, VFIO device specs) or report_in_placement. Each
+    principal entry Nova would refuse or let take our GPUs' functions is a
+    blocked problem, as is a file that cannot be read or parsed; a nova.conf
+    not written yet is a wait before publishing ``[pci]`` (mdev types need
+    no wait: nothing of the principal's can take them yet). False keeps
+    the last published sections.
+    """
+    new = principalconf.checked_sections(sections)
+    if sections is not None and not new:
+        return True  # replaces what was published, and gives Nova no device
+    relations = hook.given.relations()
+    published = [novaconf.sections_from_relation(r.data) for r in relations]
+    mine: List[novaconf.Sections] = [
+        s for s in [sections, *published] if s and principalconf.checked_sections(s)]
+    if not mine:
+        return True
+    app = relations[0].app if relations else PRINCIPAL
+    try:
+        conf = principalconf.load()
+    except (HostReadError, PrincipalConfigError) as error:
+        hook.problems.append(f"cannot check {app}'s [pci] settings against this unit's: {error}; "
+                             "the last published settings stay")
+        return False
+    if conf is None:
+        waits = bool(sections and "pci" in sections)
+        if waits:
+            hook.waits.append(f"waiting for {app} to write {principalconf.NOVA_CONF} "
+                              "before publishing [pci] settings")
+        return not waits
+    ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
+    specs = principalconf.principal(conf, ours).specs
+    found: List[str] = []
+    for candidate in mine:  # the new sections first: accepted, they replace the published
+        found.extend(principalconf.conflicts(specs, candidate, hook.facts().pci, app))
+        if new and not found:
+            return True
+    hook.problems.extend(dict.fromkeys(found))
+    return not new
+
+
+def _mdevs_may_change(hook: _Hook, sections) -> bool:
+    """False (blocked, naming them) when guests hold mdevs of types ``sections`` take away.
+
+    Domain XML is read only when the mdev mapping to publish takes a type
+    from a function it is published for now.
+    """
+    from . import plan as plans
+
+    published = hook.published_mapping()
+    wanted = novaconf.mapping_from_sections(sections)
+    removed = plans.removed_mdev_types(published, wanted, hook.facts().pci)
+    if not removed:
+        return True
+    from . import guests  # XML parsing only when a type leaves a GPU
+
+    conflicts = plans.mdev_conflicts(removed, guests.held_mdevs(), hook.facts().pci)
+    if not conflicts:
+        return True
+    more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+    hook.problems.append(
+        f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
+        f"the instance first; keeping {mappings.summary(published)}")
+    return False
+
+
+def _give_vfs_types(hook: _Hook, plan) -> bool:
+    """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
+    from . import vfio
+
+    if hook.paused and vfio.desired(plan, hook.facts().pci):
+        return False  # the vGPU manager is stopped: VF types wait for resume
+    published = _published_classes(hook)
+    try:
+        done = vfio.ensure_types(plan, hook.facts().pci, published)
+    except GuestsRunningError as error:
+        restored = _restore_vf_types(hook, published)
+        if restored is None:
+            return False
+        hook.problems.append(
+            f"{OPTION} not applied: {error}; the {restored} VFs without a type got back the "
+            "types nova.conf lists; move them or restore the mapping" if restored else
+            f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
+        return False
+    except VfTypeError as error:
+        hook.problems.append(f"{error}; retrying on the next hook")
+        hook.refresh()
+        return False
+    if done:
+        hook.refresh()
+    return True
+
+
+def _published_classes(hook: _Hook) -> Dict[str, str]:
+    """``{VF address: resource class}``: the VFIO VFs nova-compute has now (first relation)."""
+    for ours in hook.published():
+        return novaconf.device_classes(novaconf.sections_from_relation(ours))
+    return {}
+
+
+def _restore_vf_types(hook: _Hook, published: Dict[str, str]) -> Optional[int]:
+    """Give VFs without a type the types nova.conf lists, a change being refused; how many.
+
+    None (a problem said) when a VF refused its type.
+    """
+    from . import vfio
+
+    try:
+        done = vfio.restore(hook.facts().pci, published)
+    except VfTypeError as error:
+        hook.problems.append(f"{error}; retrying on the next hook")
+        hook.refresh()
+        return None
+    if done:
+        hook.refresh()
+    return len(done)
+
+
+# -- MIG: the GPU instances MIG-backed profiles need ---------------------------------------------
+
+def _mig_instances(hook: _Hook) -> None:
+    """The GPU instances the mapping's MIG-backed profiles need, before it is checked.
+
+    A VF lists a MIG-backed type only where a GPU instance has room for it
+    (NVIDIA's vGPU for Compute guide, "Configuring a GPU for MIG-Backed
+    vGPUs": on KVM the host creates them), so they are created first, on GPUs
+    in MIG mode only (the status asks for the mode otherwise); a GPU instance
+    in use is never destroyed (see :func:`vgpu.mig.ensure`).
+    """
+    from . import mig
+
+    here = hook.facts()
+    if hook.paused or here.driver is None or not here.driver.installed:
+        return
+    checked = hook.given.checked()
+    wanted = mig.mapped(checked.mapping, here.pci) if checked.ok else {}
+    if not wanted:
+        return
+    try:
+        found = mig.modes(wanted)
+    except MigError:
+        return  # said by _mig_ready, with what MIG-backed profiles need
+    hook.mig_modes = found  # what _mig_ready asks, read once per dispatch
+    changed = False
+    for need in wanted.values():
+        if not found[need.gpu].enabled:
+            continue
         try:
-            if release is not None and not mdevs.applies(release.nova_major):
-                mdevs.forget()
-                return False
-            if release is None or not mdevs.uses_mdevs(here.pci):
-                return mdevs.kept()  # nothing to look at now: the record stays as it was
-            return bool(mdevs.refresh(here.pci))
-        except HostReadError as error:
-            self._problems.append(f"cannot record the mdevs instances hold: {error}; "
-                                  "the last record stays")
-        except OSError as error:
-            self._problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
-        return mdevs.kept()
+            changed = bool(mig.ensure(need)) or changed
+        except MigInUseError as error:
+            from . import guests  # who holds them: named, since the steps start there
+
+            held = guests.vgpu_guests(error.vfs, defined=True)
+            hook.problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
+        except MigError as error:
+            hook.problems.append(str(error))
+    if changed:
+        hook.refresh()
+
+
+def _mig_ready(hook: _Hook, plan) -> bool:
+    """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
+    from . import mig
+
+    problems = mig.mode_problems(mig.by_gpu(plan.assignments), hook.given.unit,
+                                 hook.mig_modes)
+    hook.problems.extend(problems)
+    return not problems
 
 
 def _with_mig(data: dict, plan, host) -> dict:
@@ -680,3 +675,53 @@ def _with_mig(data: dict, plan, host) -> dict:
             entry["mig"] = wanted[entry["address"]].data()
     return data
 
+
+# -- the boot unit and the mdev record -----------------------------------------------------------
+
+def _ensure_boot_unit(hook: _Hook, plan) -> None:
+    """The boot-time unit and its data: the selected GPUs' VFs and their profiles by name.
+
+    A unit the operator masked is left alone (the status says so).
+    """
+    here = hook.facts()
+    if here.driver is None or not here.driver.installed:
+        return
+    restores_mdevs = _record_mdevs(hook)
+    if not (restores_mdevs or any(gpu.sriov for gpu in here.pci.gpus)) \
+            or sriov.unit_masked():
+        return
+    try:
+        if plan is not None or not sriov.boot_data_usable():
+            # Without a plan in force the data keeps the types last applied, unless
+            # the boot step could not use it (then the next hook restores the types).
+            wanted = sriov.selected(hook.given.checked().mapping, here.pci).wanted
+            if plan is None:  # and the GPUs nova-compute has VFs of now
+                wanted = tuple(sorted({*wanted, *sriov.selected(
+                    hook.published_mapping(), here.pci).wanted}))
+            data = sriov.boot_data(here.pci, plan, wanted, daemons(here))
+            sriov.write_boot_data(_with_mig(data, plan, here.pci))
+        sriov.ensure_unit(sriov.render_unit())
+    except SriovError as error:
+        hook.problems.append(f"{sriov.UNIT}: {error}")
+
+
+def _record_mdevs(hook: _Hook) -> bool:
+    """On Nova before 30, record the mdevs instances hold for the boot step; True if one is kept.
+
+    Nova 30 and later persists mdevs itself: nothing is recorded there.
+    """
+    here = hook.facts()
+    release = here.supported_release()
+    try:
+        if release is not None and not mdevs.applies(release.nova_major):
+            mdevs.forget()
+            return False
+        if release is None or not mdevs.uses_mdevs(here.pci):
+            return mdevs.kept()  # nothing to look at now: the record stays as it was
+        return bool(mdevs.refresh(here.pci))
+    except HostReadError as error:
+        hook.problems.append(f"cannot record the mdevs instances hold: {error}; "
+                             "the last record stays")
+    except OSError as error:
+        hook.problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
+    return mdevs.kept()
