@@ -20,8 +20,9 @@ $(VENV)/.ready: pyproject.toml
 demo: $(VENV)/.ready
 	$(PY) tools/demo.py $(ARGS)
 
+# The tests marked nova need Nova itself, which .venv has not: make nova-functional runs them.
 test: $(VENV)/.ready
-	$(PY) -m pytest unit_tests $(ARGS)
+	$(PY) -m pytest unit_tests -m 'not nova' $(ARGS)
 
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check src unit_tests tools tests nova_functional
@@ -36,6 +37,9 @@ NOVA_VENV ?= .nova-venv-$(NOVA_VERSION)
 NOVA_PY = $(NOVA_VENV)/bin/python
 # What testtools runs: all of nova_functional/, or e.g. NOVA_TESTS=nova_functional.test_vfio
 NOVA_TESTS ?= discover -s nova_functional -t .
+# Then pytest runs the unit tests marked nova (pytest.mark.nova, see unit_tests/conftest.py)
+# from the modules that mark some; NOVA_UNIT_TESTS= leaves them out.
+NOVA_UNIT_TESTS ?= $(shell grep -l 'pytest\.mark\.nova' unit_tests/test_*.py)
 
 $(NOVA_VENV)/.ready: nova_functional/requirements.txt nova_functional/constraints-$(NOVA_VERSION).txt
 	rm -rf $(NOVA_VENV)
@@ -48,9 +52,13 @@ $(NOVA_VENV)/.ready: nova_functional/requirements.txt nova_functional/constraint
 	    nova-$(NOVA_VERSION)/etc/nova/api-paste.ini
 	touch $@
 
+# Both run, each printing its counts (.ci/run reads them); either failing fails the target.
 nova-functional: $(NOVA_VENV)/.ready
+	status=0; \
 	NOVA_API_PASTE='$(CURDIR)/$(NOVA_VENV)/etc/nova/api-paste.ini' PYTHONPATH=src:. \
-	    $(NOVA_PY) -m testtools.run $(NOVA_TESTS)
+	    $(NOVA_PY) -m testtools.run $(NOVA_TESTS) || status=$$?; \
+	$(if $(strip $(NOVA_UNIT_TESTS)),$(NOVA_PY) -m pytest -m nova $(NOVA_UNIT_TESTS) || status=$$?;) \
+	exit $$status
 
 # Mutation testing (mutmut, configured in pyproject.toml): the unit tests against
 # each mutant of src/, or of MODULE only. Results stay in mutants/; afterwards

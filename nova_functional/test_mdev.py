@@ -2,9 +2,9 @@
 
 from nova_functional.base import CharmJudgedTest
 from nova_functional.unit import flavor_property
-from unit_tests.fakehost import V100_TYPES, v100_host
+from unit_tests.fakehost import v100_host
 
-GPU_2Q, GPU_8Q, SPARE = "0000:c1:00.0", "0000:e1:00.0", "0000:a1:00.0"
+GPU_2Q, GPU_8Q = "0000:c1:00.0", "0000:e1:00.0"
 MAPPING = "{nvidia-106: ['c1:00.0'], nvidia-108: ['e1:00.0']}"
 
 
@@ -12,9 +12,7 @@ class MdevTest(CharmJudgedTest):
 
     def setUp(self):
         super().setUp()
-        host = v100_host(self.unit.root)
-        host.add_gpu(SPARE, mdev_types=V100_TYPES)  # a third V100 the mapping leaves out
-        self.unit.ready(host)
+        self.unit.ready(v100_host(self.unit.root, count=3))  # 0000:01:00.0: the mapping leaves it out
 
     def _check(self, per_profile: bool):
         self.unit.configure(vgpu_device_mappings=MAPPING, mdev_class_per_profile=per_profile)

@@ -11,12 +11,8 @@ class SriovMdevTest(CharmJudgedTest):
 
     def setUp(self):
         super().setUp()
-        host = self.unit.ready(a100_host(self.unit.root))
-        # On a VF each type offers one instance (a VF holds at most one vGPU); the fixture
-        # gives a VF the whole GPU's count, which the charm does not read but Nova would.
-        for counter in host.bus.glob("*/mdev_supported_types/*/available_instances"):
-            if (counter.parents[2] / "physfn").exists():
-                counter.write_text("1\n")
+        # Each VF's types offer one instance while it is free (a VF holds one vGPU).
+        self.unit.ready(a100_host(self.unit.root))
 
     def test_each_published_vf_is_a_provider_of_one_vgpu_and_only_as_many_as_fit(self):
         self.unit.configure(vgpu_device_mappings="{A100-20C: ['41:00.0']}")

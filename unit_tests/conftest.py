@@ -5,6 +5,7 @@ No GPU, systemd or initramfs exists here, so ``systemctl`` and
 dpkg-deb are the real ones.
 """
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -15,6 +16,31 @@ from charm import NovaComputeNvidiaVgpuCharm
 from unit_tests import debs
 from unit_tests.fakehost import FakeHost, v100_host
 from unit_tests.faketools import Tools
+
+NOVA_MARK = "pytest.mark.nova"  # make nova-functional finds the modules to run by this text
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: every test marked nova is seen
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``nova`` import Nova: skipped where it is not installed.
+
+    ``make test`` deselects them (``-m "not nova"``); ``make nova-functional``
+    runs them in its Nova venv, over the modules that spell the mark
+    ``pytest.mark.nova``, so a module that marks them another way is refused.
+    """
+    installed = importlib.util.find_spec("nova") is not None
+    marked = {}
+    for item in items:
+        if item.get_closest_marker("nova") is None:
+            continue
+        if item.path not in marked:
+            marked[item.path] = NOVA_MARK in Path(item.path).read_text(encoding="utf-8")
+        if not marked[item.path]:
+            raise pytest.UsageError(f"{item.nodeid}: mark tests that need Nova with {NOVA_MARK} "
+                                    "(how make nova-functional finds their modules)")
+        if not installed:
+            item.add_marker(pytest.mark.skip(
+                reason="needs Nova: make nova-functional runs it in its Nova venv"))
 
 
 @pytest.fixture

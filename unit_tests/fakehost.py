@@ -32,6 +32,9 @@ Two pieces of kernel behaviour are modelled, since plain files cannot show them:
 * Creating a mediated device: a UUID written to a type's ``create`` becomes
   ``<parent>/<uuid>`` with its ``mdev_type`` link and ``sys/bus/mdev/devices/<uuid>``
   as soon as anything is opened next (an audit hook; :func:`settle_mdevs` at once).
+  A VF holds at most one vGPU: its types' ``available_instances`` read 1 while it
+  is free and 0 once it holds an mdev (NVIDIA's vGPU user guide, SR-IOV GPUs on
+  the mdev framework); a PF's counts are left as they were written.
   :meth:`FakeHost.reboot` takes away what a reboot does: mdevs, VFs (recorded for
   sriov-manage again), running domains; optionally with a new driver's type ids.
 """
@@ -42,7 +45,7 @@ import re
 import shutil
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
@@ -430,6 +433,9 @@ def _make_mdev(root: Path, parent_dir: Path, type_id: str, uuid: str) -> Path:
     bus = root / "sys/bus/mdev/devices"
     bus.mkdir(parents=True, exist_ok=True)
     (bus / uuid).symlink_to(os.path.relpath(directory, bus))
+    if os.path.lexists(parent_dir / "physfn"):  # a VF holding its one vGPU offers no more
+        for counter in (parent_dir / "mdev_supported_types").glob("*/available_instances"):
+            counter.write_text("0\n")
     return directory
 
 
@@ -495,8 +501,12 @@ class FakeHost:
                mdev_types: Optional[Mapping[str, MdevType]] = None,
                vfio_types: Optional[Mapping[int, str]] = None, current_type: int = 0,
                device: Optional[str] = None) -> Path:
+        """VF ``index`` of ``pf_address``; each of its mdev types offers one instance (see above)."""
         pf = (self.bus / pf_address).resolve()
         device = device or (pf / "device").read_text().strip()
+        if mdev_types:
+            mdev_types = {k: t if t.available is not None else replace(t, available=1)
+                          for k, t in mdev_types.items()}
         directory = self.add_pci(address, NVIDIA, device, (pf / "class").read_text().strip(),
                                  driver, pf.parent.name, mdev_types)
         (directory / "physfn").symlink_to(os.path.relpath(pf, directory))
@@ -883,8 +893,10 @@ def v100_host(root, count: int = 2, nova: str = "3:29.0.0-0ubuntu1") -> FakeHost
     """Tesla V100 GPUs on the mdev framework, an Intel GVT-g GPU and a NIC."""
     host = FakeHost(root)
     host.pci_ids()
-    for n in range(count):
-        host.add_gpu(f"0000:{0xc1 + n * 0x20:02x}:00.0", device="0x1db4",
+    if not 1 <= count <= 8:
+        raise ValueError(f"v100_host makes 1 to 8 GPUs, not {count}")
+    for n in range(count):  # buses c1, e1, then 01, 21 ... a1: below 0x100
+        host.add_gpu(f"0000:{(0xc1 + n * 0x20) % 0x100:02x}:00.0", device="0x1db4",
                      class_code="0x030200", mdev_types=V100_TYPES)
     host.add_pci("0000:00:02.0", INTEL, "0x3e92", "0x030000", driver="i915",
                  mdev_types={"i915-GVTg_V5_4": MdevType("GVTg_V5_4", 512, 4)})

@@ -183,11 +183,35 @@ def test_each_vf_keeps_its_own_available_instances(root):
     used = {**A100_TYPES, "nvidia-474": replace(A100_TYPES["nvidia-474"], available=0)}
     host.add_vf("0000:41:00.0", 1, "0000:41:00.5", mdev_types=used)
     first, second = pci.with_available(pci.discover()).gpus[0].vfs
+    # A free VF offers one of each type (it holds one vGPU), whatever the GPU fits.
     assert [(t.id, t.available_instances) for t in first.types][:3] == [
-        ("nvidia-471", 10), ("nvidia-472", 8), ("nvidia-474", 4)]
+        ("nvidia-471", 1), ("nvidia-472", 1), ("nvidia-474", 1)]
     assert [(t.id, t.available_instances) for t in second.types][:3] == [
-        ("nvidia-471", 10), ("nvidia-472", 8), ("nvidia-474", 0)]
+        ("nvidia-471", 1), ("nvidia-472", 1), ("nvidia-474", 0)]
     assert second.types[2].name == "GRID A100-10C" and second.types[2].max_instances == 4
+
+
+def test_a_vf_holding_an_mdev_offers_no_more_and_its_siblings_one_each(root):
+    """The A100 fixture as a real host shows it: 1 per free VF, 0 on the VF that holds a vGPU."""
+    from unit_tests.fakehost import a100_host
+
+    host = a100_host(root, vfs=4)
+    host.add_mdev("0000:41:00.5", "nvidia-475", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
+    vfs = pci.with_available(pci.discover()).gpus[0].vfs
+    assert {vf.address: {t.available_instances for t in vf.types} for vf in vfs} == {
+        "0000:41:00.4": {1}, "0000:41:00.5": {0}, "0000:41:00.6": {1}, "0000:41:00.7": {1}}
+
+
+def test_v100_hosts_of_up_to_eight_gpus_have_valid_distinct_addresses(root):
+    from unit_tests.fakehost import v100_host
+
+    v100_host(root, count=8)
+    addresses = [g.address for g in pci.discover().gpus if g.address != "0000:00:02.0"]
+    assert len(set(addresses)) == 8
+    assert all(re.fullmatch(r"0000:[0-9a-f]{2}:00\.0", a) for a in addresses), addresses
+    assert {"0000:c1:00.0", "0000:e1:00.0", "0000:01:00.0"} <= set(addresses)
+    with pytest.raises(ValueError):
+        v100_host(root, count=9)
 
 
 def reads(opened):

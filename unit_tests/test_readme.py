@@ -18,7 +18,9 @@ JSON object in the text: one with a ``name`` is an alias, one with an
   ``vendor_id`` and ``product_id`` stops nova-compute;
 * device specs: the rules ``unit_tests/test_nova_rules.py`` replicates from
   ``nova/pci/devspec.py``;
-* where Nova is importable, both also through Nova's real functions.
+* the tests marked ``nova`` (run by ``make nova-functional`` against each Nova
+  version it installs), both also through Nova's real functions, and the replica
+  against Nova on the same cases.
 
 Every ``pci_passthrough:alias=NAME:N`` in the documentation must name an alias
 it defines, and every NVIDIA alias must match, by ids, a device spec it shows.
@@ -72,11 +74,13 @@ class InvalidAliasError(ValueError):
     """What nova.exception.PciInvalidAlias stands for here."""
 
 
-def nova_aliases(texts, pci_in_placement=False):
+def nova_aliases(texts, pci_in_placement=False, nova=34):
     """get_alias_from_config and _validate_aliases on ``[pci] alias`` values, replicated.
 
     Returns ``{name: (numa_policy, [spec, ...])}``; raises InvalidAliasError where
-    Nova raises PciInvalidAlias (and nova-compute 32+ does not start).
+    Nova raises PciInvalidAlias (and nova-compute 32+ does not start). ``nova``: the
+    major version; ``_validate_aliases`` (ids, one spec per name in Placement) came
+    with 32.0.0 (commit acc6221660), and before it Nova 31 only parses.
     """
     aliases = {}
     for text in texts:
@@ -91,6 +95,8 @@ def nova_aliases(texts, pci_in_placement=False):
                 or first["dev_type"] != spec["dev_type"]:
             raise InvalidAliasError(f"Device type mismatch for alias '{name}'")  # or a KeyError
         aliases[name][1].append(spec)
+    if nova < 32:
+        return aliases
     for name, (_, specs) in aliases.items():
         if pci_in_placement and len(specs) > 1:  # _validate_multispec
             raise InvalidAliasError(f"{name} has multiple specs but pci_in_placement is True")
@@ -206,7 +212,8 @@ def test_every_flavor_alias_in_the_documentation_is_defined_there():
     assert all(int(count) >= 1 for _, _, count in wanted)
 
 
-@pytest.mark.parametrize("text,in_placement,ok", [
+# [pci] alias values, whether [filter_scheduler] pci_in_placement is on, and whether Nova takes them.
+SINGLE_ALIASES = [
     ('{"name": "a", "device_type": "type-VF", "vendor_id": "10de", "product_id": "26ba"}',
      False, True),
     ('{"name": "a", "resource_class": "CUSTOM_VGPU_L40S_12Q"}', False, False),
@@ -221,18 +228,29 @@ def test_every_flavor_alias_in_the_documentation_is_defined_there():
     ('{"name": "a", "vendor_id": "10de", "product_id": "26ba", "live_migratable": "yes",'
      ' "resource_class": "CUSTOM_VGPU_L40S_12Q", "device_type": "type-VF"}', True, True),
     ('{"name": "", "vendor_id": "10de", "product_id": "26ba"}', False, False),
-])
+]
+
+
+@pytest.mark.parametrize("text,in_placement,ok", SINGLE_ALIASES)
 def test_the_replica_refuses_what_nova_refuses(text, in_placement, ok):
     if ok:
         nova_aliases([text], pci_in_placement=in_placement)
     else:
         with pytest.raises(InvalidAliasError):
             nova_aliases([text], pci_in_placement=in_placement)
-    if _nova_request() is not None:
+
+
+@pytest.mark.nova
+@pytest.mark.parametrize("text,in_placement,ok", SINGLE_ALIASES)
+def test_nova_itself_refuses_what_the_replica_refuses(text, in_placement, ok):
+    nova = _nova_major()
+    assert _real_nova_accepts([text], in_placement) == _replica_accepts([text], in_placement, nova)
+    if nova >= 32:
         assert _real_nova_accepts([text], in_placement) == ok
 
 
-@pytest.mark.parametrize("texts,in_placement,ok", [
+# Several [pci] alias values, the same way.
+JOINED_ALIASES = [
     # One name may list several devices (ORed), one device type and NUMA policy for all...
     (['{"name": "a", "device_type": "type-VF", "vendor_id": "10de", "product_id": "26ba"}',
       '{"name": "a", "device_type": "type-VF", "vendor_id": "10de", "product_id": "233c"}'],
@@ -247,55 +265,89 @@ def test_the_replica_refuses_what_nova_refuses(text, in_placement, ok):
      False, False),
     (['{"name": "a", "vendor_id": "10de", "product_id": "26ba"}',
       '{"name": "a", "vendor_id": "10de", "product_id": "233c"}'], False, False),
-])
+]
+
+
+@pytest.mark.parametrize("texts,in_placement,ok", JOINED_ALIASES)
 def test_the_replica_joins_aliases_of_one_name_as_nova_does(texts, in_placement, ok):
     if ok:
         assert len(nova_aliases(texts, pci_in_placement=in_placement)["a"][1]) == 2
     else:
         with pytest.raises(InvalidAliasError):
             nova_aliases(texts, pci_in_placement=in_placement)
-    if _nova_request() is not None:
+
+
+@pytest.mark.nova
+@pytest.mark.parametrize("texts,in_placement,ok", JOINED_ALIASES)
+def test_nova_itself_joins_aliases_as_the_replica_does(texts, in_placement, ok):
+    nova = _nova_major()
+    assert _real_nova_accepts(texts, in_placement) == _replica_accepts(texts, in_placement, nova)
+    if nova >= 32:
         assert _real_nova_accepts(texts, in_placement) == ok
 
 
-def test_nova_itself_accepts_the_documented_entries_where_it_is_installed():
-    request = pytest.importorskip("nova.pci.request")
-    devspec = pytest.importorskip("nova.pci.devspec")
+def test_before_nova_32_aliases_are_only_parsed():
+    """Nova 31 takes what 32 refuses for missing ids or several specs in Placement."""
+    no_ids = ['{"name": "a", "resource_class": "CUSTOM_VGPU_L40S_12Q"}']
+    assert _replica_accepts(no_ids, False, 31) and not _replica_accepts(no_ids, False, 32)
+    two = JOINED_ALIASES[1][0]  # one name, two products
+    assert _replica_accepts(two, True, 31) and not _replica_accepts(two, True, 32)
+    bad = ['{"name": "a", "vendor_id": "10de", "product_id": "26bag"}']
+    assert not _replica_accepts(bad, False, 31)
+
+
+@pytest.mark.nova
+def test_nova_itself_accepts_the_documented_entries():
+    from nova.pci import devspec, request
+
     for _, text in ALIASES:
         for in_placement in (False, True):
             assert _real_nova_accepts([text], in_placement), text
-    assert isinstance(request.get_alias_from_config(), dict)
+    assert isinstance(_nova_alias_reader(request)(), dict)
     for _, text in SPECS:
         devspec.PciDeviceSpec(json.loads(text))
 
 
-def _nova_request():
+def _replica_accepts(texts, pci_in_placement, nova):
     try:
-        from nova.pci import request
-    except ImportError:
-        return None
-    return request
+        nova_aliases(texts, pci_in_placement=pci_in_placement, nova=nova)
+    except InvalidAliasError:
+        return False
+    return True
+
+
+def _nova_major():
+    from importlib.metadata import version
+
+    return int(version("nova").split(".")[0])
+
+
+def _nova_alias_reader(request):
+    """get_alias_from_config (Nova 32+, cached) or _get_alias_from_config (31)."""
+    return getattr(request, "get_alias_from_config", None) or request._get_alias_from_config
 
 
 def _real_nova_accepts(texts, pci_in_placement):
-    """Whether nova.pci.request.get_alias_from_config accepts these ``[pci] alias`` values."""
+    """Whether Nova's own reader of ``[pci] alias`` (nova.pci.request) accepts these values."""
     import nova.conf
     from nova import exception
+    from nova.pci import request
 
-    request = _nova_request()
+    read = _nova_alias_reader(request)
+    forget = getattr(read, "cache_clear", lambda: None)
     conf = nova.conf.CONF
     conf.set_override("alias", list(texts), group="pci")
     conf.set_override("pci_in_placement", pci_in_placement, group="filter_scheduler")
-    request.get_alias_from_config.cache_clear()
+    forget()
     try:
-        request.get_alias_from_config()
+        read()
         return True
     except exception.PciInvalidAlias:
         return False
     finally:
         conf.clear_override("alias", group="pci")
         conf.clear_override("pci_in_placement", group="filter_scheduler")
-        request.get_alias_from_config.cache_clear()
+        forget()
 
 
 # -- Commands and links ------------------------------------------------------------------------
