@@ -433,10 +433,36 @@ def _make_mdev(root: Path, parent_dir: Path, type_id: str, uuid: str) -> Path:
     bus = root / "sys/bus/mdev/devices"
     bus.mkdir(parents=True, exist_ok=True)
     (bus / uuid).symlink_to(os.path.relpath(directory, bus))
-    if os.path.lexists(parent_dir / "physfn"):  # a VF holding its one vGPU offers no more
-        for counter in (parent_dir / "mdev_supported_types").glob("*/available_instances"):
-            counter.write_text("0\n")
+    type_devices = parent_dir / "mdev_supported_types" / type_id / "devices"
+    type_devices.mkdir(parents=True, exist_ok=True)  # the kernel lists each mdev of the type here
+    (type_devices / uuid).symlink_to(os.path.relpath(directory, type_devices))
+    if os.path.lexists(parent_dir / "physfn"):
+        _settle_vf_counts((parent_dir / "physfn").resolve())
     return directory
+
+
+def _held_mdevs(function: Path) -> List[str]:
+    """The types of the mdevs created on one PCI function (their ``mdev_type`` links)."""
+    return [os.path.basename(os.readlink(entry / "mdev_type")) for entry in function.iterdir()
+            if _UUID.match(entry.name) and os.path.lexists(entry / "mdev_type")]
+
+
+def _settle_vf_counts(pf: Path) -> None:
+    """A GPU's VFs' ``available_instances`` as NVIDIA's driver shows them with mdevs on VFs.
+
+    Each VF holds at most one vGPU: one holding it offers none. A time-sliced GPU
+    holds vGPUs of one type only, at most ``max_instance`` of them: a free VF
+    offers 1 of a type while the GPU has room for it beside what its VFs hold, else 0.
+    """
+    vfs = [(pf / name).resolve() for name in sorted(os.listdir(pf)) if name.startswith("virtfn")]
+    held = [t for vf in vfs for t in _held_mdevs(vf)]
+    for vf in vfs:
+        mine = _held_mdevs(vf)
+        for entry in sorted((vf / "mdev_supported_types").glob("*")):
+            most = re.search(r"max_instance=(\d+)", (entry / "description").read_text())
+            room = (not mine and all(t == entry.name for t in held)
+                    and (most is None or len(held) < int(most.group(1))))
+            (entry / "available_instances").write_text("1\n" if room else "0\n")
 
 
 def _install_kernel_model() -> None:
@@ -660,6 +686,16 @@ class FakeHost:
         """A created mediated device: under its parent, linked from sys/bus/mdev/devices."""
         return _make_mdev(self.root, (self.bus / parent).resolve(), type_id, uuid)
 
+    def _remove_mdevs(self) -> None:
+        """Every mdev gone, with its bus link and its entry in its type's ``devices/``."""
+        bus = self.root / "sys/bus/mdev/devices"
+        for link in sorted(bus.iterdir()) if bus.exists() else ():
+            listed = (link / "mdev_type").resolve() / "devices" / link.name
+            if os.path.lexists(listed):
+                listed.unlink()
+            shutil.rmtree(link.resolve())
+            link.unlink()
+
     def reboot(self, driver: Optional[str] = None,
                vfio_types: Optional[Mapping[str, Mapping[int, str]]] = None) -> None:
         """What a reboot takes away: every mdev, every VF (and its type), the running domains.
@@ -669,10 +705,7 @@ class FakeHost:
         new driver's VFIO types (ids that differ between branches).
         """
         settle_mdevs()
-        bus = self.root / "sys/bus/mdev/devices"
-        for link in sorted(bus.iterdir()) if bus.exists() else ():
-            shutil.rmtree(link.resolve())
-            link.unlink()
+        self._remove_mdevs()
         recipes = self._recipes()
         for address, recipe in recipes.items():
             pf = (self.bus / address).resolve()

@@ -192,14 +192,19 @@ def test_each_vf_keeps_its_own_available_instances(root):
 
 
 def test_a_vf_holding_an_mdev_offers_no_more_and_its_siblings_one_each(root):
-    """The A100 fixture as a real host shows it: 1 per free VF, 0 on the VF that holds a vGPU."""
+    """The A100 fixture as a real host shows it: 1 per free VF, 0 on the VF that holds a vGPU.
+
+    Time-sliced vGPUs on one GPU are of one type: beside an A100-20C a free VF offers
+    A100-20C only.
+    """
     from unit_tests.fakehost import a100_host
 
     host = a100_host(root, vfs=4)
     host.add_mdev("0000:41:00.5", "nvidia-475", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
     vfs = pci.with_available(pci.discover()).gpus[0].vfs
-    assert {vf.address: {t.available_instances for t in vf.types} for vf in vfs} == {
-        "0000:41:00.4": {1}, "0000:41:00.5": {0}, "0000:41:00.6": {1}, "0000:41:00.7": {1}}
+    assert {vf.address: {t.id: t.available_instances for t in vf.types if t.available_instances}
+            for vf in vfs} == {"0000:41:00.4": {"nvidia-475": 1}, "0000:41:00.5": {},
+                               "0000:41:00.6": {"nvidia-475": 1}, "0000:41:00.7": {"nvidia-475": 1}}
 
 
 def test_v100_hosts_of_up_to_eight_gpus_have_valid_distinct_addresses(root):

@@ -152,3 +152,32 @@ def test_a_type_the_mapping_refuses_is_offered_no_flavor(root):
         row = next(line for line in report.types_table(host, mdev_class=mdev_class).splitlines()
                    if " nvidia-699 " in line)
         assert "resources:" not in row and row.endswith("none (the mapping refuses it)")
+
+
+def test_an_a100_with_mdevs_on_vfs_counts_what_its_vfs_hold_against_the_type(root):
+    """A100-20C fits two: one held on a VF leaves one, though every free VF still lists one."""
+    from unit_tests.fakehost import a100_host
+
+    host_tree = a100_host(root, vfs=4)
+    host_tree.add_mdev("0000:41:00.5", "nvidia-475", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
+    host = pci.with_available(pci.discover())
+    free = [vf for vf in host.gpus[0].vfs if vf.address != "0000:41:00.5"]
+    assert {t.available_instances for vf in free for t in vf.types if t.id == "nvidia-475"} == {1}
+    entry = report.gpu_results(host)["gpu-0"]["types"]["nvidia-475"]
+    assert (entry["max-instances"], entry["available-instances"]) == ("2", "1")
+    host_tree.add_mdev("0000:41:00.6", "nvidia-475", "1b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
+    entry = report.gpu_results(pci.with_available(pci.discover()))["gpu-0"]["types"]["nvidia-475"]
+    assert entry["available-instances"] == "0"
+
+
+def test_an_unreadable_mdev_count_is_not_guessed_below_what_the_vfs_list(root):
+    from unit_tests.fakehost import a100_host
+
+    a100_host(root, vfs=4)
+    devices = (root / "sys/bus/pci/devices/0000:41:00.4/mdev_supported_types/nvidia-475/devices").resolve()
+    devices.rmdir()
+    assert pci.created_instances("0000:41:00.4", "nvidia-475") is None  # no such folder
+    devices.write_text("")  # a folder that cannot be listed
+    assert pci.created_instances("0000:41:00.4", "nvidia-475") is None
+    entry = report.gpu_results(pci.with_available(pci.discover()))["gpu-0"]["types"]["nvidia-475"]
+    assert entry["available-instances"] == "2"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from . import hostroot, text
+from .errors import HostReadError
 
 NVIDIA_VENDOR = "0x10de"
 # PCI class: 0x0300xx VGA compatible controller, 0x0302xx 3D controller.
@@ -243,6 +244,19 @@ def available_instances(address: str, type_id: str) -> Optional[int]:
     """How many more mdevs of ``type_id`` the function at ``address`` can create now."""
     return _int(_read(hostroot.text_path(PCI_DEVICES, address, "mdev_supported_types", type_id,
                                          "available_instances")))
+
+
+def created_instances(address: str, type_id: str) -> Optional[int]:
+    """How many mdevs of ``type_id`` the function at ``address`` holds (its ``devices/``).
+
+    None when that cannot be known (no such folder, or it cannot be read).
+    """
+    try:
+        listed = hostroot.listdir(hostroot.text_path(PCI_DEVICES, address, "mdev_supported_types",
+                                                     type_id, "devices"))
+    except HostReadError:
+        return None
+    return None if listed is None else len(listed)
 
 
 def _virtfn_links(entry) -> List[Tuple[str, str]]:

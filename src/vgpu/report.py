@@ -249,7 +249,16 @@ def _available(gpu, vgpu_type, whole_gb: Optional[int] = None):
     if not counts:
         return None
     fits = vgpu_type.max_instances
-    return sum(counts) if fits is None else min(sum(counts), fits)
+    if fits is None:
+        return sum(counts)
+    # Free VFs each list one while the GPU has room: the room is what the type fits less the
+    # vGPUs of the type its VFs already hold (unknown: nothing counted as free beyond the VFs).
+    from .pci import created_instances
+
+    on_vfs = [created_instances(vf.address, vgpu_type.id) for vf in gpu.vfs]
+    if any(n is None for n in on_vfs):
+        return min(sum(counts), fits)
+    return max(0, min(sum(counts), fits - sum(n or 0 for n in on_vfs)))
 
 
 def _text(value) -> str:
