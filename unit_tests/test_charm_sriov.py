@@ -650,6 +650,43 @@ def test_update_status_on_a_served_vfio_host_stays_light(root, tmp_path, tools):
     assert not [c for c in tools.calls() if not c.startswith("systemctl is-")]
 
 
+STEADY = """
+import json
+import sys
+from ops import testing
+from charm import NovaComputeNvidiaVgpuCharm
+config = {"vgpu-device-mappings": "{L40S-12Q: all}"}
+resources = {testing.Resource(name="nvidia-vgpu-software", path=sys.argv[1])}
+ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+first = ctx.run(ctx.on.config_changed(), testing.State(
+    config=config, relations=[testing.SubordinateRelation("nova-vgpu")], resources=resources))
+out = ctx.run(ctx.on.update_status(), testing.State(
+    config=config, relations=first.relations, resources=resources,
+    stored_states=first.stored_states))
+heavy = ("vgpu.mig", "vgpu.report", "vgpu.table", "vgpu.boot")
+print(json.dumps({"status": [first.unit_status.name, out.unit_status.name],
+                  "heavy": [m for m in heavy if m in sys.modules]}))
+"""
+
+
+def test_hooks_on_a_served_vfio_host_without_mig_profiles_never_import_mig(vfio, root, tmp_path,
+                                                                         deb):
+    import json
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "steady.py"
+    script.write_text(STEADY)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, str(script), str(deb)], env=env,
+                            capture_output=True, text=True, check=True)
+    answer = json.loads(result.stdout.splitlines()[-1])
+    assert answer["status"] == ["active", "active"], result.stderr[-2000:]
+    assert types_of(root, L40S, 4) == [1139] * 4  # the mapping was applied, then kept
+    # MIG's tables are read only where a MIG-backed profile is mapped.
+    assert answer["heavy"] == []
+
+
 # -- only what is ours: the GPUs the mapping selects, bound to nvidia ------------------------
 
 def bind(root, address: str, driver: str) -> None:

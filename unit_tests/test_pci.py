@@ -121,6 +121,18 @@ def test_sriov_vfs_belong_to_their_gpu_and_are_not_gpus(root):
     assert host.addresses() == ["0000:41:00.0"] + vfs
 
 
+def test_owners_names_each_function_s_gpu_as_gpu_finds_it(root):
+    a100_host(root)
+    host = FakeHost(root)
+    host.add_gpu("0000:81:00.0", device="0x1db4")  # a second GPU, without VFs
+    found = pci.discover()
+    owners = found.owners()
+    assert sorted(owners) == found.addresses()
+    assert all(owners[a] is found.gpu(a) for a in found.addresses())
+    assert owners["0000:41:01.3"].address == "0000:41:00.0"
+    assert "0000:81:00.4" not in owners and found.gpu("0000:81:00.4") is None
+
+
 def test_vendor_specific_vfio_types_come_from_creatable_vgpu_types(root):
     l40s_host(root)
     l40s, h200 = pci.discover().gpus

@@ -309,10 +309,7 @@ def instance_id(vf_address: str) -> Optional[str]:
     return value if value.isdigit() else None
 
 
-def mig_profile(name: str) -> Optional[pci.Profile]:
-    """The MIG-backed profile a type name spells, or None for a time-sliced (or no) profile."""
-    found = pci.profile(name)
-    return found if found is not None and found.mig else None
+mig_profile = pci.mig_profile  # the MIG-backed profile a type name spells, or None
 
 
 def by_gpu(assignments: Sequence) -> Dict[str, List[str]]:

@@ -154,6 +154,18 @@ class Host(NamedTuple):
                 return gpu
         return None
 
+    def owners(self) -> Dict[str, Gpu]:
+        """``{GPU or VF address: its GPU}``, as :meth:`gpu` finds each: for many look-ups at once.
+
+        Built anew on each call (the caller keeps it for its loop): a Host keeps no index.
+        """
+        out: Dict[str, Gpu] = {}
+        for gpu in self.gpus:
+            out.setdefault(gpu.address, gpu)
+            for vf in gpu.vfs:
+                out.setdefault(vf.address, gpu)
+        return out
+
     def addresses(self) -> List[str]:
         """Every GPU and VF address, sorted."""
         out = []
@@ -447,6 +459,16 @@ def profile(name: str) -> Optional[Profile]:
     return Profile(name=short, model=match.group("model"), framebuffer_gb=int(match.group("fb")),
                    series=series, mig=match.group("slices") is not None,
                    slices=int(match.group("slices") or 0))
+
+
+def mig_profile(name: str) -> Optional[Profile]:
+    """The MIG-backed profile a type name spells, or None for a time-sliced (or no) profile.
+
+    Here, beside :func:`profile`, so that telling whether anything is MIG-backed
+    does not import :mod:`vgpu.mig` (its tables) on a host that has none.
+    """
+    found = profile(name)
+    return found if found is not None and found.mig else None
 
 
 def described_framebuffer_mb(description: str) -> Optional[int]:

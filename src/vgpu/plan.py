@@ -122,9 +122,7 @@ def refused(gpu: pci.Gpu, vgpu_type: pci.VgpuType) -> Optional[str]:
     A MIG-backed profile on mediated devices (an A100's ``A100-4-20C``): the
     charm configures MIG-backed profiles on the vendor-specific VFIO framework only.
     """
-    from . import mig
-
-    if mig.mig_profile(vgpu_type.name) is not None and gpu.framework != pci.VFIO:
+    if pci.mig_profile(vgpu_type.name) is not None and gpu.framework != pci.VFIO:
         return ("MIG-backed; this charm configures MIG-backed profiles on NVIDIA's "
                 "vendor-specific VFIO framework only (Hopper, Blackwell)")
     return None
@@ -199,10 +197,7 @@ class _Draft:
         self.whole: Dict[str, bool] = {}  # GPU -> mapped by its own address (or `all`)
         self.explicit: Dict[str, List[str]] = {}  # GPU -> VF addresses mapped one by one
         # This draft's own indexes: each function's GPU, each GPU's types (asked per address).
-        self.owner: Dict[str, pci.Gpu] = {}
-        for gpu in host.gpus:
-            for function in (gpu.address, *(vf.address for vf in gpu.vfs)):
-                self.owner.setdefault(function, gpu)  # the first, as host.gpu() finds it
+        self.owner: Dict[str, pci.Gpu] = host.owners()  # as host.gpu() finds each
         self.types: Dict[str, Tuple[pci.VgpuType, ...]] = {}
         self.mig = _MigClaims()  # GPU -> its MIG-backed profiles' claims (see vgpu.mig)
         self.vanished: Tuple[str, ...] = ()  # published functions not found now (see build)
@@ -252,10 +247,8 @@ class _Draft:
 
     def claim(self, key: str, gpu: pci.Gpu, address: str) -> None:
         """``address`` (``gpu`` or one of its VFs) takes ``key``'s type; one type per GPU."""
-        from . import mig
-
-        named = mig.mig_profile(key)
-        if named is not None and gpu.framework == pci.VFIO and mig.geometry(gpu) is None:
+        named = pci.mig_profile(key)  # vgpu.mig (its tables) only for a MIG-backed key
+        if named is not None and gpu.framework == pci.VFIO and _mig_table(gpu) is None:
             # Its VFs list the type only once a GPU instance exists, which needs the table.
             self.errors.append(f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the "
                                "charm has no MIG table for this model, so MIG-backed "
@@ -631,10 +624,8 @@ class _MigClaims:
     def claim(self, key: str, gpu: pci.Gpu, address: str, vgpu_type: pci.VgpuType,
               time_sliced: Optional[Tuple[pci.VgpuType, str, str]]) -> Optional[str]:
         """None: not MIG-backed on a GPU without MIG claims; '' claimed; else why refused."""
-        from . import mig
-
         mine = self.claims.get(gpu.address, {})
-        profile = mig.mig_profile(vgpu_type.name)
+        profile = pci.mig_profile(vgpu_type.name)
         other = time_sliced[0] if time_sliced is not None else None
         if profile is None and mine:
             other = next(iter(mine.values())).vgpu_type
@@ -657,11 +648,11 @@ class _MigClaims:
 
     def functions(self, gpu: pci.Gpu, release) -> Tuple[List[Assignment], List[str]]:
         """The VFs each MIG-backed profile of ``gpu`` takes, or why they cannot."""
-        from . import mig
-
         mine = self.claims.get(gpu.address)
         if not mine:
             return [], []
+        from . import mig
+
         claims = [mine[n] for n in sorted(mine)]
         problem = _mig_gpu_problem(gpu, claims, release)
         if problem:
@@ -700,6 +691,13 @@ def _one_per_gpu(gpu: Optional[pci.Gpu], names: Sequence[str]) -> str:
             "profile per GPU. Nova gives all VFs of one GPU one resource class in Placement "
             "(two stop nova-compute: PlacementPciMixedResourceClassException) and, without "
             "pci-in-placement, cannot tell VFs of one product id apart; map one of them")
+
+
+def _mig_table(gpu: pci.Gpu):
+    """The MIG geometry of ``gpu``'s model (see :data:`vgpu.mig.GEOMETRIES`), or None."""
+    from . import mig
+
+    return mig.geometry(gpu)
 
 
 def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:

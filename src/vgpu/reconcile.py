@@ -35,6 +35,7 @@ from typing import (
     Any,
     Callable,
     Dict,
+    Iterable,
     Iterator,
     List,
     Mapping,
@@ -624,13 +625,15 @@ def _mig_instances(hook: _Hook) -> None:
     in MIG mode only (the status asks for the mode otherwise); a GPU instance
     in use is never destroyed (see :func:`vgpu.mig.ensure`).
     """
-    from . import mig
-
     here = hook.facts()
     if hook.paused or here.driver is None or not here.driver.installed:
         return
     checked = hook.given.checked()
-    wanted = mig.mapped(checked.mapping, here.pci) if checked.ok else {}
+    if not checked.ok or not _mig_backed(checked.mapping):
+        return
+    from . import mig
+
+    wanted = mig.mapped(checked.mapping, here.pci)
     if not wanted:
         return
     try:
@@ -657,6 +660,8 @@ def _mig_instances(hook: _Hook) -> None:
 
 def _mig_ready(hook: _Hook, plan) -> bool:
     """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
+    if not _mig_backed(a.name for a in plan.assignments):
+        return True  # vgpu.mig (its tables) is imported only where MIG-backed profiles are
     from . import mig
 
     problems = mig.mode_problems(mig.by_gpu(plan.assignments), hook.given.unit,
@@ -667,13 +672,20 @@ def _mig_ready(hook: _Hook, plan) -> bool:
 
 def _with_mig(data: dict, plan, host) -> dict:
     """The boot data with each MIG-backed GPU's GPU instances (``gpus[].mig``, see vgpu.mig)."""
+    if plan is None or not _mig_backed(a.name for a in plan.assignments):
+        return data
     from . import mig
 
-    wanted = mig.needs(plan.assignments, host) if plan is not None else {}
+    wanted = mig.needs(plan.assignments, host)
     for entry in data.get("gpus", []):
         if entry.get("address") in wanted:
             entry["mig"] = wanted[entry["address"]].data()
     return data
+
+
+def _mig_backed(names: Iterable[str]) -> bool:
+    """Whether any of the type names (mapping keys, planned types) is a MIG-backed profile."""
+    return any(pci.mig_profile(name) is not None for name in names)
 
 
 # -- the boot unit and the mdev record -----------------------------------------------------------

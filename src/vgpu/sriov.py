@@ -72,12 +72,13 @@ def selected(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Selection:
     gpus = [gpu for gpu in host.gpus if gpu.sriov]
     chosen: Dict[str, pci.Gpu] = {}
     named: Dict[str, pci.Gpu] = {}
+    owners = host.owners()  # as host.gpu(address), for every address
     for addresses in mapping.values():
         if tuple(addresses) == ("all",):
             chosen.update((g.address, g) for g in gpus if g.driver == NVIDIA_DRIVER)
             continue
         for address in addresses:
-            gpu = host.gpu(address)
+            gpu = owners.get(address)
             gpu = gpu if gpu is not None else _by_bus(address, gpus)
             if gpu is not None and gpu.sriov:
                 named[gpu.address] = gpu
@@ -143,8 +144,9 @@ def boot_data(host: pci.Host, plan, wanted: Sequence[str], wait_for: Sequence[st
     under today's driver, used only for a type that was never named.
     """
     assigned: Dict[str, List[dict]] = {}
+    owners = host.owners()  # as host.gpu(address), for every assignment
     for assignment in (plan.vfio() if plan is not None else ()):
-        gpu = host.gpu(assignment.gpu)
+        gpu = owners.get(assignment.gpu)
         vf = gpu.function(assignment.address) if gpu is not None else None
         if gpu is None or not isinstance(vf, pci.VirtualFunction):
             continue

@@ -152,8 +152,9 @@ def missing_status(inputs: Inputs) -> Optional[Status]:
 
 def missing_gpus(facts: Facts, published: Mapping[str, Tuple[str, ...]]) -> List[str]:
     """Published addresses whose GPU discovery no longer finds (all of them when none is found)."""
+    owners = facts.pci.owners()  # as facts.pci.gpu(address), for every published address
     return sorted({address for addresses in published.values()
-                   for address in addresses if facts.pci.gpu(address) is None})
+                   for address in addresses if address not in owners})
 
 
 def vanished_gpus(facts: Facts, published: Mapping[str, Tuple[str, ...]]) -> List[str]:
