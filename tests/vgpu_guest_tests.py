@@ -97,12 +97,13 @@ class VgpuGuestTest(test_utils.OpenStackBaseTest):
         cls.glance = openstack_utils.get_glance_session_client(cls.keystone_session)
         cls.unit = cls.gpu_unit_name()
         cls.gpu = cls.action(cls.unit, 'list-vgpu-types')['gpus']['gpu-0']
+        cls.gpu_address = cls.gpu['addresses'].split(',')[0]  # the entry names each like GPU
         types = cls.gpu.get('types')
         if not isinstance(types, dict) or not types:
             raise AssertionError('{}: gpu-0 offers no vGPU types: {}'.format(cls.unit, types))
         cls.vgpu_type = sorted(types.values(), key=lambda t: int(t['id'].split('-')[1]))[0]
         cls.framework = cls.vgpu_type['framework']
-        logging.info('%s: gpu-0 %s (%s), type %s %s', cls.unit, cls.gpu['address'],
+        logging.info('%s: gpu-0 %s (%s), type %s %s', cls.unit, cls.gpu_address,
                      cls.framework, cls.vgpu_type['id'], cls.vgpu_type['name'])
 
     @classmethod
@@ -142,7 +143,7 @@ class VgpuGuestTest(test_utils.OpenStackBaseTest):
         """
         self.require_vfio()
         zaza.model.set_application_config(
-            APP, {OPTION: json.dumps({self.vgpu_type['id']: [self.gpu['address']]}),
+            APP, {OPTION: json.dumps({self.vgpu_type['id']: [self.gpu_address]}),
                   'pci-in-placement': 'true'},
             model_name=self.model_name)
         zaza.model.block_until_all_units_idle(model_name=self.model_name)
@@ -153,13 +154,13 @@ class VgpuGuestTest(test_utils.OpenStackBaseTest):
         held = [vf for vf in vfs if run(self.unit, 'cat /sys/bus/pci/devices/{}/nvidia/'
                                         'current_vgpu_type'.format(vf),
                                         self.model_name)[1].strip() == number]
-        self.assertTrue(held, 'no VF of {} holds {}'.format(self.gpu['address'], number))
+        self.assertTrue(held, 'no VF of {} holds {}'.format(self.gpu_address, number))
         return held
 
     def map_mdev_type(self):
         """Map gpu-0's first type to gpu-0, or to its first VF on SR-IOV GPUs."""
         vfs = [a for a in self.gpu.get('virtual-functions', '').split(',') if a]
-        address = vfs[0] if 'virtual-functions' in self.gpu and vfs else self.gpu['address']
+        address = vfs[0] if 'virtual-functions' in self.gpu and vfs else self.gpu_address
         zaza.model.set_application_config(
             APP, {OPTION: json.dumps({self.vgpu_type['id']: [address]})},
             model_name=self.model_name)

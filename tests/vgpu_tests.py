@@ -135,6 +135,11 @@ def option_names(major):
     return 'enabled_vgpu_types', 'vgpu_'
 
 
+
+def first_address(gpu):
+    """The first GPU of a list-vgpu-types entry (one entry names every GPU offering the same types)."""
+    return gpu['addresses'].split(',')[0]
+
 class NovaVgpuTest(test_utils.OpenStackBaseTest):
     """Discovery, mapping, validation, pause/resume of nova-compute-nvidia-vgpu."""
 
@@ -183,13 +188,12 @@ class NovaVgpuTest(test_utils.OpenStackBaseTest):
         gpu = self.gpu_hosts[unit]['gpu-0']
         types = gpu.get('types')
         if not isinstance(types, dict) or not types:
-            self.fail('{} offers no vGPU types: {}'.format(gpu['address'], types))
+            self.fail('{} offers no vGPU types: {}'.format(first_address(gpu), types))
         first = types[sorted(types, key=lambda t: int(t.split('-')[1]))[0]]
         if first.get('framework') != 'mdev':
-            self.skipTest('{} ({}) uses the {} framework, which this charm does not '
-                          'configure yet'.format(gpu['address'], gpu['model'],
-                                                 first.get('framework')))
-        address = gpu['address']
+            self.skipTest('{} ({}) uses the {} framework, which tests/vgpu_guest_tests.py '
+                          'checks'.format(first_address(gpu), gpu['model'], first.get('framework')))
+        address = first_address(gpu)
         if 'virtual-functions' in gpu:  # SR-IOV: each VF holds one vGPU
             vfs = [vf for vf in gpu['virtual-functions'].split(',') if ':' in vf]
             if not vfs:
@@ -238,7 +242,8 @@ class NovaVgpuTest(test_utils.OpenStackBaseTest):
         unit = self.gpu_unit()
         results = self.list_vgpu_types(unit)
         gpu = results['gpus']['gpu-0']
-        self.assertRegex(gpu['address'], r'^[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$')
+        for address in gpu['addresses'].split(','):  # GPUs that offer the same types: one entry
+            self.assertRegex(address, r'^[0-9a-f]{4}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]$')
         self.assertTrue(gpu['model'])
         self.assertIsInstance(gpu['types'], dict,
                               'no vGPU types: {}'.format(gpu['types']))
@@ -246,7 +251,7 @@ class NovaVgpuTest(test_utils.OpenStackBaseTest):
             self.assertRegex(type_id, r'^nvidia-[0-9]+$')
             self.assertEqual(entry['id'], type_id)
             self.assertTrue(entry['name'])
-        self.assertIn(gpu['address'], results['table'])
+        self.assertIn(first_address(gpu), results['table'])
 
     def test_200_mapping_reaches_nova_conf(self):
         """A valid mapping becomes [devices] and [mdev_<type>] in nova.conf."""

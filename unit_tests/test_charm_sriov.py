@@ -316,6 +316,23 @@ def test_list_vgpu_types_gives_the_flavor_property_and_the_pci_alias(ctx, vfio, 
     assert row.split()[-5:] == ["12288", "MiB", "4", "0", "pci_passthrough:alias=vgpu-l40s-12q:1"]
 
 
+
+def test_the_zaza_tests_read_only_keys_list_vgpu_types_gives(ctx, vfio, deb):
+    """tests/ reads list-vgpu-types' entries by key in a lab: each key it reads is one it gets."""
+    import re
+    from pathlib import Path
+
+    source = "".join(p.read_text() for p in (Path(__file__).resolve().parents[1] / "tests").glob("*.py"))
+    gpu_keys = set(re.findall(r"gpu(?:\[|\.get\()'([a-z-]+)'", source))
+    type_keys = set(re.findall(r"(?:vgpu_type|first)(?:\[|\.get\()'([a-z-]+)'", source))
+    assert {"addresses", "types"} <= gpu_keys and {"id", "framework"} <= type_keys
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    ctx.run(ctx.on.action("list-vgpu-types"), again(first))
+    gpu = ctx.action_results["gpus"]["gpu-0"]
+    assert gpu_keys <= set(gpu), gpu_keys - set(gpu)
+    for entry in gpu["types"].values():
+        assert type_keys <= set(entry), type_keys - set(entry)
+
 def test_remove_stops_and_deletes_the_boot_unit(ctx, vfio, root, tools, deb):
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     ctx.run(ctx.on.remove(), again(first))
