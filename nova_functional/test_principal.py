@@ -1,14 +1,17 @@
 """nova-compute's own pci-passthrough-whitelist and pci-alias beside what the charm publishes.
 
 charm-nova-compute renders its whitelist ahead of the subordinate's sections in the same
-[pci], and Nova uses the first device_spec that matches a device.
+[pci], and Nova uses the first device_spec that matches a device. On mdev hosts the
+charm publishes no [pci] of its own, but libvirt lists each mdev parent (a GPU, or a VF of
+an SR-IOV GPU) as a PCI device too: a whitelist entry matching one makes Nova pass it
+through while it gives out vGPUs on it, which the charm refuses.
 """
 
 import json
 
 from nova_functional.base import CharmJudgedTest
 from nova_functional.unit import alias_of, flavor_property
-from unit_tests.fakehost import MELLANOX, l40s_host
+from unit_tests.fakehost import MELLANOX, a100_host, l40s_host, v100_host
 
 L40S = "0000:81:00.0"
 NIC_ADDRESS = "0000:3b:00.0"
@@ -83,3 +86,103 @@ class PrincipalBesideTest(CharmJudgedTest):
         self.start_host()  # nova-compute starts: devname is refused only with reporting
         self.assertEqual(VFS, sorted(d.address for d in self.pci_devices("compute1")))
         self.assertEqual({json.loads(s)["address"] for s in used[("pci", "device_spec")][1:]}, set(VFS))
+
+
+# -- nova-compute's whitelist over a GPU (or VF) whose mdevs the charm gives Nova ------------
+V100_C1, V100_E1 = "0000:c1:00.0", "0000:e1:00.0"
+V100_ALIAS = '{"device_type": "type-PCI", "name": "v100", "product_id": "1db4", "vendor_id": "10de"}'
+A100_VFS = ["0000:41:00.4", "0000:41:00.5"]
+A100_ALIAS = '{"device_type": "type-VF", "name": "a100vf", "product_id": "20f1", "vendor_id": "10de"}'
+REFUSAL = ("libvirt lists mdev parents as PCI devices, so a passthrough flavor would take the "
+           "whole device with the vGPUs on it; leave it out; "
+           "change it: juju config nova-compute pci-passthrough-whitelist=...")
+
+
+class MdevParentWhitelistTest(CharmJudgedTest):
+    """Nova passes through a whitelisted mdev parent while it gives out vGPUs on it."""
+
+    def _vgpu(self, listed, address, profile):
+        key, value = flavor_property(listed, address, profile).split("=")
+        return {key: value}
+
+    def _refused(self, entry: str, what: str, before: dict) -> None:
+        """The charm's next hook: blocked naming ``entry`` and the fix, its relation data kept."""
+        self.unit.configure()
+        status = self.unit.status()
+        self.assertEqual("blocked", status.name, status)
+        self.assertIn(f"nova-compute's pci-passthrough-whitelist entry {entry} matches {what}",
+                      status.message)
+        self.assertIn(REFUSAL, status.message)
+        self.assertEqual(before, self.unit.published())
+
+    def test_a_whitelisted_v100_is_both_a_vgpu_provider_and_a_passthrough_device(self):
+        self.unit.ready(v100_host(self.unit.root))  # two V100s: c1 mapped, e1 spare
+        self.unit.configure(vgpu_device_mappings="{nvidia-108: ['c1:00.0']}")
+        self.assertEqual("active", self.unit.status().name, self.unit.status())
+        listed, before = self.unit.action("list-vgpu-types"), self.unit.published()
+        # The operator then whitelists the mapped GPU in nova-compute's own options; nova-compute
+        # renders it beside the charm's last published sections.
+        entry = f'{{"vendor_id": "10de", "product_id": "1db4", "address": "{V100_C1}"}}'
+        used = self.publish_and_use(whitelist=entry, aliases=[V100_ALIAS])
+        self.assertEqual([entry], used[("pci", "device_spec")])
+        self.assertEqual(["nvidia-108"], used[("devices", "enabled_mdev_types")])
+        compute = self.start_host()
+        # Nova's answers: c1 is a provider of V100-8Q vGPUs and, at once, a PCI device it
+        # tracks for passthrough (libvirt lists it as one, Nova does not leave mdev parents out).
+        self.assertEqual({"compute1_pci_0000_c1_00_0": {"VGPU": 2}}, self.providers())
+        self.assertPCIDeviceCounts("compute1", total=1, free=1)
+        self.assertEqual([(V100_C1, "type-PCI")],
+                         [(d.address, d.dev_type) for d in self.pci_devices("compute1")])
+        # A vGPU server gets an mdev on c1; a passthrough flavor then takes c1 whole, vGPU and
+        # all; and a second vGPU server still lands on it: Nova double-books the one GPU.
+        first = self.mdevs_of(compute, self.boot(self._vgpu(listed, V100_C1, "nvidia-108")))
+        self.assertEqual([(V100_C1, "nvidia-108")], first)
+        whole = self.domain_xml(compute, self.boot({"pci_passthrough:alias": "v100:1"}))
+        self.assertEqual([(V100_C1, "yes")], [(hostdev_address(h), h.get("managed"))
+                                              for h in whole.findall("./devices/hostdev")])
+        self.assertPCIDeviceCounts("compute1", total=1, free=0)
+        second = self.mdevs_of(compute, self.boot(self._vgpu(listed, V100_C1, "nvidia-108")))
+        self.assertEqual([(V100_C1, "nvidia-108")], second)
+        self.assertEqual(2, sum(self._get_provider_usages(
+            self._get_provider_uuid_by_name("compute1_pci_0000_c1_00_0")).values()))
+        # The charm's side: on its next hook it refuses that entry and keeps what it published.
+        self._refused(entry, f"GPU {V100_C1}, whose mdevs this unit gives Nova", before)
+
+    def test_a_whitelist_narrowed_to_the_spare_v100_keeps_passthrough_off_the_vgpus(self):
+        self.unit.ready(v100_host(self.unit.root))
+        self.unit.configure(vgpu_device_mappings="{nvidia-108: ['c1:00.0']}")
+        listed = self.unit.action("list-vgpu-types")
+        entry = f'{{"vendor_id": "10de", "product_id": "1db4", "address": "{V100_E1}"}}'
+        self.unit.host().principal_nova_conf(entry, [V100_ALIAS])
+        self.unit.configure()
+        self.assertEqual("active", self.unit.status().name, self.unit.status())
+        self.publish_and_use(whitelist=entry, aliases=[V100_ALIAS])
+        compute = self.start_host()
+        self.assertEqual({"compute1_pci_0000_c1_00_0": {"VGPU": 2}}, self.providers())
+        self.assertEqual([V100_E1], [d.address for d in self.pci_devices("compute1")])
+        whole = self.domain_xml(compute, self.boot({"pci_passthrough:alias": "v100:1"}))
+        self.assertEqual([V100_E1], [hostdev_address(h) for h in whole.findall("./devices/hostdev")])
+        held = self.mdevs_of(compute, self.boot(self._vgpu(listed, V100_C1, "nvidia-108")))
+        self.assertEqual([(V100_C1, "nvidia-108")], held)
+
+    def test_a_whitelisted_a100_vf_is_both_a_vgpu_provider_and_a_passthrough_device(self):
+        self.unit.ready(a100_host(self.unit.root))
+        self.unit.configure(vgpu_device_mappings="{A100-20C: ['41:00.0']}")
+        self.assertEqual("active", self.unit.status().name, self.unit.status())
+        listed, before = self.unit.action("list-vgpu-types"), self.unit.published()
+        entry = f'{{"address": "{A100_VFS[1]}"}}'
+        used = self.publish_and_use(whitelist=entry, aliases=[A100_ALIAS])
+        self.assertEqual(A100_VFS, used[("mdev_nvidia-475", "device_addresses")])
+        compute = self.start_host()
+        self.assertEqual({"compute1_pci_0000_41_00_4": {"VGPU": 1},
+                          "compute1_pci_0000_41_00_5": {"VGPU": 1}}, self.providers())
+        self.assertEqual([(A100_VFS[1], "type-VF")],
+                         [(d.address, d.dev_type) for d in self.pci_devices("compute1")])
+        # Two vGPU servers take one VF each, .5 among them; the passthrough flavor takes .5 too.
+        vgpu = self._vgpu(listed, "0000:41:00.0", "A100-20C")
+        held = sorted(self.mdevs_of(compute, self.boot(vgpu)) + self.mdevs_of(compute, self.boot(vgpu)))
+        self.assertEqual([(A100_VFS[0], "nvidia-475"), (A100_VFS[1], "nvidia-475")], held)
+        whole = self.domain_xml(compute, self.boot({"pci_passthrough:alias": "a100vf:1"}))
+        self.assertEqual([A100_VFS[1]], [hostdev_address(h) for h in whole.findall("./devices/hostdev")])
+        self._refused(entry, f"VF {A100_VFS[1]} of GPU 0000:41:00.0, whose VFs "
+                             f"{A100_VFS[0]}, {A100_VFS[1]} host the mdevs this unit gives Nova", before)
