@@ -13,6 +13,8 @@ subordinate has nothing to do on stop). What the host is and does lives in
 the ``vgpu`` package, which never imports ops.
 """
 
+from __future__ import annotations
+
 import logging
 from typing import Dict, List, Mapping, Union
 

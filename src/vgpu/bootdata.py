@@ -5,6 +5,8 @@ The charm's hooks write it (:func:`vgpu.sriov.boot_data`,
 at boot. Both sides import this module, which imports neither of them.
 """
 
+from __future__ import annotations
+
 import errno
 import json
 import math

@@ -6,6 +6,8 @@ It reads ``sys/bus/mdev/devices`` and libvirt's XML only when there is
 something to count.
 """
 
+from __future__ import annotations
+
 import os
 import re
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple

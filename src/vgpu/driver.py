@@ -29,6 +29,8 @@ together at most INSTALL_BUDGET (720 s), then update-initramfs 240 s
 minutes in all.
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import platform

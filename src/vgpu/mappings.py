@@ -17,6 +17,8 @@ anything else that would start another setting; what reaches nova.conf is
 built from sysfs and checked again by :mod:`vgpu.novaconf`.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import re

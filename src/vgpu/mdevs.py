@@ -24,6 +24,8 @@ kept. Domain XML is parsed only for files that name a ``<hostdev``
 (:func:`vgpu.guests.held_mdevs`).
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import logging

@@ -13,6 +13,8 @@ A type is named ``nvidia-<id>`` on both, since the mdev directory names and
 the VFIO table use the same vGPU type ids.
 """
 
+from __future__ import annotations
+
 import errno
 import os
 import re

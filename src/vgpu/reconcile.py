@@ -28,6 +28,8 @@ holds one step and the functions it calls:
 - the boot unit and the mdev record: :func:`_ensure_boot_unit`, :func:`_record_mdevs`.
 """
 
+from __future__ import annotations
+
 import contextlib
 import logging
 from typing import (

@@ -14,6 +14,8 @@ that a driver upgrade could renumber. A unit the operator masked is left
 masked (:func:`unit_masked`).
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import os

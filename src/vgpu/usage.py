@@ -31,6 +31,8 @@ Capacity, decided here and documented in docs/explanation/licensing.md:
 * VFIO: each VF holding a type is one vGPU; free unless a guest holds it.
 """
 
+from __future__ import annotations
+
 import os
 import re
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
