@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "nvidia-vgpu-ubuntu-"
 HOST_PACKAGE = re.compile(r"nvidia-vgpu-ubuntu-(\d+)")
-GUEST_PACKAGE = re.compile(r"nvidia-linux-grid-(\d+)")
+GUEST_PACKAGE = r"nvidia-linux-grid-(\d+)"  # compiled by re when used: not on every hook
 # The vGPU services, in the order they are started. nvidia-vgpu-mgr must stay
 # running; nvidia-vgpud prepares the GPUs and may exit once done.
 SERVICES = ("nvidia-vgpu-mgr", "nvidia-vgpud")
@@ -126,7 +126,7 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None,
     name = fields.get("Package", "")
     version = fields.get("Version", "")
     deb_arch = fields.get("Architecture", "")
-    guest = GUEST_PACKAGE.fullmatch(name)
+    guest = re.fullmatch(GUEST_PACKAGE, name)
     if guest:
         raise ResourceInvalidError(
             f"{RESOURCE} is the vGPU guest driver {quote(name)}, which belongs in VMs; "
