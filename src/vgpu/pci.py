@@ -588,6 +588,10 @@ def _read(path) -> Optional[str]:
     if len(data) == _ATTRIBUTE:
         content = hostroot.read_text(path)  # the whole of a longer file
         return None if content is None else content.strip()
+    value = data.decode("utf-8", errors="replace")
+    line = value[:-1] if value[-1:] == "\n" else value
+    if line.isprintable():  # the usual attribute, one line: text.decode would keep it as it is
+        return line.strip()
     return text.decode(data).strip()
 
 
