@@ -37,7 +37,7 @@ import platform
 import re
 import time
 from pathlib import Path
-from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from . import APP, RESOURCE, dpkg, hostroot, run
 from .errors import CommandError, InstallError, ResourceInvalidError, ResourceMissingError
@@ -256,12 +256,21 @@ def services_of(pkg_name: str) -> Tuple[str, ...]:
     Raises HostReadError when the list exists but cannot be read.
     """
     info = hostroot.path("var/lib/dpkg/info")
-    lists = [info / f"{pkg_name}.list"] + sorted(info.glob(f"{_glob_escape(pkg_name)}:*.list"))
-    for lst in lists:
+    for lst in _file_lists(info, pkg_name):
         content = hostroot.read_text(lst)
         if content is not None:
             return _services_in(line.lstrip("/") for line in content.splitlines())
     return ()
+
+
+def _file_lists(info: Path, pkg_name: str) -> Iterator[Path]:
+    """dpkg's file lists of ``pkg_name``: ``<name>.list``, then any ``<name>:<arch>.list``.
+
+    The directory (thousands of files on a server) is listed only when the
+    first is not there.
+    """
+    yield info / f"{pkg_name}.list"
+    yield from sorted(info.glob(f"{_glob_escape(pkg_name)}:*.list"))
 
 
 # -- helpers -------------------------------------------------------------------
