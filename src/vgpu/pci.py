@@ -563,8 +563,10 @@ def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
                     ident, _, name = line.strip().partition(" ")
                     if ident in wanted:
                         name = name.strip()
-                        bracket = re.search(r"\[(.+)\]", name)
-                        found[f"0x{ident}"] = text.one_line(bracket.group(1) if bracket else name)
+                        # ``GV100GL [Tesla V100 PCIe 16GB]``: first "[" to last "]", not empty.
+                        first, last = name.find("["), name.rfind("]")
+                        bracketed = name[first + 1:last] if -1 < first < last - 1 else name
+                        found[f"0x{ident}"] = text.one_line(bracketed)
         return found
     return found
 
