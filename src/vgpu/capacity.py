@@ -15,7 +15,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 from . import guests, hostroot, pci, plan
 
 MDEV_BUS = "sys/bus/mdev/devices"
-_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 
 
 class Capacity(NamedTuple):
@@ -100,7 +100,7 @@ def _created_mdevs() -> Dict[str, Tuple[str, str]]:
 
 def mdev_device(uuid: str) -> Optional[Tuple[str, str, str]]:
     """(parent address, type id, type directory) of a created mdev, or None if absent."""
-    if not re.match(_UUID, uuid):
+    if not _UUID.match(uuid):
         return None
     entry = hostroot.path(MDEV_BUS, uuid)
     try:
