@@ -13,6 +13,8 @@ subordinate has nothing to do on stop). What the host is and does lives in
 the ``vgpu`` package, which never imports ops.
 """
 
+from __future__ import annotations
+
 import logging
 from typing import Dict, List, Mapping, Union
 
@@ -319,9 +321,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     def _capacity(self, served: Dict[str, tuple]) -> str:
         """``nvidia-108: 1 used, 3 free`` per published or assigned type ('' if none)."""
-        from vgpu import usage  # reads libvirt's XML only when there is something to count
+        from vgpu import capacity  # reads libvirt's XML only when there is something to count
 
-        return usage.capacity_text(usage.capacity(self._facts().pci, served))
+        return capacity.capacity_text(capacity.capacity(self._facts().pci, served))
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:

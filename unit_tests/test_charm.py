@@ -798,9 +798,12 @@ rel = testing.SubordinateRelation("nova-vgpu")
 out = ctx.run(ctx.on.update_status(), testing.State(config=config, relations=[rel],
     stored_states={stored}, resources={testing.Resource(name="nvidia-vgpu-software", path=sys.argv[1])}))
 kept = out.get_stored_state("_stored", owner_path="NovaComputeNvidiaVgpuCharm").content
-# What a steady hook never needs: the schema, MIG's tables, the actions' and the boot step's code.
-heavy = ("jsonschema", "vgpu.mig", "vgpu.report", "vgpu.table", "vgpu.boot")
+# What a steady hook never needs: the schema, MIG's tables, the actions' and the boot step's code
+# (the status line's count is vgpu.capacity, not the vgpu-usage action's vgpu.usage).
+heavy = ("jsonschema", "vgpu.mig", "vgpu.report", "vgpu.table", "vgpu.boot", "vgpu.usage",
+         "vgpu.bootdata")
 print(json.dumps({"status": out.unit_status.name, "jsonschema": "jsonschema" in sys.modules,
+                  "message": out.unit_status.message,
                   "heavy": [m for m in heavy if m in sys.modules],
                   "stored": {k: kept[k] for k in ("paused", "checked")},
                   "same": kept["checked"] == dict(stored.content["checked"])}))
@@ -819,6 +822,7 @@ def test_update_status_reuses_the_checked_option_and_imports_nothing_heavy(ready
     answer = json.loads(result.stdout.splitlines()[-1])
     assert (answer["status"], answer["jsonschema"]) == ("active", False)
     assert answer["heavy"] == []  # vgpu.mig only where a MIG-backed profile is mapped
+    assert answer["message"].endswith("free"), answer["message"]  # the capacity was counted
     # The stored check was reused as it was, not redone nor rewritten; still not paused.
     assert answer["same"] and answer["stored"]["paused"] is False
     assert answer["stored"]["checked"]["mapping"] == {"nvidia-108": ["0000:c1:00.0"]}

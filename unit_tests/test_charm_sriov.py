@@ -680,8 +680,10 @@ first = ctx.run(ctx.on.config_changed(), testing.State(
 out = ctx.run(ctx.on.update_status(), testing.State(
     config=config, relations=first.relations, resources=resources,
     stored_states=first.stored_states))
-heavy = ("vgpu.mig", "vgpu.report", "vgpu.table", "vgpu.boot")
+# The vgpu-usage action's report: the status line's count is vgpu.capacity.
+heavy = ("vgpu.mig", "vgpu.report", "vgpu.table", "vgpu.boot", "vgpu.usage", "vgpu.bootdata")
 print(json.dumps({"status": [first.unit_status.name, out.unit_status.name],
+                  "message": out.unit_status.message,
                   "heavy": [m for m in heavy if m in sys.modules]}))
 """
 
@@ -700,7 +702,9 @@ def test_hooks_on_a_served_vfio_host_without_mig_profiles_never_import_mig(vfio,
     answer = json.loads(result.stdout.splitlines()[-1])
     assert answer["status"] == ["active", "active"], result.stderr[-2000:]
     assert types_of(root, L40S, 4) == [1139] * 4  # the mapping was applied, then kept
-    # MIG's tables are read only where a MIG-backed profile is mapped.
+    assert answer["message"].endswith("0 used, 4 free"), answer["message"]  # counted
+    # MIG's tables are read only where a MIG-backed profile is mapped; the usage report's
+    # code only by the vgpu-usage action.
     assert answer["heavy"] == []
 
 

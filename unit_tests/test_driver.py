@@ -227,6 +227,24 @@ def test_services_of_reads_multiarch_list(root):
     assert driver.services_of("nvidia-vgpu-ubuntu-550") == ()
 
 
+def test_services_of_lists_dpkg_s_info_directory_only_without_the_plain_list(root, monkeypatch):
+    import os
+    info = root / "var/lib/dpkg/info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "nvidia-vgpu-ubuntu-570.list").write_text("/usr/lib/systemd/system/nvidia-vgpud.service\n")
+    (info / f"nvidia-vgpu-ubuntu-570:{ARCH}.list").write_text(
+        "/usr/lib/systemd/system/nvidia-vgpu-mgr.service\n")
+    listed = []
+    real = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path=".": listed.append(str(path)) or real(path))
+    # A server's info directory holds thousands of files: the plain list answers first.
+    assert driver.services_of("nvidia-vgpu-ubuntu-570") == ("nvidia-vgpud",)
+    assert [p for p in listed if p.startswith(str(info))] == []
+    (info / "nvidia-vgpu-ubuntu-570.list").unlink()
+    assert driver.services_of("nvidia-vgpu-ubuntu-570") == ("nvidia-vgpu-mgr",)
+    assert [p for p in listed if p.startswith(str(info))] == [str(info)]
+
+
 def test_installed_driver_picks_host_driver_from_given_packages():
     def pkg(name, status="install ok installed", version="1"):
         return dpkg.Package(name, version, "amd64", status)

@@ -392,3 +392,17 @@ def test_h200_hosts_vfs_carry_the_gpus_id(root, make, model, device, count):
     # H200X-* is the SXM's profile family, H200-* the NVL's.
     family = {pci.profile(t.name).model for t in gpu.offered_types()}
     assert family == ({"H200X"} if "SXM" in model else {"H200"})
+
+
+@pytest.mark.parametrize("raw, name", [
+    (b"GRID V100-8Q\n", "GRID V100-8Q"),  # the usual attribute: one printable line
+    (b"  GRID V100-8Q  \n\n", "GRID V100-8Q"),
+    (b"GRID V100-8Q\x00\xff\n", "GRID V100-8Q\ufffd\ufffd"),  # NUL, invalid UTF-8
+    (b"GRID\x0cV100-8Q\x1f\n", "GRID\ufffdV100-8Q\ufffd"),
+    (b"GRID V100-8Q\x1f\n", "GRID V100-8Q\ufffd"),  # a control character str.strip would eat
+    (b"GRID V100-8Q\tx\n", "GRID V100-8Q\tx"),
+])
+def test_an_attribute_is_read_as_clean_text_whatever_its_bytes(root, raw, name):
+    v100_host(root)
+    (root / "sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types/nvidia-108/name").write_bytes(raw)
+    assert pci.discover().gpus[0].types[3].name == name

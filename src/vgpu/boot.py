@@ -36,6 +36,8 @@ systemd keeps in the journal (``journalctl -u nvidia-vgpu-vfs``). Exit status:
 mdev record could not be read (nothing done from it; the other is still used).
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import re

@@ -2,8 +2,12 @@
 
 The charm's hooks write it (:func:`vgpu.sriov.boot_data`,
 :func:`vgpu.sriov.write_boot_data`); the boot step (:mod:`vgpu.boot`) reads it
-at boot. Both sides import this module, which imports neither of them.
+at boot. Both sides import this module, which imports neither of them; the
+hooks only when they read the file back (every hook needs only
+:mod:`vgpu.bootfile`: the file's place, version and bounds).
 """
+
+from __future__ import annotations
 
 import errno
 import json
@@ -12,13 +16,13 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Tuple
 
+# The file's place and bounds live in vgpu.bootfile, which every hook imports (not this module).
 from . import files, hostroot, text
+from .bootfile import DATA_FILE, DATA_VERSION, LIMIT, TOTAL  # noqa: F401
 
-DATA_FILE = "var/lib/nova-compute-nvidia-vgpu/boot.json"  # beside catalogue.FILE
-DATA_VERSION = 1
-LIMIT = 1 << 20  # bytes: far more than 64 GPUs of 64 VFs each take
-_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
-_UNIT = re.compile(r"[A-Za-z0-9][A-Za-z0-9@._:-]{0,250}\Z")  # a systemd unit name, never an option
+# Patterns compiled by re when used (the boot step, a changed file): not on every hook.
+_ADDRESS = r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z"
+_UNIT = r"[A-Za-z0-9][A-Za-z0-9@._:-]{0,250}\Z"  # a systemd unit name, never an option
 
 
 class DataError(ValueError):
@@ -28,7 +32,7 @@ class DataError(ValueError):
 class Limits(NamedTuple):
     """How long the boot step may take, in seconds (``attempts``: sriov-manage runs per GPU)."""
 
-    total: float = 600  # everything; the unit's TimeoutStartSec is a minute more
+    total: float = TOTAL  # everything; the unit's TimeoutStartSec is a minute more
     manager: float = 180  # waiting for the vGPU manager, within ``total``
     call: float = 300  # one sriov-manage run
     attempts: int = 3
@@ -127,14 +131,14 @@ def parse(data: Mapping) -> Tuple[List[GpuPlan], List[str], Limits]:
     if not isinstance(gpus, list) or not isinstance(wait_for, list):
         raise DataError("gpus and wait_for must be lists")
     for unit in wait_for:
-        if not isinstance(unit, str) or not _UNIT.match(unit):
+        if not isinstance(unit, str) or not re.match(_UNIT, unit):
             raise DataError(f"wait_for names no systemd unit: {_shown(unit)}")
     return [_gpu(entry) for entry in gpus], list(wait_for), Limits.of(data.get("limits"))
 
 
 def _gpu(entry) -> GpuPlan:
     address = entry.get("address") if isinstance(entry, dict) else None
-    if not isinstance(address, str) or not _ADDRESS.match(address):
+    if not isinstance(address, str) or not re.match(_ADDRESS, address):
         raise DataError(f"an entry names no GPU address: {_shown(entry)}")
     listed, model = entry.get("vfs"), entry.get("model")
     if not isinstance(listed, (list, type(None))) or not isinstance(model, (str, type(None))):

@@ -15,6 +15,8 @@ Writing it is skipped when nothing new was learnt, so update-status reads one
 small file and writes none.
 """
 
+from __future__ import annotations
+
 import json
 import logging
 from typing import Dict, List, Mapping, Optional, Tuple

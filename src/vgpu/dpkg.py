@@ -17,6 +17,8 @@ answer, never a stored copy. Versions are ordered by dpkg itself
 (``dpkg --compare-versions``), run only when two versions differ.
 """
 
+from __future__ import annotations
+
 from typing import Dict, Iterable, Iterator, NamedTuple, Optional, Tuple
 
 from . import hostroot, run, text

@@ -29,13 +29,15 @@ together at most INSTALL_BUDGET (720 s), then update-initramfs 240 s
 minutes in all.
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import platform
 import re
 import time
 from pathlib import Path
-from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from . import APP, RESOURCE, dpkg, hostroot, run
 from .errors import CommandError, InstallError, ResourceInvalidError, ResourceMissingError
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "nvidia-vgpu-ubuntu-"
 HOST_PACKAGE = re.compile(r"nvidia-vgpu-ubuntu-(\d+)")
-GUEST_PACKAGE = re.compile(r"nvidia-linux-grid-(\d+)")
+GUEST_PACKAGE = r"nvidia-linux-grid-(\d+)"  # compiled by re when used: not on every hook
 # The vGPU services, in the order they are started. nvidia-vgpu-mgr must stay
 # running; nvidia-vgpud prepares the GPUs and may exit once done.
 SERVICES = ("nvidia-vgpu-mgr", "nvidia-vgpud")
@@ -124,7 +126,7 @@ def inspect_deb(path: Union[str, Path, None], arch: Optional[str] = None,
     name = fields.get("Package", "")
     version = fields.get("Version", "")
     deb_arch = fields.get("Architecture", "")
-    guest = GUEST_PACKAGE.fullmatch(name)
+    guest = re.fullmatch(GUEST_PACKAGE, name)
     if guest:
         raise ResourceInvalidError(
             f"{RESOURCE} is the vGPU guest driver {quote(name)}, which belongs in VMs; "
@@ -254,12 +256,21 @@ def services_of(pkg_name: str) -> Tuple[str, ...]:
     Raises HostReadError when the list exists but cannot be read.
     """
     info = hostroot.path("var/lib/dpkg/info")
-    lists = [info / f"{pkg_name}.list"] + sorted(info.glob(f"{_glob_escape(pkg_name)}:*.list"))
-    for lst in lists:
+    for lst in _file_lists(info, pkg_name):
         content = hostroot.read_text(lst)
         if content is not None:
             return _services_in(line.lstrip("/") for line in content.splitlines())
     return ()
+
+
+def _file_lists(info: Path, pkg_name: str) -> Iterator[Path]:
+    """dpkg's file lists of ``pkg_name``: ``<name>.list``, then any ``<name>:<arch>.list``.
+
+    The directory (thousands of files on a server) is listed only when the
+    first is not there.
+    """
+    yield info / f"{pkg_name}.list"
+    yield from sorted(info.glob(f"{_glob_escape(pkg_name)}:*.list"))
 
 
 # -- helpers -------------------------------------------------------------------

@@ -5,6 +5,8 @@ once, ``proc/modules`` once. The charm keeps the result for the rest of the
 dispatch only; nothing is cached across hooks.
 """
 
+from __future__ import annotations
+
 from typing import List, Mapping, NamedTuple, Optional
 
 from . import dpkg, driver, kernel, pci, releases

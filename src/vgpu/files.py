@@ -12,6 +12,8 @@ A link in the target's own place is replaced, not written through. The host
 root itself is taken as given.
 """
 
+from __future__ import annotations
+
 import errno
 import os
 import secrets

@@ -170,7 +170,7 @@ def domains() -> List[Domain]:
     """
     out: Dict[str, Domain] = {}
     for directory, state in ((STATUS_DIR, RUNNING), (DEFINED_DIR, SHUT_OFF)):
-        for path in sorted(hostroot.path(directory).glob("*.xml")):
+        for path in _xml_files(hostroot.path(directory)):
             domain = _domain(path, require="<hostdev")
             if domain is None:
                 continue
@@ -184,6 +184,15 @@ def domains() -> List[Domain]:
                 out[key] = Domain(name=name, uuid=uuid, state=state, mdevs=mdevs, pci=pci,
                                   **_nova_metadata(domain))
     return list(out.values())
+
+
+def _xml_files(directory: Path) -> List[Path]:
+    """``directory``'s ``*.xml`` entries, sorted, as ``Path.glob`` gives them (none if unreadable)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(directory / name for name in names if name.endswith(".xml"))
 
 
 def held_devices() -> Tuple[Set[str], Set[str]]:

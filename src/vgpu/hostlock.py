@@ -11,6 +11,8 @@ goes with the process that held it, even one killed; ``/run`` is emptied at
 boot.
 """
 
+from __future__ import annotations
+
 import contextlib
 import fcntl
 import os

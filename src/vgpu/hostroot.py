@@ -13,6 +13,8 @@ cannot be read (permissions, a symlink loop, a directory where a file
 belongs) raises HostReadError naming it, never a bare OSError.
 """
 
+from __future__ import annotations
+
 import errno
 import os
 from pathlib import Path

@@ -8,6 +8,8 @@ charm and written to ``<root>/etc/modprobe.d/``; every change is followed by
 away is part of preparing the host for the driver.
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import shutil

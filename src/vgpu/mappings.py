@@ -17,6 +17,8 @@ anything else that would start another setting; what reaches nova.conf is
 built from sysfs and checked again by :mod:`vgpu.novaconf`.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import re
@@ -33,13 +35,13 @@ SCHEMA_FILE = Path(__file__).with_name("vgpu-device-mappings.schema.json")
 MAX_BYTES = 64 * 1024
 MAX_DEPTH = 8
 
-_TYPE = re.compile(r"nvidia-(0|[1-9][0-9]{0,5})")
+_TYPE = r"nvidia-(0|[1-9][0-9]{0,5})"  # patterns compiled by re when used: not on every hook
 # The profile-name grammar of vgpu.pci (the schema's pattern too), compiled by ``re`` when a
 # mapping's text is checked (not on steady hooks).
 _NAME = NAME_KEY
 ALL = "all"
 _NULLS = ("", "~", "null", "Null", "NULL")  # YAML 1.1 and 1.2 spellings of null
-_ADDRESS = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7])")
+_ADDRESS = r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7])"
 
 Mapping_ = Dict[str, Tuple[str, ...]]
 
@@ -63,7 +65,7 @@ class Validation(NamedTuple):
 
 def normalise_address(text: str) -> str:
     """``c1:00.0`` or ``00000000:C1:00.0`` -> ``0000:c1:00.0`` (what Nova compares)."""
-    match = _ADDRESS.fullmatch(text.lower())
+    match = re.fullmatch(_ADDRESS, text.lower())
     if not match:
         raise ValueError(f"{quote(text)} is not a PCI address like 0000:c1:00.0")
     domain, bus, device, function = match.groups()
@@ -121,7 +123,7 @@ def normalise(data) -> Mapping_:
     """
     mapping: Mapping_ = {}
     for key in sorted(data, key=_type_number):
-        if not (_TYPE.fullmatch(key) or re.fullmatch(_NAME, key)):
+        if not (re.fullmatch(_TYPE, key) or re.fullmatch(_NAME, key)):
             raise ValueError(f"type {quote(key)} is not a vGPU type id like nvidia-108 "
                              "or a profile name like A100-20C")
         value = data[key]
@@ -203,7 +205,7 @@ def summary(mapping: Mapping[str, Tuple[str, ...]]) -> str:
 
 
 def _type_number(vgpu_type: str):
-    match = _TYPE.fullmatch(vgpu_type) if isinstance(vgpu_type, str) else None
+    match = re.fullmatch(_TYPE, vgpu_type) if isinstance(vgpu_type, str) else None
     return (0, int(match.group(1)), "") if match else (1, 0, str(vgpu_type))
 
 
@@ -218,7 +220,7 @@ def _describe(error, schema) -> str:
             return f"maps {len(error.instance)} vGPU types; at most {schema['maxProperties']}"
         return ("vgpu-device-mappings must map vGPU types to lists of PCI addresses, "
                 "like {nvidia-108: ['0000:c1:00.0']}")
-    plain = _TYPE.fullmatch(str(path[0])) or re.fullmatch(_NAME, str(path[0]))
+    plain = re.fullmatch(_TYPE, str(path[0])) or re.fullmatch(_NAME, str(path[0]))
     vgpu_type = path[0] if plain else quote(path[0])
     if len(path) == 1:
         if error.validator == "minItems":

@@ -14,6 +14,8 @@ when this unit's data changes, and with ``fatal=True``, so a package its
 sources lack would fail nova-compute's own hooks. Nothing here imports ops.
 """
 
+from __future__ import annotations
+
 import logging
 import os
 

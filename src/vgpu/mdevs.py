@@ -24,6 +24,8 @@ kept. Domain XML is parsed only for files that name a ``<hostdev``
 (:func:`vgpu.guests.held_mdevs`).
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import logging
@@ -40,9 +42,10 @@ NAME = "mdevs.json"
 VERSION = 1
 LIMIT = 1 << 20  # bytes: about 5000 mdevs
 PERSISTENT_MAJOR = 30  # the first Nova that defines mdevs as persistent node devices
-UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
-ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
-TYPE = re.compile(r"nvidia-[0-9]{1,6}\Z")
+# Patterns compiled by re when a record is read: not on every hook.
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
+ADDRESS = r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z"
+TYPE = r"nvidia-[0-9]{1,6}\Z"
 MDEV_DEVICES = "sys/bus/mdev/devices"
 
 
@@ -111,8 +114,8 @@ def _entry(entry) -> Mdev:
     values = [entry.get(k) if isinstance(entry, dict) else None
               for k in ("uuid", "parent", "type", "instance", "domain")]
     uuid, parent, type_id = values[:3]
-    if not (isinstance(uuid, str) and UUID.match(uuid) and isinstance(parent, str)
-            and ADDRESS.match(parent) and isinstance(type_id, str) and TYPE.match(type_id)):
+    if not (isinstance(uuid, str) and re.match(UUID, uuid) and isinstance(parent, str)
+            and re.match(ADDRESS, parent) and isinstance(type_id, str) and re.match(TYPE, type_id)):
         raise RecordError(f"an entry is not a uuid, a parent address and an nvidia type: "
                           f"{str(entry)[:120]}")
     extra = [v if isinstance(v, str) else "" for v in values[3:]]
@@ -190,7 +193,7 @@ def current(host: pci.Host, previous: Iterable[Mdev]) -> List[Mdev]:
             continue
         owner = {"instance": held.guest.instance_uuid, "domain": held.guest.name}
         if held.parent is not None and held.type_id is not None:
-            if held.parent in ours and TYPE.match(held.type_id):
+            if held.parent in ours and re.match(TYPE, held.type_id):
                 out[held.uuid] = Mdev(held.uuid, held.parent, held.type_id, **owner)
         elif held.uuid in before:
             out[held.uuid] = before[held.uuid]._replace(**owner)  # gone now: kept where it was

@@ -47,6 +47,8 @@ PR 1223: 48 ``DC-1-2Q`` per RTX PRO 6000, 12 per 1g.24gb instance; one vGPU
 type per GI).
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import re

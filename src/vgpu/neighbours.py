@@ -19,6 +19,8 @@ the host, this unit publishes sections, and the principal's rendered files
 imports ops.
 """
 
+from __future__ import annotations
+
 import logging
 from typing import Iterable, List, Mapping, Optional
 

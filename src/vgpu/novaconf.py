@@ -9,6 +9,8 @@ serialised deterministically: the same mapping and host give byte-identical
 relation data, so nova-compute never restarts for nothing.
 """
 
+from __future__ import annotations
+
 import json
 import re
 from typing import Callable, Collection, Dict, Iterable, List, Mapping, Optional, Set, Tuple

@@ -13,10 +13,11 @@ A type is named ``nvidia-<id>`` on both, since the mdev directory names and
 the VFIO table use the same vGPU type ids.
 """
 
+from __future__ import annotations
+
 import errno
 import os
 import re
-from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from . import hostroot, text
@@ -70,18 +71,65 @@ class VgpuType(NamedTuple):
         return _int(dict(self.properties).get("max_instance"))
 
 
-@dataclass(frozen=True)
-class VirtualFunction:  # a dataclass: its field ``index`` would shadow tuple.index
-    """An SR-IOV virtual function of a GPU."""
+class VirtualFunction:
+    """An SR-IOV virtual function of a GPU; immutable, compared by value.
 
+    A plain class: as a NamedTuple its field ``index`` would shadow
+    tuple.index, and defining a frozen dataclass costs every hook about 0.35 ms.
+    """
+
+    __slots__ = ("address", "index", "types", "current_type", "device_id", "framework")
     address: str
     index: int
-    types: Tuple[VgpuType, ...] = ()
-    current_type: Optional[int] = None  # VFIO framework: 0 or None = none
+    types: Tuple[VgpuType, ...]
+    current_type: Optional[int]  # VFIO framework: 0 or None = none
     # VFIO VFs: the device id the VF's own ``device`` file reads, as Nova matches it. On L40S,
     # H200 and RTX PRO 6000 hosts it is the GPU's own id: VFs are known by their physfn link.
-    device_id: str = ""
-    framework: Optional[str] = None  # mdev, vfio, or None (neither is exposed yet)
+    device_id: str
+    framework: Optional[str]  # mdev, vfio, or None (neither is exposed yet)
+
+    def __init__(self, address: str, index: int, types: Tuple[VgpuType, ...] = (),
+                 current_type: Optional[int] = None, device_id: str = "",
+                 framework: Optional[str] = None) -> None:
+        """The fields, by name or in this order."""
+        init = object.__setattr__
+        init(self, "address", address)
+        init(self, "index", index)
+        init(self, "types", types)
+        init(self, "current_type", current_type)
+        init(self, "device_id", device_id)
+        init(self, "framework", framework)
+
+    def _fields_(self) -> tuple:
+        return (self.address, self.index, self.types, self.current_type, self.device_id,
+                self.framework)
+
+    def _replace(self, **changes: Any) -> "VirtualFunction":
+        """A copy with ``changes`` (field=value), as NamedTuple's ``_replace``."""
+        return VirtualFunction(**{**dict(zip(self.__slots__, self._fields_())), **changes})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Refused: a VF's reading does not change."""
+        raise AttributeError(f"VirtualFunction is immutable: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        """Refused: a VF's reading does not change."""
+        raise AttributeError(f"VirtualFunction is immutable: cannot delete {name}")
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every field is."""
+        if other.__class__ is not VirtualFunction:
+            return NotImplemented
+        return self._fields_() == other._fields_()
+
+    def __hash__(self) -> int:
+        """From every field, as a tuple's."""
+        return hash(self._fields_())
+
+    def __repr__(self) -> str:
+        """As a dataclass's: every field by name."""
+        return "VirtualFunction(" + ", ".join(
+            f"{name}={value!r}" for name, value in zip(self.__slots__, self._fields_())) + ")"
 
 
 class Gpu(NamedTuple):
@@ -248,7 +296,7 @@ def with_available(host: Host, addresses: Optional[Iterable[str]] = None) -> Hos
 
     return Host(gpus=tuple(
         gpu._replace(types=filled(gpu.address, gpu.types),
-                     vfs=tuple(replace(vf, types=filled(vf.address, vf.types)) for vf in gpu.vfs))
+                     vfs=tuple(vf._replace(types=filled(vf.address, vf.types)) for vf in gpu.vfs))
         for gpu in host.gpus))
 
 
@@ -515,8 +563,10 @@ def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
                     ident, _, name = line.strip().partition(" ")
                     if ident in wanted:
                         name = name.strip()
-                        bracket = re.search(r"\[(.+)\]", name)
-                        found[f"0x{ident}"] = text.one_line(bracket.group(1) if bracket else name)
+                        # ``GV100GL [Tesla V100 PCIe 16GB]``: first "[" to last "]", not empty.
+                        first, last = name.find("["), name.rfind("]")
+                        bracketed = name[first + 1:last] if -1 < first < last - 1 else name
+                        found[f"0x{ident}"] = text.one_line(bracketed)
         return found
     return found
 
@@ -540,6 +590,10 @@ def _read(path) -> Optional[str]:
     if len(data) == _ATTRIBUTE:
         content = hostroot.read_text(path)  # the whole of a longer file
         return None if content is None else content.strip()
+    value = data.decode("utf-8", errors="replace")
+    line = value[:-1] if value[-1:] == "\n" else value
+    if line.isprintable():  # the usual attribute, one line: text.decode would keep it as it is
+        return line.strip()
     return text.decode(data).strip()
 
 

@@ -24,6 +24,8 @@ MIG-backed profile (``H200X-1-18C``; see :mod:`vgpu.mig`), never both kinds:
 Nova gives all VFs of one GPU one resource class.
 """
 
+from __future__ import annotations
+
 import re
 from typing import (
     TYPE_CHECKING,

@@ -32,6 +32,8 @@ a value, ``#`` and ``;`` start comments, section names other than
 imports ops.
 """
 
+from __future__ import annotations
+
 import json
 import re
 import string

@@ -28,9 +28,10 @@ holds one step and the functions it calls:
 - the boot unit and the mdev record: :func:`_ensure_boot_unit`, :func:`_record_mdevs`.
 """
 
+from __future__ import annotations
+
 import contextlib
 import logging
-from dataclasses import dataclass, field
 from typing import (
     Any,
     Callable,
@@ -156,17 +157,18 @@ class Inputs(NamedTuple):
     reported: bool = False
 
 
-@dataclass
 class Outcome:
-    """What the steps did and found, for the charm to apply."""
+    """What the steps did and found, for the charm to apply (a plain class: cheaper than a dataclass)."""
 
-    # Per relation, in Inputs.relations' order: the keys whose value changed ({}: none).
-    relation_data: List[Dict[str, str]] = field(default_factory=list)
-    problems: List[str] = field(default_factory=list)  # blocked messages
-    waits: List[str] = field(default_factory=list)  # waiting messages
-    vf_failures: Optional[Dict[str, str]] = None  # GPU address -> why; None: VFs not looked at
-    resumed: bool = False  # the paused daemons run again (started outside the charm)
-    busy: bool = False  # the boot step held the host lock: nothing done, the waits say so
+    def __init__(self) -> None:
+        """Nothing done, nothing found."""
+        # Per relation, in Inputs.relations' order: the keys whose value changed ({}: none).
+        self.relation_data: List[Dict[str, str]] = []
+        self.problems: List[str] = []  # blocked messages
+        self.waits: List[str] = []  # waiting messages
+        self.vf_failures: Optional[Dict[str, str]] = None  # GPU address -> why; None: not looked at
+        self.resumed = False  # the paused daemons run again (started outside the charm)
+        self.busy = False  # the boot step held the host lock: nothing done, the waits say so
 
 
 def wants_driver(here: facts.Facts, options: Mapping[str, Any]) -> bool:

@@ -6,6 +6,8 @@ table stops long before today's releases. A Nova newer than any release known
 here is treated as the newest known one, so new hosts get today's format.
 """
 
+from __future__ import annotations
+
 import re
 from typing import NamedTuple, Optional
 

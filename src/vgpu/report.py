@@ -16,6 +16,8 @@ pci_in_placement`` on that host, refuses an alias without them
 ``pci-in-placement`` the alias adds the profile's ``resource_class``.
 """
 
+from __future__ import annotations
+
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 

@@ -9,6 +9,8 @@ beside it. A failure becomes :class:`CommandError`, whose message puts the
 cause first on one bounded line (see :func:`vgpu.text.cause`).
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import signal

@@ -10,6 +10,8 @@ minutes); stopping and starting gets longer, since stopping
 nvidia-vgpu-mgr waits for its GPUs.
 """
 
+from __future__ import annotations
+
 import logging
 import re
 from typing import Dict, Iterable, List, Tuple

@@ -14,6 +14,8 @@ that a driver upgrade could renumber. A unit the operator masked is left
 masked (:func:`unit_masked`).
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import os
@@ -25,7 +27,7 @@ from string import Template
 from types import MappingProxyType
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Sequence
 
-from . import APP, bootdata, files, hostlock, hostroot, kernel, pci, run, services, text
+from . import APP, bootfile, files, hostlock, hostroot, kernel, pci, run, services, text
 from .errors import CommandError, ServiceError, SriovError
 
 log = logging.getLogger(__name__)
@@ -36,8 +38,8 @@ UNIT_FILE = f"etc/systemd/system/{UNIT}"
 RUNTIME_UNIT_FILE = f"run/systemd/system/{UNIT}"  # where ``systemctl mask --runtime`` links
 TEMPLATE = kernel.CHARM_ROOT / "templates" / UNIT
 BOOT_SCRIPT = kernel.CHARM_ROOT / "src" / "vgpu_boot.py"
-DATA_FILE = bootdata.DATA_FILE
-DATA_VERSION = bootdata.DATA_VERSION
+DATA_FILE = bootfile.DATA_FILE
+DATA_VERSION = bootfile.DATA_VERSION
 NVIDIA_DRIVER = "nvidia"
 TIMEOUT = 300  # one sriov-manage run
 HOOK_BUDGET = 480  # every sriov-manage run of one hook together
@@ -163,6 +165,8 @@ def boot_data(host: pci.Host, plan, wanted: Sequence[str], wait_for: Sequence[st
 
 def boot_data_usable() -> bool:
     """Whether the boot step can use the data file now (a link, a huge or odd file: no)."""
+    from . import bootdata  # the boot step's parser: only when the file is read back
+
     try:
         bootdata.parse(bootdata.load(f"/{DATA_FILE}"))
     except bootdata.DataError as error:
@@ -181,7 +185,7 @@ def write_boot_data(data: Mapping) -> bool:
     content = json.dumps(data, indent=1, sort_keys=True) + "\n"
     target = data_path()
     try:
-        before = files.read(target, bootdata.LIMIT)
+        before = files.read(target, bootfile.LIMIT)
     except OSError as error:  # a link, not a file, too large: replaced (never written through)
         log.warning("replacing /%s: %s", DATA_FILE, error.strerror or error)
         before = None
@@ -203,7 +207,7 @@ def render_unit() -> str:
             raise SriovError(f"cannot name {text.quote(word)} in {UNIT}: unusual characters")
     return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
         charm=APP, python=words[0], script=words[1], data=words[2],
-        timeout=int(bootdata.Limits().total + hostlock.BOOT_WAIT) + 60)
+        timeout=int(bootfile.TOTAL + hostlock.BOOT_WAIT) + 60)
 
 
 def unit_masked() -> bool:

@@ -8,6 +8,8 @@ a list of ``(kind, message)`` pairs, in order, with ``kind`` one of
 into the matching ops status and Juju shows the most severe.
 """
 
+from __future__ import annotations
+
 from types import MappingProxyType
 from typing import List, Mapping, NamedTuple, Optional, Tuple
 

@@ -17,6 +17,8 @@ So every action that reports a list goes through here:
 Plain functions on plain data: no ops, no host access.
 """
 
+from __future__ import annotations
+
 from typing import Dict, List, Sequence, Tuple
 
 MAX_ROWS = 100

@@ -6,6 +6,8 @@ Every host file the charm reads goes through :func:`clean` (by way of
 ``status-set`` refuses a NUL, and a newline would break the one-line status.
 """
 
+from __future__ import annotations
+
 import errno
 import json
 import os

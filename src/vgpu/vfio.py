@@ -11,6 +11,8 @@ type would change: a running one, or a shut-off one whose definition keeps it
 (Nova keeps a shut-off instance's VF and allocation), see :mod:`vgpu.guests`.
 """
 
+from __future__ import annotations
+
 import logging
 from typing import Dict, List, Mapping, Optional, Set, Tuple
 
