@@ -383,6 +383,21 @@ def test_an_enrolment_waiting_for_the_console_is_said(root, tools):
         "MOK Manager")
 
 
+@pytest.mark.parametrize("said", ["MokNew is empty\\n", "Failed to read MokNew\\n"])
+def test_mokutil_saying_nothing_is_pending_is_no_pending_enrolment(root, tools, said):
+    """mokutil --list-new answers "MokNew is empty" when no key waits: no reboot would help."""
+    efi(root, 1)
+    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
+    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    fake_mokutil(tools, pending=said)
+    fake_journal(tools, "")
+    state = kernel.secure_boot()
+    assert (state.pending, state.key_enrolled, state.blocks_modules()) == (False, False, True)
+    assert kernel.secure_boot_advice(state).startswith(
+        "Secure Boot is on and the NVIDIA modules are not signed by an enrolled key "
+        "(/var/lib/shim-signed/mok/MOK.der is not enrolled)")
+
+
 def test_an_enrolled_key_without_refusals_is_left_to_the_reboot(root, tools):
     efi(root, 1)
     (root / kernel.MOK_KEY).parent.mkdir(parents=True)

@@ -209,3 +209,18 @@ def test_mode_problems_count_what_cannot_be_read_as_out_of_mig_mode(root, tools)
         "cannot tell whether GPU 0000:18:00.0 is in MIG mode, which MIG-backed profiles need: "
         "/usr/bin/nvidia-smi not found (is the vGPU host driver installed?); no VF changed"]
     assert mig.mode_problems({}, "gpu/0") == []
+
+
+def test_a_vf_whose_type_cannot_be_read_counts_as_in_use(root):
+    """used() never calls a GPU instance free on a VF it could not read: ensure() may destroy it."""
+    from vgpu import vfio
+
+    h200_sxm_host(root, vfs=2, mig="Enabled")
+    vf = "0000:18:00.4"
+    mig.create(H200, "1g.18gb", 1)
+    vfio.assign(vf, 1414)
+    current = root / "sys/bus/pci/devices" / vf / "nvidia/current_vgpu_type"
+    current.unlink()
+    current.mkdir()  # exists, cannot be read as a file
+    with pytest.raises(MigError, match=f"VF {vf}.*cannot be read"):
+        mig.used(H200)

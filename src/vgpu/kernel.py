@@ -175,6 +175,7 @@ SECURE_BOOT_TIMEOUT = 30
 # What the kernel and modprobe say when a module's signature is refused.
 _REJECTED = ("Key was rejected by service", "Loading of module with unavailable key is rejected",
              "unsigned module loading is restricted", "Loading of unsigned module is rejected")
+_LISTED_KEY = ("[key ", "Fingerprint")  # what mokutil --list-new prints of a waiting key
 
 
 class SecureBoot(NamedTuple):
@@ -225,7 +226,9 @@ def secure_boot() -> SecureBoot:
             key_enrolled = True
         elif "is not enrolled" in said:
             key_enrolled = False
-            pending = bool(_mokutil("--list-new").strip())
+            # mokutil lists each waiting key ("[key 1]", its fingerprint); with none it says
+            # "MokNew is empty" (or why it could not read MokNew): no enrolment waits then.
+            pending = any(word in _mokutil("--list-new") for word in _LISTED_KEY)
     return SecureBoot(enabled, _rejection(), key_enrolled, pending)
 
 

@@ -637,9 +637,10 @@ def used(address: str) -> Dict[int, List[str]]:
         try:
             held = (hostroot.read_text(hostroot.path(pci.PCI_DEVICES, vf, "nvidia",
                                                      "current_vgpu_type")) or "").strip()
-        except HostReadError:
-            continue  # no nvidia/ files: the VF holds nothing the driver knows
-        if held in ("", "0"):
+        except HostReadError as error:  # there but unreadable: in use, never free
+            raise MigError(f"VF {vf}: its vGPU type cannot be read ({error}); no GPU instance "
+                           "changed") from None
+        if held in ("", "0"):  # no nvidia/ files: the VF holds nothing the driver knows
             continue
         gi = instance_id(vf)
         if gi is None:
