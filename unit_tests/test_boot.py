@@ -591,3 +591,21 @@ def test_boot_data_behind_a_link_is_not_followed(v100_rebooted, root, tools, cap
             "file); nothing restored from it") in out
     assert sriov_calls(tools) == []
     assert {uuid: mdev_where(root, uuid) for uuid in HELD} == HELD
+
+
+def test_the_boot_step_restores_once_under_the_lock_whatever_the_restore_raises(root, monkeypatch):
+    """An error inside the restore is not taken for a lock that could not be had (no second run)."""
+    from vgpu import hostlock
+
+    runs = []
+
+    def failing(where):
+        runs.append(where)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(boot, "_run", failing)
+    with pytest.raises(OSError):
+        boot.run(str(root / "boot.json"))
+    assert len(runs) == 1
+    with hostlock.held(0):  # and the lock was let go
+        pass

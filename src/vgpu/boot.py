@@ -38,6 +38,7 @@ mdev record could not be read (nothing done from it; the other is still used).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -94,17 +95,17 @@ def run(where: str) -> int:
     All of it holding the host lock (:mod:`vgpu.hostlock`): a hook that runs
     meanwhile waits, or leaves its work to the next hook.
     """
-    try:
-        with hostlock.held(hostlock.BOOT_WAIT):
-            return _run(where)
-    except HostBusyError as error:
-        log.error("%s: a hook of the charm is changing the VFs; nothing restored (the charm's "
-                  "next hook gives the VFs the types nova.conf lists)", error)
-        return 1
-    except OSError as error:  # no lock file (a link on the way): restoring matters more
-        log.warning("cannot take the host lock /%s: %s; restoring without it", hostlock.FILE,
-                    error.strerror or error)
-    return _run(where)
+    with contextlib.ExitStack() as lock:
+        try:
+            lock.enter_context(hostlock.held(hostlock.BOOT_WAIT))
+        except HostBusyError as error:
+            log.error("%s: a hook of the charm is changing the VFs; nothing restored (the charm's "
+                      "next hook gives the VFs the types nova.conf lists)", error)
+            return 1
+        except OSError as error:  # no lock file (a link on the way): restoring matters more
+            log.warning("cannot take the host lock /%s: %s; restoring without it", hostlock.FILE,
+                        error.strerror or error)
+        return _run(where)  # once, whatever it raises: never again outside the lock
 
 
 def _run(where: str) -> int:
