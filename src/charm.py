@@ -481,9 +481,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(f"not upgraded: {error}")
             return
         try:
-            driver.install(package)
+            with hostlock.held(hostlock.HOOK_WAIT):  # a driver install reloads what the boot step restores
+                driver.install(package)
         except VgpuError as error:
             event.fail(f"not upgraded: {error}")
+            return
+        except OSError as error:  # the lock file (a link on the way)
+            event.fail(f"not upgraded: cannot take the host lock /{hostlock.FILE}: "
+                       f"{error.strerror or error}")
             return
         finally:
             # Whatever dpkg did, the status and nova-compute get dpkg's answer now.

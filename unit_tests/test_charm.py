@@ -1607,3 +1607,28 @@ def test_on_train_a_type_serves_every_gpu_whatever_the_addresses(ctx, ready, v10
     assert out.unit_status.message.startswith(
         f"vgpu-device-mappings not applied: {SHUT_OFF[0]} (vm-{SHUT_OFF[0]}, {SHUT_OFF[1]}, "
         f"shut off) holds an nvidia-108 mdev ({MDEV_108}) on GPU 0000:e1:00.0, which")
+
+
+def test_upgrade_waits_for_the_boot_step_then_installs_nothing(ctx, ready, v100, root, packages,
+                                                                monkeypatch):
+    """The boot step holds the host lock (here: another process holding it, bounded)."""
+    import subprocess
+    import sys
+
+    from vgpu import hostlock
+
+    lock = root / hostlock.FILE
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | "
+         "os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+         str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(hostlock, "HOOK_WAIT", 0.2)
+        with pytest.raises(testing.ActionFailed, match="not upgraded: /run/nova-compute-nvidia-vgpu/"
+                           "host.lock is held by another process"):
+            ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
+    finally:
+        holder.communicate("", timeout=10)
+    assert debs.dpkg_query(root) == "install ok installed 570.158.02"
