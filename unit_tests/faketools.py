@@ -9,9 +9,11 @@ them, so that a test can count every program a hook starts.
 """
 
 import collections
+import contextlib
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -453,3 +455,18 @@ def nvidia_smi(state: Path, devices: Path) -> str:
     """The stand-in nvidia-smi's text: its state in ``state`` (see its doc), VFs under ``devices``."""
     return NVIDIA_SMI.format(python=sys.executable, state=str(state), tables=MIG_TABLES,
                              devices=str(devices))
+
+
+@contextlib.contextmanager
+def host_lock_held(lock: Path):
+    """Another process holding the host lock ``lock`` (as the boot step would) until the block ends."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | "
+         "os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+         str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        yield
+    finally:
+        holder.communicate("", timeout=10)

@@ -1612,23 +1612,12 @@ def test_on_train_a_type_serves_every_gpu_whatever_the_addresses(ctx, ready, v10
 def test_upgrade_waits_for_the_boot_step_then_installs_nothing(ctx, ready, v100, root, packages,
                                                                 monkeypatch):
     """The boot step holds the host lock (here: another process holding it, bounded)."""
-    import subprocess
-    import sys
-
+    from unit_tests.faketools import host_lock_held
     from vgpu import hostlock
 
-    lock = root / hostlock.FILE
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | "
-         "os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
-         str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        monkeypatch.setattr(hostlock, "HOOK_WAIT", 0.2)
-        with pytest.raises(testing.ActionFailed, match="not upgraded: /run/nova-compute-nvidia-vgpu/"
-                           "host.lock is held by another process"):
-            ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
-    finally:
-        holder.communicate("", timeout=10)
+    monkeypatch.setattr(hostlock, "HOOK_WAIT", 0.2)
+    with host_lock_held(root / hostlock.FILE), pytest.raises(
+            testing.ActionFailed,
+            match="not upgraded: /run/nova-compute-nvidia-vgpu/host.lock is held by another process"):
+        ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
     assert debs.dpkg_query(root) == "install ok installed 570.158.02"

@@ -282,26 +282,17 @@ def test_after_a_reboot_the_boot_step_brings_back_mode_instances_vfs_and_types(c
 def test_enable_mig_waits_for_the_boot_step_then_changes_nothing(ctx, root, tools, deb, monkeypatch):
     """The boot step holds the host lock (here: another process holding it, bounded)."""
     import fcntl
-    import subprocess
-    import sys
 
+    from unit_tests.faketools import host_lock_held
     from vgpu import hostlock
 
     host = rtx(root, tools, deb, mode="Disabled")
     lock = root / "run/nova-compute-nvidia-vgpu/host.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | "
-         "os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
-         str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        monkeypatch.setattr(hostlock, "HOOK_WAIT", 0.2)
-        with pytest.raises(testing.ActionFailed, match="MIG mode not enabled: "
-                           "/run/nova-compute-nvidia-vgpu/host.lock is held by another process"):
-            ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
-    finally:
-        holder.communicate("", timeout=10)
+    monkeypatch.setattr(hostlock, "HOOK_WAIT", 0.2)
+    with host_lock_held(lock), pytest.raises(
+            testing.ActionFailed,
+            match="MIG mode not enabled: /run/nova-compute-nvidia-vgpu/host.lock is held by another process"):
+        ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
     assert host.mig_mode(GPU)["current"] == "Disabled"
     assert [c for c in smi_calls(tools) if "-mig" in c] == []
     fd = os.open(lock, os.O_RDWR)

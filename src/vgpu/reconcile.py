@@ -572,7 +572,7 @@ def _give_vfs_types(hook: _Hook, plan) -> bool:
         return False  # the vGPU manager is stopped: VF types wait for resume
     published = _published_classes(hook)
     try:
-        done = vfio.ensure_types(plan, hook.facts().pci, published)
+        done = _written(hook, lambda: vfio.ensure_types(plan, hook.facts().pci, published))
     except GuestsRunningError as error:
         restored = _restore_vf_types(hook, published)
         if restored is None:
@@ -582,13 +582,7 @@ def _give_vfs_types(hook: _Hook, plan) -> bool:
             "types nova.conf lists; move them or restore the mapping" if restored else
             f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
         return False
-    except VfTypeError as error:
-        hook.problems.append(f"{error}; retrying on the next hook")
-        hook.refresh()
-        return False
-    if done:
-        hook.refresh()
-    return True
+    return done is not None
 
 
 def _published_classes(hook: _Hook) -> Dict[str, str]:
@@ -605,15 +599,24 @@ def _restore_vf_types(hook: _Hook, published: Dict[str, str]) -> Optional[int]:
     """
     from . import vfio
 
+    done = _written(hook, lambda: vfio.restore(hook.facts().pci, published))
+    return None if done is None else len(done)
+
+
+def _written(hook: _Hook, write: Callable[[], Sequence]) -> Optional[Sequence]:
+    """What ``write`` changed on the VFs, the host read again after a change.
+
+    None (the problem said) when a VF refused its type (VfTypeError).
+    """
     try:
-        done = vfio.restore(hook.facts().pci, published)
+        done = write()
     except VfTypeError as error:
         hook.problems.append(f"{error}; retrying on the next hook")
         hook.refresh()
         return None
     if done:
         hook.refresh()
-    return len(done)
+    return done
 
 
 # -- MIG: the GPU instances MIG-backed profiles need ---------------------------------------------
