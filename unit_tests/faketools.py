@@ -470,3 +470,15 @@ def host_lock_held(lock: Path):
         yield
     finally:
         holder.communicate("", timeout=10)
+
+
+def run_script(tmp_path: Path, text: str, *args: str, **environ: str) -> subprocess.CompletedProcess:
+    """``text`` run as a Python script in a process of its own, with this one's import path.
+
+    What a hook imports and costs shows only in a fresh process; ``environ`` adds variables.
+    """
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **environ)
+    return subprocess.run([sys.executable, str(script), *args], env=env,
+                          capture_output=True, text=True, check=True)

@@ -812,13 +812,9 @@ print(json.dumps({"status": out.unit_status.name, "jsonschema": "jsonschema" in 
 
 def test_update_status_reuses_the_checked_option_and_imports_nothing_heavy(ready, tmp_path,
                                                                           tools):
-    import subprocess
-    import sys
-    script = tmp_path / "light.py"
-    script.write_text(LIGHT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, str(script), str(ready)], env=env,
-                            capture_output=True, text=True, check=True)
+    from unit_tests.faketools import run_script
+
+    result = run_script(tmp_path, LIGHT, str(ready))
     answer = json.loads(result.stdout.splitlines()[-1])
     assert (answer["status"], answer["jsonschema"]) == ("active", False)
     assert answer["heavy"] == []  # vgpu.mig only where a MIG-backed profile is mapped

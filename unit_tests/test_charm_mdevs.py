@@ -8,12 +8,11 @@ finds everything as it was. On Nova 30 nothing is recorded.
 
 import json
 import os
-import subprocess
-import sys
 
 from ops import testing
 
 from unit_tests.fakehost import settle_mdevs, v100_host
+from unit_tests.faketools import run_script
 from unit_tests.libvirt import defined_guest, running_guest
 from unit_tests.test_charm import install_driver, nova_conf, state
 from vgpu import boot, mdevs, sriov
@@ -120,10 +119,6 @@ def test_update_status_with_guests_holding_no_device_parses_no_xml(v100, root, t
                                                                    tmp_path):
     install_driver(root, packages["old"])
     running_guest(root, "instance-00000001", "aaaaaaaa-bbbb-4ccc-8ddd-000000000001")
-    script = tmp_path / "light.py"
-    script.write_text(LIGHT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, str(script), str(packages["old"])], env=env,
-                            capture_output=True, text=True, check=True)
+    result = run_script(tmp_path, LIGHT, str(packages["old"]))
     assert result.stdout.split()[-2:] == ["active", "False"]
     assert not (root / mdevs.FILE).exists()

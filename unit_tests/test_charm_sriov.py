@@ -651,16 +651,11 @@ print(out.unit_status.name, sorted(m for m in ("jsonschema", "xml.etree.ElementT
 
 
 def test_update_status_on_a_served_vfio_host_stays_light(root, tmp_path, tools):
-    import os
-    import subprocess
-    import sys
-    script = tmp_path / "light.py"
-    script.write_text(LIGHT)
+    from unit_tests.faketools import run_script
+
     host = tmp_path / "light-host"
     host.mkdir()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), VGPU_HOST_ROOT=str(host))
-    result = subprocess.run([sys.executable, str(script), str(host)], env=env,
-                            capture_output=True, text=True, check=True)
+    result = run_script(tmp_path, LIGHT, str(host), VGPU_HOST_ROOT=str(host))
     # No driver installed here (blocked for the resource), but no schema or XML parsing
     # (ops.testing itself imports PyYAML, so yaml is not checked here).
     assert result.stdout.split()[-1] == "[]", result.stdout + result.stderr
@@ -691,14 +686,10 @@ print(json.dumps({"status": [first.unit_status.name, out.unit_status.name],
 def test_hooks_on_a_served_vfio_host_without_mig_profiles_never_import_mig(vfio, root, tmp_path,
                                                                          deb):
     import json
-    import os
-    import subprocess
-    import sys
-    script = tmp_path / "steady.py"
-    script.write_text(STEADY)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, str(script), str(deb)], env=env,
-                            capture_output=True, text=True, check=True)
+
+    from unit_tests.faketools import run_script
+
+    result = run_script(tmp_path, STEADY, str(deb))
     answer = json.loads(result.stdout.splitlines()[-1])
     assert answer["status"] == ["active", "active"], result.stderr[-2000:]
     assert types_of(root, L40S, 4) == [1139] * 4  # the mapping was applied, then kept

@@ -317,6 +317,13 @@ def efi(root, value=None):
         (root / kernel.SECURE_BOOT_VAR).write_bytes(b"\x06\x00\x00\x00" + bytes([value]))
 
 
+def secure_boot_with_dkms_key(root):
+    """Secure Boot on, and the key DKMS signs its modules with on disk (enrolled or not: mokutil)."""
+    efi(root, 1)
+    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
+    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+
+
 def fake_mokutil(tools, state="enabled", key="is not enrolled", pending=""):
     from unit_tests.faketools import stand_in
 
@@ -353,9 +360,7 @@ def test_mokutil_answers_when_the_variable_is_not_there(root, tools):
 
 
 def test_an_unenrolled_dkms_key_and_the_kernels_refusal_are_found(root, tools):
-    efi(root, 1)
-    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
-    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    secure_boot_with_dkms_key(root)
     fake_mokutil(tools)
     fake_journal(tools)
     state = kernel.secure_boot()
@@ -371,9 +376,7 @@ def test_an_unenrolled_dkms_key_and_the_kernels_refusal_are_found(root, tools):
 
 
 def test_an_enrolment_waiting_for_the_console_is_said(root, tools):
-    efi(root, 1)
-    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
-    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    secure_boot_with_dkms_key(root)
     fake_mokutil(tools, pending="[key 1]\\nSHA1 Fingerprint: 12:34\\n")
     fake_journal(tools, "")
     state = kernel.secure_boot()
@@ -386,9 +389,7 @@ def test_an_enrolment_waiting_for_the_console_is_said(root, tools):
 @pytest.mark.parametrize("said", ["MokNew is empty\\n", "Failed to read MokNew\\n"])
 def test_mokutil_saying_nothing_is_pending_is_no_pending_enrolment(root, tools, said):
     """mokutil --list-new answers "MokNew is empty" when no key waits: no reboot would help."""
-    efi(root, 1)
-    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
-    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    secure_boot_with_dkms_key(root)
     fake_mokutil(tools, pending=said)
     fake_journal(tools, "")
     state = kernel.secure_boot()
@@ -399,9 +400,7 @@ def test_mokutil_saying_nothing_is_pending_is_no_pending_enrolment(root, tools, 
 
 
 def test_an_enrolled_key_without_refusals_is_left_to_the_reboot(root, tools):
-    efi(root, 1)
-    (root / kernel.MOK_KEY).parent.mkdir(parents=True)
-    (root / kernel.MOK_KEY).write_bytes(b"0\x82")
+    secure_boot_with_dkms_key(root)
     fake_mokutil(tools, key="is already enrolled")
     fake_journal(tools, "nothing to see\n")
     assert kernel.secure_boot() == kernel.SecureBoot(True, "", True)
