@@ -596,11 +596,14 @@ def test_boot_data_behind_a_link_is_not_followed(v100_rebooted, root, tools, cap
 def test_the_boot_step_restores_once_under_the_lock_whatever_the_restore_raises(root, monkeypatch):
     """An error inside the restore is not taken for a lock that could not be had (no second run)."""
     from vgpu import hostlock
+    from vgpu.errors import HostBusyError
 
     runs = []
 
     def failing(where):
         runs.append(where)
+        with pytest.raises(HostBusyError), hostlock.held(0):  # the restore runs holding the lock
+            pass
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(boot, "_run", failing)

@@ -139,13 +139,16 @@ def test_nova_itself_accepts_the_entries(root):
     from nova.compute import pci_placement_translator as translator
     from nova.pci import devspec
 
-    _, context = published(root)
+    built, context = published(root)
+    checked = 0
     for key, text in context["sections"]["pci"]:
         if key == "device_spec":
             spec = devspec.PciDeviceSpec(json.loads(text))
             assert spec.get_tags()["managed"] == "false"
             rc = spec.get_tags()["resource_class"]
             assert translator._normalize_resource_class(rc) == rc
+            checked += 1
+    assert checked == len(built.vfio()) == 8  # every VF's entry went through Nova, none skipped
 
 
 def test_by_default_reporting_stays_off_and_the_classes_are_inert(root, tmp_path):
