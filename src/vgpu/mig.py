@@ -311,14 +311,11 @@ def instance_id(vf_address: str) -> Optional[str]:
     return value if value.isdigit() else None
 
 
-mig_profile = pci.mig_profile  # the MIG-backed profile a type name spells, or None
-
-
 def by_gpu(assignments: Sequence) -> Dict[str, List[str]]:
     """``{GPU address: [MIG-backed profiles, NVIDIA's short form]}`` of a plan's assignments."""
     out: Dict[str, List[str]] = {}
     for a in assignments:
-        found = mig_profile(a.name)
+        found = pci.mig_profile(a.name)
         short = pci.short_name(found.name) if found is not None else ""
         if found is not None and short not in out.setdefault(a.gpu, []):
             out[a.gpu].append(short)
@@ -466,7 +463,7 @@ def needs(assignments: Sequence, host: pci.Host) -> Dict[str, Need]:
     """``{GPU: Need}`` for a plan's MIG-backed assignments: enough GPU instances for its VFs."""
     counts: Dict[str, Dict[str, int]] = {}
     for a in assignments:
-        if mig_profile(a.name) is not None:
+        if pci.mig_profile(a.name) is not None:
             counts.setdefault(a.gpu, {}).setdefault(a.name, 0)
             counts[a.gpu][a.name] += 1
     out: Dict[str, Need] = {}
@@ -495,7 +492,7 @@ def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, Ne
     """
     counts: Dict[str, Dict[str, int]] = {}
     for key, where in mapping.items():
-        named = mig_profile(key)
+        named = pci.mig_profile(key)
         if named is None:
             continue
         everywhere = tuple(where) == ("all",)

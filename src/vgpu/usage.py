@@ -180,11 +180,11 @@ def _vfio_use(host: pci.Host, domain: guests.Domain, address: str, learnt: catal
 
 def _mig_fields(address: str, profile: Optional[str]) -> Dict[str, object]:
     """A MIG-backed vGPU's slices and GPU instance (``nvidia/gpu_instance_id``); {} otherwise."""
-    from . import mig
-
-    named = mig.mig_profile(profile or "")
+    named = pci.mig_profile(profile or "")
     if named is None:
         return {}
+    from . import mig
+
     return {"mig_slices": named.slices, "gpu_instance": mig.instance_id(address) or ""}
 
 
