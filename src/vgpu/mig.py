@@ -50,7 +50,6 @@ type per GI).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -621,16 +620,7 @@ def used(address: str) -> Dict[int, List[str]]:
     is a MigError: what cannot be read counts as in use, never as free.
     """
     out: Dict[int, List[str]] = {}
-    entry = hostroot.path(pci.PCI_DEVICES, address)
-    try:
-        links = sorted(n for n in os.listdir(entry) if n.startswith("virtfn"))
-    except OSError:
-        return out
-    for link in links:
-        try:
-            vf = os.path.basename(os.readlink(os.path.join(entry, link)))
-        except OSError:
-            continue
+    for _, vf in pci.virtfn_links(hostroot.text_path(pci.PCI_DEVICES, address)):
         try:
             held = (hostroot.read_text(hostroot.path(pci.PCI_DEVICES, vf, "nvidia",
                                                      "current_vgpu_type")) or "").strip()
