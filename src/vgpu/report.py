@@ -22,7 +22,7 @@ import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from . import novaconf, table
-from .pci import VFIO, Gpu, Host, VgpuType, mig_profile
+from .pci import VFIO, Gpu, Host, VgpuType, created_instances, mig_profile
 
 ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
 ALIAS_WHERE = "nova-cloud-controller and nova-compute pci-alias"
@@ -254,8 +254,6 @@ def _available(gpu, vgpu_type, whole_gb: Optional[int] = None):
         return sum(counts)
     # Free VFs each list one while the GPU has room: the room is what the type fits less the
     # vGPUs of the type its VFs already hold (unknown: nothing counted as free beyond the VFs).
-    from .pci import created_instances
-
     on_vfs = [created_instances(vf.address, vgpu_type.id) for vf in gpu.vfs]
     if any(n is None for n in on_vfs):
         return min(sum(counts), fits)
