@@ -25,7 +25,7 @@ from unit_tests.fakehost import (
 from unit_tests.libvirt import PROJECT_ID, PROJECT_NAME, defined_guest, running_guest
 from unit_tests.test_charm import install_driver, state
 from unit_tests.test_table import action_set_argv, action_set_bytes
-from vgpu import guests, pci, table, usage
+from vgpu import capacity, guests, pci, table, usage
 
 MGR = "nvidia-vgpu-mgr"
 VGPUD = "nvidia-vgpud"
@@ -454,11 +454,11 @@ def test_licences_on_a_mixed_host_keep_every_edition_apart(root):
 
 def test_capacity_counts_held_mdevs_as_used_and_idle_ones_as_free(v100_guests):
     mapping = {"nvidia-108": ("0000:c1:00.0",), "nvidia-109": ("0000:e1:00.0",)}
-    found = usage.capacity(pci.discover(), mapping)
+    found = capacity.capacity(pci.discover(), mapping)
     # c1: one mdev held by a running guest, one idle (Nova reuses it), none creatable;
     # e1: its one nvidia-109 is held by a shut-off instance, which keeps it.
-    assert found == [usage.Capacity("nvidia-108", 1, 1), usage.Capacity("nvidia-109", 1, 0)]
-    assert usage.capacity_text(found) == "nvidia-108: 1 used, 1 free; nvidia-109: 1 used, 0 free"
+    assert found == [capacity.Capacity("nvidia-108", 1, 1), capacity.Capacity("nvidia-109", 1, 0)]
+    assert capacity.capacity_text(found) == "nvidia-108: 1 used, 1 free; nvidia-109: 1 used, 0 free"
 
 
 def test_capacity_of_vfio_vfs_holding_a_type(root):
@@ -468,15 +468,15 @@ def test_capacity_of_vfio_vfs_holding_a_type(root):
     running_guest(root, "instance-00000040", VM_1, pci_address="0000:81:00.5")
     # VFs count under the resource class they are published with; a guest holds one.
     published = {"CUSTOM_VGPU_L40S_12Q": ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6")}
-    assert usage.capacity(pci.discover(), published) == [
-        usage.Capacity("CUSTOM_VGPU_L40S_12Q", 1, 2)]
+    assert capacity.capacity(pci.discover(), published) == [
+        capacity.Capacity("CUSTOM_VGPU_L40S_12Q", 1, 2)]
     # A VF holding a type that nova-compute was not given offers Nova nothing.
-    assert usage.capacity(pci.discover(), {}) == []
+    assert capacity.capacity(pci.discover(), {}) == []
 
 
 def test_capacity_text_is_bounded():
-    entries = [usage.Capacity(f"nvidia-{n}", 0, 1) for n in range(9)]
-    assert usage.capacity_text(entries) == (
+    entries = [capacity.Capacity(f"nvidia-{n}", 0, 1) for n in range(9)]
+    assert capacity.capacity_text(entries) == (
         "nvidia-0: 0 used, 1 free; nvidia-1: 0 used, 1 free; nvidia-2: 0 used, 1 free; "
         "+6 more types (vgpu-usage)")
 
@@ -566,7 +566,7 @@ def test_capacity_counts_only_mdevs_of_the_type_on_the_published_functions(v100_
     # nvidia-108 published on e1 only: the 108 mdevs on c1 and the 109 mdev on e1 are not its.
     (v100_guests.bus / "0000:e1:00.0/mdev_supported_types/nvidia-108/available_instances"
      ).write_text("0\n")
-    assert usage.capacity(pci.discover(), {"nvidia-108": ("0000:e1:00.0",)}) == [
-        usage.Capacity("nvidia-108", 0, 0)]
-    assert usage.capacity(pci.discover(), {"nvidia-108": ("0000:c1:00.0",)}) == [
-        usage.Capacity("nvidia-108", 1, 1)]  # the running guest's, and the idle one
+    assert capacity.capacity(pci.discover(), {"nvidia-108": ("0000:e1:00.0",)}) == [
+        capacity.Capacity("nvidia-108", 0, 0)]
+    assert capacity.capacity(pci.discover(), {"nvidia-108": ("0000:c1:00.0",)}) == [
+        capacity.Capacity("nvidia-108", 1, 1)]  # the running guest's, and the idle one

@@ -214,7 +214,7 @@ def _mig_first(vfs: Sequence[VfPlan]) -> List[VfPlan]:
 
 def _mig_hint(gpu: str, name: str) -> str:
     """What a MIG-backed profile that failed needs; '' for a time-sliced one."""
-    if mig.mig_profile(name) is None:
+    if pci.mig_profile(name) is None:
         return ""
     return (f"; MIG-backed {pci.profile_name(name)} needs MIG mode and a GPU instance with room "
             f"on GPU {gpu} (nvidia-smi mig -i {mig.smi_address(gpu)} -lgi)")

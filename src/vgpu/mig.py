@@ -50,7 +50,6 @@ type per GI).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -311,14 +310,11 @@ def instance_id(vf_address: str) -> Optional[str]:
     return value if value.isdigit() else None
 
 
-mig_profile = pci.mig_profile  # the MIG-backed profile a type name spells, or None
-
-
 def by_gpu(assignments: Sequence) -> Dict[str, List[str]]:
     """``{GPU address: [MIG-backed profiles, NVIDIA's short form]}`` of a plan's assignments."""
     out: Dict[str, List[str]] = {}
     for a in assignments:
-        found = mig_profile(a.name)
+        found = pci.mig_profile(a.name)
         short = pci.short_name(found.name) if found is not None else ""
         if found is not None and short not in out.setdefault(a.gpu, []):
             out[a.gpu].append(short)
@@ -466,7 +462,7 @@ def needs(assignments: Sequence, host: pci.Host) -> Dict[str, Need]:
     """``{GPU: Need}`` for a plan's MIG-backed assignments: enough GPU instances for its VFs."""
     counts: Dict[str, Dict[str, int]] = {}
     for a in assignments:
-        if mig_profile(a.name) is not None:
+        if pci.mig_profile(a.name) is not None:
             counts.setdefault(a.gpu, {}).setdefault(a.name, 0)
             counts[a.gpu][a.name] += 1
     out: Dict[str, Need] = {}
@@ -495,7 +491,7 @@ def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, Ne
     """
     counts: Dict[str, Dict[str, int]] = {}
     for key, where in mapping.items():
-        named = mig_profile(key)
+        named = pci.mig_profile(key)
         if named is None:
             continue
         everywhere = tuple(where) == ("all",)
@@ -624,16 +620,7 @@ def used(address: str) -> Dict[int, List[str]]:
     is a MigError: what cannot be read counts as in use, never as free.
     """
     out: Dict[int, List[str]] = {}
-    entry = hostroot.path(pci.PCI_DEVICES, address)
-    try:
-        links = sorted(n for n in os.listdir(entry) if n.startswith("virtfn"))
-    except OSError:
-        return out
-    for link in links:
-        try:
-            vf = os.path.basename(os.readlink(os.path.join(entry, link)))
-        except OSError:
-            continue
+    for _, vf in pci.virtfn_links(hostroot.text_path(pci.PCI_DEVICES, address)):
         try:
             held = (hostroot.read_text(hostroot.path(pci.PCI_DEVICES, vf, "nvidia",
                                                      "current_vgpu_type")) or "").strip()

@@ -259,7 +259,7 @@ def discover() -> Host:
         class_code = _read(f"{entry}/class") or ""
         if class_code[:6] in GPU_CLASSES:
             physical[name] = class_code
-            links[name] = _virtfn_links(entry)
+            links[name] = virtfn_links(entry)
             known_vfs.update(address for _, address in links[name])
 
     ids = {address: _read(f"{devices}/{address}/device") or "" for address in physical}
@@ -319,7 +319,7 @@ def created_instances(address: str, type_id: str) -> Optional[int]:
     return None if listed is None else len(listed)
 
 
-def _virtfn_links(entry) -> List[Tuple[str, str]]:
+def virtfn_links(entry) -> List[Tuple[str, str]]:
     """The GPU's ``virtfn<N>`` links and the VF address each names, in index order."""
     try:
         names = [n for n in os.listdir(entry) if n.startswith("virtfn")]
@@ -336,7 +336,7 @@ def _virtfn_links(entry) -> List[Tuple[str, str]]:
 def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
                        links: Optional[List[Tuple[str, str]]] = None
                        ) -> Tuple[VirtualFunction, ...]:
-    """The GPU's VFs (``links``: :func:`_virtfn_links`, read here when not given), with types.
+    """The GPU's VFs (``links``: :func:`virtfn_links`, read here when not given), with types.
 
     The first VF that shows a framework decides it for its GPU: the VFs of one
     GPU share it, so mdev VFs are not probed for ``nvidia/`` files, nor VFIO
@@ -345,7 +345,7 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
     vfs = []
     decided: Optional[str] = None
     vf_device: Optional[str] = None  # one VF Device ID per PF (its SR-IOV capability)
-    for link, address in (_virtfn_links(entry) if links is None else links):
+    for link, address in (virtfn_links(entry) if links is None else links):
         index = _int(link[len("virtfn"):])
         if index is None:
             continue

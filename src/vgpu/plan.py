@@ -168,9 +168,9 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
         if tuple(addresses) == (ALL,):
             draft.everywhere(key)
         else:
-            mine = pci.profile(key)
+            mig_backed = pci.mig_profile(key) is not None
             draft.at(key, [a for a in addresses if not (
-                mine is not None and mine.mig and getattr(host.gpu(a), "address", "") in mixed)])
+                mig_backed and getattr(host.gpu(a), "address", "") in mixed)])
     assignments = draft.assignments(release)
     errors = draft.errors
     single = _single_type_problem(assignments, release)
@@ -676,8 +676,8 @@ def _mig_mixed(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str
     """GPUs whose addresses the mapping gives two MIG-backed profiles or more, with their names."""
     named: Dict[str, Dict[str, None]] = {}
     for key, addresses in mapping.items():
-        mine = pci.profile(key)
-        if mine is None or not mine.mig or tuple(addresses) == (ALL,):
+        mine = pci.mig_profile(key)
+        if mine is None or tuple(addresses) == (ALL,):
             continue
         for address in addresses:
             gpu = host.gpu(address)

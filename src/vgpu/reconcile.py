@@ -255,19 +255,17 @@ def _locked(host: Host, out: Outcome) -> Iterator[None]:
     :data:`BUSY` among ``out``'s waits. A lock file that cannot be opened is
     a problem, and the work is not done either.
     """
-    lock = hostlock.held(hostlock.HOOK_WAIT)
-    try:
-        lock.__enter__()
-    except HostBusyError as error:
-        logger.warning("%s; %s", error, BUSY)
-        out.waits.append(BUSY)
-        out.busy = True
-        raise
-    except OSError as error:
-        raise HostReadError(f"cannot take the host lock /{hostlock.FILE}: "
-                            f"{error.strerror or error}") from None
     with contextlib.ExitStack() as stack:
-        stack.push(lock)  # released however the block ends
+        try:
+            stack.enter_context(hostlock.held(hostlock.HOOK_WAIT))
+        except HostBusyError as error:
+            logger.warning("%s; %s", error, BUSY)
+            out.waits.append(BUSY)
+            out.busy = True
+            raise
+        except OSError as error:
+            raise HostReadError(f"cannot take the host lock /{hostlock.FILE}: "
+                                f"{error.strerror or error}") from None
         host.refresh()  # whatever was read before the lock may be stale now
         yield
 

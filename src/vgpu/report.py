@@ -22,7 +22,7 @@ import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from . import novaconf, table
-from .pci import VFIO, Gpu, Host, VgpuType
+from .pci import VFIO, Gpu, Host, VgpuType, created_instances, mig_profile
 
 ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
 ALIAS_WHERE = "nova-cloud-controller and nova-compute pci-alias"
@@ -169,11 +169,11 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
 
 def _mig_entry(gpu, vgpu_type: VgpuType) -> Dict[str, str]:
     """A MIG-backed type's compute slices and the GPU instance profile it sits on (vgpu.mig)."""
-    from . import mig
-
-    named = mig.mig_profile(vgpu_type.name)
+    named = mig_profile(vgpu_type.name)
     if named is None:
         return {}
+    from . import mig
+
     shape = mig.geometry(gpu)
     found = mig.slot(shape, named) if shape is not None else None
     entry = {"mig-slices": str(named.slices)}
@@ -191,11 +191,12 @@ def _most(gpu, vgpu_type: VgpuType, whole_gb: Optional[int] = None):
     """
     if vgpu_type.max_instances is not None:
         return vgpu_type.max_instances
-    from . import mig
     from .plan import vfio_fits
 
-    named = mig.mig_profile(vgpu_type.name)
+    named = mig_profile(vgpu_type.name)
     if named is not None:
+        from . import mig
+
         return mig.fits(gpu, named)
     if gpu.framework == VFIO and not gpu.types:
         return vfio_fits(gpu, vgpu_type, whole_gb)
@@ -236,9 +237,7 @@ def _available(gpu, vgpu_type, whole_gb: Optional[int] = None):
     """
     if gpu.types:
         return vgpu_type.available_instances
-    from . import mig
-
-    if gpu.framework == VFIO and mig.mig_profile(vgpu_type.name) is None:
+    if gpu.framework == VFIO and mig_profile(vgpu_type.name) is None:
         most = _most(gpu, vgpu_type, whole_gb)
         if most is None:
             return None
@@ -255,8 +254,6 @@ def _available(gpu, vgpu_type, whole_gb: Optional[int] = None):
         return sum(counts)
     # Free VFs each list one while the GPU has room: the room is what the type fits less the
     # vGPUs of the type its VFs already hold (unknown: nothing counted as free beyond the VFs).
-    from .pci import created_instances
-
     on_vfs = [created_instances(vf.address, vgpu_type.id) for vf in gpu.vfs]
     if any(n is None for n in on_vfs):
         return min(sum(counts), fits)

@@ -8,7 +8,8 @@ Three readers of the same facts:
   the NVIDIA licence edition the profile needs;
 * ``licences`` (the same action): the licences those vGPUs need, counted
   edition by edition the way NVIDIA's licensing guides count them;
-* ``capacity`` (the active status line): per type, vGPUs in use and free.
+* :func:`vgpu.capacity.capacity` (the active status line): per type, vGPUs in
+  use and free.
 
 How a vGPU is recognised:
 
@@ -37,9 +38,8 @@ import os
 import re
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-# The status line's count lives in its own light module: every steady hook imports it, not this one.
 from . import catalogue, guests, hostroot, pci, text
-from .capacity import MDEV_BUS, Capacity, capacity, capacity_text, mdev_device  # noqa: F401
+from .capacity import mdev_device
 from .errors import HostReadError
 
 EDITIONS = {
@@ -180,11 +180,11 @@ def _vfio_use(host: pci.Host, domain: guests.Domain, address: str, learnt: catal
 
 def _mig_fields(address: str, profile: Optional[str]) -> Dict[str, object]:
     """A MIG-backed vGPU's slices and GPU instance (``nvidia/gpu_instance_id``); {} otherwise."""
-    from . import mig
-
-    named = mig.mig_profile(profile or "")
+    named = pci.mig_profile(profile or "")
     if named is None:
         return {}
+    from . import mig
+
     return {"mig_slices": named.slices, "gpu_instance": mig.instance_id(address) or ""}
 
 
