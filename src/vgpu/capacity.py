@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import guests, hostroot, pci, plan
+from .record import NamedTuple
 
 MDEV_BUS = "sys/bus/mdev/devices"
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")

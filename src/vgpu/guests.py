@@ -30,10 +30,11 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from . import hostroot
 from .errors import GuestsRunningError, HostReadError
+from .record import NamedTuple
 
 if TYPE_CHECKING:  # parsing XML is imported only when a file has something to parse
     import xml.etree.ElementTree as ET

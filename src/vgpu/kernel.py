@@ -15,10 +15,11 @@ import os
 import shutil
 from pathlib import Path
 from string import Template
-from typing import FrozenSet, Iterable, List, NamedTuple, Optional
+from typing import FrozenSet, Iterable, List, Optional
 
 from . import APP, dpkg, files, hostroot, run
 from .errors import CommandError, HostReadError, InstallError
+from .record import NamedTuple
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,10 @@ import json
 import logging
 import os
 import re
-from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from . import files, hostroot, pci
+from .record import NamedTuple
 
 log = logging.getLogger(__name__)
 

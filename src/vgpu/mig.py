@@ -52,10 +52,11 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import hostroot, pci, run, text
 from .errors import CommandError, HostReadError, MigError, MigInUseError
+from .record import NamedTuple
 
 log = logging.getLogger(__name__)
 

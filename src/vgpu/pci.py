@@ -18,10 +18,11 @@ from __future__ import annotations
 import errno
 import os
 import re
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from . import hostroot, text
 from .errors import HostReadError
+from .record import NamedTuple
 
 NVIDIA_VENDOR = "0x10de"
 # PCI class: 0x0300xx VGA compatible controller, 0x0302xx 3D controller.

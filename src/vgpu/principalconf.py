@@ -38,10 +38,11 @@ import json
 import re
 import string
 import sys
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import hostroot, pci, run, text
 from .errors import CommandError, PrincipalConfigError, UncheckedEntryError
+from .record import NamedTuple
 
 NOVA_CONF = "/etc/nova/nova.conf"
 NOVA_COMPUTE_CONF = "/etc/nova/nova-compute.conf"

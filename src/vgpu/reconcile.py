@@ -40,7 +40,6 @@ from typing import (
     Iterator,
     List,
     Mapping,
-    NamedTuple,
     Optional,
     Sequence,
     Tuple,
@@ -80,6 +79,7 @@ from .errors import (
     VfTypeError,
     VgpuError,
 )
+from .record import NamedTuple
 
 logger = logging.getLogger(__name__)
 
