@@ -44,7 +44,10 @@ else:
             if not kwargs and len(args) == len(fields):
                 return tuple.__new__(cls, args)
             if len(args) > len(fields):
-                raise TypeError(f"{cls.__name__}.__new__() takes {len(fields) + 1} positional "
+                least = len(fields) - len(cls._field_defaults) + 1
+                takes = (f"{least}" if least == len(fields) + 1
+                         else f"from {least} to {len(fields) + 1}")
+                raise TypeError(f"{cls.__name__}.__new__() takes {takes} positional "
                                 f"arguments but {len(args) + 1} were given")
             values = list(args)
             defaults = cls._field_defaults
