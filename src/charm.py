@@ -257,7 +257,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
             vf_failures=dict(self._vf_failures), neighbour_notes=tuple(neighbours.notes(
                 neighbours.installed_of(here.packages), self._publishes_sections(),
-                self._principal())),
+                self._principal(), load=self._host.principal_conf)),
             mapped=self._mapped() if status.missing_gpus(here, published) else ())
         if not status.checks_host(here, forced, published):
             return inputs

@@ -104,6 +104,24 @@ def test_ceilometers_lost_settings_are_said_with_the_workaround(ctx, root, tools
     assert out.unit_status.name == "active" and "ceilometer" not in out.unit_status.message
 
 
+def test_with_ceilometer_agent_a_steady_hook_reads_the_principal_s_files_once(
+        ctx, root, tools, packages, tmp_path):
+    """The note and the check of the principal's [pci] rules share one reading of nova.conf."""
+    from unit_tests.faketools import OPENED
+
+    ceilometer_host(root, tools, packages)
+    conf = root / "etc/nova/nova.conf"
+    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", CEILOMETER))
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", CEILOMETER))
+    with OPENED as opened:
+        out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.message.endswith("; " + LOST)  # both readers were served
+    assert opened.reads[conf] == 1
+    assert [p for p, n in opened.reads.items() if p.is_relative_to(root) and n > 1] == []
+
+
 def test_without_ceilometer_agent_nothing_is_said(ctx, root, tools, packages):
     v100_host(root)
     driver_ready(root, tools, packages)

@@ -105,3 +105,24 @@ def test_publish_alone_logs_a_host_read_error_and_returns_no_data(ready, root, c
     # The hooks' reconcile says it as a problem instead, and publishes nothing either.
     done = reconcile.reconcile(reconcile.Host(), inputs(GOOD))
     assert done.problems == [unreadable] and done.relation_data == []
+
+
+def test_the_principal_s_files_are_read_once_per_dispatch_and_a_failure_is_said_to_each_caller(
+        root):
+    from unit_tests.faketools import OPENED
+    from vgpu.errors import PrincipalConfigError
+
+    conf = root / "etc/nova/nova.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text("[DEFAULT]\nbroken\n")
+    host = reconcile.Host()
+    with OPENED as opened:
+        for _ in range(2):
+            with pytest.raises(PrincipalConfigError, match="cannot parse /etc/nova/nova.conf: line 2"):
+                host.principal_conf()
+    assert opened.reads[conf] == 1
+    conf.write_text("[pci]\nalias = {}\n")
+    with pytest.raises(PrincipalConfigError):  # kept until refresh: one dispatch, one answer
+        host.principal_conf()
+    host.refresh()
+    assert host.principal_conf() == [("/etc/nova/nova.conf", {"pci": {"alias": ["{}"]}})]

@@ -99,6 +99,8 @@ class Host:
         """Start with nothing read."""
         self._gathered: Optional[facts.Facts] = None
         self._validation: Optional[mappings.Validation] = None
+        # principalconf.load's answer: (files, None) or (None, the error it raised)
+        self._principal: Optional[Tuple[Optional[principalconf.Files], Optional[VgpuError]]] = None
 
     def facts(self) -> facts.Facts:
         """What the host is, read once until :meth:`refresh`; raises HostReadError."""
@@ -106,10 +108,29 @@ class Host:
             self._gathered = facts.gather()
         return self._gathered
 
+    def principal_conf(self) -> Optional[principalconf.Files]:
+        """The principal's nova.conf and nova-compute.conf (:func:`principalconf.load`), read once.
+
+        Kept until :meth:`refresh`, as the facts are: the check of the
+        principal's [pci] rules and the neighbours' note share one reading.
+        Raises what that reading raised (HostReadError, PrincipalConfigError)
+        to every caller.
+        """
+        if self._principal is None:
+            try:
+                self._principal = (principalconf.load(), None)
+            except (HostReadError, PrincipalConfigError) as error:
+                self._principal = (None, error)
+        conf, failure = self._principal
+        if failure is not None:
+            raise failure
+        return conf
+
     def refresh(self) -> None:
         """Forget what was read of the host (after changing it)."""
         self._gathered = None
         self._validation = None
+        self._principal = None
 
     def mapping(self, checked: Callable[[], mappings.Validation], *, pci_in_placement: bool,
                 live_migration: bool, problems: List[str],
@@ -515,7 +536,7 @@ def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:
         return True
     app = relations[0].app if relations else PRINCIPAL
     try:
-        conf = principalconf.load()
+        conf = hook.host.principal_conf()
     except (HostReadError, PrincipalConfigError) as error:
         hook.problems.append(f"cannot check {app}'s [pci] settings against this unit's: {error}; "
                              "the last published settings stay")
