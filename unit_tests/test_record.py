@@ -112,6 +112,7 @@ def test_fields_are_read_only_and_instances_have_no_dict(cls):
     ((1, 2), {"x": 3}),
     ((1, 2), {"z": 3}),
     ((), {"y": 1, "label": "l"}),
+    ((), {"x": 1, "y": 2, "label": "b", "zz": ()}),
 ])
 def test_bad_arguments_raise_the_same_type_error(args, kwargs):
     with pytest.raises(TypeError) as theirs:
@@ -119,6 +120,26 @@ def test_bad_arguments_raise_the_same_type_error(args, kwargs):
     with pytest.raises(TypeError) as ours:
         OURS(*args, **kwargs)
     assert str(ours.value) == str(theirs.value)
+
+
+def test_three_missing_arguments_are_named_as_typing_names_them():
+    class Ours(record.NamedTuple):
+        a: int
+        b: int
+        c: int
+
+    class Theirs(typing.NamedTuple):
+        a: int
+        b: int
+        c: int
+
+    said = []
+    for cls in (Ours, Theirs):
+        with pytest.raises(TypeError) as raised:
+            cls()
+        said.append(str(raised.value).split(".", 1)[1])
+    assert said[0] == said[1] == ("__new__() missing 3 required positional arguments: "
+                                  "'a', 'b', and 'c'")
 
 
 def test_too_many_arguments_for_a_record_without_defaults_is_said_as_typing_says_it():

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 else:
     # Names a record class may not define, as typing.NamedTuple refuses them.
     _RESERVED = frozenset(("__new__", "__init__", "__slots__", "__getnewargs__", "_fields",
-                           "_field_defaults", "_make", "_replace", "_asdict", "_source"))
+                           "_field_defaults", "_make", "_replace", "_asdict", "_source",
+                           "_required", "_tail"))
 
     class _Record(tuple):
         """What every record shares; a record's own class adds its fields."""
@@ -39,38 +40,19 @@ else:
         _fields: Tuple[str, ...] = ()
         _field_defaults: Dict[str, Any] = {}
 
+        _required = 0  # how many leading fields have no default
+        _tail: Tuple[Any, ...] = ()  # the defaults of the others, in order
+
         def __new__(cls, *args, **kwargs):
             fields = cls._fields
-            if not kwargs and len(args) == len(fields):
-                return tuple.__new__(cls, args)
-            if len(args) > len(fields):
-                least = len(fields) - len(cls._field_defaults) + 1
-                takes = (f"{least}" if least == len(fields) + 1
-                         else f"from {least} to {len(fields) + 1}")
-                raise TypeError(f"{cls.__name__}.__new__() takes {takes} positional "
-                                f"arguments but {len(args) + 1} were given")
-            values = list(args)
-            defaults = cls._field_defaults
-            missing = []
-            for name in fields[len(args):]:
-                if name in kwargs:
-                    values.append(kwargs.pop(name))
-                elif name in defaults:
-                    values.append(defaults[name])
-                else:
-                    missing.append(name)
-            if kwargs:
-                name = next(iter(kwargs))
-                if name in fields:
-                    raise TypeError(f"{cls.__name__}.__new__() got multiple values for "
-                                    f"argument '{name}'")
-                raise TypeError(f"{cls.__name__}.__new__() got an unexpected keyword "
-                                f"argument '{name}'")
-            if missing:
-                named = " and ".join(", ".join(repr(m) for m in missing).rsplit(", ", 1))
-                raise TypeError(f"{cls.__name__}.__new__() missing {len(missing)} required "
-                                f"positional argument{'s' if len(missing) > 1 else ''}: {named}")
-            return tuple.__new__(cls, values)
+            if not kwargs and cls._required <= len(args) <= len(fields):
+                return tuple.__new__(cls, args + cls._tail[len(args) - cls._required:])
+            if not args and len(kwargs) == len(fields):
+                try:
+                    return tuple.__new__(cls, [kwargs[name] for name in fields])
+                except KeyError:
+                    pass  # a name that is not a field: _bind says which
+            return tuple.__new__(cls, _bind(cls, args, kwargs))
 
         @classmethod
         def _make(cls, iterable):
@@ -98,6 +80,37 @@ else:
         def __getnewargs__(self):
             return tuple(self)
 
+    def _bind(cls, args, kwargs):
+        """The values for ``cls(*args, **kwargs)``, or typing.NamedTuple's TypeError."""
+        fields = cls._fields
+        if len(args) > len(fields):
+            least = cls._required + 1
+            takes = f"{least}" if least == len(fields) + 1 else f"from {least} to {len(fields) + 1}"
+            raise TypeError(f"{cls.__name__}.__new__() takes {takes} positional "
+                            f"arguments but {len(args) + 1} were given")
+        values = list(args)
+        kwargs = dict(kwargs)
+        missing = []
+        for name in fields[len(args):]:
+            if name in kwargs:
+                values.append(kwargs.pop(name))
+            elif name in cls._field_defaults:
+                values.append(cls._field_defaults[name])
+            else:
+                missing.append(name)
+        if kwargs:
+            name = next(iter(kwargs))
+            if name in fields:
+                raise TypeError(f"{cls.__name__}.__new__() got multiple values for argument '{name}'")
+            raise TypeError(f"{cls.__name__}.__new__() got an unexpected keyword argument '{name}'")
+        if missing:
+            quoted = [repr(m) for m in missing]  # as Python words it: 'a', 'b', and 'c'
+            named = (" and ".join(quoted) if len(quoted) < 3
+                     else ", ".join(quoted[:-1]) + ", and " + quoted[-1])
+            raise TypeError(f"{cls.__name__}.__new__() missing {len(missing)} required "
+                            f"positional argument{'s' if len(missing) > 1 else ''}: {named}")
+        return values
+
     class _Meta(type):
         """Builds each record class as a subclass of :class:`_Record`."""
 
@@ -119,6 +132,8 @@ else:
             namespace["__slots__"] = ()
             namespace["_fields"] = fields
             namespace["_field_defaults"] = defaults
+            namespace["_required"] = len(fields) - len(defaults)
+            namespace["_tail"] = tuple(defaults.values())
             namespace["__match_args__"] = fields
             for index, field in enumerate(fields):
                 namespace[field] = property(itemgetter(index), doc=f"Alias for field number {index}")
