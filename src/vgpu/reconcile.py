@@ -6,8 +6,9 @@ into :class:`Inputs` and calls :func:`reconcile` (every lifecycle and relation
 hook) or :func:`publish` (the actions that change the host). The steps do the
 host work through the other ``vgpu`` modules and return an :class:`Outcome`:
 the relation data to set, the blocked and waiting messages, the VFs that could
-not be enabled, and whether the unit was resumed outside the charm. The charm
-applies it (relation data, statuses, StoredState); this module never imports ops.
+not be enabled, whether the unit was resumed outside the charm and the failed
+install of mdevctl to remember. The charm applies it (relation data, statuses,
+StoredState); this module never imports ops.
 
 What the host is, is read once per dispatch and read again after changing it,
 through one :class:`Host` the charm keeps for the whole dispatch (its status
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import (
     Any,
     Callable,
@@ -176,6 +178,10 @@ class Inputs(NamedTuple):
     show: Callable[[str], None] = lambda message: None  # maintenance message while installing
     # [pci] report_in_placement was published once (the unit's memory, kept across relations).
     reported: bool = False
+    # update-status: apt retries mdevctl only once mdevctl.RETRY_AFTER has passed since
+    # mdevctl_failed (every other hook and the actions try at once).
+    backoff: bool = False
+    mdevctl_failed: Optional[mdevctl.Failure] = None  # the last failed install (the unit's memory)
 
 
 class Outcome:
@@ -190,6 +196,8 @@ class Outcome:
         self.vf_failures: Optional[Dict[str, str]] = None  # GPU address -> why; None: not looked at
         self.resumed = False  # the paused daemons run again (started outside the charm)
         self.busy = False  # the boot step held the host lock: nothing done, the waits say so
+        # The failed install of mdevctl to remember (None: none); _Hook starts it as given.
+        self.mdevctl_failed: Optional[mdevctl.Failure] = None
 
 
 def wants_driver(here: facts.Facts, options: Mapping[str, Any]) -> bool:
@@ -304,6 +312,7 @@ class _Hook:
         self.given = given
         self.paused = given.paused
         self.out = Outcome()
+        self.out.mdevctl_failed = given.mdevctl_failed
         self.problems = self.out.problems
         self.waits = self.out.waits
         self.mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
@@ -474,21 +483,41 @@ def _publish(hook: _Hook) -> None:
 
 
 def _mdevctl_ready(hook: _Hook, sections, release) -> bool:
-    """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it."""
+    """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it.
+
+    Whether it is there is read every hook. Missing, it is installed with apt,
+    except on update-status within mdevctl.RETRY_AFTER of the last failed
+    attempt: then no apt runs and that attempt's cause is said again, with
+    when it is retried. The outcome keeps the failed attempt (None once there).
+    """
     if not sections or release is None or not mdevctl.needed(release.nova_major) \
             or not novaconf.mapping_from_sections(
                 {k: v for k, v in sections.items() if k != "pci"}):
         return True
-    try:
-        mdevctl.ensure()
-    except InstallError as error:
-        hook.problems.append(
-            f"{mdevctl.PACKAGE} is missing and could not be installed ({error}): Nova "
-            f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
-            f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
-            f"make it installable (universe) or install it, then the mdev types are published")
-        return False
-    return True
+    if mdevctl.present():
+        hook.out.mdevctl_failed = None
+        return True
+    failed = hook.given.mdevctl_failed
+    if hook.given.backoff and failed is not None and not mdevctl.retry_due(failed, time.time()):
+        cause = failed.cause  # no apt now: the last attempt's cause, and when it is retried
+        at = time.strftime("%H:%M", time.gmtime(failed.at + mdevctl.RETRY_AFTER))
+        retry = f"; tried again at the next config-changed or after {at} UTC"
+    else:
+        try:
+            mdevctl.ensure()
+        except InstallError as error:
+            cause, retry = str(error), ""
+            hook.out.mdevctl_failed = mdevctl.Failure(time.time(), cause)
+        else:
+            hook.out.mdevctl_failed = None
+            return True
+    hook.problems.append(
+        f"{mdevctl.PACKAGE} is missing and could not be installed ({cause}): Nova "
+        f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
+        f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
+        f"make it installable (universe) or install it, then the mdev types are published"
+        + retry)
+    return False
 
 
 def _addressable(hook: _Hook, plan):
