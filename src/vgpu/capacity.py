@@ -20,12 +20,12 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from . import guests, hostroot, pci, plan
+from . import MDEV_UUID, guests, hostroot, pci, plan
 from .errors import HostReadError
 from .record import NamedTuple
 
 MDEV_BUS = "sys/bus/mdev/devices"
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
+_UUID = re.compile(MDEV_UUID + r"\Z")
 
 
 class Capacity(NamedTuple):

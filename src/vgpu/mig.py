@@ -54,7 +54,7 @@ import re
 import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import hostroot, pci, run, text
+from . import PCI_ADDRESS, hostroot, pci, run, text
 from .errors import CommandError, HostReadError, MigError, MigInUseError
 from .record import NamedTuple
 
@@ -411,7 +411,7 @@ def enable_results(address: str, done: Optional[Enabled]) -> Dict[str, str]:
 _LGI = re.compile(r"^\|\s*\d+\s+MIG\s+(\S+)\s+\d+\s+(\d+)\s+(\d+):(\d+)\s*\|$")
 _LGIP = re.compile(r"^\|\s*\d+\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)/(\d+)\s")
 _NONE = "No GPU instances found"
-_PCI = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_PCI = re.compile(PCI_ADDRESS)
 
 
 class GpuInstance(NamedTuple):

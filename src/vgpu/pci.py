@@ -20,7 +20,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from . import hostroot, text
+from . import PCI_ADDRESS, hostroot, text
 from .errors import HostReadError
 from .record import NamedTuple
 
@@ -33,7 +33,7 @@ PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids")
 MDEV = "mdev"
 VFIO = "vfio"
 
-_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_ADDRESS = re.compile(PCI_ADDRESS + r"\Z")
 _TYPE_DIR = re.compile(r"nvidia-([0-9]+)\Z")
 _TYPE_ROW = r"\s*([0-9]+)\s*:\s*(\S.*?)\s*\Z"  # VFIO only: compiled by re when used
 
