@@ -5,6 +5,7 @@ guests in run/libvirt/qemu, definitions in etc/libvirt/qemu) with Nova's
 metadata; vGPUs are sysfs-shaped mdevs and VFs holding a type.
 """
 
+import os
 import re
 import subprocess
 
@@ -491,13 +492,20 @@ def test_an_mdev_that_cannot_be_read_counts_as_used_never_as_free(v100_guests, r
     found = capacity.capacity(pci.discover(), V100_108)
     assert found == [capacity.Capacity("nvidia-108", 2, 0, 1)]
     assert capacity.capacity_text(found) == "nvidia-108: 2 used (1 uncertain), 0 free"
-    # Its bus link dangling: the parent is still told by the link's text.
-    dangle(root / "sys/bus/mdev/devices" / MDEV_IDLE)
-    assert capacity.capacity(pci.discover(), V100_108) == [capacity.Capacity("nvidia-108", 2, 0, 1)]
-    # Not a link at all: its parent cannot be told, so it counts for every type.
-    (root / "sys/bus/mdev/devices" / MDEV_IDLE).unlink()
-    (root / "sys/bus/mdev/devices" / MDEV_IDLE).mkdir()
+    # Its bus link dangling (its device gone, the link's text as the kernel wrote it): the
+    # parent is still told by the link's text, so the other GPU's type is not touched.
     both = {"nvidia-108": ("0000:c1:00.0",), "nvidia-109": ("0000:e1:00.0",)}
+    link = root / "sys/bus/mdev/devices" / MDEV_IDLE
+    target = os.readlink(link)
+    assert os.path.basename(os.path.dirname(target)) == "0000:c1:00.0"
+    device = link.resolve()
+    device.rename(device.with_name("gone"))
+    assert os.readlink(link) == target and not link.exists()
+    assert capacity.capacity(pci.discover(), both) == [
+        capacity.Capacity("nvidia-108", 2, 0, 1), capacity.Capacity("nvidia-109", 1, 0)]
+    # Not a link at all: its parent cannot be told, so it counts for every type.
+    link.unlink()
+    link.mkdir()
     assert capacity.capacity(pci.discover(), both) == [
         capacity.Capacity("nvidia-108", 2, 0, 1), capacity.Capacity("nvidia-109", 2, 0, 1)]
 
