@@ -33,6 +33,7 @@ from vgpu import (
     hostlock,
     kernel,
     mappings,
+    mdevctl,
     mdevs,
     neighbours,
     novaconf,
@@ -76,7 +77,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # installed, so steady hooks start neither resource-get nor dpkg-deb.
         # ``reported``: [pci] report_in_placement was published once. Nova refuses it turned
         # off afterwards, so it is published again on a nova-vgpu relation added anew.
-        self._stored.set_default(paused=False, masked=[], checked={}, attached={}, reported=False)
+        # ``mdevctl_failed``: when and why apt last failed to install mdevctl ({}: it did not),
+        # so that update-status tries again only hourly (whether it is there is read each hook).
+        self._stored.set_default(paused=False, masked=[], checked={}, attached={}, reported=False,
+                                 mdevctl_failed={})
         self._host = reconcile.Host()  # this dispatch's reading of the host
         # This dispatch's inspection of the resource: a DebInfo or the error it raised.
         self._package: Union[driver.DebInfo, VgpuError, None] = None
@@ -161,19 +165,21 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     # -- reconcile ----------------------------------------------------------
     def _reconcile(self, event: ops.EventBase) -> None:
         new_revision = isinstance(event, (ops.InstallEvent, ops.UpgradeCharmEvent))
-        self._apply(reconcile.reconcile(self._host, self._inputs(new_revision)))
+        backoff = isinstance(event, ops.UpdateStatusEvent)
+        self._apply(reconcile.reconcile(self._host, self._inputs(new_revision, backoff)))
 
     def _publish(self) -> None:
         """Send nova-compute what changed after an action changed the host (read errors logged)."""
         self._apply(reconcile.publish(self._host, self._inputs()))
 
-    def _inputs(self, new_revision: bool = False) -> reconcile.Inputs:
+    def _inputs(self, new_revision: bool = False, backoff: bool = False) -> reconcile.Inputs:
         """What the reconcile steps need from Juju; each part is read only when a step needs it."""
         return reconcile.Inputs(
             options=self.config, checked=self._checked_text, attached=self._attached,
             relations=self._relations, unit=self.unit.name, paused=bool(self._stored.paused),
             new_revision=new_revision, show=self._show_installing,
-            reported=self._published_reporting())
+            reported=self._published_reporting(), backoff=backoff,
+            mdevctl_failed=mdevctl.from_record(self._stored.mdevctl_failed))
 
     def _relations(self) -> List[reconcile.Published]:
         return [reconcile.Published(r.app.name if r.app else reconcile.PRINCIPAL, r.data[self.unit])
@@ -192,6 +198,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if done.resumed:
             self._stored.paused = False
             self._stored.masked = []
+        failed = mdevctl.to_record(done.mdevctl_failed)
+        if dict(self._stored.mdevctl_failed) != failed:
+            self._stored.mdevctl_failed = failed
         if not done.relation_data:
             return
         for relation, changed in zip(self.model.relations[RELATION], done.relation_data):
@@ -257,7 +266,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
             vf_failures=dict(self._vf_failures), neighbour_notes=tuple(neighbours.notes(
                 neighbours.installed_of(here.packages), self._publishes_sections(),
-                self._principal())),
+                self._principal(), load=self._host.principal_conf)),
             mapped=self._mapped() if status.missing_gpus(here, published) else ())
         if not status.checks_host(here, forced, published):
             return inputs

@@ -156,6 +156,10 @@ class Tools:
         """``apt-get install`` cannot find ``package`` from now on."""
         (self.state / f"apt-get.fail-{package}").touch()
 
+    def apt_works(self, package: str) -> None:
+        """``apt-get install`` finds ``package`` again (the operator fixed the archive)."""
+        (self.state / f"apt-get.fail-{package}").unlink(missing_ok=True)
+
     def no_bus(self) -> None:
         """Every systemctl call fails as it does without D-Bus."""
         (self.state / "no-bus").touch()

@@ -6,10 +6,15 @@ later need on an mdev host (mdevctl), and what a neighbouring subordinate
 each read the way nova-compute reads this unit's data (charmhelpers).
 """
 
+import dataclasses
+import time
+
+import pytest
 from ops import testing
 
 from unit_tests import principal
 from unit_tests.fakehost import V100_TYPES, v100_host
+from unit_tests.faketools import stand_in
 from unit_tests.test_charm import install_driver, nova_conf, ours, state
 from unit_tests.test_charm_sriov import again
 
@@ -104,6 +109,24 @@ def test_ceilometers_lost_settings_are_said_with_the_workaround(ctx, root, tools
     assert out.unit_status.name == "active" and "ceilometer" not in out.unit_status.message
 
 
+def test_with_ceilometer_agent_a_steady_hook_reads_the_principal_s_files_once(
+        ctx, root, tools, packages, tmp_path):
+    """The note and the check of the principal's [pci] rules share one reading of nova.conf."""
+    from unit_tests.faketools import OPENED
+
+    ceilometer_host(root, tools, packages)
+    conf = root / "etc/nova/nova.conf"
+    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", CEILOMETER))
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", CEILOMETER))
+    with OPENED as opened:
+        out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.message.endswith("; " + LOST)  # both readers were served
+    assert opened.reads[conf] == 1
+    assert [p for p, n in opened.reads.items() if p.is_relative_to(root) and n > 1] == []
+
+
 def test_without_ceilometer_agent_nothing_is_said(ctx, root, tools, packages):
     v100_host(root)
     driver_ready(root, tools, packages)
@@ -160,3 +183,141 @@ def test_before_nova_30_and_for_vfio_no_mdevctl_is_asked_for(ctx, root, tools, p
     assert out.unit_status.name == "active"
     assert not [c for c in tools.calls() if c.startswith("apt-get")]
     assert not (root / MDEVCTL).exists()
+
+
+# -- mdevctl that cannot be installed: update-status backs off -----------------------------
+
+MISSING = (
+    "mdevctl is missing and could not be installed (apt-get install mdevctl failed: Unable "
+    "to locate package mdevctl): Nova 30 (2024.2 dalmatian) defines mdevs through libvirt, "
+    "which runs mdevctl, so every vGPU instance build would fail; make it installable "
+    "(universe) or install it, then the mdev types are published")
+APT_TRIES = ["apt-get install --yes --no-install-recommends mdevctl", "apt-get update",
+             "apt-get install --yes --no-install-recommends mdevctl"]
+OWNER = "NovaComputeNvidiaVgpuCharm"
+
+
+def apt_since(tools, calls):
+    """The apt-get runs logged after the first ``calls`` calls."""
+    return [c for c in tools.calls()[calls:] if c.startswith("apt-get")]
+
+
+def remembered(out):
+    """The failed attempt the charm keeps in its StoredState ({} for none)."""
+    return dict(out.get_stored_state("_stored", owner_path=OWNER).content["mdevctl_failed"])
+
+
+def waiting(failed):
+    """MISSING as update-status says it between retries: when it is tried again."""
+    retry = time.strftime("%H:%M", time.gmtime(failed["at"] + 3600))
+    return f"{MISSING}; tried again at the next config-changed or after {retry} UTC"
+
+
+def with_failure(out, at, cause="apt-get install mdevctl failed: Unable to locate package "
+                                  "mdevctl"):
+    """The next hook's state, the last failed attempt remembered as made at ``at``."""
+    ours = out.get_stored_state("_stored", owner_path=OWNER)
+    content = {**ours.content, "mdevctl_failed": {"at": at, "cause": cause}}
+    return testing.State(config=dict(out.config), relations=out.relations,
+                         resources=out.resources,
+                         stored_states={*(out.stored_states - {ours}),
+                                        dataclasses.replace(ours, content=content)})
+
+
+def failed_mdevctl(ctx, root, tools, packages):
+    """config-changed on Nova 30 with apt unable to install mdevctl: blocked, nothing published."""
+    v100_host(root, nova=DALMATIAN)
+    driver_ready(root, tools, packages)
+    tools.apt_fails("mdevctl")
+    before = time.time()
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status == testing.BlockedStatus(MISSING)
+    assert apt_since(tools, 0) == APT_TRIES
+    failed = remembered(out)
+    assert failed["cause"] == "apt-get install mdevctl failed: Unable to locate package mdevctl"
+    assert before <= failed["at"] <= time.time()
+    return out
+
+
+def test_update_status_runs_no_apt_within_the_hour_after_a_failure(ctx, root, tools, packages):
+    out = failed_mdevctl(ctx, root, tools, packages)
+    failed = remembered(out)
+    for _ in range(2):
+        calls = len(tools.calls())
+        out = ctx.run(ctx.on.update_status(), again(out))
+        assert apt_since(tools, calls) == []
+        assert out.unit_status == testing.BlockedStatus(waiting(failed))
+        assert "subordinate_configuration" not in ours(out)
+        assert remembered(out) == failed  # the attempt that failed, not this hook
+    # 59 minutes on: still none.
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), with_failure(out, time.time() - 3540))
+    assert apt_since(tools, calls) == []
+    assert out.unit_status.name == "blocked"
+
+
+def test_update_status_tries_again_once_the_last_failure_is_an_hour_old(ctx, root, tools,
+                                                                         packages):
+    out = failed_mdevctl(ctx, root, tools, packages)
+    calls = len(tools.calls())
+    old = time.time() - 3660
+    out = ctx.run(ctx.on.update_status(), with_failure(out, old, cause="an older cause"))
+    assert apt_since(tools, calls) == APT_TRIES
+    assert out.unit_status == testing.BlockedStatus(MISSING)  # this attempt's cause
+    failed = remembered(out)
+    assert failed["at"] > old + 3600
+    assert failed["cause"] == "apt-get install mdevctl failed: Unable to locate package mdevctl"
+    # The next update-status waits an hour again.
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert apt_since(tools, calls) == []
+    # Once apt can install it, the hourly retry publishes.
+    tools.apt_works("mdevctl")
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), with_failure(out, old))
+    assert apt_since(tools, calls) == APT_TRIES[:1]
+    assert out.unit_status.name == "active", out.unit_status
+    assert "[mdev_nvidia-108]" in nova_conf(out)
+    assert remembered(out) == {}
+
+
+def test_a_clock_set_back_does_not_hold_the_retry_off(ctx, root, tools, packages):
+    out = failed_mdevctl(ctx, root, tools, packages)
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), with_failure(out, time.time() + 86400))
+    assert apt_since(tools, calls) == APT_TRIES
+    assert remembered(out)["at"] <= time.time()
+
+
+@pytest.mark.parametrize("hook", ["config_changed", "start", "upgrade_charm"])
+def test_any_other_hook_after_a_failure_tries_again_at_once(ctx, root, tools, packages, hook):
+    out = failed_mdevctl(ctx, root, tools, packages)
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert apt_since(tools, calls) == []
+    # Still failing: tried all the same, the new attempt remembered.
+    calls = len(tools.calls())
+    out = ctx.run(getattr(ctx.on, hook)(), again(out))
+    assert apt_since(tools, calls) == APT_TRIES
+    assert out.unit_status == testing.BlockedStatus(MISSING)
+    # The operator fixed the archive: the next such hook installs it and publishes.
+    tools.apt_works("mdevctl")
+    calls = len(tools.calls())
+    out = ctx.run(getattr(ctx.on, hook)(), again(out))
+    assert apt_since(tools, calls) == APT_TRIES[:1]
+    assert out.unit_status.name == "active", out.unit_status
+    assert "[mdev_nvidia-108]" in nova_conf(out)
+    assert remembered(out) == {}
+
+
+def test_mdevctl_installed_by_hand_is_published_by_the_next_update_status(ctx, root, tools,
+                                                                          packages):
+    out = failed_mdevctl(ctx, root, tools, packages)
+    stand_in(root / MDEVCTL, "#!/bin/sh\n")  # the operator installed it
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert apt_since(tools, calls) == []
+    assert out.unit_status.name == "active", out.unit_status
+    assert "[mdev_nvidia-108]" in nova_conf(out)
+    assert remembered(out) == {}

@@ -258,8 +258,20 @@ def test_domains_reads_running_and_defined_guests_once_each(root, caplog):
     assert (found[0].uuid, found[0].project_id, found[0].project_name, found[0].nova_name) == (
         MDEV_GUEST, PROJECT_ID, PROJECT_NAME, "vm-instance-00000001")
     assert found[1].project_name == "globex"
-    assert guests.held_devices() == ({MDEV_UUID}, {"0000:c1:00.4"})
+    assert guests.held_devices() == ({MDEV_UUID}, {"0000:c1:00.4"},
+                                     ["/etc/libvirt/qemu/instance-00000004.xml"])
     assert "instance-00000004.xml: DOCTYPE declarations are not accepted" in caplog.text
+
+
+def test_held_devices_names_a_domain_directory_that_cannot_be_listed(root):
+    from unit_tests.libvirt import running_guest
+    running_guest(root, "instance-00000001", MDEV_GUEST, mdev_uuid=MDEV_UUID)
+    defined = root / "etc/libvirt/qemu"
+    for entry in defined.iterdir():
+        entry.unlink()
+    defined.rmdir()
+    defined.write_text("")  # a file where the directory is expected: cannot be listed
+    assert guests.held_devices() == ({MDEV_UUID}, set(), ["/etc/libvirt/qemu"])
 
 
 def test_a_source_address_without_a_domain_is_in_domain_0000(root):
@@ -267,7 +279,7 @@ def test_a_source_address_without_a_domain_is_in_domain_0000(root):
     path = defined_guest(root, "instance-00000040", VF_GUEST, pci_address="0000:81:00.4")
     path.write_text(path.read_text().replace("<address domain='0x0000' bus='0x81'", "<address bus='0x81'"))
     assert "<address bus='0x81'" in path.read_text()
-    assert guests.held_devices() == (set(), {"0000:81:00.4"})
+    assert guests.held_devices() == (set(), {"0000:81:00.4"}, [])
 
 
 def test_a_file_without_a_domain_is_skipped_by_name(root, caplog):
@@ -285,7 +297,7 @@ def test_a_capabilities_hostdev_is_not_a_pci_device(root):
     path = defined_guest(root, "instance-00000040", VF_GUEST, pci_address="0000:81:00.4")
     path.write_text(path.read_text().replace("<hostdev mode='subsystem'", "<hostdev mode='capabilities'"))
     assert "mode='capabilities'" in path.read_text()
-    assert guests.held_devices() == (set(), set())
+    assert guests.held_devices() == (set(), set(), [])
 
 
 def test_only_novas_own_instance_metadata_names_the_guest(root):

@@ -399,6 +399,66 @@ def test_mokutil_saying_nothing_is_pending_is_no_pending_enrolment(root, tools, 
         "(/var/lib/shim-signed/mok/MOK.der is not enrolled)")
 
 
+# Lines as logs show them, module names aside (the bracketed source is each line's transcript):
+# modprobe [lolo101/px1800kbd#10, Hyphaed/vmware_module_builder#7], insmod and the kernel's
+# unnamed line [JafarAkhondali/acer-predator-turbo-and-rgb-keyboard-linux-module#113],
+# systemd-modules-load [ublue-os/bluefin#1142], the kernel's line while an nvidia load failed
+# [siderolabs/talos#7043], lockdown and modprobe's answer under it [AdnanHodzic/displaylink-debian#523],
+# the module first [kernel.org stable review of 705e9195187d: pr_notice("%s: loading of %s is
+# rejected", info->name, ...)].
+KERNEL_REJECTS = "Loading of module with unavailable key is rejected"
+LOCKDOWN = "Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7"
+
+
+def modprobe(module, error="Key was rejected by service"):
+    return f"modprobe: ERROR: could not insert '{module}': {error}"
+
+
+@pytest.mark.parametrize("log,found", [
+    # Loaders name the module: only NVIDIA's count.
+    ([KERNEL_REJECTS, modprobe("zfs")], ""),
+    ([KERNEL_REJECTS, "Failed to insert module 'vboxdrv': Key was rejected by service"], ""),
+    ([KERNEL_REJECTS, "insmod: ERROR: could not insert module src/facer.ko: Key was rejected by "
+                      "service"], ""),
+    ([LOCKDOWN, modprobe("evdi", "Operation not permitted")], ""),
+    ([KERNEL_REJECTS, modprobe("nvidia_vgpu_vfio")], modprobe("nvidia_vgpu_vfio")),
+    ([modprobe("zfs"), KERNEL_REJECTS, modprobe("nvidia"), KERNEL_REJECTS], modprobe("nvidia")),
+    (["Failed to insert module 'nvidia_vgpu_vfio': Key was rejected by service", modprobe("zfs")],
+     "Failed to insert module 'nvidia_vgpu_vfio': Key was rejected by service"),
+    (["insmod: ERROR: could not insert module /lib/modules/6.8.0-45-generic/updates/dkms/"
+      "nvidia.ko.zst: Required key not available"],
+     "insmod: ERROR: could not insert module /lib/modules/6.8.0-45-generic/updates/dkms/"
+     "nvidia.ko.zst: Required key not available"),
+    (["nvidia_drm: loading of module with unavailable key is rejected"],
+     "nvidia_drm: loading of module with unavailable key is rejected"),
+    (["zfs: loading of module with unavailable key is rejected"], ""),
+    # Named NVIDIA modules only: not nvidiafb, nor another vendor's.
+    ([modprobe("nvidiafb"), modprobe("nvme_fabrics")], ""),
+    # "Operation not permitted" alone is not the key's; under lockdown the kernel's line counts.
+    ([modprobe("nvidia", "Operation not permitted")], ""),
+    ([LOCKDOWN, modprobe("nvidia", "Operation not permitted")], LOCKDOWN),
+    # The kernel's unnamed lines: those no other module's report accounts for count (fail safe).
+    ([KERNEL_REJECTS], KERNEL_REJECTS),
+    ([KERNEL_REJECTS, modprobe("zfs"), KERNEL_REJECTS], KERNEL_REJECTS),
+    ([LOCKDOWN, modprobe("zfs")], LOCKDOWN),  # a key refusal does not account for lockdown
+    ([LOCKDOWN, LOCKDOWN, modprobe("evdi", "Operation not permitted")], LOCKDOWN),
+])
+def test_only_refusals_of_nvidias_modules_count(log, found):
+    assert kernel.nvidia_refusal(["Dec 01 systemd[1]: Started Journal Service."] + log) == found
+
+
+def test_another_modules_refusal_is_not_blamed_on_secure_boot(root, tools):
+    """A DKMS zfs refused at boot, NVIDIA's key enrolled: the reboot is what the host needs."""
+    secure_boot_with_dkms_key(root)
+    fake_mokutil(tools, key="is already enrolled")
+    fake_journal(tools, f"{KERNEL_REJECTS}\n{modprobe('zfs')}\n")
+    assert kernel.secure_boot() == kernel.SecureBoot(True, "", True)
+    assert not kernel.secure_boot().blocks_modules()
+    fake_journal(tools, f"{KERNEL_REJECTS}\n{modprobe('zfs')}\n{KERNEL_REJECTS}\n")
+    assert kernel.secure_boot() == kernel.SecureBoot(True, KERNEL_REJECTS, True)
+    assert kernel.secure_boot().blocks_modules()
+
+
 def test_an_enrolled_key_without_refusals_is_left_to_the_reboot(root, tools):
     secure_boot_with_dkms_key(root)
     fake_mokutil(tools, key="is already enrolled")

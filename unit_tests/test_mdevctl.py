@@ -40,3 +40,20 @@ def test_apt_that_says_yes_without_installing_it_is_an_error(root, tools):
     with pytest.raises(InstallError, match="apt-get installed mdevctl but /usr/sbin/mdevctl is "
                                            "not there"):
         mdevctl.ensure()
+
+
+def test_update_status_retries_an_hour_after_the_failure_or_when_the_clock_went_back():
+    failed = mdevctl.Failure(at=10_000.0, cause="apt-get install mdevctl failed: no")
+    assert not mdevctl.retry_due(failed, 10_000.0)
+    assert not mdevctl.retry_due(failed, 10_000.0 + 3599)
+    assert mdevctl.retry_due(failed, 10_000.0 + 3600)
+    assert mdevctl.retry_due(failed, 9_999.0)  # a failure "in the future" holds nothing off
+
+
+def test_a_failure_is_kept_as_plain_data_and_an_unreadable_record_means_retry():
+    failed = mdevctl.Failure(at=1234.5, cause="apt-get update failed: E: no network")
+    assert mdevctl.from_record(mdevctl.to_record(failed)) == failed
+    assert mdevctl.to_record(None) == {}
+    assert mdevctl.from_record({}) is None
+    assert mdevctl.from_record({"at": "yesterday", "cause": "x"}) is None
+    assert mdevctl.from_record({"cause": "x"}) is None

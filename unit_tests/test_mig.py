@@ -140,6 +140,12 @@ def test_layout_keeps_what_fits_destroys_only_what_is_unused_and_never_what_is_i
     assert short.problem == ("GPU 0000:18:00.0: MIG-backed H200X-2-35C needs 3 x 2g.35gb GPU "
                              "instances, 0 exist and nvidia-smi mig -lgip lists 2 creatable")
     assert "does not offer it" in mig.layout(NEED, [], {}, {}).problem
+    # Others to destroy: the profile's Total less the instances kept, whatever Free says now.
+    kept = gi(1, "2g.35gb", 0, 2)
+    assert mig.layout(NEED, [kept, other], {}, {"2g.35gb": mig.Offered("2g.35gb", 14, 0, 3)}) == \
+        mig.Layout(destroy=(other,), create=2)
+    assert mig.layout(NEED, [kept, other], {}, {"2g.35gb": mig.Offered("2g.35gb", 14, 0, 2)}
+                      ).problem.endswith("1 exist and nvidia-smi mig -lgip lists 2 in all")
 
 
 def test_ensure_creates_what_is_missing_and_replaces_only_unused_instances(root, tools):
@@ -147,9 +153,13 @@ def test_ensure_creates_what_is_missing_and_replaces_only_unused_instances(root,
 
     host = h200_sxm_host(root, vfs=2, mig="Enabled")
     mig.create(H200, "1g.18gb", 2)
+    before = len(tools.calls())
     assert mig.ensure(NEED) == ["GPU instance 1 (1g.18gb, unused) destroyed",
                                 "GPU instance 2 (1g.18gb, unused) destroyed",
                                 "3 x 2g.35gb GPU instances created"]
+    # -lgip once, before anything is destroyed.
+    assert [c.split()[-1] for c in tools.calls()[before:] if " -lgi" in c] == ["-lgi", "-lgip"]
+    assert [c for c in tools.calls()[before:] if "-lgip" in c or "-dgi" in c][0].endswith("-lgip")
     assert host.gpu_instances(H200) == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
     assert mig.ensure(NEED) == []  # there already: nothing run but the listing
     # A VF's vGPU in an instance of another profile: the layout stays, the steps are said.
@@ -163,6 +173,35 @@ def test_ensure_creates_what_is_missing_and_replaces_only_unused_instances(root,
     # The stand-in refuses to destroy it too, as the driver would.
     with pytest.raises(MigError, match="In use by another client"):
         mig.destroy(H200, 1)
+
+
+def test_nothing_is_destroyed_for_instances_that_would_not_fit_once_the_others_are_gone(root, tools):
+    """-lgip, read before destroying: the profile's Total less those kept is what will fit."""
+    host = h200_sxm_host(root, vfs=2, mig="Enabled")
+    mig.create(H200, "1g.18gb", 1)  # unused: in the way of the +me instances only by slices
+    before = len(tools.calls())
+    with pytest.raises(MigError) as error:
+        mig.ensure(mig.Need(H200, "H200X-1-18C", "1g.18gb+me", 2))
+    assert str(error.value) == ("GPU 0000:18:00.0: MIG-backed H200X-1-18C needs 2 x 1g.18gb+me GPU "
+                                "instances, 0 exist and nvidia-smi mig -lgip lists 1 in all")
+    assert host.gpu_instances(H200) == ["1:1g.18gb@0"]
+    assert not [c for c in tools.calls()[before:] if "-dci" in c or "-dgi" in c or "-cgi" in c]
+    # -lgip that cannot be read: nothing is destroyed either.
+    smi = root / "usr/bin/nvidia-smi"
+    smi.rename(smi.with_name("nvidia-smi.real"))
+    smi.write_text('#!/bin/sh\ncase "$*" in *-lgip*) echo "Unknown Error"; exit 255 ;; esac\n'
+                   f'exec "{smi}.real" "$@"\n')
+    smi.chmod(0o755)
+    with pytest.raises(MigError, match="-lgip failed: Unknown Error"):
+        mig.ensure(mig.Need(H200, "H200X-7-141C", "7g.141gb", 1))
+    assert host.gpu_instances(H200) == ["1:1g.18gb@0"]
+    smi.with_name("nvidia-smi.real").replace(smi)
+    # One that fits once the other is gone: destroyed, then created, -lgip read once.
+    before = len(tools.calls())
+    assert mig.ensure(mig.Need(H200, "H200X-7-141C", "7g.141gb", 1)) == [
+        "GPU instance 1 (1g.18gb, unused) destroyed", "1 x 7g.141gb GPU instance created"]
+    assert len([c for c in tools.calls()[before:] if c.endswith("-lgip")]) == 1
+    assert host.gpu_instances(H200) == ["1:7g.141gb@0"]
 
 
 def test_a_reboot_wipes_the_gpu_instances_and_may_leave_the_mode_pending(root, tools):

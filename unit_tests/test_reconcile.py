@@ -105,3 +105,65 @@ def test_publish_alone_logs_a_host_read_error_and_returns_no_data(ready, root, c
     # The hooks' reconcile says it as a problem instead, and publishes nothing either.
     done = reconcile.reconcile(reconcile.Host(), inputs(GOOD))
     assert done.problems == [unreadable] and done.relation_data == []
+
+
+def test_the_principal_s_files_are_read_once_per_dispatch_and_a_failure_is_said_to_each_caller(
+        root):
+    from unit_tests.faketools import OPENED
+    from vgpu.errors import PrincipalConfigError
+
+    conf = root / "etc/nova/nova.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text("[DEFAULT]\nbroken\n")
+    host = reconcile.Host()
+    with OPENED as opened:
+        for _ in range(2):
+            with pytest.raises(PrincipalConfigError, match="cannot parse /etc/nova/nova.conf: line 2"):
+                host.principal_conf()
+    assert opened.reads[conf] == 1
+    conf.write_text("[pci]\nalias = {}\n")
+    with pytest.raises(PrincipalConfigError):  # kept until refresh: one dispatch, one answer
+        host.principal_conf()
+    host.refresh()
+    assert host.principal_conf() == [("/etc/nova/nova.conf", {"pci": {"alias": ["{}"]}})]
+
+
+def test_the_failed_mdevctl_install_comes_back_and_update_status_alone_backs_off(
+        root, tools, packages):
+    """Inputs.backoff and mdevctl_failed in, Outcome.mdevctl_failed out; actions try at once."""
+    import time
+
+    from unit_tests.fakehost import v100_host
+    from vgpu import mdevctl
+
+    v100_host(root, nova="3:30.0.0-0ubuntu1")
+    install_driver(root, packages["old"])
+    for daemon in ("nvidia-vgpu-mgr", "nvidia-vgpud"):
+        tools.set_active(daemon)
+    tools.apt_fails("mdevctl")
+
+    def apt_runs():
+        return len([c for c in tools.calls() if c.startswith("apt-get")])
+
+    done = reconcile.reconcile(reconcile.Host(), inputs(GOOD))
+    failed = done.mdevctl_failed
+    assert apt_runs() == 3 and failed is not None
+    assert failed.cause == "apt-get install mdevctl failed: Unable to locate package mdevctl"
+    assert "subordinate_configuration" not in done.relation_data[0]
+    # update-status within the hour: no apt, the same failure kept, the same cause said.
+    done = reconcile.reconcile(reconcile.Host(), inputs(GOOD, backoff=True, mdevctl_failed=failed))
+    assert apt_runs() == 3 and done.mdevctl_failed == failed
+    assert done.problems[0].startswith(f"mdevctl is missing and could not be installed "
+                                       f"({failed.cause}): Nova 30")
+    assert "subordinate_configuration" not in done.relation_data[0]
+    # An hour on, and for an action (publish) at once: apt again, a new failure.
+    old = failed._replace(at=time.time() - mdevctl.RETRY_AFTER)
+    done = reconcile.reconcile(reconcile.Host(), inputs(GOOD, backoff=True, mdevctl_failed=old))
+    assert apt_runs() == 6 and done.mdevctl_failed.at > old.at
+    done = reconcile.publish(reconcile.Host(), inputs(GOOD, mdevctl_failed=failed))
+    assert apt_runs() == 9 and done.mdevctl_failed.at >= failed.at
+    # Installed: forgotten, and the mdev types go out.
+    tools.apt_works("mdevctl")
+    done = reconcile.reconcile(reconcile.Host(), inputs(GOOD, mdevctl_failed=failed))
+    assert apt_runs() == 10 and done.mdevctl_failed is None and done.problems == []
+    assert sections(done.relation_data[0])["devices"] == [["enabled_mdev_types", "nvidia-108"]]

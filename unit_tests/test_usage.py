@@ -5,6 +5,7 @@ guests in run/libvirt/qemu, definitions in etc/libvirt/qemu) with Nova's
 metadata; vGPUs are sysfs-shaped mdevs and VFs holding a type.
 """
 
+import os
 import re
 import subprocess
 
@@ -474,6 +475,74 @@ def test_capacity_of_vfio_vfs_holding_a_type(root):
     assert capacity.capacity(pci.discover(), {}) == []
 
 
+# What cannot be read counts as used, never as free, and the count says it is uncertain.
+V100_108 = {"nvidia-108": ("0000:c1:00.0",)}  # c1: MDEV_A held by a running guest, MDEV_IDLE idle
+
+
+def dangle(link):
+    """A link whose target is gone: its name is there, nothing can be read through it."""
+    link.unlink()
+    link.symlink_to("gone")
+
+
+def test_an_mdev_that_cannot_be_read_counts_as_used_never_as_free(v100_guests, root):
+    assert capacity.capacity(pci.discover(), V100_108) == [capacity.Capacity("nvidia-108", 1, 1)]
+    # Its type link gone: it counts for the type its parent is published with.
+    dangle(root / "sys/bus/pci/devices/0000:c1:00.0" / MDEV_IDLE / "mdev_type")
+    found = capacity.capacity(pci.discover(), V100_108)
+    assert found == [capacity.Capacity("nvidia-108", 2, 0, 1)]
+    assert capacity.capacity_text(found) == "nvidia-108: 2 used (1 uncertain), 0 free"
+    # Its bus link dangling (its device gone, the link's text as the kernel wrote it): the
+    # parent is still told by the link's text, so the other GPU's type is not touched.
+    both = {"nvidia-108": ("0000:c1:00.0",), "nvidia-109": ("0000:e1:00.0",)}
+    link = root / "sys/bus/mdev/devices" / MDEV_IDLE
+    target = os.readlink(link)
+    assert os.path.basename(os.path.dirname(target)) == "0000:c1:00.0"
+    device = link.resolve()
+    device.rename(device.with_name("gone"))
+    assert os.readlink(link) == target and not link.exists()
+    assert capacity.capacity(pci.discover(), both) == [
+        capacity.Capacity("nvidia-108", 2, 0, 1), capacity.Capacity("nvidia-109", 1, 0)]
+    # Not a link at all: its parent cannot be told, so it counts for every type.
+    link.unlink()
+    link.mkdir()
+    assert capacity.capacity(pci.discover(), both) == [
+        capacity.Capacity("nvidia-108", 2, 0, 1), capacity.Capacity("nvidia-109", 2, 0, 1)]
+
+
+def test_an_mdev_bus_that_cannot_be_listed_counts_one_used_per_type(v100_guests, root):
+    bus = root / "sys/bus/mdev/devices"
+    bus.rename(root / "sys/bus/mdev/devices.away")
+    bus.write_text("")  # a file where the directory is expected
+    assert capacity.capacity(pci.discover(), V100_108) == [capacity.Capacity("nvidia-108", 1, 0, 1)]
+
+
+def test_available_instances_that_cannot_be_read_count_as_one_used(v100_guests, root):
+    available = root / "sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types/nvidia-108/" \
+                       "available_instances"
+    available.unlink()
+    available.mkdir()  # exists, cannot be read as a file
+    assert capacity.capacity(pci.discover(), V100_108) == [capacity.Capacity("nvidia-108", 2, 1, 1)]
+
+
+def test_while_a_domain_file_cannot_be_read_what_no_other_holds_counts_as_used(v100_guests, root):
+    (root / "run/libvirt/qemu/instance-0000002d.xml").write_text("<domain><devices><hostdev")
+    # The idle mdev may be the unreadable guest's.
+    assert capacity.capacity(pci.discover(), V100_108) == [capacity.Capacity("nvidia-108", 2, 0, 1)]
+
+
+def test_while_a_domain_file_cannot_be_read_no_vfio_vf_is_free(root):
+    host = l40s_host(root)
+    for address in ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6"):
+        assign_vfio_type(host, address, 1139)
+    running_guest(root, "instance-00000040", VM_1, pci_address="0000:81:00.5")
+    (root / "etc/libvirt/qemu").mkdir(parents=True, exist_ok=True)
+    (root / "etc/libvirt/qemu/instance-00000041.xml").write_text("<!DOCTYPE d><domain><hostdev/>")
+    published = {"CUSTOM_VGPU_L40S_12Q": ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6")}
+    assert capacity.capacity(pci.discover(), published) == [
+        capacity.Capacity("CUSTOM_VGPU_L40S_12Q", 3, 0, 2)]
+
+
 def test_capacity_text_is_bounded():
     entries = [capacity.Capacity(f"nvidia-{n}", 0, 1) for n in range(9)]
     assert capacity.capacity_text(entries) == (
@@ -490,6 +559,12 @@ def test_status_line_shows_capacity_per_type(ctx, v100_guests, root, tools, pack
     assert out.unit_status == testing.ActiveStatus(
         "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1; "
         "nvidia-108: 1 used, 1 free; nvidia-109: 1 used, 0 free")
+    # An mdev that cannot be read: used, and the count says it is uncertain.
+    dangle(root / "sys/bus/pci/devices/0000:c1:00.0" / MDEV_IDLE / "mdev_type")
+    out = ctx.run(ctx.on.update_status(), out)
+    assert out.unit_status == testing.ActiveStatus(
+        "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 1, nvidia-109 on 1; "
+        "nvidia-108: 2 used (1 uncertain), 0 free; nvidia-109: 1 used, 0 free")
 
 
 # -- prerequisites come first -------------------------------------------------------------------

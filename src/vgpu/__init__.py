@@ -12,3 +12,8 @@ OPTION = "vgpu-device-mappings"  # the charm option that maps vGPU types to GPUs
 PCI_IN_PLACEMENT = "pci-in-placement"  # VFIO VFs reported to Placement ([pci] report_in_placement)
 LIVE_MIGRATION = "vfio-live-migration"  # VFIO device specs and aliases live_migratable
 RELATION = "nova-vgpu"  # the endpoint to nova-compute
+
+# Patterns several modules check (the boot step's parsers load without vgpu.pci): plain
+# strings, compiled by re where they are used.
+PCI_ADDRESS = r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"  # a PCI function, as sysfs names it
+MDEV_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"  # an mdev, lower case

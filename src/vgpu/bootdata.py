@@ -14,14 +14,15 @@ import json
 import math
 import os
 import re
-from typing import Any, Dict, List, Mapping, NamedTuple, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 # The file's place and bounds live in vgpu.bootfile, which every hook imports (not this module).
-from . import files, hostroot, text
+from . import PCI_ADDRESS, files, hostroot, text
 from .bootfile import DATA_FILE, DATA_VERSION, LIMIT, TOTAL  # noqa: F401
+from .record import NamedTuple
 
 # Patterns compiled by re when used (the boot step, a changed file): not on every hook.
-_ADDRESS = r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z"
+_ADDRESS = PCI_ADDRESS + r"\Z"
 _UNIT = r"[A-Za-z0-9][A-Za-z0-9@._:-]{0,250}\Z"  # a systemd unit name, never an option
 
 

@@ -19,9 +19,10 @@ answer, never a stored copy. Versions are ordered by dpkg itself
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, NamedTuple, Optional, Tuple
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from . import hostroot, run, text
+from .record import NamedTuple
 
 STATUS = "var/lib/dpkg/status"
 UPDATES = "var/lib/dpkg/updates"

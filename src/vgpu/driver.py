@@ -37,10 +37,11 @@ import platform
 import re
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import APP, RESOURCE, dpkg, hostroot, run
 from .errors import CommandError, InstallError, ResourceInvalidError, ResourceMissingError
+from .record import NamedTuple
 from .text import quote
 
 log = logging.getLogger(__name__)

@@ -7,10 +7,11 @@ dispatch only; nothing is cached across hooks.
 
 from __future__ import annotations
 
-from typing import List, Mapping, NamedTuple, Optional
+from typing import List, Mapping, Optional
 
 from . import dpkg, driver, kernel, pci, releases
 from .errors import UnsupportedReleaseError
+from .record import NamedTuple
 
 # Packages of nova-compute's other subordinates (see vgpu.neighbours.PACKAGES).
 NEIGHBOURS = ("ceilometer-agent-compute",)

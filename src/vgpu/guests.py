@@ -19,9 +19,10 @@ What guards a change (retyping a VF, taking an mdev type from a GPU, pausing
 or upgrading the driver) is fail safe: a domain file that cannot be read or
 parsed, or that declares a DOCTYPE (where entities would be declared: it is
 never parsed), counts as a guest holding vGPUs, named by its path. The usage
-report and the capacity count log such files and skip them. Only a file that
-is complete (it ends with its closing tag) and names no ``<hostdev`` is left
-unparsed.
+report logs such files and skips them; the capacity count, told of them
+(:func:`held_devices`), counts what no readable file holds as used, uncertain.
+Only a file that is complete (it ends with its closing tag) and names no
+``<hostdev`` is left unparsed.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from . import hostroot
 from .errors import GuestsRunningError, HostReadError
+from .record import NamedTuple
 
 if TYPE_CHECKING:  # parsing XML is imported only when a file has something to parse
     import xml.etree.ElementTree as ET
@@ -161,17 +163,18 @@ class Domain(NamedTuple):
     project_name: str = ""
 
 
-def domains() -> List[Domain]:
+def domains(problems: Optional[List[str]] = None) -> List[Domain]:
     """Domains that hold an mdev or a PCI device: running ones, then shut-off ones.
 
     A domain both running and defined is read from its status XML only.
     Files without a ``<hostdev`` are not parsed at all (update-status reads
-    these to count capacity).
+    these to count capacity). Each file that cannot be read or parsed is
+    logged and skipped, and its host path added to ``problems`` when given.
     """
     out: Dict[str, Domain] = {}
     for directory, state in ((STATUS_DIR, RUNNING), (DEFINED_DIR, SHUT_OFF)):
-        for path in _xml_files(hostroot.path(directory)):
-            domain = _domain(path, require="<hostdev")
+        for path in _xml_files(hostroot.path(directory), problems):
+            domain = _domain(path, require="<hostdev", problems=problems)
             if domain is None:
                 continue
             uuid = (domain.findtext("uuid") or "").strip().lower()
@@ -186,23 +189,37 @@ def domains() -> List[Domain]:
     return list(out.values())
 
 
-def _xml_files(directory: Path) -> List[Path]:
-    """``directory``'s ``*.xml`` entries, sorted, as ``Path.glob`` gives them (none if unreadable)."""
+def _xml_files(directory: Path, problems: Optional[List[str]] = None) -> List[Path]:
+    """``directory``'s ``*.xml`` entries, sorted, as ``Path.glob`` gives them.
+
+    None if it does not exist; none either if it cannot be listed, and then its
+    host path is added to ``problems``.
+    """
     try:
         names = os.listdir(directory)
-    except OSError:
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        log.warning("%s", hostroot.unreadable(directory, error))
+        if problems is not None:
+            problems.append(hostroot.shown(directory))
         return []
     return sorted(directory / name for name in names if name.endswith(".xml"))
 
 
-def held_devices() -> Tuple[Set[str], Set[str]]:
-    """(mdev uuids, PCI addresses) that any running or defined domain holds."""
+def held_devices() -> Tuple[Set[str], Set[str], List[str]]:
+    """(mdev uuids, PCI addresses) that any running or defined domain holds; unreadable files.
+
+    The host paths of the domain files that could not be read or parsed come
+    last: what they hold cannot be told.
+    """
     mdevs: Set[str] = set()
     pci: Set[str] = set()
-    for domain in domains():
+    problems: List[str] = []
+    for domain in domains(problems):
         mdevs.update(domain.mdevs)
         pci.update(domain.pci)
-    return mdevs, pci
+    return mdevs, pci, problems
 
 
 def ensure_no_guests(pci_addresses: Iterable[str], force: bool = False,
@@ -220,14 +237,18 @@ def ensure_no_guests(pci_addresses: Iterable[str], force: bool = False,
     return guests
 
 
-def _domain(path: Path, require: str = "") -> Optional[ET.Element]:
+def _domain(path: Path, require: str = "",
+            problems: Optional[List[str]] = None) -> Optional[ET.Element]:
     """The ``<domain>`` element of a status or domain XML file, or None (logged when unreadable).
 
-    A complete file whose text lacks ``require`` is skipped unparsed.
+    A complete file whose text lacks ``require`` is skipped unparsed. The host
+    path of a file that cannot be read or parsed is added to ``problems``.
     """
     domain, problem = _parse(path, require)
     if problem:
         log.warning("skipping %s: %s", hostroot.shown(path), problem)
+        if problems is not None:
+            problems.append(hostroot.shown(path))
     return domain
 
 

@@ -15,10 +15,11 @@ import os
 import shutil
 from pathlib import Path
 from string import Template
-from typing import FrozenSet, Iterable, List, NamedTuple, Optional
+from typing import FrozenSet, Iterable, List, Optional, Tuple
 
 from . import APP, dpkg, files, hostroot, run
 from .errors import CommandError, HostReadError, InstallError
+from .record import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +173,22 @@ EFI_GLOBAL = "8be4df61-93ca-11d2-aa0d-00e098032b8c"  # EFI_GLOBAL_VARIABLE's GUI
 SECURE_BOOT_VAR = f"sys/firmware/efi/efivars/SecureBoot-{EFI_GLOBAL}"
 MOK_KEY = "var/lib/shim-signed/mok/MOK.der"  # the key DKMS signs modules with on Ubuntu
 SECURE_BOOT_TIMEOUT = 30
-# What the kernel and modprobe say when a module's signature is refused.
-_REJECTED = ("Key was rejected by service", "Loading of module with unavailable key is rejected",
-             "unsigned module loading is restricted", "Loading of unsigned module is rejected")
+# What the loaders say when the kernel refuses a module's signature, naming the module:
+#   modprobe: ERROR: could not insert 'vmmon': Key was rejected by service
+#   insmod: ERROR: could not insert module src/facer.ko: Key was rejected by service
+#   Failed to insert module 'evdi': Key was rejected by service      (systemd-modules-load)
+# ("Required key not available" on older kernels), or "Operation not permitted" under lockdown.
+# The kernel's own line names no module on today's kernels ("Loading of module with unavailable
+# key is rejected", "Lockdown: modprobe: unsigned module loading is restricted; see man
+# kernel_lockdown.7": the process, not the module); some 5.x kernels put the module first
+# ("nvidia: loading of module with unavailable key is rejected").
+_LOADERS = ("could not insert module ", "could not insert '", "Failed to insert module '")
+_KEY_REFUSED = ("Key was rejected by service", "Required key not available")
+_LOCKED_DOWN = "Operation not permitted"  # a loader's word for a lockdown refusal (among others)
+_KERNEL_REJECTS = ("loading of ", " is rejected")  # both in one line, in any case
+_KERNEL_LOCKDOWN = "unsigned module loading is restricted"
+_KEY, _LOCKDOWN = "key", "lockdown"  # the two kinds of refusal
+NVIDIA_MODULE = "nvidia"  # nvidia, and nvidia_<anything>: nvidia_vgpu_vfio, nvidia_drm, ...
 _LISTED_KEY = ("[key ", "Fingerprint")  # what mokutil --list-new prints of a waiting key
 
 
@@ -182,7 +196,7 @@ class SecureBoot(NamedTuple):
     """What the host says about Secure Boot and the modules' signing key."""
 
     enabled: Optional[bool]  # None: cannot tell
-    rejected: str = ""  # the kernel's (or modprobe's) words refusing a module's key, if logged
+    rejected: str = ""  # the log's words refusing an NVIDIA module's key (nvidia_refusal)
     key_enrolled: Optional[bool] = None  # DKMS's MOK enrolled (None: no key or cannot tell)
     pending: bool = False  # a MOK enrolment waits for the next boot (confirmed at the console)
 
@@ -245,7 +259,7 @@ def _mokutil(*args: str) -> str:
 
 
 def _rejection() -> str:
-    """The last line of this boot's log where a module's key was refused ('' if none)."""
+    """The last line of this boot's log where an NVIDIA module's key was refused ('' if none)."""
     if shutil.which("journalctl") is None:
         return ""
     try:
@@ -254,9 +268,82 @@ def _rejection() -> str:
     except CommandError as error:
         log.warning("%s", error)
         return ""
-    lines = [line.strip() for line in result.stdout.splitlines()
-             if any(words in line for words in _REJECTED)]
-    return lines[-1] if lines else ""
+    return nvidia_refusal(result.stdout.splitlines())
+
+
+def nvidia_refusal(lines: Iterable[str]) -> str:
+    """The last of ``lines`` (a log) saying an NVIDIA module's signature was refused, or ''.
+
+    A loader's report names the module: only NVIDIA's count (a DKMS zfs or
+    virtualbox module refused says nothing of NVIDIA's). The kernel's own line
+    names none on today's kernels, so it cannot be told whose it is. Each
+    refusal a loader reports for another module accounts for one such line of
+    its kind; a kernel line left over counts, fail safe: it may well be NVIDIA's
+    (a load at boot, by udev, need not leave a loader's line), it is read only
+    while Secure Boot is on and nvidia_vgpu_vfio is not loaded, and read as
+    another module's it would leave the status asking for a reboot that cannot
+    help. The status quotes the line as it is, so that it names no module shows.
+    """
+    ours: List[str] = []
+    unnamed: List[Tuple[str, str]] = []  # (kind, line)
+    others = {_KEY: 0, _LOCKDOWN: 0}  # other modules' refusals, by the kind they answer
+    for line in (raw.strip() for raw in lines):
+        said = _refused(line)
+        if said is None:
+            continue
+        module, kind, by_loader = said
+        if module is None:
+            unnamed.append((kind, line))
+        elif _is_nvidia(module):
+            if kind == _KEY:  # "Operation not permitted" alone is not the key's
+                ours.append(line)
+        elif by_loader:
+            others[kind] += 1
+    if ours:
+        return ours[-1]
+    left = []
+    for kind, line in unnamed:
+        if others[kind]:
+            others[kind] -= 1
+        else:
+            left.append(line)
+    return left[-1] if left else ""
+
+
+def _refused(line: str) -> Optional[Tuple[Optional[str], str, bool]]:
+    """(module or None, _KEY or _LOCKDOWN, whether a loader said it) for a refusal; else None."""
+    named = _loader_report(line)
+    if named is not None:
+        module, reason = named
+        if any(words in reason for words in _KEY_REFUSED):
+            return module, _KEY, True
+        return (module, _LOCKDOWN, True) if _LOCKED_DOWN in reason else None
+    lowered = line.lower()
+    if all(words in lowered for words in _KERNEL_REJECTS):
+        first, _, rest = line.partition(": ")
+        if rest.lower().startswith(_KERNEL_REJECTS[0]) and " " not in first:
+            return first, _KEY, False  # the module first, as some 5.x kernels print it
+        return None, _KEY, False
+    return (None, _LOCKDOWN, False) if _KERNEL_LOCKDOWN in lowered else None
+
+
+def _loader_report(line: str) -> Optional[Tuple[str, str]]:
+    """(module, the error) from a loader's "could not insert" line, or None for other lines."""
+    for marker in _LOADERS:
+        at = line.find(marker)
+        if at < 0:
+            continue
+        rest = line[at + len(marker):]
+        name, found, reason = rest.partition("': " if marker.endswith("'") else ": ")
+        if found:
+            base = name.rsplit("/", 1)[-1]  # insmod names the file: src/facer.ko(.zst)
+            return base.split(".ko", 1)[0] if ".ko" in base else base, reason
+    return None
+
+
+def _is_nvidia(module: str) -> bool:
+    name = module.strip().replace("-", "_")
+    return name == NVIDIA_MODULE or name.startswith(NVIDIA_MODULE + "_")
 
 
 def secure_boot_advice(state: SecureBoot) -> str:

@@ -23,9 +23,10 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from .pci import NAME_KEY
+from .record import NamedTuple
 from .text import quote
 
 if TYPE_CHECKING:  # plan is imported only where a host check needs it

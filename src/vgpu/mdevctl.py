@@ -12,15 +12,23 @@ the first instance can be scheduled here), rather than through the
 map only in its own install, upgrade-charm and openstack-upgrade hooks, never
 when this unit's data changes, and with ``fatal=True``, so a package its
 sources lack would fail nova-compute's own hooks. Nothing here imports ops.
+
+While apt cannot install it, update-status (every five minutes on every
+host) does not run apt again until :data:`RETRY_AFTER` has passed since the
+last failed attempt (:func:`retry_due`): each attempt holds dpkg's lock, which
+nova-compute's own hooks may want, for up to three apt runs. The charm keeps
+that attempt (:class:`Failure`) in its own state; every other hook tries at once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import Any, Dict, Mapping, Optional
 
 from . import hostroot, run
 from .errors import CommandError, InstallError
+from .record import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +37,32 @@ FIRST_NOVA = 30  # the first Nova that defines mdevs through libvirt (and so mde
 PROGRAMS = ("usr/sbin/mdevctl", "usr/bin/mdevctl")  # where the package puts it
 APT_TIMEOUT = 300  # seconds per apt-get run
 _INSTALL = ["apt-get", "install", "--yes", "--no-install-recommends", PACKAGE]
+RETRY_AFTER = 3600  # seconds update-status waits after a failed install before trying again
+
+
+class Failure(NamedTuple):
+    """The last attempt to install mdevctl that failed: when (seconds since the epoch) and why."""
+
+    at: float
+    cause: str
+
+
+def retry_due(failed: Failure, now: float) -> bool:
+    """Whether update-status may try again: RETRY_AFTER has passed, or the clock went back."""
+    return not failed.at <= now < failed.at + RETRY_AFTER
+
+
+def to_record(failed: Optional[Failure]) -> Dict[str, Any]:
+    """``failed`` as plain data to keep between hooks ({} for none)."""
+    return {} if failed is None else {"at": failed.at, "cause": failed.cause}
+
+
+def from_record(record: Mapping[str, Any]) -> Optional[Failure]:
+    """The failure a record keeps; None for none, or for a record that cannot be read (retry)."""
+    try:
+        return Failure(float(record["at"]), str(record["cause"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def needed(nova_major: int) -> bool:

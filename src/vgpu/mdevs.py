@@ -31,9 +31,10 @@ import json
 import logging
 import os
 import re
-from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
-from . import files, hostroot, pci
+from . import MDEV_UUID, PCI_ADDRESS, files, hostroot, pci
+from .record import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,8 @@ VERSION = 1
 LIMIT = 1 << 20  # bytes: about 5000 mdevs
 PERSISTENT_MAJOR = 30  # the first Nova that defines mdevs as persistent node devices
 # Patterns compiled by re when a record is read: not on every hook.
-UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z"
-ADDRESS = r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z"
+UUID = MDEV_UUID + r"\Z"
+ADDRESS = PCI_ADDRESS + r"\Z"
 TYPE = r"nvidia-[0-9]{1,6}\Z"
 MDEV_DEVICES = "sys/bus/mdev/devices"
 

@@ -52,10 +52,11 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import hostroot, pci, run, text
+from . import PCI_ADDRESS, hostroot, pci, run, text
 from .errors import CommandError, HostReadError, MigError, MigInUseError
+from .record import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -410,7 +411,7 @@ def enable_results(address: str, done: Optional[Enabled]) -> Dict[str, str]:
 _LGI = re.compile(r"^\|\s*\d+\s+MIG\s+(\S+)\s+\d+\s+(\d+)\s+(\d+):(\d+)\s*\|$")
 _LGIP = re.compile(r"^\|\s*\d+\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)/(\d+)\s")
 _NONE = "No GPU instances found"
-_PCI = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_PCI = re.compile(PCI_ADDRESS)
 
 
 class GpuInstance(NamedTuple):
@@ -643,8 +644,12 @@ def layout(need: Need, existing: Sequence[GpuInstance], busy: Mapping[int, Seque
 
     Instances of the needed profile count; others are destroyed only when room is
     needed and no VF's vGPU is in them; one in use that stands in the way is a
-    problem with the steps to clear it. ``offers`` (``-lgip``, read with the others
-    gone) says whether what is missing can be created.
+    problem with the steps to clear it. ``offers`` (``-lgip``, read before anything
+    is destroyed) says whether what is missing can be created: its Free count when
+    nothing is to be destroyed; else its Total less the instances of the profile
+    kept, since then only those are left and a profile's instances never overlap
+    (each sits at one of its placements, and they tile the GPU: the MIG user
+    guide's ``-lgipp`` examples).
     """
     same = [g for g in existing if g.profile == need.instance]
     missing = max(0, need.gis - len(same))
@@ -665,8 +670,10 @@ def layout(need: Need, existing: Sequence[GpuInstance], busy: Mapping[int, Seque
             "/sys/bus/pci/devices/<VF>/nvidia/current_vgpu_type), then run "
             f"{steps}; the next hook creates the rest"), held=tuple(vfs))
     offer = (offers or {}).get(need.instance)
-    if offers is not None and (offer is None or offer.free < missing):
-        listed = f"lists {offer.free} creatable" if offer else "does not offer it"
+    creatable = 0 if offer is None else offer.total - len(same) if other else offer.free
+    if offers is not None and (offer is None or creatable < missing):
+        listed = ("does not offer it" if offer is None else f"lists {offer.total} in all" if other
+                  else f"lists {offer.free} creatable")
         return Layout(problem=(
             f"GPU {need.gpu}: MIG-backed {need.profile} needs {need.gis} x {need.instance} GPU "
             f"instances, {len(same)} exist and nvidia-smi mig -lgip {listed}"))
@@ -679,29 +686,26 @@ def ensure(need: Need, timeout: float = TIMEOUT) -> List[str]:
     Only GPU instances no VF's vGPU is in are destroyed, and only when room is
     needed; one in use that stands in the way raises MigError with the steps
     (a hook never changes it). Nothing is destroyed unless what is missing can be
-    created once they are gone (``-lgip`` is read first).
+    created once they are gone: ``-lgip`` is read once, before anything is
+    destroyed (when it cannot be read, nothing is), and :func:`layout` tells from
+    it what will be creatable then. A second read after destroying would come too
+    late to keep anything; should the driver still refuse, ``-cgi`` fails with its
+    own reason.
     """
     existing = instances(need.gpu, timeout)
-    plan = layout(need, existing, used(need.gpu))
+    busy = used(need.gpu)
+    plan = layout(need, existing, busy)
     if plan.problem:
         raise MigInUseError(plan.problem, plan.held) if plan.held else MigError(plan.problem)
     if not plan.create:
         return []
-    offers = offered(need.gpu, timeout)
-    room = sum(g.size for g in plan.destroy)  # what destroying the unused ones frees
-    check = layout(need, [g for g in existing if g not in plan.destroy], {},
-                   offers if not room else None)
+    check = layout(need, existing, busy, offered(need.gpu, timeout))
     if check.problem:
         raise MigError(check.problem)
     done = []
     for gi in plan.destroy:
         destroy(need.gpu, gi.id, timeout)
         done.append(f"GPU instance {gi.id} ({gi.profile}, unused) destroyed")
-    if room:
-        check = layout(need, [g for g in existing if g not in plan.destroy], {},
-                       offered(need.gpu, timeout))
-        if check.problem:
-            raise MigError(check.problem)
     create(need.gpu, need.instance, plan.create, timeout)
     done.append(f"{plan.create} x {need.instance} GPU instance{'s' if plan.create > 1 else ''} "
                 "created")

@@ -22,7 +22,7 @@ imports ops.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, List, Mapping, Optional
+from typing import Callable, Iterable, List, Mapping, Optional
 
 from . import facts, principalconf
 from .errors import HostReadError, PrincipalConfigError
@@ -44,18 +44,21 @@ def ceilometer_missing(conf: Optional[principalconf.Files]) -> List[str]:
     return [key for key, _ in CEILOMETER_SETTINGS if key not in present]
 
 
-def notes(installed: Iterable[str], publishing: bool, principal: str) -> List[str]:
+def notes(installed: Iterable[str], publishing: bool, principal: str,
+          load: Callable[[], Optional[principalconf.Files]] = principalconf.load) -> List[str]:
     """Active-status notes for neighbours that lost settings; each is logged with the workaround.
 
     ``installed``: the names of the installed packages among :data:`PACKAGES`;
     ``publishing``: this unit publishes non-empty sections; ``principal``:
-    the principal application's name. nova.conf is read only when
-    ceilometer-agent is installed and this unit publishes.
+    the principal application's name; ``load``: reads the principal's files
+    (the charm passes its per-dispatch reading, shared with the check of the
+    principal's [pci] rules). nova.conf is read only when ceilometer-agent is
+    installed and this unit publishes.
     """
     if CEILOMETER_PACKAGE not in set(installed) or not publishing:
         return []
     try:
-        missing = ceilometer_missing(principalconf.load())
+        missing = ceilometer_missing(load())
     except (HostReadError, PrincipalConfigError) as error:
         log.warning("cannot tell whether ceilometer-agent's nova.conf settings are in force: %s",
                     error)

@@ -18,10 +18,11 @@ from __future__ import annotations
 import errno
 import os
 import re
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from . import hostroot, text
+from . import PCI_ADDRESS, hostroot, text
 from .errors import HostReadError
+from .record import NamedTuple
 
 NVIDIA_VENDOR = "0x10de"
 # PCI class: 0x0300xx VGA compatible controller, 0x0302xx 3D controller.
@@ -32,7 +33,7 @@ PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids")
 MDEV = "mdev"
 VFIO = "vfio"
 
-_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_ADDRESS = re.compile(PCI_ADDRESS + r"\Z")
 _TYPE_DIR = re.compile(r"nvidia-([0-9]+)\Z")
 _TYPE_ROW = r"\s*([0-9]+)\s*:\s*(\S.*?)\s*\Z"  # VFIO only: compiled by re when used
 

@@ -34,7 +34,6 @@ from typing import (
     Iterable,
     List,
     Mapping,
-    NamedTuple,
     Optional,
     Sequence,
     Set,
@@ -42,6 +41,7 @@ from typing import (
 )
 
 from . import LIVE_MIGRATION, PCI_IN_PLACEMENT, pci, releases
+from .record import NamedTuple
 
 if TYPE_CHECKING:
     from .guests import HeldMdev

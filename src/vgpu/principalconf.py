@@ -38,10 +38,11 @@ import json
 import re
 import string
 import sys
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import hostroot, pci, run, text
 from .errors import CommandError, PrincipalConfigError, UncheckedEntryError
+from .record import NamedTuple
 
 NOVA_CONF = "/etc/nova/nova.conf"
 NOVA_COMPUTE_CONF = "/etc/nova/nova-compute.conf"
@@ -544,8 +545,9 @@ def _mdev_targets(sections: Dict[str, List[List[str]]], host: pci.Host) -> List[
     addresses = [a for name, pairs in sections.items() if name.startswith(("mdev_", "vgpu_"))
                  for key, value in pairs if key == "device_addresses"
                  for a in filter(None, str(value).split(","))]
+    owners = host.owners()  # as host.gpu(address), for every address at once
     for address in addresses:
-        gpu = host.gpu(address)
+        gpu = owners.get(address)
         if gpu is not None:
             named.setdefault(gpu.address, set()).add(address)
     types = [v for k, v in sections.get("devices", []) if k in ("enabled_mdev_types",
@@ -557,7 +559,7 @@ def _mdev_targets(sections: Dict[str, List[List[str]]], host: pci.Host) -> List[
                     [vf.address for vf in gpu.vfs] if gpu.sriov else [gpu.address])
     out = []
     for gpu_address, parents in sorted(named.items()):
-        gpu = host.gpu(gpu_address)
+        gpu = owners.get(gpu_address)
         assert gpu is not None
         pf = Device(_NVIDIA, _id(gpu.device_id), gpu.address)
         by_address = {vf.address: Device(_NVIDIA, _id(vf.device_id), vf.address, gpu.address)
@@ -571,17 +573,18 @@ def _mdev_targets(sections: Dict[str, List[List[str]]], host: pci.Host) -> List[
 def _targets(device_specs: Sequence[str], host: pci.Host) -> List[_Target]:
     """The GPUs whose VFs ``device_specs`` (ours) publish, with all their functions."""
     by_gpu: Dict[str, Dict[str, str]] = {}  # GPU address -> our VF address -> product id
+    owners = host.owners()  # as host.gpu(address), for every address at once
     for value in device_specs:
         try:
             spec = json.loads(value)
             address, product = str(spec["address"]), str(spec["product_id"])
         except (ValueError, KeyError, TypeError):
             continue  # not one of ours: novaconf builds every one with both
-        gpu = host.gpu(address)
+        gpu = owners.get(address)
         by_gpu.setdefault(gpu.address if gpu else address, {})[address] = product
     out = []
     for gpu_address, ours in by_gpu.items():
-        gpu = host.gpu(gpu_address)
+        gpu = owners.get(gpu_address)
         if gpu is None:  # the VFs are not on the host now: only what we publish is known
             out.append(_Target(gpu_address, None, tuple(
                 Device(_NVIDIA, product, address) for address, product in ours.items()), ()))

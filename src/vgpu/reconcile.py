@@ -6,8 +6,9 @@ into :class:`Inputs` and calls :func:`reconcile` (every lifecycle and relation
 hook) or :func:`publish` (the actions that change the host). The steps do the
 host work through the other ``vgpu`` modules and return an :class:`Outcome`:
 the relation data to set, the blocked and waiting messages, the VFs that could
-not be enabled, and whether the unit was resumed outside the charm. The charm
-applies it (relation data, statuses, StoredState); this module never imports ops.
+not be enabled, whether the unit was resumed outside the charm and the failed
+install of mdevctl to remember. The charm applies it (relation data, statuses,
+StoredState); this module never imports ops.
 
 What the host is, is read once per dispatch and read again after changing it,
 through one :class:`Host` the charm keeps for the whole dispatch (its status
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import (
     Any,
     Callable,
@@ -40,7 +42,6 @@ from typing import (
     Iterator,
     List,
     Mapping,
-    NamedTuple,
     Optional,
     Sequence,
     Tuple,
@@ -80,6 +81,7 @@ from .errors import (
     VfTypeError,
     VgpuError,
 )
+from .record import NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +101,8 @@ class Host:
         """Start with nothing read."""
         self._gathered: Optional[facts.Facts] = None
         self._validation: Optional[mappings.Validation] = None
+        # principalconf.load's answer: (files, None) or (None, the error it raised)
+        self._principal: Optional[Tuple[Optional[principalconf.Files], Optional[VgpuError]]] = None
 
     def facts(self) -> facts.Facts:
         """What the host is, read once until :meth:`refresh`; raises HostReadError."""
@@ -106,10 +110,29 @@ class Host:
             self._gathered = facts.gather()
         return self._gathered
 
+    def principal_conf(self) -> Optional[principalconf.Files]:
+        """The principal's nova.conf and nova-compute.conf (:func:`principalconf.load`), read once.
+
+        Kept until :meth:`refresh`, as the facts are: the check of the
+        principal's [pci] rules and the neighbours' note share one reading.
+        Raises what that reading raised (HostReadError, PrincipalConfigError)
+        to every caller.
+        """
+        if self._principal is None:
+            try:
+                self._principal = (principalconf.load(), None)
+            except (HostReadError, PrincipalConfigError) as error:
+                self._principal = (None, error)
+        conf, failure = self._principal
+        if failure is not None:
+            raise failure
+        return conf
+
     def refresh(self) -> None:
         """Forget what was read of the host (after changing it)."""
         self._gathered = None
         self._validation = None
+        self._principal = None
 
     def mapping(self, checked: Callable[[], mappings.Validation], *, pci_in_placement: bool,
                 live_migration: bool, problems: List[str],
@@ -155,6 +178,10 @@ class Inputs(NamedTuple):
     show: Callable[[str], None] = lambda message: None  # maintenance message while installing
     # [pci] report_in_placement was published once (the unit's memory, kept across relations).
     reported: bool = False
+    # update-status: apt retries mdevctl only once mdevctl.RETRY_AFTER has passed since
+    # mdevctl_failed (every other hook and the actions try at once).
+    backoff: bool = False
+    mdevctl_failed: Optional[mdevctl.Failure] = None  # the last failed install (the unit's memory)
 
 
 class Outcome:
@@ -169,6 +196,8 @@ class Outcome:
         self.vf_failures: Optional[Dict[str, str]] = None  # GPU address -> why; None: not looked at
         self.resumed = False  # the paused daemons run again (started outside the charm)
         self.busy = False  # the boot step held the host lock: nothing done, the waits say so
+        # The failed install of mdevctl to remember (None: none); _Hook starts it as given.
+        self.mdevctl_failed: Optional[mdevctl.Failure] = None
 
 
 def wants_driver(here: facts.Facts, options: Mapping[str, Any]) -> bool:
@@ -283,6 +312,7 @@ class _Hook:
         self.given = given
         self.paused = given.paused
         self.out = Outcome()
+        self.out.mdevctl_failed = given.mdevctl_failed
         self.problems = self.out.problems
         self.waits = self.out.waits
         self.mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
@@ -453,21 +483,41 @@ def _publish(hook: _Hook) -> None:
 
 
 def _mdevctl_ready(hook: _Hook, sections, release) -> bool:
-    """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it."""
+    """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it.
+
+    Whether it is there is read every hook. Missing, it is installed with apt,
+    except on update-status within mdevctl.RETRY_AFTER of the last failed
+    attempt: then no apt runs and that attempt's cause is said again, with
+    when it is retried. The outcome keeps the failed attempt (None once there).
+    """
     if not sections or release is None or not mdevctl.needed(release.nova_major) \
             or not novaconf.mapping_from_sections(
                 {k: v for k, v in sections.items() if k != "pci"}):
         return True
-    try:
-        mdevctl.ensure()
-    except InstallError as error:
-        hook.problems.append(
-            f"{mdevctl.PACKAGE} is missing and could not be installed ({error}): Nova "
-            f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
-            f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
-            f"make it installable (universe) or install it, then the mdev types are published")
-        return False
-    return True
+    if mdevctl.present():
+        hook.out.mdevctl_failed = None
+        return True
+    failed = hook.given.mdevctl_failed
+    if hook.given.backoff and failed is not None and not mdevctl.retry_due(failed, time.time()):
+        cause = failed.cause  # no apt now: the last attempt's cause, and when it is retried
+        at = time.strftime("%H:%M", time.gmtime(failed.at + mdevctl.RETRY_AFTER))
+        retry = f"; tried again at the next config-changed or after {at} UTC"
+    else:
+        try:
+            mdevctl.ensure()
+        except InstallError as error:
+            cause, retry = str(error), ""
+            hook.out.mdevctl_failed = mdevctl.Failure(time.time(), cause)
+        else:
+            hook.out.mdevctl_failed = None
+            return True
+    hook.problems.append(
+        f"{mdevctl.PACKAGE} is missing and could not be installed ({cause}): Nova "
+        f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
+        f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
+        f"make it installable (universe) or install it, then the mdev types are published"
+        + retry)
+    return False
 
 
 def _addressable(hook: _Hook, plan):
@@ -515,7 +565,7 @@ def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:
         return True
     app = relations[0].app if relations else PRINCIPAL
     try:
-        conf = principalconf.load()
+        conf = hook.host.principal_conf()
     except (HostReadError, PrincipalConfigError) as error:
         hook.problems.append(f"cannot check {app}'s [pci] settings against this unit's: {error}; "
                              "the last published settings stay")

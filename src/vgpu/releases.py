@@ -9,10 +9,11 @@ here is treated as the newest known one, so new hosts get today's format.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Optional
+from typing import Optional
 
 from . import dpkg
 from .errors import UnsupportedReleaseError
+from .record import NamedTuple
 
 NOVA_PACKAGE = "nova-common"
 

@@ -16,10 +16,11 @@ import os
 import signal
 import subprocess
 import time
-from typing import Mapping, NamedTuple, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from . import text
 from .errors import CommandError
+from .record import NamedTuple
 
 log = logging.getLogger(__name__)
 

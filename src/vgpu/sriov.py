@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 from string import Template
 from types import MappingProxyType
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Sequence
+from typing import Dict, Iterable, List, Mapping, Sequence
 
 from . import APP, bootfile, files, hostlock, hostroot, kernel, pci, run, services, text
 from .errors import CommandError, ServiceError, SriovError
+from .record import NamedTuple
 
 log = logging.getLogger(__name__)
 

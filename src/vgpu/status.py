@@ -11,10 +11,11 @@ into the matching ops status and Juju shows the most severe.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import List, Mapping, NamedTuple, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 from . import OPTION, PCI_IN_PLACEMENT, RELATION, driver, kernel, mappings, sriov, text
 from .facts import Facts
+from .record import NamedTuple
 
 BLOCKED = "blocked"
 MAINTENANCE = "maintenance"

@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import catalogue, guests, hostroot, pci, text
 from .capacity import mdev_device
 from .errors import HostReadError
+from .record import NamedTuple
 
 EDITIONS = {
     "Q": "RTX Virtual Workstation",
