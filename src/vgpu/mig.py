@@ -669,15 +669,21 @@ def layout(need: Need, existing: Sequence[GpuInstance], busy: Mapping[int, Seque
             "in use. Move or delete the guests on those VFs, release each VF (echo 0 > "
             "/sys/bus/pci/devices/<VF>/nvidia/current_vgpu_type), then run "
             f"{steps}; the next hook creates the rest"), held=tuple(vfs))
-    offer = (offers or {}).get(need.instance)
-    creatable = 0 if offer is None else offer.total - len(same) if other else offer.free
-    if offers is not None and (offer is None or creatable < missing):
-        listed = ("does not offer it" if offer is None else f"lists {offer.total} in all" if other
-                  else f"lists {offer.free} creatable")
-        return Layout(problem=(
-            f"GPU {need.gpu}: MIG-backed {need.profile} needs {need.gis} x {need.instance} GPU "
-            f"instances, {len(same)} exist and nvidia-smi mig -lgip {listed}"))
-    return Layout(destroy=tuple(other), create=missing)
+    fits = Layout(destroy=tuple(other), create=missing)
+    if offers is None:
+        return fits
+    offer = offers.get(need.instance)
+    if offer is None:
+        listed = "does not offer it"
+    elif other and offer.total - len(same) < missing:
+        listed = f"lists {offer.total} in all"  # the others destroyed, only the kept remain
+    elif not other and offer.free < missing:
+        listed = f"lists {offer.free} creatable"
+    else:
+        return fits
+    return Layout(problem=(
+        f"GPU {need.gpu}: MIG-backed {need.profile} needs {need.gis} x {need.instance} GPU "
+        f"instances, {len(same)} exist and nvidia-smi mig -lgip {listed}"))
 
 
 def ensure(need: Need, timeout: float = TIMEOUT) -> List[str]:
