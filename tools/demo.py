@@ -270,6 +270,8 @@ def held_types(root: Path):
 def flavor_lines(gpus: dict, context: dict, held: dict):
     """The flavor property of every type the relation publishes, then the aliases they need.
 
+    A type whose resource class another published type has points to list-vgpu-types' note.
+
     mdev types are published by id in ``[devices]``; VFIO types as one
     ``[pci] device_spec`` per VF, whose address ``held`` maps to its type.
     """
@@ -286,8 +288,9 @@ def flavor_lines(gpus: dict, context: dict, held: dict):
         for type_id, entry in types.items():
             if type_id in published and entry["name"] not in seen:
                 seen.add(entry["name"])
+                shared = "   (shared: see the note above)" if "flavor-note" in entry else ""
                 lines.append(f"  {entry['name']}: openstack flavor set <flavor> --property "
-                             f"{entry['flavor-property']}")
+                             f"{entry['flavor-property']}{shared}")
                 if "pci-alias" in entry:
                     aliases.append(entry["pci-alias"])
     if aliases:

@@ -32,6 +32,18 @@ def test_reboot_upgrade_restores_the_vf_types_by_name_and_publishes_the_same(env
     assert "[pci] device_spec published: 8, unchanged:" in out
 
 
+def test_two_mdev_types_of_the_default_demo_are_flagged_as_sharing_vgpu(environ, capsys):
+    assert demo.main([]) == 0  # nvidia-108 and nvidia-109, both VGPU in Placement
+    out = capsys.readouterr().out
+    assert "\nnvidia-108, nvidia-109 are published with one resource class, VGPU: " in out
+    assert ("  GRID V100-8Q: openstack flavor set <flavor> --property resources:VGPU=1   "
+            "(shared: see the note above)\n") in out
+    assert demo.main(["--config", "mdev-class-per-profile=true"]) == 0
+    out = capsys.readouterr().out
+    assert "shared" not in out
+    assert "  GRID V100-8Q: openstack flavor set <flavor> --property resources:CUSTOM_VGPU_V100_8Q=1\n" in out
+
+
 def test_reboot_upgrade_needs_the_host_with_two_driver_branches(environ, capsys):
     with pytest.raises(SystemExit):
         demo.main(["--host", "v100", "--reboot-upgrade"])

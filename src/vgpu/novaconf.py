@@ -272,6 +272,17 @@ def mapping_from_sections(config_sections: Sections) -> Dict[str, Tuple[str, ...
     return out
 
 
+def mdev_classes(config_sections: Sections) -> Dict[str, str]:
+    """``{type: resource class}`` of each published mdev type: its ``mdev_class``, else ``VGPU``.
+
+    ``VGPU`` is Nova's default, and the only class before Xena (``[vgpu_<type>]``).
+    """
+    option = _types_option(config_sections)
+    types = dict(config_sections.get("devices", [])).get(option, "") if option else ""
+    return {vgpu_type: dict(config_sections.get(f"mdev_{vgpu_type}") or []).get("mdev_class", "VGPU")
+            for vgpu_type in filter(None, types.split(","))}
+
+
 def device_classes(config_sections: Sections) -> Dict[str, str]:
     """``{address: resource class}`` of each published ``[pci] device_spec`` (VFIO VFs)."""
     out: Dict[str, str] = {}
