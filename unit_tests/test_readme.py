@@ -453,6 +453,52 @@ def link_problems(page, text, root=REPO):
     return problems
 
 
+# A section of another page named in prose: **Term** in [Page](page.md), or "Title" section.
+BOLD_REF = re.compile(r"\*\*([^*]+?)\*\*\s+(?:in|under)\s+(?:the\s+)?"
+                      r"(?:\[[^\]]*\]\(([^)\s]+)\)|([A-Z][\w-]*(?:\s+[A-Z][\w-]*)*))")
+_PAGE = r"(?:\[[^\]]*\]\(([^)\s]+)\)|(README))"  # a link, or the README by name
+QUOTED_REF = re.compile(rf"(?:{_PAGE}'s\s+)?[\"“]([^\"”\n]{{1,80}})[\"”]\s+section\b"
+                        rf"(?:\s+(?:of|in)\s+(?:the\s+)?{_PAGE})?")
+
+
+def section_names(text):
+    """What a page's sections are called: its headings and its bold lead-ins (**Term.**)."""
+    prose = FENCE.sub("", text)
+    names = {h.strip() for h in re.findall(r"^#+ (.*)$", prose, re.M)}
+    names |= {b.strip().rstrip(".:,").strip() for b in re.findall(r"\*\*([^*]+?)\*\*", prose)}
+    return {name.lower() for name in names}
+
+
+def section_ref_problems(page, text, root=REPO):
+    """Sections of other pages that ``page`` names but that page does not have.
+
+    ``**Term** in [Page](link)`` needs a heading or bold lead-in ``Term`` on the linked page;
+    a bold term ``in``/``under`` a page named without a link, and a ``"Title" section``
+    whose page is neither linked just before it nor the README, name no page to check.
+    """
+    prose = FENCE.sub("", text)
+    problems = []
+    for term, target, unlinked in BOLD_REF.findall(prose):
+        if unlinked:
+            problems.append(f"{page}: **{term}** under {unlinked}: link the page that has it")
+            continue
+        if re.match(r"[a-z]+:", target):
+            continue
+        dest = (root / page).parent / target.partition("#")[0]
+        if dest.is_file() and term.strip().lower() not in section_names(dest.read_text()):
+            problems.append(f"{page}: **{term}**: no such section in {target}")
+    for link, readme, title, link_after, readme_after in QUOTED_REF.findall(prose):
+        target = (link or link_after).partition("#")[0]
+        dest = ((root / page).parent / target if target
+                else root / "README.md" if readme or readme_after else None)
+        if dest is None:
+            problems.append(f"{page}: \"{title}\" section: link the page that has it")
+        elif not dest.is_file() or title.strip().lower() not in section_names(dest.read_text()):
+            problems.append(f"{page}: \"{title}\" section: no such section in "
+                            f"{target or 'README.md'}")
+    return problems
+
+
 def _charm_actions():
     return {name: set((spec or {}).get("params", {})) for name, spec in _yaml("actions.yaml").items()}
 
@@ -516,6 +562,26 @@ def test_the_link_check_finds_missing_files_and_headings(tmp_path):
                         "docs/p.md: #not-a-heading: no such heading"], problems
 
 
+@pytest.mark.parametrize("page", PAGES)
+def test_every_section_of_another_page_the_documentation_names_exists(page):
+    assert section_ref_problems(page, (REPO / page).read_text()) == []
+
+
+def test_the_section_check_finds_sections_that_are_not_there(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# R\n\n## Removal\n")
+    (tmp_path / "docs" / "t.md").write_text("# T\n\n**IOMMU off.** Text.\n\n- **GPUs vanish.** x\n")
+    page = ("See **IOMMU off** in [Troubleshoot](t.md) and **GPUs vanish** under\n[T](t.md#t),\n"
+            "**GPUs gone** in [Troubleshoot](t.md), **GPUs vanish** under Troubleshooting,\n"
+            "the README's \"Removal\" section, the README's \"Pack\" section, the \"X\" section.\n"
+            "```\n**Nowhere** in [T](t.md)\n```\n")
+    assert section_ref_problems("docs/p.md", page, root=tmp_path) == [
+        "docs/p.md: **GPUs gone**: no such section in t.md",
+        "docs/p.md: **GPUs vanish** under Troubleshooting: link the page that has it",
+        "docs/p.md: \"Pack\" section: no such section in README.md",
+        "docs/p.md: \"X\" section: link the page that has it"]
+
+
 def test_makefile_targets_are_read_from_rules_and_phony():
     text = ".PHONY: demo charm\nVENV ?= .venv\n$(VENV)/.ready: x\ntest: $(VENV)/.ready\nX := 1\n"
     assert makefile_targets(text) == {"demo", "charm", "test"}
@@ -561,3 +627,4 @@ def test_every_code_block_of_the_documentation_is_closed(page):
 def test_make_as_a_package_name_is_no_target():
     assert command_problems("```\nsudo apt install git make python3-venv\n```", {}, set(), {"test"}) == []
     assert command_problems("`blocked: mdevctl is missing; make it installable`", {}, set(), {"test"}) == []
+
