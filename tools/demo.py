@@ -187,7 +187,8 @@ def reboot_upgrade(ctx, state, host, work: Path, config: dict):
     boot.main([f"/{sriov.DATA_FILE}"])
     types_booted = vf_types(root)
     print()
-    print("$ juju exec --unit nova-compute-nvidia-vgpu/0 hooks/update-status   # the next hook")
+    print("$ juju exec --unit nova-compute-nvidia-vgpu/0 -- JUJU_DISPATCH_PATH=hooks/update-status "
+          "./dispatch   # the next hook")
     state = ctx.run(ctx.on.update_status(), testing.State(
         config=config, relations=state.relations, stored_states=state.stored_states,
         resources=state.resources))

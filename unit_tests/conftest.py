@@ -7,6 +7,9 @@ dpkg-deb are the real ones.
 
 import importlib.util
 import os
+import platform
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -143,3 +146,31 @@ def made_charms(tmp_path_factory) -> dict:
     config = yaml.safe_load((build_charm.REPO / "charmcraft.yaml").read_text(encoding="utf-8"))
     return {target: build_charm.build(target, out, out / "work" / target.platform.replace(":", "-"))
             for target in build_charm.targets(config)}
+
+
+@pytest.fixture(scope="session")
+def made_charm(request, tmp_path_factory) -> Path:
+    """``make charm``'s artefact whose base runs this machine's Python (the one ./dispatch can run).
+
+    Else the very same build for this Python's version and glibc; or the file that
+    ``DISPATCH_CHARM`` names (``make charm`` then ``DISPATCH_CHARM=./nova-compute-nvidia-vgpu_
+    ubuntu@24.04-amd64.charm pytest unit_tests/test_dispatch.py`` on Ubuntu 24.04).
+    """
+    from tools import build_charm
+
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    given = os.environ.get("DISPATCH_CHARM")
+    if given:
+        charm_file = Path(given).resolve()
+        with zipfile.ZipFile(charm_file) as archive:
+            compiled = [n for n in archive.namelist() if n.startswith("venv/rpds/") and
+                        n.endswith(".so")]
+        if not all(f".cpython-{here.replace('.', '')}-" in n for n in compiled):
+            pytest.fail(f"DISPATCH_CHARM {charm_file.name} holds {compiled}: not for Python {here}")
+        return charm_file
+    made = request.getfixturevalue("made_charms")
+    for target, charm_file in made.items():
+        if target.python_version == here and target.machine == platform.machine():
+            return charm_file
+    work = tmp_path_factory.mktemp("made-charm")
+    return build_charm.build(build_charm.for_this_python(next(iter(made))), work, work / "build")

@@ -34,6 +34,7 @@ a target of the Makefile, and every relative link resolves, anchors included.
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import jsonschema
@@ -628,3 +629,123 @@ def test_make_as_a_package_name_is_no_target():
     assert command_problems("```\nsudo apt install git make python3-venv\n```", {}, set(), {"test"}) == []
     assert command_problems("`blocked: mdevctl is missing; make it installable`", {}, set(), {"test"}) == []
 
+
+# -- Hooks run by hand: juju exec against the packed charm --------------------------------------
+
+# juju exec's options that take a value (Juju 3's `juju exec --help`); the rest are flags.
+JUJU_EXEC_VALUED = {"-u", "--unit", "-m", "--model", "-a", "--app", "--application", "--machine",
+                    "-o", "--output", "--wait", "--format", "--execution-group"}
+
+
+def juju_exec_commands(segment):
+    """``(unit, command)`` of each ``juju exec`` in a code segment, as juju exec parses it.
+
+    Options come first (``--unit X``, ``--unit=X``, ``-u X``); ``--`` or the first other word
+    starts the command, whose words juju exec joins with spaces for the unit's shell.
+    """
+    found = []
+    for match in re.finditer(r"\bjuju exec (.+)", segment):
+        try:
+            words = shlex.split(match.group(1), comments=True)
+        except ValueError:  # an unclosed quote
+            found.append((None, match.group(1)))
+            continue
+        unit = None
+        while words and words[0].startswith("-") and words[0] != "--":
+            name, _, value = words.pop(0).partition("=")
+            if name in JUJU_EXEC_VALUED and not value and words:
+                value = words.pop(0)
+            if name in ("-u", "--unit"):
+                unit = value
+        found.append((unit, " ".join(words[1:] if words[:1] == ["--"] else words)))
+    return found
+
+
+def runs_a_hook(command):
+    """Whether a juju exec command runs the charm: it names ``hooks/...`` or ``dispatch``."""
+    return re.search(r"(?:^|[\s=/])(?:hooks/|\.?/?dispatch\b)", command) is not None
+
+
+def documented_hook_runs():
+    """``[(page, command)]``: every ``juju exec`` in the documentation that runs the charm."""
+    return [(page, command) for page in PAGES for segment in code_segments((REPO / page).read_text())
+            for _, command in juju_exec_commands(segment) if runs_a_hook(command)]
+
+
+def hook_run_problem(unit, command):
+    """What is wrong when ``command`` runs as ``juju exec`` runs it on ``unit`` (None: nothing).
+
+    It must name one hook (``hooks/<name>``), exit 0, and ops must have dispatched that hook's
+    event (its log says ``Emitting Juju event <name>.``): ``./dispatch`` without the hook's
+    name in ``JUJU_DISPATCH_PATH`` exits 0 too, having run no event.
+    """
+    named = re.findall(r"\bhooks/([a-z][\w-]*)", command)
+    if len(named) != 1:
+        return f"{command}: names no hook (hooks/<name>) for the charm to run"
+    done = unit.exec(command)
+    if done.returncode != 0:
+        return f"{command}: exit status {done.returncode}: {done.stderr.strip()[-300:]}"
+    event = named[0].replace("-", "_")
+    if not any(entry["message"] == f"Emitting Juju event {event}." for entry in done.log):
+        return f"{command}: the charm did not run hooks/{named[0]}"
+    return None
+
+
+HOOK_RUNS = documented_hook_runs()
+
+
+def test_the_documentation_runs_a_hook_by_hand_somewhere():
+    pages = {page for page, _ in HOOK_RUNS}
+    assert {"docs/how-to/pause-and-maintenance.md", "docs/tutorial/sample-host.md"} <= pages, pages
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("juju exec --unit nova-compute-nvidia-vgpu/0 -- JUJU_DISPATCH_PATH=hooks/update-status ./dispatch"
+     "   # the next hook",
+     [("nova-compute-nvidia-vgpu/0", "JUJU_DISPATCH_PATH=hooks/update-status ./dispatch")]),
+    ("juju exec -m cloud --unit=app/1 hooks/update-status", [("app/1", "hooks/update-status")]),
+    ("$ juju exec -u app/N -- 'sudo ls' /x", [("app/N", "sudo ls /x")]),
+    ("juju exec --unit app/0 -- echo 'unclosed", [(None, "--unit app/0 -- echo 'unclosed")]),
+])
+def test_juju_exec_commands_are_read_as_juju_exec_parses_them(text, expected):
+    assert juju_exec_commands(text) == expected
+
+
+def test_only_commands_that_run_the_charm_are_hook_runs():
+    assert runs_a_hook("JUJU_DISPATCH_PATH=hooks/update-status ./dispatch")
+    assert runs_a_hook("hooks/update-status") and runs_a_hook("/var/lib/juju/agents/unit-a-0/charm/dispatch")
+    assert not runs_a_hook("sudo cat /var/lib/nova-compute-nvidia-vgpu/mdevs.json")
+
+
+@pytest.fixture
+def exec_unit(made_charm, tmp_path, root, tools):
+    """A unit of ``make charm``'s artefact on a host without GPUs, as ``juju exec`` reaches it."""
+    from unit_tests import packing
+
+    why = packing.why_not()
+    if why:
+        pytest.skip(why)
+    return packing.juju_unit(made_charm, packing.unit_python(tmp_path / "unit-python"), tmp_path,
+                             root, tools)
+
+
+@pytest.mark.xdist_group("packed-charm")  # made_charm is built once, in one worker
+def test_every_hook_the_documentation_runs_by_hand_runs_on_the_packed_charm(exec_unit):
+    problems = [f"{page}: {problem}" for page, command in dict.fromkeys(HOOK_RUNS)
+                if (problem := hook_run_problem(exec_unit, command))]
+    assert problems == []
+    # The unit went on: update-status on a host without GPUs says so.
+    assert exec_unit.status() == ("active", "no NVIDIA GPU on this host: nothing to do")
+
+
+@pytest.mark.xdist_group("packed-charm")
+def test_the_hook_run_check_finds_a_hook_the_packed_charm_does_not_have(exec_unit):
+    # charmcraft writes hooks/install, start and upgrade-charm only: Juju runs ./dispatch.
+    problem = hook_run_problem(exec_unit, "hooks/update-status")
+    assert problem.startswith("hooks/update-status: exit status 127: "), problem
+    # ./dispatch without the hook's name exits 0 having run no hook.
+    assert hook_run_problem(exec_unit, "./dispatch") == (
+        "./dispatch: names no hook (hooks/<name>) for the charm to run")
+    assert hook_run_problem(exec_unit, "JUJU_DISPATCH_PATH=hooks/update-status true") == (
+        "JUJU_DISPATCH_PATH=hooks/update-status true: the charm did not run hooks/update-status")
+    assert hook_run_problem(exec_unit, "JUJU_DISPATCH_PATH=hooks/update-status ./dispatch") is None
