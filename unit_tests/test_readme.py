@@ -630,6 +630,186 @@ def test_make_as_a_package_name_is_no_target():
     assert command_problems("`blocked: mdevctl is missing; make it installable`", {}, set(), {"test"}) == []
 
 
+# -- Where the charm comes from: juju deploy, juju refresh ----------------------------------------
+
+CHARM = "nova-compute-nvidia-vgpu"  # metadata.yaml's name (checked below)
+# juju deploy's and juju refresh's options that take a value (Juju 3's --help); the rest are flags.
+JUJU_VALUED = {"--channel", "--config", "--constraints", "--resource", "--to", "-n", "--num-units",
+               "--base", "--series", "--bind", "--storage", "--device", "--revision", "-m",
+               "--model", "--overlay", "--attach-storage", "--path", "--switch"}
+
+
+def _juju_words(segment, command):
+    """``(positional words, {option: [values]})`` of each ``juju <command>`` in a code segment."""
+    found = []
+    for match in re.finditer(rf"\bjuju {command} (.+)", segment):
+        try:
+            words = shlex.split(match.group(1).rstrip("\\"), comments=True)
+        except ValueError:
+            continue
+        positional, options = [], {}
+        while words:
+            word = words.pop(0)
+            if word.startswith("-"):
+                name, _, value = word.partition("=")
+                if name in JUJU_VALUED and not value and words:
+                    value = words.pop(0)
+                options.setdefault(name, []).append(value)
+            else:
+                positional.append(word)
+        found.append((positional, options))
+    return found
+
+
+def _local(path):
+    return path.startswith(("./", "../", "/", "~")) or path.endswith((".charm", ".yaml"))
+
+
+def deploy_problems(text):
+    """What is wrong with the deploys, refreshes and resources of this charm in ``text``.
+
+    A deploy not from a local ``.charm``, a refresh of its applications not to one, and a
+    resource given twice to one application (``--resource``, then ``attach-resource``). The
+    charm is not published on Charmhub: every deploy names the file ``make charm`` or
+    ``charmcraft pack`` built (docs/how-to/build-the-charm.md).
+    """
+    segments = code_segments(text)
+    deploys = [found for s in segments for found in _juju_words(s, "deploy")]
+    apps, given, problems = {CHARM}, set(), []
+    for positional, options in deploys:
+        charm = positional[0] if positional else ""
+        if charm.removeprefix("ch:") == CHARM:
+            problems.append(f"juju deploy {charm}: not on Charmhub; deploy the .charm you built")
+        if _local(charm) and CHARM in charm:
+            app = positional[1] if len(positional) > 1 else CHARM
+            apps.add(app)
+            given.update((app, r) for r in options.get("--resource", []))
+    for s in segments:
+        for positional, options in _juju_words(s, "refresh"):
+            local = [v for v in options.get("--path", []) + options.get("--switch", []) if _local(v)]
+            if positional and positional[0] in apps and not local:
+                problems.append(f"juju refresh {positional[0]}: not on Charmhub; refresh with "
+                                "--path to the .charm you built")
+        for app, resource in re.findall(r"\bjuju attach-resource (\S+) (\S+=\S+)", s):
+            if (app, resource) in given:
+                problems.append(f"juju attach-resource {app} {resource}: given at deploy already")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_deploy_of_the_charm_is_of_a_local_charm_with_its_resource_once(page):
+    assert deploy_problems((REPO / page).read_text()) == []
+
+
+def test_the_charm_is_the_one_metadata_names():
+    assert _yaml("metadata.yaml")["name"] == CHARM
+
+
+DEPLOYED = "juju deploy ./nova-compute-nvidia-vgpu_ubuntu@24.04-amd64.charm"
+DEB = "nvidia-vgpu-software=./nvidia-vgpu-ubuntu-570_570.158.02_amd64.deb"
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("```\njuju deploy nova-compute-nvidia-vgpu vgpu-v100\n```", "juju deploy nova-compute-nvidia-vgpu:"),
+    ("`juju deploy ch:nova-compute-nvidia-vgpu --channel latest/edge`", "juju deploy ch:nova"),
+    ("`juju refresh nova-compute-nvidia-vgpu`", "juju refresh nova-compute-nvidia-vgpu:"),
+    (f"```\n{DEPLOYED} gpu-a \\\n    --resource {DEB}\njuju refresh gpu-a --channel x\n```",
+     "juju refresh gpu-a:"),
+    (f"```\n{DEPLOYED} --resource {DEB}\njuju attach-resource nova-compute-nvidia-vgpu {DEB}\n```",
+     "given at deploy already"),
+])
+def test_the_deploy_check_finds_charmhub_deploys_and_resources_given_twice(text, problem):
+    found = deploy_problems(text)
+    assert len(found) == 1 and problem in found[0], found
+
+
+def test_local_deploys_and_refreshes_pass_the_deploy_check():
+    text = (f"```\n{DEPLOYED} gpu-a --resource {DEB}\n"
+            "juju refresh gpu-a --path ./nova-compute-nvidia-vgpu_ubuntu@24.04-amd64.charm\n"
+            "juju refresh nova-compute-nvidia-vgpu --switch ./nova-compute-nvidia-vgpu.charm\n"
+            "juju attach-resource gpu-a nvidia-vgpu-software=./nvidia-vgpu-ubuntu-570_570.172.08_amd64.deb\n"
+            "juju deploy nova-compute --channel 2024.1/stable\njuju refresh nova-compute\n```")
+    assert deploy_problems(text) == []
+
+
+# -- osc-placement: the microversion each command and option needs ------------------------------
+
+# From openstack/osc-placement's own checks (osc_placement/resources/: resource_provider.py
+# ListResourceProvider and CreateResourceProvider at e52fa969f9ee, trait.py at dbd50cbf974a,
+# allocation_candidate.py at 3986993cd46b): "This param requires at least
+# --os-placement-api-version N". Without the option, osc-placement asks for 1.0 and refuses.
+PLACEMENT_NEEDS = {
+    ("resource provider list", "--aggregate-uuid"): (1, 3),
+    ("resource provider list", "--resource"): (1, 4),
+    ("resource provider list", "--in-tree"): (1, 14),
+    ("resource provider list", "--required"): (1, 18),
+    ("resource provider list", "--forbidden"): (1, 22),
+    ("resource provider create", "--parent-provider"): (1, 14),
+    ("trait list", None): (1, 6), ("trait show", None): (1, 6), ("trait create", None): (1, 6),
+    ("trait delete", None): (1, 6), ("resource provider trait list", None): (1, 6),
+    ("resource provider trait set", None): (1, 6), ("resource provider trait delete", None): (1, 6),
+    ("allocation candidate list", None): (1, 10),
+    ("allocation candidate list", "--limit"): (1, 16),
+    ("allocation candidate list", "--required"): (1, 17),
+    ("allocation candidate list", "--aggregate-uuid"): (1, 21),
+    ("allocation candidate list", "--forbidden"): (1, 22),
+}
+
+
+def placement_problems(text):
+    """``openstack`` Placement commands that ask for less than the microversion they need.
+
+    The version is the command's ``--os-placement-api-version``, else the
+    ``OS_PLACEMENT_API_VERSION`` given before it on its line or exported on an earlier line of
+    the page's code (as in one shell session), else 1.0, osc-placement's default.
+    """
+    problems, exported = [], "1.0"
+    for segment in code_segments(text):
+        export = re.match(r"\s*(?:\$\s+)?export\s+OS_PLACEMENT_API_VERSION=(\S+)", segment)
+        exported = export.group(1) if export else exported
+        for match in re.finditer(r"\b(?:OS_PLACEMENT_API_VERSION=(\S+)\s+)?openstack\s+(.+)", segment):
+            words = match.group(2).split()
+            version = match.group(1) or exported
+            if "--os-placement-api-version" in words[:-1]:
+                at = words.index("--os-placement-api-version")
+                version = words[at + 1]
+                del words[at:at + 2]
+            have = tuple(int(n) for n in version.split("."))
+            command = " ".join(w for w in words if not w.startswith("-"))
+            for (name, option), need in PLACEMENT_NEEDS.items():
+                if (command + " ").startswith(name + " ") and (option is None or option in words) \
+                        and have < need:
+                    problems.append(f"openstack {name}{' ' + option if option else ''} needs "
+                                    f"--os-placement-api-version {need[0]}.{need[1]}, not {version}")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_placement_command_asks_for_the_microversion_it_needs(page):
+    assert placement_problems((REPO / page).read_text()) == []
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("`openstack resource provider list --resource VGPU=1`",
+     "openstack resource provider list --resource needs --os-placement-api-version 1.4, not 1.0"),
+    ("```\nopenstack --os-placement-api-version 1.10 allocation candidate list --resource VGPU=1 "
+     "--limit 5\n```", "allocation candidate list --limit needs --os-placement-api-version 1.16"),
+    ("`openstack resource provider trait set --trait CUSTOM_A <rp>`", "trait set needs"),
+])
+def test_the_placement_check_finds_a_microversion_too_low(text, problem):
+    found = placement_problems(text)
+    assert len(found) == 1 and problem in found[0], found
+
+
+def test_commands_with_their_microversion_pass_the_placement_check():
+    assert placement_problems(
+        "```\nopenstack --os-placement-api-version 1.4 resource provider list --resource VGPU=1\n"
+        "openstack resource provider list --name compute-1_pci_0000_c1_00_0\n"
+        "OS_PLACEMENT_API_VERSION=1.16 openstack allocation candidate list --resource VGPU=1 --limit 5\n"
+        "openstack resource provider usage show <rp>\nopenstack flavor set x --property a=b\n"
+        "export OS_PLACEMENT_API_VERSION=1.6\nopenstack resource provider trait list <rp>\n```") == []
+
+
 # -- Hooks run by hand: juju exec against the packed charm --------------------------------------
 
 # juju exec's options that take a value (Juju 3's `juju exec --help`); the rest are flags.
