@@ -929,3 +929,327 @@ def test_the_hook_run_check_finds_a_hook_the_packed_charm_does_not_have(exec_uni
     assert hook_run_problem(exec_unit, "JUJU_DISPATCH_PATH=hooks/update-status true") == (
         "JUJU_DISPATCH_PATH=hooks/update-status true: the charm did not run hooks/update-status")
     assert hook_run_problem(exec_unit, "JUJU_DISPATCH_PATH=hooks/update-status ./dispatch") is None
+
+
+# -- The status reference against the charm's code ---------------------------------------------
+
+KINDS = ("blocked", "waiting", "maintenance", "active")
+WILD = "\x00"  # a part of a message left open: a value in the code, a placeholder in the text
+_KIND_NAMES = {"BLOCKED": "blocked", "WAITING": "waiting", "MAINTENANCE": "maintenance",
+               "ACTIVE": "active", "BlockedStatus": "blocked", "WaitingStatus": "waiting",
+               "MaintenanceStatus": "maintenance", "ActiveStatus": "active"}
+
+
+def _template(node, known=None):
+    """A string expression as text with WILD for each part only known at run time.
+
+    ``known``: module constants by name (``OPTION``, ``principalconf.NOVA_CONF``), whose text
+    an f-string's ``{OPTION}`` gets.
+    """
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return re.sub(r"%[-\d.]*[sdrf]|\{[^{}]*\}", WILD, node.value)  # "%s" and "{}" filled later
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else
+                       (known or {}).get(_name(v.value)) or WILD for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _template(node.left, known), _template(node.right, known)
+        return (left or WILD) + (right or WILD) if left is not None or right is not None else None
+    return None
+
+
+def _name(node):
+    import ast
+
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) \
+        else None
+
+
+def code_messages(sources):
+    """``{template: {kinds}}`` of every string the charm's code builds, by the status it reaches.
+
+    ``sources``: ``{module name: source}``. A string is ``waiting``, ``maintenance`` or
+    ``active`` where the code says so: in a ``(KIND, ...)`` pair (vgpu.status), in
+    ``ops.<Kind>Status(...)``, appended to a hook's ``waits`` (waiting) or ``show``n while
+    installing (maintenance), or in a function or module constant used there; every other
+    string reaches the status, if at all, as a blocked problem (``problems``, errors).
+    """
+    import ast
+
+    code = _Code([ast.parse(text) for text in sources.values()])
+    for node in code.nodes():
+        kind = _kind_given(node)
+        if kind:
+            for expr in (node.elts[1:] if isinstance(node, ast.Tuple) else node.args):
+                code.mark(expr, kind)
+    return code.templates()
+
+
+def _kind_given(node):
+    """The status kind other than blocked that ``node`` gives the strings in it, if any."""
+    import ast
+
+    if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+        kind = _KIND_NAMES.get(_name(node.elts[0]))
+        return kind if kind in KINDS[1:] else None
+    if not isinstance(node, ast.Call):
+        return None
+    called = _name(node.func)
+    owner = _name(node.func.value) if isinstance(node.func, ast.Attribute) else None
+    if called and called.endswith("Status"):  # ops.WaitingStatus(...)
+        kind = _KIND_NAMES.get(called)
+        return kind if kind in KINDS[1:] else None
+    return "waiting" if (called, owner) == ("append", "waits") else \
+        "maintenance" if called == "show" else None
+
+
+class _Code:
+    """The charm's modules: their functions, module constants, and the kinds marked so far."""
+
+    def __init__(self, trees):
+        import ast
+
+        self.trees = trees
+        self.functions, self.constants, self.kinds = {}, {}, {}  # kinds: id(node) -> {kind}
+        for node in self.nodes():
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions.setdefault(node.name, []).append(node)
+        for tree in trees:
+            for node in tree.body:  # module constants: BUSY = (...)
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                        and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper():
+                    self.constants.setdefault(node.targets[0].id, []).append(node.value)
+
+    def nodes(self):
+        import ast
+
+        for tree in self.trees:
+            yield from ast.walk(tree)
+
+    def mark(self, expr, kind, depth=0):
+        """Give ``kind`` to the strings of ``expr``, of the functions it calls and names it uses."""
+        import ast
+
+        for node in ast.walk(expr):
+            if _template(node) is not None:
+                self.kinds.setdefault(id(node), set()).add(kind)
+            if depth == 0 and isinstance(node, ast.Call):  # one call deep: serving_message(...)
+                for function in self.functions.get(_name(node.func), []):
+                    self.mark(function, kind, depth + 1)
+            if depth == 0 and isinstance(node, ast.Name):  # BUSY
+                for value in self.constants.get(node.id, []):
+                    self.mark(value, kind, depth + 1)
+
+    def templates(self):
+        """``{template: {kinds}}``: each whole string once (an f-string, not its pieces)."""
+        import ast
+
+        known = {}  # constants every module that defines them gives one plain text: OPTION
+        for name, values in self.constants.items():
+            texts = {v.value for v in values if isinstance(v, ast.Constant)}
+            if len(texts) == 1 and all(isinstance(v, ast.Constant) for v in values):
+                text = texts.pop()
+                if isinstance(text, str):
+                    known[name] = text
+        out, parts = {}, set()  # parts: pieces of a larger string (an f-string's text, a + b)
+        for node in self.nodes():
+            text = None if id(node) in parts else _template(node, known)
+            if text is None:
+                continue
+            parts.update(id(child) for child in ast.walk(node) if child is not node)
+            if text.strip(WILD).strip():
+                out.setdefault(text, set()).update(self.kinds.get(id(node), {"blocked"}))
+        return out
+
+
+def _charm_sources():
+    return {str(p.relative_to(REPO)): p.read_text() for p in sorted((REPO / "src").rglob("*.py"))}
+
+
+def globs_meet(p, q):
+    """Whether some text matches both ``p`` and ``q``, where WILD stands for any text.
+
+    Bit-parallel over ``q``'s positions (bit j: ``q[:j]`` can be matched against ``p[:i]``).
+    """
+    m, full = len(q), (1 << (len(q) + 1)) - 1
+    stars = sum(1 << j for j, c in enumerate(q) if c == WILD)
+    same = {}
+    for j, c in enumerate(q):
+        same[c] = same.get(c, 0) | (1 << j)
+
+    def close(bits):  # q's WILD may match nothing
+        while True:
+            more = bits | ((bits & stars) << 1)
+            if more == bits:
+                return bits
+            bits = more
+
+    row = close(1)
+    for c in p:
+        if c == WILD:  # p's WILD takes any of q's characters
+            low = row & -row
+            row = close(full & ~(low - 1)) if row else 0
+            continue
+        row = close((((row & same.get(c, 0)) << 1) | (row & stars)) & full)
+        if not row:
+            return False
+    return bool(row >> m & 1)
+
+
+def _doc_glob(message):
+    """A message as the documentation writes it: ``<...>``, ``…`` and ``...`` left open."""
+    return re.sub(r"<[^<>]*>|…|\.\.\.", WILD, message)
+
+
+def _longest(text):
+    return max(text.split(WILD), key=len)
+
+
+def matching_kinds(message, templates):
+    """The kinds of the code's most specific templates that can say ``message`` (empty: none).
+
+    A template may begin a longer message (``reboot required: {reason}``); of those that can
+    say it, the ones with the most fixed text decide (``no NVIDIA GPU on this host`` alone is
+    another message than ``no NVIDIA GPU on this host: nothing to do``).
+    """
+    doc = _doc_glob(message)
+    pieces = [piece for piece in doc.split(WILD) if len(piece) >= 6] or [_longest(doc)]
+    found, best = set(), 0
+    for template, kinds in templates.items():
+        if not (any(piece in template for piece in pieces)
+                or any(len(part) >= 8 and part in doc for part in template.split(WILD))):
+            continue  # cheap: they share no long piece
+        fixed = len(template.replace(WILD, ""))
+        if fixed >= best and globs_meet(doc, template + WILD):
+            found, best = (found | kinds if fixed == best else set(kinds)), fixed
+    return found
+
+
+def status_rows(text):
+    """``(messages, kind)`` per row of the status tables (first column Status or Message).
+
+    The messages are the first column's code spans; the kind is the ``Kind`` column ('' where
+    the table has none).
+    """
+    rows = []
+    for table in re.findall(r"(?:^\|.*\|[ \t]*\n)+", FENCE.sub("", text), re.M):
+        lines = table.splitlines()
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        if header[0] not in ("Status", "Message"):
+            continue
+        for line in lines[2:]:
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+            kind = cells[header.index("Kind")] if "Kind" in header else ""
+            rows.append((re.findall(r"`([^`]+)`", cells[0]), kind))
+    return rows
+
+
+def status_table_problems(text, templates):
+    """What is wrong with the status tables of ``text``, against the code's ``templates``.
+
+    A row without a kind, a message no code says, one of a kind the code does not give it,
+    and a message that another row has already (placeholders aside).
+    """
+    problems, seen, repeated = [], {}, set()  # the messages with their placeholders as …
+    for messages, kind in status_rows(text):
+        if kind not in KINDS:
+            problems.append(f"{messages[:1]}: Kind {kind!r} is none of {', '.join(KINDS)}")
+        for message in messages:
+            kinds = matching_kinds(message, templates)
+            if not kinds:
+                problems.append(f"{message}: the charm's code never says this")
+            elif kind in KINDS and kind not in kinds:
+                problems.append(f"{message}: the code makes it {'/'.join(sorted(kinds))}, not {kind}")
+            same = " ".join(re.sub(r"<[^<>]*>|…|\.\.\.", "…", message).split())
+            if seen.setdefault(same, message) != message or same in repeated:
+                problems.append(f"{message}: a row for it already")
+            repeated.add(same)
+    return problems
+
+
+STATUS_PAGES = [page for page in PAGES if status_rows((REPO / page).read_text())]
+
+
+@pytest.fixture(scope="module")
+def charm_messages():
+    return code_messages(_charm_sources())
+
+
+def test_the_status_reference_is_a_status_table():
+    assert "docs/reference/status-messages.md" in STATUS_PAGES
+
+
+@pytest.mark.parametrize("page", STATUS_PAGES)
+def test_every_status_message_of_the_documentation_is_the_codes_with_its_kind(page, charm_messages):
+    assert status_table_problems((REPO / page).read_text(), charm_messages) == []
+
+
+TOY_CHARM = {"toy.py": """
+BLOCKED, WAITING, MAINTENANCE, ACTIVE = "blocked", "waiting", "maintenance", "active"
+BUSY = "waiting for the boot step to finish"
+OPTION = "vgpu-device-mappings"
+
+
+def statuses(principal, count):
+    out = [(WAITING, f"waiting for {principal} to install nova-common")]
+    out.append((BLOCKED, f"reboot required: {reason()}"))
+    out.append((ACTIVE, serving(count)))
+    return out
+
+
+def reason():
+    return "nouveau is loaded"
+
+
+def serving(count):
+    return f"{count} GPUs, no vGPU type mapped: set {OPTION}"
+
+
+def hook(out, show, path, error):
+    out.waits.append(BUSY)
+    show(f"installing {path}")
+    out.problems.append(f"cannot read {path}: {error}")
+    unit.status = ops.MaintenanceStatus("removing: the files are deleted")
+"""}
+
+
+def test_the_code_gives_each_message_its_kind():
+    messages = code_messages(TOY_CHARM)
+    assert messages["waiting for \x00 to install nova-common"] == {"waiting"}
+    assert messages["waiting for the boot step to finish"] == {"waiting"}  # through BUSY
+    assert messages["\x00 GPUs, no vGPU type mapped: set vgpu-device-mappings"] == {"active"}
+    assert messages["reboot required: \x00"] == messages["nouveau is loaded"] == {"blocked"}
+    assert messages["installing \x00"] == messages["removing: the files are deleted"] == {"maintenance"}
+    assert messages["cannot read \x00: \x00"] == {"blocked"}
+    assert "waiting for " not in messages  # an f-string's pieces are not messages of their own
+
+
+def test_the_status_check_finds_wrong_kinds_unknown_and_repeated_messages():
+    table = ("| Status | Kind | Meaning |\n| --- | --- | --- |\n"
+             "| `waiting for nova-compute to install nova-common` | blocked | x |\n"
+             "| `reboot required: nouveau is loaded` / `waiting for the boot step to finish` | "
+             "blocked | x |\n"
+             "| `…, no vGPU type mapped: set vgpu-device-mappings` | active | x |\n"
+             "| `installing nvidia-vgpu-ubuntu-570 570.158.02` | maintenance | x |\n"
+             "| `reboot required:  nouveau is loaded` | blocked | x |\n"
+             "| `cannot read /<path>: <reason>` |  | x |\n"
+             "| `no such message anywhere` | blocked | x |\n")
+    assert status_table_problems(table, code_messages(TOY_CHARM)) == [
+        "waiting for nova-compute to install nova-common: the code makes it waiting, not blocked",
+        "waiting for the boot step to finish: the code makes it waiting, not blocked",
+        "reboot required:  nouveau is loaded: a row for it already",  # spaces aside
+        "['cannot read /<path>: <reason>']: Kind '' is none of blocked, waiting, maintenance, active",
+        "no such message anywhere: the charm's code never says this"]
+
+
+@pytest.mark.parametrize("p,q,meet", [
+    ("reboot required: nouveau", "reboot required: \x00", True),
+    ("reboot required: \x00", "reboot required: nouveau", True),
+    ("\x00, no type: set x", "\x00 GPUs, no type: set x", True),
+    ("relate to a: juju integrat0 b", "relate to \x00: juju integrate \x00", False),
+    ("a\x00c", "ab", False),
+    ("", "\x00", True),
+])
+def test_two_texts_with_open_parts_meet_where_one_text_can_match_both(p, q, meet):
+    assert globs_meet(p, q) is meet and globs_meet(q, p) is meet
