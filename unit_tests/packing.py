@@ -138,6 +138,21 @@ def unit_python(where: Path) -> Path:
 
 
 @contextlib.contextmanager
+def shared(tmp_path_factory, name: str) -> Iterator[Path]:
+    """``name``, a directory of this test session that every pytest-xdist worker shares.
+
+    Held by one process at a time: a build done there once (a ``done`` file beside it says so)
+    serves every worker. Without xdist it is the session's own temporary directory.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the controller's basetemp, above each worker's popen-gwN
+    path = root / name
+    with _locked(path):
+        yield path
+
+
+@contextlib.contextmanager
 def _locked(work: Path) -> Iterator[None]:
     """One build at a time in ``work`` (two test runs in one checkout)."""
     work.mkdir(parents=True, exist_ok=True)

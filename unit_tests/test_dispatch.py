@@ -65,8 +65,11 @@ def packed(request, tmp_path_factory):
     work = tmp_path_factory.mktemp("packed")
     python_bin = packing.unit_python(work / "unit-python")
     if request.param == "charm-plugin":
-        prime = packing.build(python_bin, work / "build.log")
-        charm_file = packing.pack(prime, work / "nova-compute-nvidia-vgpu.charm")
+        with packing.shared(tmp_path_factory, "charm-plugin") as shared:  # one build, every worker
+            charm_file = shared / "nova-compute-nvidia-vgpu.charm"
+            if not (shared / "done").exists():
+                packing.pack(packing.build(python_bin, shared / "build.log"), charm_file)
+                (shared / "done").touch()
     else:
         charm_file = request.getfixturevalue("made_charm")
     return SimpleNamespace(file=charm_file, python_bin=python_bin,

@@ -909,7 +909,6 @@ def exec_unit(made_charm, tmp_path, root, tools):
                              root, tools)
 
 
-@pytest.mark.xdist_group("packed-charm")  # made_charm is built once, in one worker
 def test_every_hook_the_documentation_runs_by_hand_runs_on_the_packed_charm(exec_unit):
     problems = [f"{page}: {problem}" for page, command in dict.fromkeys(HOOK_RUNS)
                 if (problem := hook_run_problem(exec_unit, command))]
@@ -918,7 +917,6 @@ def test_every_hook_the_documentation_runs_by_hand_runs_on_the_packed_charm(exec
     assert exec_unit.status() == ("active", "no NVIDIA GPU on this host: nothing to do")
 
 
-@pytest.mark.xdist_group("packed-charm")
 def test_the_hook_run_check_finds_a_hook_the_packed_charm_does_not_have(exec_unit):
     # charmcraft writes hooks/install, start and upgrade-charm only: Juju runs ./dispatch.
     problem = hook_run_problem(exec_unit, "hooks/update-status")
