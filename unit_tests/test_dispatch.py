@@ -402,3 +402,23 @@ def test_a_charm_stored_without_its_executable_bit_fails_every_hook(packed, tmp_
     assert done.returncode == 126, done.explain()
     assert "Permission denied" in done.stderr
     assert unit.calls() == []
+
+
+def test_a_shared_build_directory_is_one_per_session_and_held_by_one_worker_at_a_time(
+        tmp_path, monkeypatch):
+    import fcntl
+
+    worker = tmp_path / "pytest-7" / "popen-gw1"  # what xdist makes each worker's basetemp
+    worker.mkdir(parents=True)
+    factory = SimpleNamespace(getbasetemp=lambda: worker)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    with packing.shared(factory, "made-charms") as path:
+        assert path == tmp_path / "pytest-7" / "made-charms"  # beside every worker's own
+        with open(path / ".lock") as other:  # another worker's try: refused while held
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(path / ".lock") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    with packing.shared(factory, "made-charms") as path:
+        assert path == worker / "made-charms"  # one process: the session's own directory
