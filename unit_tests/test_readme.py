@@ -847,9 +847,12 @@ def runs_a_hook(command):
 
 
 def documented_hook_runs():
-    """``[(page, command)]``: every ``juju exec`` in the documentation that runs the charm."""
+    """``[(page, command)]``: every ``juju exec`` in the documentation that runs the charm.
+
+    A command with a placeholder (``hooks/<name>``) is a form, not one to run.
+    """
     return [(page, command) for page in PAGES for segment in code_segments((REPO / page).read_text())
-            for _, command in juju_exec_commands(segment) if runs_a_hook(command)]
+            for _, command in juju_exec_commands(segment) if runs_a_hook(command) and "<" not in command]
 
 
 def hook_run_problem(unit, command):
