@@ -166,6 +166,17 @@ def test_load_reads_under_the_host_root(root):
         principalconf.load()
 
 
+
+def test_load_takes_any_bytes_and_no_more_than_its_bound(root, monkeypatch):
+    path = root / "etc/nova/nova.conf"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"[DEFAULT]\n# \xe9dit\xe9 \xe0 la main\n[pci]\n"
+                     b'passthrough_whitelist = {"vendor_id": "15b3"}\n')
+    assert principalconf.load()[0][1]["pci"]["passthrough_whitelist"] == ['{"vendor_id": "15b3"}']
+    monkeypatch.setattr(principalconf, "CONF_LIMIT", 40)
+    with pytest.raises(HostReadError, match="^cannot read /etc/nova/nova.conf: more than 40 bytes$"):
+        principalconf.load()
+
 def test_nova_compute_conf_is_read_after_nova_conf_as_oslo_config_reads_both(root):
     """Ubuntu's nova-compute runs with --config-file nova.conf --config-file nova-compute.conf."""
     conf_dir = root / "etc/nova"

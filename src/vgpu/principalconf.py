@@ -47,6 +47,7 @@ from .record import NamedTuple
 NOVA_CONF = "/etc/nova/nova.conf"
 NOVA_COMPUTE_CONF = "/etc/nova/nova-compute.conf"
 CONFIG_FILES = (NOVA_CONF, NOVA_COMPUTE_CONF)  # in the order nova-compute reads them
+CONF_LIMIT = 1 << 22  # bytes of either file read; charm-nova-compute renders some kilobytes
 
 # Every name Nova reads [pci] device_spec under, in the order oslo.config returns
 # their values: a MultiStrOpt collects each deprecated name's values ahead of the
@@ -120,12 +121,13 @@ def load() -> Optional[Files]:
     """nova.conf, then nova-compute.conf where it exists, parsed; None without nova.conf.
 
     None while nova-compute has not written nova.conf. Raises HostReadError
-    when a file cannot be read, PrincipalConfigError when oslo.config (so
+    when a file cannot be read or is larger than CONF_LIMIT, PrincipalConfigError when oslo.config (so
     nova-compute) could not parse it either.
     """
     out: Files = []
     for name in CONFIG_FILES:
-        content = hostroot.read_text(path(name), clean=False)  # values are cleaned where quoted
+        # Any bytes, at most CONF_LIMIT; values are cleaned where quoted.
+        content = hostroot.read_text(path(name), clean=False, limit=CONF_LIMIT)
         if content is None:
             if name == NOVA_CONF:
                 return None

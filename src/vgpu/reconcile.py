@@ -65,6 +65,7 @@ from . import (
     services,
     sriov,
     status,
+    text,
 )
 from .errors import (
     GuestsRunningError,
@@ -443,8 +444,9 @@ def _publish(hook: _Hook) -> None:
     here = hook.facts()
     installed = here.driver if here.driver is not None and here.driver.installed else None
     sections: Optional[dict] = {}
-    plan = None
-    if here.pci.gpus:
+    plan = boot_plan = None
+    gpus = bool(here.pci.gpus)
+    if gpus:
         _mig_instances(hook)
         here = hook.facts()
         validation = hook.mapping()
@@ -469,7 +471,7 @@ def _publish(hook: _Hook) -> None:
         accepted = _principal_accepts(hook, sections)
         ok = ok and accepted and _mig_ready(hook, plan) and _give_vfs_types(hook, plan)
         sections = sections if ok else None
-        _ensure_boot_unit(hook, plan if ok else None)
+        boot_plan = plan if ok else None
     elif hook.published_mapping() or hook.published_reporting():
         # Every mapped GPU seems gone (a driver reload, a bad read): keep what
         # nova-compute has rather than empty its config; the status says so.
@@ -480,6 +482,28 @@ def _publish(hook: _Hook) -> None:
         del data["subordinate_configuration"]
     hook.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
                               for ours in hook.published()]
+    if gpus:  # once the relation data is set: see _after_types
+        _after_types(hook, boot_plan)
+
+
+def _after_types(hook: _Hook, plan) -> None:
+    """The boot unit's step, once the VFs hold what the relation data (already set) lists.
+
+    Nothing that fails from here on may keep nova-compute from getting the
+    sections the VFs now hold: a failed hook would leave its relation data
+    unset, the VFs disagreeing with nova.conf. A host read error is said as
+    such, anything else as the boot unit not updated; the next hook retries.
+    """
+    try:
+        _ensure_boot_unit(hook, plan)
+    except VgpuError as error:
+        logger.error("%s", error)
+        hook.problems.append(str(error))
+    except Exception as error:  # noqa: BLE001 -- a failed hook would undo the publishing
+        logger.exception("%s not updated", sriov.UNIT)
+        hook.problems.append(
+            f"{sriov.UNIT}: not updated after the VFs took their types "
+            f"({type(error).__name__}: {text.one_line(str(error), 100)}); retrying on the next hook")
 
 
 def _mdevctl_ready(hook: _Hook, sections, release) -> bool:
