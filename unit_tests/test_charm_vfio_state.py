@@ -257,16 +257,16 @@ def test_a_hand_edited_boot_unit_that_is_not_utf8_is_replaced_and_nova_conf_foll
     assert ctx.run(ctx.on.update_status(), again(out)).unit_status.name == "active"
 
 
-class _Broken(Exception):
+class _UnforeseenError(Exception):
     """A failure no step foresees (a bug, an exception no reader maps)."""
 
 
 @pytest.mark.parametrize("where,failure,said", [
     ("facts.gather", HostReadError("cannot read /sys/bus/pci/devices: Input/output error"),
      "cannot read /sys/bus/pci/devices: Input/output error"),
-    ("sriov.boot_data", _Broken("unforeseen"),
-     "nvidia-vgpu-vfs.service: not updated after the VFs took their types (_Broken: "
-     "unforeseen); retrying on the next hook"),
+    ("sriov.boot_data", _UnforeseenError("unforeseen"),
+     "nvidia-vgpu-vfs.service: not updated after the VFs took their types "
+     "(_UnforeseenError: unforeseen); retrying on the next hook"),
 ])
 def test_a_failure_after_the_vf_types_are_written_still_gives_nova_compute_what_they_hold(
         ctx, root, tools, deb, monkeypatch, where, failure, said):

@@ -603,8 +603,10 @@ def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:
     ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
     specs = principalconf.principal(conf, ours).specs
     found: List[str] = []
-    for candidate in mine:  # the new sections first: accepted, they replace the published
-        found.extend(principalconf.conflicts(specs, candidate, hook.facts().pci, app))
+    # Each entry evaluated once for all of them (its bound is per hook, not per candidate).
+    each = principalconf.conflicts_each(specs, mine, hook.facts().pci, app)
+    for messages in each:  # the new sections first: accepted, they replace the published
+        found.extend(messages)
         if new and not found:
             return True
     hook.problems.extend(dict.fromkeys(found))
