@@ -249,6 +249,10 @@ def reconcile(host: Host, given: Inputs) -> Outcome:
     """
     hook = _Hook(host, given)
     try:
+        # The resource is Juju's, not the host's: inspected before the lock, so that a
+        # hook the boot step keeps waiting still records what was attached.
+        if given.new_revision and wants_driver(hook.facts(), given.options):
+            _inspect_resource(hook)  # Juju runs upgrade-charm for a new revision
         with _locked(host, hook.out):
             _steps(hook)
     except HostReadError as error:
@@ -344,8 +348,8 @@ class _Hook:
 def _steps(hook: _Hook) -> None:
     """The steps of :func:`reconcile`, in order; raises HostReadError."""
     if wants_driver(hook.facts(), hook.given.options):
-        if hook.given.new_revision:
-            _inspect_resource(hook)  # Juju runs upgrade-charm for a new revision
+        if hook.given.new_revision:  # done before the lock, unless no GPU was seen then
+            _inspect_resource(hook)  # (the charm fetches the resource once per dispatch)
         _ensure_driver(hook)
     _ensure_vfs(hook)
     if hook.paused and _resumed_elsewhere(hook):
