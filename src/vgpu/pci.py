@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from . import PCI_ADDRESS, hostroot, text
 from .errors import HostReadError
@@ -557,26 +557,31 @@ def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
         except OSError:
             continue
         with handle:
-            inside = False
-            left = PCI_IDS_LIMIT
-            while left > 0:  # line by line, each at most a page: bounded however it is written
-                line = handle.readline(min(4096, left))
-                if not line:
-                    break
-                left -= len(line)
-                if line.startswith("10de "):
-                    inside = True
-                    continue
-                if not inside:
-                    continue
-                if line[:1] not in ("\t", "#", "\n"):
-                    break  # the next vendor
-                if line.startswith("\t") and not line.startswith("\t\t"):
-                    ident, _, name = line.strip().partition(" ")
-                    if ident in wanted:
-                        found[f"0x{ident}"] = _marketing_name(name)
+            for ident, name in _nvidia_devices(handle):
+                if ident in wanted:
+                    found[f"0x{ident}"] = _marketing_name(name)
         return found
     return found
+
+
+def _nvidia_devices(handle) -> Iterator[Tuple[str, str]]:
+    """(device id, name) of each device line in pci.ids' NVIDIA block, within PCI_IDS_LIMIT."""
+    inside = False
+    left = PCI_IDS_LIMIT
+    while left > 0:  # line by line, each at most a page: bounded however the file is written
+        line = handle.readline(min(4096, left))
+        if not line:
+            return
+        left -= len(line)
+        if line.startswith("10de "):
+            inside = True
+        elif not inside:
+            continue
+        elif line[:1] not in ("\t", "#", "\n"):
+            return  # the next vendor
+        elif line.startswith("\t") and not line.startswith("\t\t"):
+            ident, _, name = line.strip().partition(" ")
+            yield ident, name
 
 
 def _marketing_name(name: str) -> str:
