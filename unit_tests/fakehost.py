@@ -807,6 +807,19 @@ class FakeHost:
                         "Device Minor: \t 0\nGPU Firmware: \t 580.105.06\nGPU Excluded:\t No\n")
         return path
 
+    def juju_unit(self, unit: str, metadata: str) -> Path:
+        """A unit's agent directory, as Juju keeps one per unit on the machine, with its charm.
+
+        ``/var/lib/juju/agents/unit-<app>-<n>/charm`` holds the unpacked charm
+        (its ``metadata.yaml`` among it): a ``ps`` on a MySQL machine shows
+        ``/var/lib/juju/agents/unit-mysql-1/charm``, and charms' integration tests
+        read their files there. Only ``charm/metadata.yaml`` is written here.
+        """
+        path = self.root / f"var/lib/juju/agents/unit-{unit.replace('/', '-')}/charm/metadata.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(metadata)
+        return path
+
     def dpkg_status(self, packages: Mapping[str, str], arch: str = "amd64",
                     states: Optional[Mapping[str, str]] = None) -> None:
         """Write dpkg's status file: ``{name: version}``, all installed unless ``states`` says."""

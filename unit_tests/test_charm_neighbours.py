@@ -8,6 +8,7 @@ each read the way nova-compute reads this unit's data (charmhelpers).
 
 import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 from ops import testing
@@ -20,6 +21,7 @@ from unit_tests.test_charm_sriov import again
 
 MGR, VGPUD = "nvidia-vgpu-mgr", "nvidia-vgpud"
 VMD = "10000:01:00.0"  # a GPU behind Intel VMD: PCI domain 10000
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def driver_ready(root, tools, packages):
@@ -134,6 +136,101 @@ def test_without_ceilometer_agent_nothing_is_said(ctx, root, tools, packages):
                                                  resource=packages["old"]))
     assert out.unit_status == testing.ActiveStatus(
         "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 2; nvidia-108: 0 used, 4 free")
+
+
+# -- a neutron plugin's and an ephemeral backend's nova.conf settings (issue 30, item 14) -----
+
+CONTRAIL = {"neutron-plugin": principal.CONTRAIL_DATA}
+EPHEMERAL = {"ephemeral-backend": principal.EPHEMERAL_DATA}
+MDEV_SECTIONS = {"subordinate_configuration": '{"nova":{"/etc/nova/nova.conf":{"sections":'
+                                              '{"devices":[["enabled_mdev_types","nvidia-108"]]}}}}'}
+
+
+@pytest.mark.parametrize("others,theirs", [
+    (CONTRAIL, ["firewall_driver = nova.virt.firewall.NoopFirewallDriver", "[CONTRAIL]",
+                "use_huge_pages = True"]),
+    (EPHEMERAL, ["images_type = sio"]),
+])
+def test_charm_nova_compute_drops_a_neutron_plugins_or_ephemeral_backends_settings_too(
+        tmp_path, others, theirs):
+    """Pinned as ceilometer's: the plugin's context comes first, and dict.update keeps ours."""
+    alone = principal.render_with_neighbours({}, tmp_path / "a", others)
+    both = principal.render_with_neighbours(MDEV_SECTIONS, tmp_path / "b", others)
+    assert all(line in alone for line in theirs)
+    assert not any(line in both for line in theirs) and "[devices]" in both
+
+
+def plugin_host(root, tools, packages, *units):
+    host = v100_host(root)
+    driver_ready(root, tools, packages)
+    host.juju_unit("nova-compute-nvidia-vgpu/0", (ROOT / "metadata.yaml").read_text())
+    for unit, metadata in units:
+        host.juju_unit(unit, metadata)
+    return host
+
+
+CONTRAIL_LOST = (
+    "contrail-openstack's nova.conf settings lost beside this unit's (firewall_driver; with "
+    "DPDK also [CONTRAIL] use_userspace_vhost and [libvirt] use_huge_pages, which no option of "
+    "nova-compute puts back): juju config nova-compute config-flags=firewall_driver="
+    "nova.virt.firewall.NoopFirewallDriver")
+SCALEIO_LOST = (
+    "scaleio-openstack's nova.conf settings lost beside this unit's (it provides "
+    "ephemeral-backend; nova-compute renders one subordinate's sections): only nova-compute's "
+    "own options put any back (libvirt-image-backend, config-flags)")
+
+
+def test_a_neutron_plugins_lost_settings_are_said_once_nova_conf_lacks_them(
+        ctx, root, tools, packages, tmp_path, caplog):
+    plugin_host(root, tools, packages, ("contrail-openstack/3", principal.CONTRAIL_METADATA))
+    conf = root / "etc/nova/nova.conf"
+    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", CONTRAIL))
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active" and "contrail" not in out.unit_status.message
+    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", CONTRAIL))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active"
+    assert out.unit_status.message.endswith("; " + CONTRAIL_LOST)
+    assert "charmhelpers merges SubordinateConfigContexts with dict.update" in caplog.text
+    conf.write_text(principal.render_with_neighbours(
+        ours(out), tmp_path / "t2", CONTRAIL,
+        config_flags="firewall_driver=nova.virt.firewall.NoopFirewallDriver"))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert "contrail" not in out.unit_status.message
+
+
+def test_an_ephemeral_backend_beside_this_unit_is_said_while_it_publishes(
+        ctx, root, tools, packages):
+    from unit_tests.test_neighbours import NOVA_COMPUTE_METADATA
+
+    plugin_host(root, tools, packages, ("scaleio-openstack/1", principal.SCALEIO_METADATA),
+                ("neutron-openvswitch/0", NEUTRON_OPENVSWITCH_METADATA),
+                ("nova-compute/0", NOVA_COMPUTE_METADATA))  # requires both: never named
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active"
+    assert out.unit_status.message.endswith("; " + SCALEIO_LOST)  # and nothing of the plugin's
+    out = ctx.run(ctx.on.config_changed(), again(out, {"vgpu-device-mappings": ""}))
+    assert "scaleio" not in out.unit_status.message  # nothing published: nothing lost
+
+
+# A neutron plugin that sends nova-compute no sections: charm-neutron-openvswitch's
+# neutron_plugin_joined (hooks/neutron_ovs_hooks.py) sets metadata-shared-secret, host and
+# restart-nonce only. Present, never named.
+NEUTRON_OPENVSWITCH_METADATA = """name: neutron-openvswitch
+subordinate: true
+provides:
+  neutron-plugin:
+    interface: neutron-plugin
+    scope: container
+  neutron-control:
+    interface: service-control
+requires:
+  juju-info:
+    interface: juju-info
+    scope: container
+"""
 
 
 # -- mdevctl on Nova 30 and later ----------------------------------------------------------
