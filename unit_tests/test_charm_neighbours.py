@@ -87,18 +87,28 @@ def test_charm_nova_compute_drops_ceilometers_settings_once_this_unit_publishes(
         empty, tmp_path / "d", CEILOMETER)
 
 
+def rendered_with_ours(ctx, root, packages, tmp_path, others, name):
+    """The hook after nova-compute rendered nova.conf again with this unit's sections.
+
+    Before, with the neighbours' alone, the first publishing hook says nothing of
+    ``name``; after, the neighbours' sections are gone. vGPUs work: active.
+    """
+    conf = root / "etc/nova/nova.conf"
+    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", others))
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active" and name not in out.unit_status.message
+    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", others))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active"  # no reason to block the vGPUs
+    return out
+
+
 def test_ceilometers_lost_settings_are_said_with_the_workaround(ctx, root, tools, packages,
                                                                  tmp_path, caplog):
     ceilometer_host(root, tools, packages)
     conf = root / "etc/nova/nova.conf"
-    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", CEILOMETER))
-    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
-                                                 resource=packages["old"]))
-    assert out.unit_status.name == "active" and "ceilometer" not in out.unit_status.message
-    # nova-compute renders its nova.conf again with this unit's sections: ceilometer's are gone.
-    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", CEILOMETER))
-    out = ctx.run(ctx.on.update_status(), again(out))
-    assert out.unit_status.name == "active"  # vGPUs work: no reason to block them
+    out = rendered_with_ours(ctx, root, packages, tmp_path, CEILOMETER, "ceilometer")
     assert out.unit_status.message.endswith("; " + LOST)
     assert ("ceilometer-agent's nova.conf settings (instance_usage_audit, "
             "instance_usage_audit_period, notify_on_state_change) are missing: nova-compute "
@@ -184,13 +194,7 @@ def test_a_neutron_plugins_lost_settings_are_said_once_nova_conf_lacks_them(
         ctx, root, tools, packages, tmp_path, caplog):
     plugin_host(root, tools, packages, ("contrail-openstack/3", principal.CONTRAIL_METADATA))
     conf = root / "etc/nova/nova.conf"
-    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", CONTRAIL))
-    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
-                                                 resource=packages["old"]))
-    assert out.unit_status.name == "active" and "contrail" not in out.unit_status.message
-    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", CONTRAIL))
-    out = ctx.run(ctx.on.update_status(), again(out))
-    assert out.unit_status.name == "active"
+    out = rendered_with_ours(ctx, root, packages, tmp_path, CONTRAIL, "contrail")
     assert out.unit_status.message.endswith("; " + CONTRAIL_LOST)
     assert "charmhelpers merges SubordinateConfigContexts with dict.update" in caplog.text
     conf.write_text(principal.render_with_neighbours(

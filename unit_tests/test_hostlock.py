@@ -11,23 +11,9 @@ import threading
 
 import pytest
 
+from unit_tests.test_charm_sriov import held_elsewhere
 from vgpu import hostlock
 from vgpu.errors import HostBusyError
-
-
-def locked_at_path(root) -> bool:
-    """Whether someone holds the lock on the file now at the path (a fresh open cannot take it)."""
-    try:
-        fd = os.open(root / hostlock.FILE, os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def test_remove_deletes_the_lock_file_and_its_directory(root):
@@ -43,7 +29,7 @@ def test_remove_leaves_the_lock_to_a_holder_past_the_wait(root):
     with hostlock.held(0):
         with pytest.raises(HostBusyError):
             hostlock.remove(wait=0.05)
-        assert locked_at_path(root)
+        assert held_elsewhere(root)
     assert hostlock.remove()
 
 
@@ -64,7 +50,7 @@ def test_a_waiter_on_the_removed_file_takes_the_lock_on_the_file_at_the_path(roo
 
     def boot_step():
         with hostlock.held(30, poll=0.01):
-            seen.append(locked_at_path(root))
+            seen.append(held_elsewhere(root))
 
     waiter = threading.Thread(target=boot_step)
     waiter.start()
