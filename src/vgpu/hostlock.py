@@ -68,7 +68,7 @@ def _take(fd: int, deadline: float, wait: float, poll: float) -> None:
 
 
 def remove(wait: float = HOOK_WAIT) -> bool:
-    """Delete the lock file and its directory (charm removal), holding the lock; True if it was there.
+    """Delete the lock file and its directory (charm removal), holding the lock; True if they were there.
 
     A holder that opened the file before it was unlinked finds it unlinked
     once it has the lock and takes the lock again on a new file (see
@@ -76,13 +76,13 @@ def remove(wait: float = HOOK_WAIT) -> bool:
     HostBusyError when another process holds it past ``wait`` seconds
     (then it stays: ``/run`` is emptied at boot); OSError as :func:`held`.
     """
-    if not os.path.lexists(hostroot.text_path(FILE)):
+    if not os.path.lexists(hostroot.text_path(DIRECTORY)):
         return False
     with held(wait):
         directory = hostroot.path(DIRECTORY)
-        removed = files.remove(directory / NAME)
+        files.remove(directory / NAME)
         files.remove_empty_directory(directory)
-    return removed
+    return True
 
 
 def _open() -> int:

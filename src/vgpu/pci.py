@@ -597,7 +597,8 @@ def host_model(address: str) -> Optional[str]:
     For a GPU the host's pci.ids does not know. Each file is read bounded,
     any bytes; one that cannot be read names nothing (a name is no reason to
     fail discovery). The driver's ``NVIDIA H200 NVL`` loses its vendor, as
-    pci.ids' names have none.
+    pci.ids' names have none. udev's comes first: reading the driver's file
+    takes a runtime power reference on the GPU (nv-procfs.c), udev's is a file.
     """
     said = _said(hostroot.text_path(UDEV_DATA, f"+pci:{address}"), "E:ID_MODEL_FROM_DATABASE=")
     if said:

@@ -69,7 +69,7 @@ _BOOL_TAGS = ("managed", "live_migratable", "one_time_use")  # refused unless th
 # class) or fail with OverflowError or RecursionError, so both happen in that process.
 MAX_ENTRY = 65536  # characters of one option value
 MAX_DEPTH = 32  # nesting of JSON lists and objects (Nova's entries use three)
-REGEX_BUDGET = 5.0  # seconds for one entry's regular expressions, once per hook, in a process of their own
+REGEX_BUDGET = 5.0  # seconds for one entry's regular expressions per hook, in a process of their own
 # Reads [patterns, pairs] from stdin; compiles each pattern as Nova does (re.compile: any
 # failure, re.error or not, is one Nova refuses) and matches each [pattern, field] pair
 # (re.match); prints [the patterns that failed, one answer per pair]. Run with the
@@ -132,8 +132,9 @@ def load() -> Optional[Files]:
     """nova.conf, then nova-compute.conf where it exists, parsed; None without nova.conf.
 
     None while nova-compute has not written nova.conf. Raises HostReadError
-    when a file cannot be read or is larger than CONF_LIMIT, PrincipalConfigError when oslo.config (so
-    nova-compute) could not parse it either.
+    when a file cannot be read or holds more than CONF_LIMIT bytes,
+    PrincipalConfigError when oslo.config (so nova-compute) could not parse
+    it either.
     """
     out: Files = []
     for name in CONFIG_FILES:
@@ -291,7 +292,7 @@ def parse_spec(spec: Dict[str, Any], physical_functions: Set[str]) -> Spec:
     ``physical_functions``: addresses of SR-IOV PFs, which Nova finds in sysfs
     (``sriov_totalvfs`` above 0) for an exact address. A regex address is
     not compiled here: :func:`regex_answers` finds the patterns Nova cannot
-    compile (:func:`refused_patterns` names the entry's).
+    compile, in the bounded process (:func:`conflicts` names the entry).
     """
     vendor = spec.get("vendor_id", ANY)
     if not isinstance(vendor, str):
@@ -436,8 +437,7 @@ def regex_answers(pairs: Sequence[Tuple[str, str]], patterns: Iterable[str] = ()
         return {}
     try:
         result = run.run([sys.executable, "-I", "-c", _REGEX_SCRIPT], REGEX_BUDGET,
-                         what=_EVALUATING,
-                         stdin=json.dumps([every, pairs]))
+                         what=_EVALUATING, stdin=json.dumps([every, pairs]))
         failed, said = json.loads(result.stdout)
     except CommandError as error:
         raise UncheckedEntryError(error.cause) from None
@@ -449,7 +449,6 @@ def regex_answers(pairs: Sequence[Tuple[str, str]], patterns: Iterable[str] = ()
         raise UncompiledPatternError([str(pattern) for pattern in failed])
     return {(str(pattern), str(field)): bool(answer)
             for (pattern, field), answer in zip(pairs, said)}
-
 
 
 # -- conflicts --------------------------------------------------------------------------
