@@ -290,7 +290,7 @@ def test_a_v100_unit_from_install_to_remove(unit, v100, root, tools, packages):
         hostile = ok(unit.hook("config-changed"))
         status, message = hostile.statuses()[-1]
         assert status == "blocked" and message.startswith("vgpu-device-mappings: "), message
-        assert message.endswith("; keeping nvidia-108 on 1, nvidia-109 on 1")
+        assert message.endswith("; keeping nvidia-108 on 0000:c1:00.0, nvidia-109 on 0000:e1:00.0")
         assert "\n" not in message
         assert unit.relation_data(nova_vgpu) == published  # the last good mapping stays
         assert "debug" not in nova_conf(unit.relation_data(nova_vgpu))

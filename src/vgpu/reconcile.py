@@ -641,7 +641,7 @@ def _mdevs_may_change(hook: _Hook, sections) -> bool:
     more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
     hook.problems.append(
         f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
-        f"the instance first; keeping {mappings.summary(published)}")
+        f"the instance first; keeping {mappings.kept(published)}")
     return False
 
 

@@ -199,7 +199,7 @@ def mapping_message(validation: mappings.Validation, published: Mapping[str, Tup
     """The first error of the option, how many more, and what stays in force."""
     first = validation.errors[0]
     more = f" (+{len(validation.errors) - 1} more)" if len(validation.errors) > 1 else ""
-    keeping = f"; keeping {mappings.summary(published)}" if published else ""
+    keeping = f"; keeping {mappings.kept(published)}" if published else ""
     return f"{OPTION}: {first}{more}{keeping}"
 
 
