@@ -232,3 +232,23 @@ def test_this_charm_keeps_its_stored_state_where_the_upstream_charm_kept_its(ctx
     with ctx(ctx.on.update_status(), testing.State()) as manager:
         assert manager.charm._stored._data.handle.path == upstream.handle_path()
     assert upstream.handle_path() == "NovaComputeNvidiaVgpuCharm/StoredStateData[_stored]"
+
+
+def test_a_type_the_upstream_charm_published_second_is_guarded_under_its_guests(ctx, v100, root,
+                                                                                  packages):
+    """Its ", " put a space before nvidia-109: read as published, a guest's type is protected."""
+    from vgpu import driver
+
+    driver.install(driver.inspect_deb(packages["old"]))
+    DEB[:] = [packages["old"]]
+    upstream.leave_files(root, MAPPING)
+    v100.add_mdev(E1, "nvidia-109", MDEV)
+    running_guest(root, "instance-00000007", VM, mdev_uuid=MDEV)
+    before = upstream.relation_data(MAPPING)
+    out = ctx.run(ctx.on.upgrade_charm(), switched(option="{nvidia-108: [c1:00.0, e1:00.0]}"))
+    assert out.unit_status == testing.BlockedStatus(
+        f"vgpu-device-mappings not applied: instance-00000007 (vm-instance-00000007, {VM}) holds "
+        f"an nvidia-109 mdev ({MDEV}) on GPU {E1}, which the new mapping takes away; restore the "
+        "mapping, or move or delete the instance first; keeping nvidia-108 on 0000:c1:00.0, "
+        "nvidia-109 on 0000:e1:00.0")
+    assert ours(out)["subordinate_configuration"] == before["subordinate_configuration"]
