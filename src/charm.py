@@ -43,6 +43,7 @@ from vgpu import (
     sriov,
     status,
     text,
+    upstream,
 )
 from vgpu.errors import (
     GuestsRunningError,
@@ -90,6 +91,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
         self._removing = False  # this dispatch is remove: the status check reads (writes) nothing
         self._busy = False  # the boot step held the host lock: the hook left the host alone
+        self._notes: List[str] = []  # said once in this dispatch's status (vgpu.upstream)
+        if getattr(self._stored, upstream.PAUSED_KEY, False):
+            self._pause_of_upstream()
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
                       on.update_status, on[RELATION].relation_joined,
@@ -104,6 +108,18 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.upgrade_action, self._on_upgrade)
         framework.observe(on.enable_mig_action, self._on_enable_mig)
         framework.observe(on.remove, self._on_remove)
+
+    def _pause_of_upstream(self) -> None:
+        """A unit the upstream charm paused (pre-series-upgrade) stays paused until resume.
+
+        Its StoredState is this charm's (same class and attribute, see
+        vgpu.upstream); its flag is read once and cleared.
+        """
+        self._stored.paused = True
+        self._stored.masked = sorted({*self._stored.masked, *upstream.PAUSED_SERVICES})
+        setattr(self._stored, upstream.PAUSED_KEY, False)
+        logger.info("paused under the upstream charm: %s stays stopped until juju run %s resume",
+                    ", ".join(upstream.PAUSED_SERVICES), self.unit.name)
 
     # -- reading the host, once per dispatch -------------------------------
     def _facts(self) -> facts.Facts:
@@ -195,6 +211,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if done.vf_failures is not None:
             self._vf_failures = done.vf_failures
         self._busy = self._busy or done.busy
+        self._notes.extend(done.notes)
         if done.resumed:
             self._stored.paused = False
             self._stored.masked = []
@@ -267,7 +284,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             vf_failures=dict(self._vf_failures), neighbour_notes=tuple(neighbours.notes(
                 neighbours.installed_of(here.packages), self._publishes_sections(),
                 self._principal(), load=self._host.principal_conf)),
-            mapped=self._mapped() if status.missing_gpus(here, published) else ())
+            mapped=self._mapped() if status.missing_gpus(here, published) else (),
+            notes=tuple(self._notes))
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
@@ -578,6 +596,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _on_remove(self, _event: ops.RemoveEvent) -> None:
         """Undo what the charm changed; the driver package stays installed."""
         self._removing = True
+        try:
+            upstream.retire("this charm is removed too", {})
+        except (VgpuError, OSError) as error:
+            logger.warning("could not remove the upstream charm's %s: %s", upstream.UNIT, error)
         try:
             if kernel.remove_blacklist():
                 logger.info("removed /%s; initramfs refreshed", kernel.BLACKLIST)

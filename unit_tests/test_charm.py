@@ -322,7 +322,7 @@ def test_bad_mapping_blocks_naming_the_entry_and_keeps_the_last_good(ctx, ready)
         out = ctx.run(ctx.on.config_changed(), bad)
         assert out.unit_status.name == "blocked"
         assert out.unit_status.message.startswith(f"vgpu-device-mappings: {message}")
-        assert out.unit_status.message.endswith("; keeping nvidia-108 on 1")
+        assert out.unit_status.message.endswith("; keeping nvidia-108 on 0000:c1:00.0")
         assert "\n" not in out.unit_status.message
         assert ours(out) == before
         assert "debug" not in nova_conf(out)
@@ -400,7 +400,8 @@ def test_keeping_names_what_stays_published_and_only_then(ctx, ready):
                         resources=good.resources)
     out = ctx.run(ctx.on.config_changed(), bad)
     assert out.unit_status.message == ('vgpu-device-mappings: nvidia-108: "c1:00.9" is not a PCI '
-                                       'address like 0000:c1:00.0; keeping nvidia-108 on 1')
+                                       'address like 0000:c1:00.0; keeping nvidia-108 on '
+                                       '0000:c1:00.0')
 
 
 def test_a_forced_install_without_gpus_says_so_plainly(ctx, root, tools, packages):
@@ -1545,7 +1546,7 @@ def test_a_type_taken_from_a_gpu_while_a_guest_holds_one_of_its_mdevs_is_refused
         f"vgpu-device-mappings not applied: {SHUT_OFF[0]} (vm-{SHUT_OFF[0]}, {SHUT_OFF[1]}"
         f"{state_word}) holds an nvidia-108 mdev ({MDEV_108}) on GPU 0000:c1:00.0, which the new "
         "mapping takes away; restore the mapping, or move or delete the instance first; "
-        "keeping nvidia-108 on 1")
+        "keeping nvidia-108 on 0000:c1:00.0")
     assert ours(out) == ours(first)
     # Clearing the option takes the type away as well.
     out = ctx.run(ctx.on.config_changed(), carried(first, config={"vgpu-device-mappings": ""}))
@@ -1585,7 +1586,8 @@ def test_a_domain_file_that_cannot_be_parsed_stops_a_change_but_not_a_steady_hoo
     assert out.unit_status.message.startswith(
         "vgpu-device-mappings not applied: /etc/libvirt/qemu/instance-00000009.xml (not XML: ")
     assert out.unit_status.message.endswith("; counted as in use); restore the mapping, or move "
-                                            "or delete the instance first; keeping nvidia-108 on 1")
+                                            "or delete the instance first; keeping nvidia-108 on "
+                                            "0000:c1:00.0")
     assert ours(out) == ours(first)
 
 

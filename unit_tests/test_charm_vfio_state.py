@@ -77,7 +77,7 @@ def test_a_full_gpu_whose_names_were_lost_keeps_its_vfs_and_nova_conf(ctx, root,
         "its VFs hold nvidia-1139, which no VF lists now (a full GPU lists nothing) and which was "
         "not learnt under this driver; release a VF no guest uses (write 0 to its "
         "nvidia/current_vgpu_type) to let the charm read the name; keeping CUSTOM_VGPU_L40S_12Q "
-        "on 4")
+        "on 4 (0000:81:00.4, 0000:81:00.5, 0000:81:00.6, 0000:81:00.7)")
 
 
 def test_new_type_ids_after_a_driver_upgrade_change_nothing_until_named(
@@ -147,7 +147,8 @@ def test_vfs_without_their_nvidia_files_keep_what_was_published(ctx, root, tools
     assert out.unit_status == testing.BlockedStatus(
         "vgpu-device-mappings: L40S-12Q: cannot tell whether GPU 0000:81:00.0 (L40S) serves it: "
         "its VFs show no vGPU types now (no nvidia/ files nor mdev types: are they bound to the "
-        "nvidia driver, is nvidia-vgpu-mgr starting?); keeping CUSTOM_VGPU_L40S_12Q on 4")
+        "nvidia driver, is nvidia-vgpu-mgr starting?); keeping CUSTOM_VGPU_L40S_12Q on 4 "
+        "(0000:81:00.4, 0000:81:00.5, 0000:81:00.6, 0000:81:00.7)")
 
 
 # -- 2. counts on a partly used GPU ----------------------------------------------------

@@ -66,6 +66,7 @@ from . import (
     sriov,
     status,
     text,
+    upstream,
 )
 from .errors import (
     GuestsRunningError,
@@ -199,6 +200,7 @@ class Outcome:
         self.busy = False  # the boot step held the host lock: nothing done, the waits say so
         # The failed install of mdevctl to remember (None: none); _Hook starts it as given.
         self.mdevctl_failed: Optional[mdevctl.Failure] = None
+        self.notes: List[str] = []  # said once, in this hook's status (the upstream charm taken over)
 
 
 def wants_driver(here: facts.Facts, options: Mapping[str, Any]) -> bool:
@@ -358,6 +360,7 @@ def _steps(hook: _Hook) -> None:
         hook.paused = False
         hook.out.resumed = True
     _publish(hook)
+    _take_over_upstream(hook)
 
 
 # -- the driver: the resource inspected, the package installed, a resume by hand noticed ---------
@@ -638,7 +641,7 @@ def _mdevs_may_change(hook: _Hook, sections) -> bool:
     more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
     hook.problems.append(
         f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
-        f"the instance first; keeping {mappings.summary(published)}")
+        f"the instance first; keeping {mappings.kept(published)}")
     return False
 
 
@@ -820,3 +823,42 @@ def _record_mdevs(hook: _Hook) -> bool:
     except OSError as error:
         hook.problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
     return mdevs.kept()
+
+
+# -- the upstream charm's leftovers, after juju refresh --switch ---------------------------------
+
+def _take_over_upstream(hook: _Hook) -> None:
+    """The upstream charm's boot unit retired once this charm's restores (see :mod:`vgpu.upstream`).
+
+    Kept while the host needs restoring at boot (an SR-IOV GPU, or mdevs
+    recorded) and this charm's unit is not in place yet: the old one is then
+    the only restorer. What changed is said once, as notes of this hook.
+    """
+    notes = hook.out.notes
+    for relation, changed in zip(hook.given.relations(), hook.out.relation_data):
+        note = upstream.services_note(relation.data, changed)
+        if note:
+            notes.append(note)
+            break
+    if not upstream.found():
+        return
+    here = hook.facts()
+    ours = sriov.unit_masked() or sriov.unit_path().is_file()
+    needed = mdevs.kept() or any(gpu.sriov for gpu in here.pci.gpus)
+    if needed and not ours:
+        logger.warning("keeping the upstream charm's %s until %s is in place: it is the only "
+                       "unit that restores VFs and mdevs at boot", upstream.UNIT, sriov.UNIT)
+        return
+    if sriov.unit_masked():
+        restorer = f"{sriov.UNIT} is masked: nothing restores VFs or mdevs at boot"
+    elif ours:
+        restorer = f"{sriov.UNIT} alone restores VFs and mdevs at boot, for the GPUs {OPTION} selects"
+    else:
+        restorer = f"nothing here needs restoring at boot now; {sriov.UNIT} comes when something does"
+    try:
+        notes.extend(upstream.retire(restorer, hook.published_mapping()))
+    except (ServiceError, OSError) as error:
+        hook.problems.append(
+            f"cannot remove the upstream charm's {upstream.UNIT}: "
+            f"{getattr(error, 'strerror', None) or error}; at boot it still runs sriov-manage -e "
+            "on every GPU and creates mdevs beside this charm; retrying on the next hook")

@@ -101,6 +101,11 @@ def enable(name: str) -> None:
     _change("enable", name)
 
 
+def disable(name: str) -> None:
+    """Keep one unit from starting at boot, stopping nothing now."""
+    _change("disable", name)
+
+
 def stop_and_disable(name: str) -> None:
     """Stop one unit and keep it from starting at boot (what removing it needs first)."""
     for verb in ("stop", "disable"):
