@@ -34,7 +34,7 @@ from .record import NamedTuple
 log = logging.getLogger(__name__)
 
 SRIOV_MANAGE = "usr/lib/nvidia/sriov-manage"
-UNIT = "nvidia-vgpu-vfs.service"
+UNIT = bootfile.UNIT  # nvidia-vgpu-vfs.service
 UNIT_FILE = f"etc/systemd/system/{UNIT}"
 RUNTIME_UNIT_FILE = f"run/systemd/system/{UNIT}"  # where ``systemctl mask --runtime`` links
 TEMPLATE = kernel.CHARM_ROOT / "templates" / UNIT
