@@ -391,3 +391,24 @@ def test_enable_mig_waits_for_the_boot_step_then_changes_nothing(ctx, root, tool
     fd = os.open(lock, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with its holder
     os.close(fd)
+
+
+def test_a_hook_that_enables_vfs_turns_mig_mode_on_again_after_them(ctx, root, tools, deb):
+    """sriov-manage -e may wipe MIG state (Harvester, StackHPC): the hook restores it after."""
+    from vgpu import bootfile
+
+    host = ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    host.set_mig("0000:18:00.0", reboot="keeps")  # the mode outlives the reboot (Ampere-like)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{H200X-2-35C: ['18:00.0']}"}, resource=deb))
+    host.reboot()  # or a driver reload: VFs gone, the boot step's mark there all the same
+    bootfile.write(bootfile.BY_BOOT, 0, [])
+    assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
+    out = ctx.run(ctx.on.update_status(), again(out))
+    calls = [c for c in tools.calls() if c.startswith(("sriov-manage -e 0000:18", "nvidia-smi -i"))]
+    assert calls[:2] == ["sriov-manage -e 0000:18:00.0", "nvidia-smi -i 00000000:18:00.0 -mig 1"]
+    assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
+    assert host.gpu_instances("0000:18:00.0") == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
+    vfs = ["0000:18:00.4", "0000:18:00.5", "0000:18:00.6"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
+    assert out.unit_status.name == "active", out.unit_status

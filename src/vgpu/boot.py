@@ -129,18 +129,20 @@ def run(where: str) -> int:
         return _run(where, bootfile.BY_BOOT)  # once, whatever it raises: never again outside the lock
 
 
-def catch_up() -> None:
+def catch_up(again: bool = False) -> None:
     """In a hook holding the host lock: the boot step's work, when it was not done since this boot.
 
     Done when there is no mark (:mod:`vgpu.bootfile`): the boot step could not
     run, has not yet (doing it twice changes nothing), or left something not
-    restored (tried once more). VFs are left to the hook's own sriov-manage step,
+    restored (tried once more); ``again``: the hook enabled VFs itself, which
+    may have wiped MIG state. VFs are left to the hook's own sriov-manage step,
     the rest (MIG mode, GPU instances, types, mdevs) is done as at boot, within
     :data:`HOOK_LIMITS`; then the mark.
     """
-    if bootfile.done():
+    if bootfile.done() and not again:
         return
-    log.info("the boot step's work was not all done since this boot: doing it now")
+    log.info("%s: doing the boot step's work now", "this hook enabled VFs" if again else
+             "the boot step's work was not all done since this boot")
     _run(f"/{DATA_FILE}", bootfile.BY_HOOK, HOOK_LIMITS)
 
 

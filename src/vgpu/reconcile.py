@@ -317,6 +317,7 @@ class _Hook:
         self.problems = self.out.problems
         self.waits = self.out.waits
         self.mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
+        self.vfs_enabled = False  # _ensure_vfs ran sriov-manage -e (it may wipe MIG state)
 
     def facts(self) -> facts.Facts:
         return self.host.facts()
@@ -431,6 +432,7 @@ def _ensure_vfs(hook: _Hook) -> None:
     if not missing:
         return
     hook.out.vf_failures.update(sriov.enable(missing))
+    hook.vfs_enabled = True
     hook.refresh()
 
 
@@ -440,19 +442,21 @@ def _after_boot(hook: _Hook) -> None:
     After the hook's own sriov-manage (VFs first, as at boot): MIG mode, GPU
     instances, types and mdevs, from the boot data and the mdev record, when
     the boot step left no mark this boot or left one saying something was not
-    restored (see :mod:`vgpu.bootfile`, :func:`vgpu.boot.catch_up`). Not while
-    paused (the vGPU manager is stopped) nor for a boot unit the operator
-    masked. Mdevs still missing are blocked problems: no hook creates them.
+    restored (see :mod:`vgpu.bootfile`, :func:`vgpu.boot.catch_up`), and after
+    every hook that enabled VFs itself (a driver reload took them; sriov-manage
+    may have wiped the MIG state the mapping in force needs). Not while paused
+    (the vGPU manager is stopped) nor for a boot unit the operator masked.
+    Mdevs still missing are blocked problems: no hook creates them.
     """
     here = hook.facts()
     if here.driver is None or not here.driver.installed or hook.paused:
         return
     from . import bootfile
 
-    if not bootfile.done() and not sriov.unit_masked():
+    if (hook.vfs_enabled or not bootfile.done()) and not sriov.unit_masked():
         from . import boot
 
-        boot.catch_up()
+        boot.catch_up(again=hook.vfs_enabled)
         hook.refresh()
     hook.problems.extend(bootfile.left_behind(bootfile.left()))
 
