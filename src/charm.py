@@ -597,6 +597,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         except OSError as error:
             logger.warning("could not remove the charm's files in /%s: %s", catalogue.STATE_DIR,
                            error.strerror or error)
+        try:  # held while deleted: a boot step still running (stop failed) waits, then retakes it
+            hostlock.remove()
+        except (VgpuError, OSError) as error:
+            logger.warning("could not remove /%s: %s", hostlock.FILE,
+                           getattr(error, "strerror", None) or error)
         # Whatever this charm masked is unmasked and started, as the package set them up.
         try:
             masked = self._masked_by_us()

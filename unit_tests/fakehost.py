@@ -834,6 +834,53 @@ class FakeHost:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
+    def udev_data(self, address: str, model: str) -> Path:
+        """udev's database entry of a PCI function, with the name hwdb gave it.
+
+        systemd writes ``/run/udev/data/+pci:<address>`` (``device_get_device_id``
+        in src/libsystemd/sd-device/sd-device.c: ``+<subsystem>:<sysname>``), one
+        ``E:<key>=<value>`` line per property (``device_update_db`` in
+        device-private.c); hwdb's pci builtin sets ``ID_MODEL_FROM_DATABASE`` from
+        its copy of the PCI ID database, which lspci shows too.
+        """
+        path = self.root / f"run/udev/data/+pci:{address}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("I:5893021\nE:ID_PCI_CLASS_FROM_DATABASE=Display controller\n"
+                        "E:ID_PCI_SUBCLASS_FROM_DATABASE=3D controller\n"
+                        "E:ID_VENDOR_FROM_DATABASE=NVIDIA Corporation\n"
+                        f"E:ID_MODEL_FROM_DATABASE={model}\nV:1\n")
+        return path
+
+    def driver_information(self, address: str, model: str) -> Path:
+        """The NVIDIA driver's ``/proc/driver/nvidia/gpus/<address>/information``.
+
+        Lines as nv_procfs_read_gpu_info writes them (NVIDIA/open-gpu-kernel-modules,
+        kernel-open/nvidia/nv-procfs.c): ``Model:``, two tabs and a space, the name
+        the driver knows the board by (``rm_get_device_name``); then IRQ, GPU UUID,
+        Video BIOS, ... each ``<key>: <tab> <value>``.
+        """
+        path = self.root / f"proc/driver/nvidia/gpus/{address}/information"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"Model: \t\t {model}\nIRQ:   \t\t 185\n"
+                        "GPU UUID: \t GPU-4a2b7c1e-0d3f-4e59-8a61-9c0b2f7d3e18\n"
+                        "Video BIOS: \t 96.00.a5.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+                        f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {address}\n"
+                        "Device Minor: \t 0\nGPU Firmware: \t 580.105.06\nGPU Excluded:\t No\n")
+        return path
+
+    def juju_unit(self, unit: str, metadata: str) -> Path:
+        """A unit's agent directory, as Juju keeps one per unit on the machine, with its charm.
+
+        ``/var/lib/juju/agents/unit-<app>-<n>/charm`` holds the unpacked charm
+        (its ``metadata.yaml`` among it): a ``ps`` on a MySQL machine shows
+        ``/var/lib/juju/agents/unit-mysql-1/charm``, and charms' integration tests
+        read their files there. Only ``charm/metadata.yaml`` is written here.
+        """
+        path = self.root / f"var/lib/juju/agents/unit-{unit.replace('/', '-')}/charm/metadata.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(metadata)
+        return path
+
     def dpkg_status(self, packages: Mapping[str, str], arch: str = "amd64",
                     states: Optional[Mapping[str, str]] = None) -> None:
         """Write dpkg's status file: ``{name: version}``, all installed unless ``states`` says."""

@@ -1420,6 +1420,23 @@ def test_a_newly_attached_resource_is_noticed_at_upgrade_charm(ctx, ready, packa
     assert out.unit_status.message.endswith("570.172.08 attached: run the upgrade action")
 
 
+def test_a_resource_attached_while_the_boot_step_holds_the_host_is_noticed_all_the_same(
+        ctx, ready, packages, fetches, monkeypatch):
+    """upgrade-charm waits for the host lock in vain: the resource is Juju's, inspected anyway."""
+    from vgpu import hostlock, reconcile
+
+    first = ctx.run(ctx.on.config_changed(), state(resource=ready))
+    newer = {testing.Resource(name="nvidia-vgpu-software", path=packages["new"])}
+    monkeypatch.setattr(hostlock, "HOOK_WAIT", 0.1)
+    fetches.clear()
+    with hostlock.held(0):  # as the boot step holds it while it restores after a reboot
+        busy = ctx.run(ctx.on.upgrade_charm(), carried(first, resources=newer))
+    assert busy.unit_status == testing.WaitingStatus(reconcile.BUSY)
+    assert fetches == ["nvidia-vgpu-software"]
+    out = ctx.run(ctx.on.update_status(), carried(busy))
+    assert out.unit_status.message.endswith(
+        "driver 570.158.02 installed, 570.172.08 attached: run the upgrade action")
+
 def test_a_resource_detached_to_charmhubs_placeholder_is_noticed_at_upgrade_charm(ctx, ready,
                                                                                   packages):
     first = ctx.run(ctx.on.config_changed(), state(resource=ready))

@@ -351,10 +351,12 @@ def test_remove_leaves_nothing_behind_even_with_types_still_to_learn(ctx, vfio, 
     # would learn them again and write the catalogue back.
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": ""}, resource=deb))
     assert (root / catalogue.FILE).exists() and sriov.unit_path().exists()
+    assert (root / "run/nova-compute-nvidia-vgpu/host.lock").exists()
     out = ctx.run(ctx.on.remove(), again(first))
     assert not (root / catalogue.FILE).exists()
     assert not (root / catalogue.STATE_DIR).exists()
     assert not sriov.unit_path().exists()
+    assert not (root / "run/nova-compute-nvidia-vgpu").exists()  # the host lock's directory
     assert out.unit_status == testing.MaintenanceStatus(
         "removing: the charm's files are deleted; the vGPU host driver stays installed")
 

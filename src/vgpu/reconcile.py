@@ -66,6 +66,7 @@ from . import (
     services,
     sriov,
     status,
+    text,
 )
 from .errors import (
     GuestsRunningError,
@@ -249,6 +250,10 @@ def reconcile(host: Host, given: Inputs) -> Outcome:
     """
     hook = _Hook(host, given)
     try:
+        # The resource is Juju's, not the host's: inspected before the lock, so that a
+        # hook the boot step keeps waiting still records what was attached.
+        if given.new_revision and wants_driver(hook.facts(), given.options):
+            _inspect_resource(hook)  # Juju runs upgrade-charm for a new revision
         with _locked(host, hook.out):
             _steps(hook)
     except HostReadError as error:
@@ -345,8 +350,8 @@ class _Hook:
 def _steps(hook: _Hook) -> None:
     """The steps of :func:`reconcile`, in order; raises HostReadError."""
     if wants_driver(hook.facts(), hook.given.options):
-        if hook.given.new_revision:
-            _inspect_resource(hook)  # Juju runs upgrade-charm for a new revision
+        if hook.given.new_revision:  # done before the lock, unless no GPU was seen then
+            _inspect_resource(hook)  # (the charm fetches the resource once per dispatch)
         _ensure_driver(hook)
     _ensure_vfs(hook)
     _after_boot(hook)
@@ -472,8 +477,9 @@ def _publish(hook: _Hook) -> None:
     here = hook.facts()
     installed = here.driver if here.driver is not None and here.driver.installed else None
     sections: Optional[dict] = {}
-    plan = None
-    if here.pci.gpus:
+    plan = boot_plan = None
+    gpus = bool(here.pci.gpus)
+    if gpus:
         _mig_instances(hook)
         here = hook.facts()
         validation = hook.mapping()
@@ -498,7 +504,7 @@ def _publish(hook: _Hook) -> None:
         accepted = _principal_accepts(hook, sections)
         ok = ok and accepted and _mig_ready(hook, plan) and _give_vfs_types(hook, plan)
         sections = sections if ok else None
-        _ensure_boot_unit(hook, plan if ok else None)
+        boot_plan = plan if ok else None
     elif hook.published_mapping() or hook.published_reporting():
         # Every mapped GPU seems gone (a driver reload, a bad read): keep what
         # nova-compute has rather than empty its config; the status says so.
@@ -509,6 +515,28 @@ def _publish(hook: _Hook) -> None:
         del data["subordinate_configuration"]
     hook.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
                               for ours in hook.published()]
+    if gpus:  # once the relation data is set: see _after_types
+        _after_types(hook, boot_plan)
+
+
+def _after_types(hook: _Hook, plan) -> None:
+    """The boot unit's step, once the VFs hold what the relation data (already set) lists.
+
+    Nothing that fails from here on may keep nova-compute from getting the
+    sections the VFs now hold: a failed hook would leave its relation data
+    unset, the VFs disagreeing with nova.conf. A host read error is said as
+    such, anything else as the boot unit not updated; the next hook retries.
+    """
+    try:
+        _ensure_boot_unit(hook, plan)
+    except VgpuError as error:
+        logger.error("%s", error)
+        hook.problems.append(str(error))
+    except Exception as error:  # noqa: BLE001 -- a failed hook would undo the publishing
+        logger.exception("%s not updated", sriov.UNIT)
+        hook.problems.append(
+            f"{sriov.UNIT}: not updated after the VFs took their types "
+            f"({type(error).__name__}: {text.one_line(str(error), 100)}); retrying on the next hook")
 
 
 def _mdevctl_ready(hook: _Hook, sections, release) -> bool:
@@ -608,8 +636,10 @@ def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:
     ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
     specs = principalconf.principal(conf, ours).specs
     found: List[str] = []
-    for candidate in mine:  # the new sections first: accepted, they replace the published
-        found.extend(principalconf.conflicts(specs, candidate, hook.facts().pci, app))
+    # Each entry evaluated once for all of them (its bound is per hook, not per candidate).
+    each = principalconf.conflicts_each(specs, mine, hook.facts().pci, app)
+    for messages in each:  # the new sections first: accepted, they replace the published
+        found.extend(messages)
         if new and not found:
             return True
     hook.problems.extend(dict.fromkeys(found))
