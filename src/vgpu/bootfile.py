@@ -52,6 +52,12 @@ def write(by: str, status: int, mdevs: List[dict]) -> None:
         files.write_atomic(hostroot.path(MARK), f"{by}: {status}\n", mode=0o600)
 
 
+def forget() -> None:
+    """Delete the mark and what was left behind (charm removal: the lock's directory goes next)."""
+    for name in (MARK, LEFT):
+        files.remove(hostroot.path(name))
+
+
 def left() -> Optional[dict]:
     """What the last run left behind (see :func:`write`); None when nothing, {} when unreadable."""
     if not os.path.lexists(hostroot.text_path(LEFT)):
