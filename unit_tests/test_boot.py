@@ -685,3 +685,30 @@ def test_the_boot_step_restores_once_under_the_lock_whatever_the_restore_raises(
     assert len(runs) == 1
     with hostlock.held(0):  # and the lock was let go
         pass
+
+
+def test_the_mark_says_whether_a_hook_still_has_the_boot_steps_work_to_do(root):
+    """No mark, or the boot step's own incomplete run: a hook does the work (vgpu.boot.catch_up)."""
+    from vgpu import bootfile
+
+    assert not bootfile.done() and bootfile.left() is None  # /run is empty after a boot
+    bootfile.write(bootfile.BY_BOOT, 0, [])
+    assert bootfile.done() and bootfile.left() is None
+    bootfile.forget()
+    bootfile.write(bootfile.BY_BOOT, 1, [])  # something not restored: the next hook tries again
+    assert not bootfile.done()
+    assert bootfile.left() == {"by": "the boot step", "status": 1, "mdevs": []}
+    assert bootfile.left_behind(bootfile.left()) == []  # VFs, types, MIG: every hook redoes them
+    gone = {"uuid": M3, "parent": E1, "type": "nvidia-109", "why": "its parent 0000:e1:00.0 is gone"}
+    bootfile.write(bootfile.BY_HOOK, 1, [gone])
+    assert bootfile.done()
+    assert bootfile.left_behind(bootfile.left()) == [
+        f"after this boot, a hook could not create again the mdev {M3} (nvidia-109 on {E1}: its "
+        "parent 0000:e1:00.0 is gone) that instances hold: they cannot start until it is there; "
+        "journalctl -u nvidia-vgpu-vfs.service says why; systemctl restart "
+        "nvidia-vgpu-vfs.service tries again"]
+    (root / boot.MDEV_DEVICES).mkdir(parents=True)
+    (root / boot.MDEV_DEVICES / M3).symlink_to("elsewhere")  # there again: nothing to say
+    assert bootfile.left_behind(bootfile.left()) == []
+    bootfile.write(bootfile.BY_HOOK, 0, [])
+    assert bootfile.left() is None
