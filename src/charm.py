@@ -572,7 +572,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             if gpu is None or gpu.address != address:
                 raise MigError(f"{address} is not an NVIDIA GPU on this host (GPUs: "
                                f"{', '.join(g.address for g in self._facts().pci.gpus) or 'none'})")
-            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)], defined=True)
+            # A guest holding a vGPU there (running or shut off) stops it; a shut-off one whose
+            # VF lost its type at a reboot does not: MIG mode is what its type needs again.
+            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)])
+            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs
+                                                    if vf.current_type)], defined=True)
             before = mig.modes([address])[address]
             done = None
             if not before.enabled:

@@ -22,9 +22,15 @@ Then a scaling table of update-status over hosts with 1 to 16 GPUs of 16 and
 32 VFs, on both NVIDIA frameworks (mdev types on VFs, A100-like; VFIO,
 L40S-like).
 
-    make bench                 # about 3 minutes on 2 busy cores
+Last, the boot step's time to service after a reboot: hosts of 1 and 8 H200-like
+GPUs with MIG-backed profiles, stand-in tools that take seconds per GPU
+(sriov-manage, nvidia-smi -mig 1 and -cgi), the boot step run as systemd runs
+it; the 8-GPU host against the 1-GPU one (GPUs are restored side by side).
+
+    make bench                 # about 4 minutes on 2 busy cores
     make bench ARGS=--quick    # fewer samples and hosts
     make bench ARGS=--profile  # python -X importtime and cProfile of the handlers
+    make bench ARGS=--boot     # only the boot step's timing
 """
 
 import argparse
@@ -50,6 +56,8 @@ from unit_tests import debs  # noqa: E402
 from unit_tests.faketools import Tools  # noqa: E402
 
 TARGETS = {"update-status": 1.15, "config-changed, unchanged": 1.15}
+BOOT_TARGET = 1.3  # the boot step on 8 GPUs against 1 GPU
+BOOT_DELAYS = (8.0, 2.0)  # seconds: sriov-manage -e per GPU; nvidia-smi -mig 1 and -cgi each
 CASES = (  # label, event, state
     ("update-status", "update_status", "steady"),
     ("config-changed, unchanged", "config_changed", "steady"),
@@ -338,6 +346,51 @@ def scaling(args, work, package, bases, bare_src, charm_src, floor: list) -> Non
           f"{'-':>5} {bare:7.1f} {'':6} {bare_wall:7.0f}  ({len(floor)} samples)")
 
 
+# -- the boot step after a reboot ----------------------------------------------------
+
+def boot_step(work: Path, tools) -> None:
+    """The boot step's wall time on 1 and on 8 GPUs after a reboot, tools taking seconds per GPU."""
+    sriov_s, smi_s = BOOT_DELAYS
+    print()
+    print(f"Boot step after a reboot (time to service): H200-like GPUs, MIG mode lost, 7 "
+          f"{benchhosts.MIG_PROFILE} VFs each; stand-ins take {sriov_s:g} s per sriov-manage -e, "
+          f"{smi_s:g} s per nvidia-smi -mig 1 or -cgi;")
+    print("the boot step runs as systemd runs it (a fresh process on the data file); CPU s are "
+          "the tools' and its own (the stand-ins are Python processes on this machine's CPUs).")
+    header = f"{'GPUs':>4} {'wall s':>7} {'CPU s':>6} {'restored':>9}  result"
+    print(header)
+    print("-" * len(header))
+    walls = {}
+    for gpus in (1, 8):
+        root = work / f"boot-{gpus}"
+        _, data = benchhosts.rebooted_mig_host(root, gpus, sriov_s, smi_s)
+        target = root / "var/lib/nova-compute-nvidia-vgpu/boot.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(data))
+        env = dict(os.environ, VGPU_HOST_ROOT=str(root), **tools.environ())
+        env.pop("PYTHONPATH", None)
+        before = os.times()
+        started = time.perf_counter()
+        out = subprocess.run([sys.executable, str(REPO / "src" / "vgpu_boot.py"),
+                              "/var/lib/nova-compute-nvidia-vgpu/boot.json"],
+                             capture_output=True, text=True, env=env)
+        walls[gpus] = time.perf_counter() - started
+        after = os.times()
+        cpu = sum(getattr(after, f) - getattr(before, f) for f in ("children_user", "children_system"))
+        lines = out.stdout.strip().splitlines()
+        summary = next((line for line in reversed(lines) if line.startswith("restored ")), "?")
+        held = sum((root / "sys/bus/pci/devices" / vf / "nvidia/current_vgpu_type").read_text().strip()
+                   not in ("", "0") for vf in os.listdir(root / "sys/bus/pci/devices")
+                   if (root / "sys/bus/pci/devices" / vf / "nvidia").is_dir())
+        print(f"{gpus:4d} {walls[gpus]:7.1f} {cpu:6.1f} {held:4d} VFs  exit {out.returncode}: "
+              f"{summary}")
+        shutil.rmtree(root)
+    ratio = walls[8] / walls[1]
+    print(f"8 GPUs against 1: {ratio:.2f}x (≤ {BOOT_TARGET:.2f}x "
+          f"{'met' if ratio <= BOOT_TARGET else 'NOT MET'}); one after the other it would be "
+          f"about {8 * walls[1]:.0f} s ({8:d}x).")
+
+
 # -- profile -------------------------------------------------------------------------
 
 def parts(root: Path, package: Path, steady: dict) -> None:
@@ -463,6 +516,7 @@ def main() -> int:
     parser.add_argument("--no-scaling", action="store_true", help="skip the scaling table")
     parser.add_argument("--profile", action="store_true",
                         help="print python -X importtime and cProfile of the handlers instead")
+    parser.add_argument("--boot", action="store_true", help="only the boot step's timing")
     args = parser.parse_args()
     args.repeat = args.repeat or (3 if args.quick else 5)
     args.scale_repeat = args.scale_repeat or (1 if args.quick else 2)
@@ -473,6 +527,9 @@ def main() -> int:
         os.environ.update(tools.environ())
         for unit in SERVICES:
             tools.set_active(unit)
+        if args.boot:
+            boot_step(work, tools)
+            return 0
         package = debs.host_driver(work)
         bases = installed_bases(work, package)
         # Bytecode, as a unit has it after its first hook (PYTHONDONTWRITEBYTECODE may be set here).
@@ -486,6 +543,7 @@ def main() -> int:
         floor = headline(args, work, package, bases, bare_src, charm_src)
         if not args.no_scaling:
             scaling(args, work, package, bases, bare_src, charm_src, floor)
+        boot_step(work, tools)
         print()
         print(f"Targets are printed, never asserted. {time.perf_counter() - started:.0f} s in all.")
     finally:

@@ -123,3 +123,44 @@ def sizes(quick: bool) -> List[Tuple[int, int]]:
     """(GPUs, VFs per GPU) for the scaling table."""
     gpus = (1, 4, 16) if quick else (1, 2, 4, 8, 16)
     return [(g, v) for g in gpus for v in (16, 32)]
+
+
+# -- the boot step after a reboot: H200-like GPUs with MIG-backed profiles ----------------
+
+MIG_PROFILE, MIG_INSTANCE, MIG_VFS = "NVIDIA H200X-1-18C", "1g.18gb", 7
+
+
+def rebooted_mig_host(root, gpus: int, sriov_s: float, smi_s: float) -> Tuple[FakeHost, dict]:
+    """``gpus`` H200 SXM-like GPUs (8 VFs each) just rebooted: no VFs, MIG mode and instances lost.
+
+    The stand-in tools take time as real ones do: ``sriov-manage -e`` ``sriov_s``
+    seconds per GPU, each mode or instance change of nvidia-smi (``-mig 1``,
+    ``-cgi``) ``smi_s``. Returns the host and the boot data that restores every
+    GPU: seven H200X-1-18C VFs in seven 1g.18gb GPU instances each.
+    """
+    from unit_tests.fakehost import H200_GIS, H200_SXM_MIG_TYPES
+    from unit_tests.faketools import stand_in
+
+    host = FakeHost(root)
+    host.pci_ids("10de  NVIDIA Corporation\n\t2335  GH100 [H200 SXM 141GB]\n")
+    addresses = [f"0000:{0x10 + g * 4:02x}:00.0" for g in range(gpus)]
+    for address in addresses:
+        host.add_sriov_gpu(address, device="0x2335", vf_device="0x2335", count=8,
+                           vfio_types=H200_SXM_MIG_TYPES, enabled=False, totalvfs=32, mig=H200_GIS)
+    host.install_nvidia_smi({a: "Enabled" for a in addresses}, "H200")
+    host.install_sriov_manage()
+    host.iommu_groups(gpus * 9)
+    host.loaded_driver("580.159.01")
+    host.reboot()  # Hopper: MIG mode goes with the GPU instances
+    for name, delay in (("usr/lib/nvidia/sriov-manage", f"sleep {sriov_s}"),
+                        ("usr/bin/nvidia-smi",
+                         f'case "$*" in *"-mig 1"*|*-cgi*) sleep {smi_s} ;; esac')):
+        real = Path(root) / name
+        real.rename(real.with_name(real.name + ".real"))
+        stand_in(real, f'#!/bin/sh\n{delay}\nexec "{real.with_name(real.name + ".real")}" "$@"\n')
+    data = {"version": 1, "wait_for": [], "limits": {"poll": 0.1},
+            "gpus": [{"address": a, "model": "H200 SXM 141GB",
+                      "vfs": [{"index": n, "name": MIG_PROFILE} for n in range(MIG_VFS)],
+                      "mig": {"profile": "H200X-1-18C", "instance": MIG_INSTANCE,
+                              "count": MIG_VFS}} for a in addresses]}
+    return host, data

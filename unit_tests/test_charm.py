@@ -796,6 +796,8 @@ stored = testing.StoredState(owner_path="NovaComputeNvidiaVgpuCharm", name="_sto
     "paused": False, "checked": {"key": mappings.fingerprint(config["vgpu-device-mappings"]),
                                  "mapping": {"nvidia-108": ["0000:c1:00.0"]}, "errors": []}})
 rel = testing.SubordinateRelation("nova-vgpu")
+from vgpu import bootfile  # the boot step ran at this boot: no hook does its work again
+bootfile.write(bootfile.BY_BOOT, 0, [])
 out = ctx.run(ctx.on.update_status(), testing.State(config=config, relations=[rel],
     stored_states={stored}, resources={testing.Resource(name="nvidia-vgpu-software", path=sys.argv[1])}))
 kept = out.get_stored_state("_stored", owner_path="NovaComputeNvidiaVgpuCharm").content

@@ -525,12 +525,19 @@ GUEST = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
 
 
 def rebooted_without_the_boot_step(ctx, host, root, deb, guest_on=("0000:81:00.5",)):
-    """Served, then a reboot whose boot step did not run; shut-off guests keep VFs ``guest_on``."""
+    """Served, then a reboot whose boot step did not run; shut-off guests keep VFs ``guest_on``.
+
+    The operator masked the boot unit, so no hook does the boot step's work either
+    (vgpu.boot.catch_up): the hooks' own steps restore what nova.conf lists.
+    """
     from unit_tests.libvirt import defined_guest
 
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     for n, address in enumerate(guest_on):
         defined_guest(root, f"instance-0000002{n}", GUEST[:-1] + str(n), pci_address=address)
+    unit = root / sriov.UNIT_FILE
+    unit.unlink()
+    unit.symlink_to(os.devnull)
     host.reboot()
     return first
 
@@ -675,6 +682,8 @@ from charm import NovaComputeNvidiaVgpuCharm
 config = {"vgpu-device-mappings": "{L40S-12Q: all}"}
 resources = {testing.Resource(name="nvidia-vgpu-software", path=sys.argv[1])}
 ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+from vgpu import bootfile  # the boot step ran at this boot: no hook does its work again
+bootfile.write(bootfile.BY_BOOT, 0, [])
 first = ctx.run(ctx.on.config_changed(), testing.State(
     config=config, relations=[testing.SubordinateRelation("nova-vgpu")], resources=resources))
 out = ctx.run(ctx.on.update_status(), testing.State(

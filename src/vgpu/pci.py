@@ -459,17 +459,23 @@ class Profile(NamedTuple):
     series: str  # Q, B, A, C (and CME on MIG-backed media profiles: A100-1-5CME)
     mig: bool  # MIG-backed (A100-4-20C: 4 compute slices); see vgpu.mig
     slices: int = 0  # a MIG-backed profile's compute slices (H200X-2-35C: 2); 0 when time-sliced
+    # Named ``...GFX`` (vGPU 20: DC-1-24QGFX beside DC-1-24Q): it sits on a GPU instance with
+    # the GFX attribute (``1g.24gb+gfx``); see vgpu.mig.instance_name.
+    gfx: bool = False
 
 
 # The one grammar of profile names, in two spellings of the same language: NAME_KEY (what
 # a mapping key may be, also the JSON schema's pattern) and _PROFILE (its parts). A model is
 # words joined by spaces or hyphens (``L40S``, ``RTX6000-Ada``, ``RTX Pro 6000 Blackwell
-# DC``); then ``-<slices>`` on MIG-backed profiles; then ``-<GB><series>``.
+# DC``); then ``-<slices>`` on MIG-backed profiles; then ``-<GB><series>``, and ``GFX`` on
+# the graphics MIG-backed profiles vGPU 20 names (``DC-1-24QGFX``: NVIDIA/vgpu-device-manager,
+# examples/config-example.yaml, "Update default vGPU devices config for vGPU 20.0").
 _WORDS = r"[A-Za-z0-9]+(?:[ -][A-Za-z0-9]+)*"
-NAME_KEY = rf"(?:(?:GRID|NVIDIA|grid|nvidia) )?{_WORDS}-[0-9]+[A-Za-z]{{1,3}}"
+_GFX = "[Gg][Ff][Xx]"
+NAME_KEY = rf"(?:(?:GRID|NVIDIA|grid|nvidia) )?{_WORDS}-[0-9]+[A-Za-z]{{1,3}}(?:{_GFX})?"
 _PREFIX = re.compile(r"(?:GRID|NVIDIA) ", re.IGNORECASE)
 _PROFILE = re.compile(rf"(?P<model>{_WORDS}?)(?:-(?P<slices>[0-9]+))?"
-                      r"-(?P<fb>[0-9]+)(?P<series>[A-Za-z]{1,3})")
+                      rf"-(?P<fb>[0-9]+)(?P<series>[A-Za-z]{{1,3}})(?P<gfx>{_GFX})?")
 
 
 def profile_name(name: str) -> str:
@@ -513,7 +519,7 @@ def profile(name: str) -> Optional[Profile]:
     series = match.group("series").upper()
     return Profile(name=short, model=match.group("model"), framebuffer_gb=int(match.group("fb")),
                    series=series, mig=match.group("slices") is not None,
-                   slices=int(match.group("slices") or 0))
+                   slices=int(match.group("slices") or 0), gfx=match.group("gfx") is not None)
 
 
 def mig_profile(name: str) -> Optional[Profile]:

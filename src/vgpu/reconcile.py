@@ -20,12 +20,13 @@ holds one step and the functions it calls:
 
 - the driver: :func:`_inspect_resource`, :func:`_ensure_driver`, :func:`_resumed_elsewhere`;
 - the VFs: :func:`_ensure_vfs`;
+- after a reboot, the boot step's work when it could not do it: :func:`_after_boot`;
 - publishing: :func:`_publish` (the only step of :func:`publish`), which checks the
   sections to publish (:func:`_addressable`, :func:`_mdevs_may_change`,
   :func:`_mdevctl_ready`, :func:`_principal_accepts`) and gives the VFs their types
   (:func:`_give_vfs_types`, :func:`_restore_vf_types`), and runs the next two;
-- MIG: :func:`_mig_instances` (before the mapping is checked), :func:`_mig_ready`,
-  :func:`_with_mig` (the boot data);
+- MIG: :func:`_mig_instances` (before the mapping is checked: what nova.conf lists first,
+  a change only where no guest holds a VF), :func:`_mig_ready`, :func:`_with_mig` (the boot data);
 - the boot unit and the mdev record: :func:`_ensure_boot_unit`, :func:`_record_mdevs`.
 """
 
@@ -323,6 +324,7 @@ class _Hook:
         self.problems = self.out.problems
         self.waits = self.out.waits
         self.mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
+        self.vfs_enabled = False  # _ensure_vfs ran sriov-manage -e (it may wipe MIG state)
 
     def facts(self) -> facts.Facts:
         return self.host.facts()
@@ -354,6 +356,7 @@ def _steps(hook: _Hook) -> None:
             _inspect_resource(hook)  # (the charm fetches the resource once per dispatch)
         _ensure_driver(hook)
     _ensure_vfs(hook)
+    _after_boot(hook)
     if hook.paused and _resumed_elsewhere(hook):
         logger.info("the vGPU services run again (started outside this charm): "
                     "no longer paused")
@@ -437,7 +440,33 @@ def _ensure_vfs(hook: _Hook) -> None:
     if not missing:
         return
     hook.out.vf_failures.update(sriov.enable(missing))
+    hook.vfs_enabled = True
     hook.refresh()
+
+
+def _after_boot(hook: _Hook) -> None:
+    """The boot step's work when it was not done since this boot; what it left undone, named.
+
+    After the hook's own sriov-manage (VFs first, as at boot): MIG mode, GPU
+    instances, types and mdevs, from the boot data and the mdev record, when
+    the boot step left no mark this boot or left one saying something was not
+    restored (see :mod:`vgpu.bootfile`, :func:`vgpu.boot.catch_up`), and after
+    every hook that enabled VFs itself (a driver reload took them; sriov-manage
+    may have wiped the MIG state the mapping in force needs). Not while paused
+    (the vGPU manager is stopped) nor for a boot unit the operator masked.
+    Mdevs still missing are blocked problems: no hook creates them.
+    """
+    here = hook.facts()
+    if here.driver is None or not here.driver.installed or hook.paused:
+        return
+    from . import bootfile
+
+    if (hook.vfs_enabled or not bootfile.done()) and not sriov.unit_masked():
+        from . import boot
+
+        boot.catch_up(again=hook.vfs_enabled)
+        hook.refresh()
+    hook.problems.extend(bootfile.left_behind(bootfile.left()))
 
 
 # -- publishing: what nova-compute gets, and the VF types that go with it ------------------------
@@ -708,8 +737,15 @@ def _mig_instances(hook: _Hook) -> None:
     A VF lists a MIG-backed type only where a GPU instance has room for it
     (NVIDIA's vGPU for Compute guide, "Configuring a GPU for MIG-Backed
     vGPUs": on KVM the host creates them), so they are created first, on GPUs
-    in MIG mode only (the status asks for the mode otherwise); a GPU instance
-    in use is never destroyed (see :func:`vgpu.mig.ensure`).
+    in MIG mode only (the status asks for the mode otherwise). A GPU whose
+    profile the mapping changes (from what the boot data says is in force, as
+    nova.conf lists it) changes only while no guest, running or shut off, holds
+    one of its VFs: then the types the charm wrote there are released when their
+    GPU instances stand in the way (see :func:`vgpu.mig.ensure`), as a
+    time-sliced change goes through by itself. While a guest holds one, the GPU
+    instances in force are restored first (after a reboot without the boot step
+    the guest's own type must fit again) and the change waits: the VF step says
+    which guests hold it. A GPU instance in use is never destroyed.
     """
     here = hook.facts()
     if hook.paused or here.driver is None or not here.driver.installed:
@@ -727,21 +763,56 @@ def _mig_instances(hook: _Hook) -> None:
     except MigError:
         return  # said by _mig_ready, with what MIG-backed profiles need
     hook.mig_modes = found  # what _mig_ready asks, read once per dispatch
+    applied = _applied_mig()
     changed = False
     for need in wanted.values():
-        if not found[need.gpu].enabled:
-            continue
-        try:
-            changed = bool(mig.ensure(need)) or changed
-        except MigInUseError as error:
-            from . import guests  # who holds them: named, since the steps start there
+        if found[need.gpu].enabled:
+            try:
+                changed = _gpu_instances(hook, need, applied.get(need.gpu)) or changed
+            except MigInUseError as error:
+                from . import guests  # who holds them: named, since the steps start there
 
-            held = guests.vgpu_guests(error.vfs, defined=True)
-            hook.problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
-        except MigError as error:
-            hook.problems.append(str(error))
+                held = guests.vgpu_guests(error.vfs, defined=True)
+                hook.problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
+            except MigError as error:
+                hook.problems.append(str(error))
     if changed:
         hook.refresh()
+
+
+def _gpu_instances(hook: _Hook, need, before) -> bool:
+    """One GPU's part of :func:`_mig_instances` (``before``: the Need in force); True if changed."""
+    from . import mig
+
+    if before is not None and (before.profile, before.instance) == (need.profile, need.instance):
+        return bool(mig.ensure(need))
+    gpu = hook.facts().pci.gpu(need.gpu)
+    vfs = [vf.address for vf in gpu.vfs] if gpu is not None else []
+    from . import guests  # XML parsing only when a GPU's profile changes
+
+    held = guests.vgpu_guests(vfs, defined=True)
+    if held:
+        hook.problems.append(
+            f"{OPTION} not applied on GPU {need.gpu}: MIG-backed {need.profile} takes the place "
+            f"of {before.profile if before is not None else 'what its VFs hold'}, and "
+            f"{GuestsRunningError(held)}; move or delete those instances, or restore the mapping")
+        # What nova.conf lists comes back first (after a reboot the guest's own type must fit).
+        return before is not None and bool(mig.ensure(before))
+    return bool(mig.ensure(need, releasable=vfs))
+
+
+def _applied_mig() -> Dict[str, Any]:
+    """``{GPU: mig.Need}`` the boot data keeps: the MIG-backed layout in force; {} when unknown.
+
+    Unknown (no data, or data that cannot be read) makes every GPU count as
+    changing: guests are asked about before anything is done.
+    """
+    from . import bootdata, mig
+
+    try:
+        return dict(mig.boot_needs(bootdata.load(f"/{sriov.DATA_FILE}")))
+    except bootdata.DataError:
+        return {}
 
 
 def _mig_ready(hook: _Hook, plan) -> bool:

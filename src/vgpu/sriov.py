@@ -34,7 +34,7 @@ from .record import NamedTuple
 log = logging.getLogger(__name__)
 
 SRIOV_MANAGE = "usr/lib/nvidia/sriov-manage"
-UNIT = "nvidia-vgpu-vfs.service"
+UNIT = bootfile.UNIT  # nvidia-vgpu-vfs.service
 UNIT_FILE = f"etc/systemd/system/{UNIT}"
 RUNTIME_UNIT_FILE = f"run/systemd/system/{UNIT}"  # where ``systemctl mask --runtime`` links
 UNIT_LIMIT = 1 << 16  # bytes of the unit file read back; the charm's own text is about 1.3 KB
@@ -259,12 +259,14 @@ def ensure_unit(content: str) -> bool:
 def remove_unit() -> bool:
     """Stop, disable and delete the unit and its data (charm removal); True when there was one.
 
-    A masked unit is the operator's: it is left as it is.
+    A masked unit is the operator's: it is left as it is. The boot step's mark
+    in /run goes too (see :mod:`vgpu.bootfile`).
     """
     try:
         data_path().unlink()
     except FileNotFoundError:
         pass
+    bootfile.forget()
     target = unit_path()
     if unit_masked() or not target.exists():
         return False
