@@ -336,11 +336,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
-        from vgpu import report, table
+        from vgpu import capacity, report, table
 
         try:
             here = self._facts()
             host = pci.with_available(here.pci)  # what each function can still create
+            held = capacity.held()  # what guests hold: counted as the status and the exporter do
         except HostReadError as error:
             event.fail(str(error))
             return
@@ -351,8 +352,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                    "live_migration": bool(self.config.get(LIVE_MIGRATION))}
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
         event.set_results(table.fit({
-            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, **options),
-            "table": report.types_table(host, offered, whole_gb=whole, **options),
+            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held, **options),
+            "table": report.types_table(host, offered, whole_gb=whole, held=held, **options),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod

@@ -21,7 +21,6 @@ import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from . import PCI_ADDRESS, hostroot, text
-from .errors import HostReadError
 from .record import NamedTuple
 
 NVIDIA_VENDOR = "0x10de"
@@ -305,19 +304,6 @@ def available_instances(address: str, type_id: str) -> Optional[int]:
     """How many more mdevs of ``type_id`` the function at ``address`` can create now."""
     return _int(_read(hostroot.text_path(PCI_DEVICES, address, "mdev_supported_types", type_id,
                                          "available_instances")))
-
-
-def created_instances(address: str, type_id: str) -> Optional[int]:
-    """How many mdevs of ``type_id`` the function at ``address`` holds (its ``devices/``).
-
-    None when that cannot be known (no such folder, or it cannot be read).
-    """
-    try:
-        listed = hostroot.listdir(hostroot.text_path(PCI_DEVICES, address, "mdev_supported_types",
-                                                     type_id, "devices"))
-    except HostReadError:
-        return None
-    return None if listed is None else len(listed)
 
 
 def virtfn_links(entry) -> List[Tuple[str, str]]:
