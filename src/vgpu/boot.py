@@ -48,6 +48,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import (
     bootdata,
+    bootresult,
     catalogue,
     hostlock,
     hostroot,
@@ -110,6 +111,7 @@ def run(where: str) -> int:
 
 def _run(where: str) -> int:
     started = time.monotonic()
+    outcome: List[Tuple[str, str, float]] = []  # per GPU, for the exporter (vgpu.bootresult)
     try:
         data = load(where)
         _, wait_for, limits = parse(data)
@@ -117,14 +119,22 @@ def _run(where: str) -> int:
         log.error("%s: %s; nothing restored from it", where, error)
         status, wait_for, limits = 2, [], Limits()
     else:
-        status = restore(data)
+        status = restore(data, outcome)
     record = os.path.join(os.path.dirname(where), mdevs.NAME)
-    return max(status, restore_mdevs(record, wait_for, started + limits.total, limits))
+    status = max(status, restore_mdevs(record, wait_for, started + limits.total, limits))
+    took = time.monotonic() - started
+    bootresult.save(bootresult.Result(time.time(), round(took, 3), status,
+                                      bootresult.gpu_results(outcome)))
+    return status
 
 
-def restore(data: Mapping) -> int:
-    """Enable the VFs and give them their types, as :mod:`vgpu.boot` describes; the exit status."""
+def restore(data: Mapping, done: Optional[List[Tuple[str, str, float]]] = None) -> int:
+    """Enable the VFs and give them their types, as :mod:`vgpu.boot` describes; the exit status.
+
+    ``done`` gets each GPU's (address, result, seconds taken).
+    """
     gpus, wait_for, limits = parse(data)
+    done = [] if done is None else done
     if not gpus:
         log.info("no virtual functions to restore: vgpu-device-mappings selects no SR-IOV GPU")
         return 0
@@ -132,12 +142,14 @@ def restore(data: Mapping) -> int:
     if not kernel.iommu_enabled():
         log.error("IOMMU is off: no virtual function can be enabled; nothing restored "
                   "(see the charm's status)")
+        done.extend((gpu.address, FAILED, 0.0) for gpu in gpus)
         return 1
     _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager), limits.poll)
     outcome = {}
     instances = mig.boot_needs(data)  # MIG-backed GPUs: mode in force, GPU instances first
     for n, gpu in enumerate(gpus):
-        until = time.monotonic() + (deadline - time.monotonic()) / (len(gpus) - n)
+        began = time.monotonic()
+        until = began + (deadline - began) / (len(gpus) - n)
         try:
             ready = gpu.address not in instances or mig.at_boot(instances[gpu.address], until)
             restored = _restore_gpu(gpu, until, limits)  # the VFs are enabled either way
@@ -145,6 +157,7 @@ def restore(data: Mapping) -> int:
         except (VgpuError, OSError) as error:  # whatever it was, the next GPU still gets its turn
             log.error("GPU %s: %s", gpu.address, error)
             outcome[gpu.address] = FAILED
+        done.append((gpu.address, outcome[gpu.address], time.monotonic() - began))
     summary = f"restored {sum(o == RESTORED for o in outcome.values())} of {len(gpus)} GPUs"
     for kind in (LEFT_ALONE, FAILED):
         named = [a for a, o in outcome.items() if o == kind]
