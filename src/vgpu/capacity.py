@@ -52,11 +52,21 @@ class Held(NamedTuple):
     unknown: Tuple[Optional[str], ...] = ()  # the parent of each mdev that cannot be read
 
 
-def held(mdevs: bool = True) -> Held:
-    """Read what guests hold (libvirt's XML) and, with ``mdevs``, the mdev bus."""
-    held_mdevs, held_pci, problems = guests.held_devices()
+def held(mdevs: bool = True, domains: Optional[Sequence[guests.Domain]] = None,
+         problems: Sequence[str] = ()) -> Held:
+    """Read what guests hold (libvirt's XML) and, with ``mdevs``, the mdev bus.
+
+    ``domains``: :func:`vgpu.guests.domains` read already, with the files it
+    could not read in ``problems``; read here when None.
+    """
+    if domains is None:
+        held_mdevs, held_pci, unread = guests.held_devices()
+    else:
+        held_mdevs = {uuid for domain in domains for uuid in domain.mdevs}
+        held_pci = {address for domain in domains for address in domain.pci}
+        unread = list(problems)
     created, unknown = _created_mdevs() if mdevs else ({}, [])
-    return Held(frozenset(held_mdevs), frozenset(held_pci), tuple(problems), created,
+    return Held(frozenset(held_mdevs), frozenset(held_pci), tuple(unread), created,
                 tuple(unknown))
 
 
