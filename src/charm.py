@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Dict, List, Mapping, Union
 
 import ops
@@ -261,6 +260,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             refresh_events=[self.on.config_changed, self.on.upgrade_charm])
 
     def _scrape_configs(self) -> List[dict]:
+        import socket
+
         from vgpu import exporter
 
         return exporter.scrape_configs(socket.getfqdn())
