@@ -4,17 +4,11 @@ import json
 
 import pytest
 
-from unit_tests.fakehost import l40s_host
-from unit_tests.test_boot import H200, L40S, MGR, data, gpu
+from unit_tests import test_boot
+from unit_tests.test_boot import H200, L40S, data, gpu
 from vgpu import boot, bootresult, hostroot, sriov
 
-
-@pytest.fixture
-def rebooted(root, tools):
-    host = l40s_host(root, enabled=False)
-    host.install_sriov_manage()
-    tools.set_active(MGR)
-    return host
+rebooted = test_boot.rebooted  # the L40S and H200 after a reboot, the vGPU manager up
 
 
 def test_each_gpu_of_the_data_gets_its_result_and_time(rebooted, root, tools):

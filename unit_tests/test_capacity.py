@@ -127,3 +127,13 @@ def test_sriov_mdev_host_list_vgpu_types_vgpu_usage_and_metrics_agree(ctx, root,
     assert (by_series(samples, "nvidia_vgpu_type_used_instances")[key],
             by_series(samples, "nvidia_vgpu_type_available_instances")[key]) == (1, 1)
     assert agree(ctx, out, samples) >= 4
+
+
+def test_a_published_vf_holding_another_profile_is_not_free_under_the_class(root):
+    """nova.conf says L40S-12Q, the VF holds L40S-16Q (named beside it): not a free 12Q."""
+    host = l40s_host(root)
+    host.vfio_model(L40S).frozen = True  # sysfs as written here
+    assign_vfio_type(host, L40S_VFS[0], 1139)
+    assign_vfio_type(host, L40S_VFS[1], 1140, creatable={1140: L40S_TYPES[1140]})
+    found = pci.discover()
+    assert capacity.capacity(found, {CLASS: L40S_VFS[:2]}) == [capacity.Capacity(CLASS, 0, 1)]

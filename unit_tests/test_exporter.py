@@ -23,15 +23,12 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from unit_tests.fakehost import assign_vfio_type, l40s_host
-from unit_tests.libvirt import running_guest
+from unit_tests.test_capacity import VM_1, full_l40s_12q
 from vgpu import exporter
 from vgpu.errors import ExporterError
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_PYNVML = REPO / "unit_tests" / "fake_pynvml"
-VM_1 = "11111111-1111-4111-8111-111111111111"
-L40S_VFS = ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6", "0000:81:00.7")
 
 
 def free_port() -> int:
@@ -91,11 +88,7 @@ def exporter_env(root, **extra):
 @pytest.fixture
 def host(root):
     """An L40S full of L40S-12Q, a guest on one VF."""
-    fixture = l40s_host(root)
-    for address in L40S_VFS:
-        assign_vfio_type(fixture, address, 1139)
-    running_guest(root, "instance-00000040", VM_1, pci_address=L40S_VFS[1])
-    return fixture
+    return full_l40s_12q(root)
 
 
 # -- the process -------------------------------------------------------------------------------

@@ -86,20 +86,22 @@ class Count(NamedTuple):
 
 def count(gpus: Sequence[pci.Gpu], type_id: str, seen: Held,
           within: Optional[Collection[str]] = None,
-          whole_gb: Optional[Mapping[str, int]] = None) -> Count:
+          whole_gb: Optional[Mapping[str, int]] = None, fits: Optional[int] = None) -> Count:
     """vGPUs of ``type_id`` (``nvidia-<n>``) on ``gpus``, on the functions ``within`` (None: all).
 
     Each GPU is counted by its own framework. ``seen``: :func:`held`.
     ``whole_gb``: each VFIO GPU's whole framebuffer in GB where known
     (:func:`vgpu.catalogue.whole_gpus`), which counts a time-sliced profile
-    on a partly used GPU.
+    on a partly used GPU. ``fits``: :func:`most` of the type on the one GPU
+    counted, when the caller has it already (worked out here when needed otherwise).
     """
     total = Count()
     places: set = set()
     mdev = False  # whether any GPU counts mdevs (the mdevs are then counted once, below)
     for gpu in gpus:
         if gpu.framework == pci.VFIO:
-            part = _vfio_count(gpu, type_id, seen, within, (whole_gb or {}).get(gpu.address))
+            part = _vfio_count(gpu, type_id, seen, within, (whole_gb or {}).get(gpu.address),
+                               fits if len(gpus) == 1 else None)
         else:
             part, offering = _mdev_room(gpu, type_id, seen, within)
             places.update(offering)
@@ -134,7 +136,7 @@ def _add(one: Count, other: Count) -> Count:
 
 
 def _vfio_count(gpu: pci.Gpu, type_id: str, seen: Held, within: Optional[Collection[str]],
-                whole_gb: Optional[int]) -> Count:
+                whole_gb: Optional[int], fits: Optional[int] = None) -> Count:
     """VFs that hold the type (used or idle), and free VFs that can still take it."""
     number = _number(type_id)
     used = idle = unsure = 0
@@ -156,7 +158,7 @@ def _vfio_count(gpu: pci.Gpu, type_id: str, seen: Held, within: Optional[Collect
             candidates += [t for t in vf.types if t.number == number][:1]
     creatable: Optional[int] = 0
     if candidates and not seen.problems:
-        fits = most(gpu, candidates[0], whole_gb)
+        fits = most(gpu, candidates[0], whole_gb) if fits is None else fits
         creatable = None if fits is None else max(0, min(len(candidates), fits - holding))
     return Count(used, idle, creatable, unsure)
 
@@ -253,19 +255,24 @@ def capacity(host: pci.Host, mapping: Mapping[str, Tuple[str, ...]]) -> List[Cap
 
 
 def _class_count(host: pci.Host, key: str, within: Collection[str], seen: Held) -> Count:
-    """A resource class's published VFs, counted under each type they hold (or list, untyped)."""
+    """A resource class's published VFs, counted under each type of the class they hold or list.
+
+    A type whose name no VF lists (a full GPU) counts as the class's: the charm wrote it.
+    """
     total = Count()
     owners = host.owners()
     for gpu in {owners[a].address: owners[a] for a in within if a in owners}.values():
+        names = {t.number: t.name for t in gpu.offered_types()}
         numbers = set()
         for vf in gpu.vfs:
             if vf.address not in within:
                 continue
             if vf.current_type:
                 numbers.add(vf.current_type)
-            else:
-                numbers.update(t.number for t in vf.types if plan.resource_class(t.name) == key)
+            numbers.update(t.number for t in vf.types)
         for number in sorted(numbers):
+            if number in names and plan.resource_class(names[number]) != key:
+                continue  # another profile, not this class's
             total = _add(total, _vfio_count(gpu, f"nvidia-{number}", seen, within, None))
     return total
 

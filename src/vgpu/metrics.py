@@ -207,8 +207,8 @@ def _capacity(out: _Out, host: pci.Host, driver_version: Optional[str],
     for gpu in host.gpus:
         for vgpu_type in offered.get(gpu.address) or gpu.offered_types():
             labels = {"gpu": gpu.address, "type": vgpu_type.id}
-            found = capacity.count([gpu], vgpu_type.id, seen, whole_gb=whole)
             most = capacity.most(gpu, vgpu_type, whole.get(gpu.address))
+            found = capacity.count([gpu], vgpu_type.id, seen, whole_gb=whole, fits=most)
             out.add("nvidia_vgpu_type_info", 1, name=vgpu_type.name,
                     framework=vgpu_type.framework, **labels)
             if most is not None:
@@ -228,20 +228,16 @@ def _mapping(out: _Out, host: pci.Host, driver_version: Optional[str]) -> None:
     """Whether each GPU the boot data names holds what was published (see METRICS)."""
     from . import bootdata
 
-    try:
-        plans, _, _ = bootdata.parse(bootdata.load(f"/{bootfile.DATA_FILE}"))
-    except bootdata.DataError as error:
-        if "does not exist" not in str(error):  # no mapping in force yet: nothing to say
-            log.warning("/%s %s", bootfile.DATA_FILE, error)
-            out.up("boot_data", False)
-        return
-    except Exception as error:  # never a failed scrape
-        log.warning("/%s: %s", bootfile.DATA_FILE, error)
-        out.up("boot_data", False)
-        return
-    out.up("boot_data", True)
+    def plans():
+        try:
+            return bootdata.parse(bootdata.load(f"/{bootfile.DATA_FILE}"))[0]
+        except bootdata.DataError as error:
+            if "does not exist" in str(error):  # no mapping in force yet: nothing to say
+                return []
+            raise ValueError(f"/{bootfile.DATA_FILE} {error}") from None
+
     learnt: Optional[catalogue.Table] = None
-    for plan in plans:
+    for plan in _guarded(out, "boot_data", plans) or ():
         gpu = host.gpu(plan.address)
         if gpu is None or gpu.address != plan.address:
             out.add("nvidia_vgpu_mapping_applied", 0, gpu=plan.address)
@@ -274,17 +270,7 @@ def _holds(gpu: pci.Gpu, vf: pci.VirtualFunction, wanted, known: Mapping[str, st
 
 
 def _boot(out: _Out) -> None:
-    try:
-        result = bootresult.load()
-    except bootresult.ResultError as error:
-        log.warning("%s", error)
-        out.up("boot_result", False)
-        return
-    except Exception as error:  # never a failed scrape
-        log.warning("/%s: %s", bootresult.RESULT_FILE, error)
-        out.up("boot_result", False)
-        return
-    out.up("boot_result", True)
+    result = _guarded(out, "boot_result", bootresult.load)  # None: none yet, or unreadable
     if result is None:
         return
     out.add("nvidia_vgpu_boot_last_run_timestamp_seconds", result.finished)

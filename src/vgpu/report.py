@@ -93,9 +93,11 @@ def _groups(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
     seen = capacity.held() if held is None and host.gpus else held or capacity.Held()
     for gpu in host.gpus:
         whole = (whole_gb or {}).get(gpu.address)
-        rows = [(t, capacity.most(gpu, t, whole),
-                 capacity.count([gpu], t.id, seen, whole_gb=whole_gb).available)
-                for t in (offered or {}).get(gpu.address) or gpu.offered_types()]
+        rows = []
+        for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
+            most = capacity.most(gpu, vgpu_type, whole)
+            found = capacity.count([gpu], vgpu_type.id, seen, whole_gb=whole_gb, fits=most)
+            rows.append((vgpu_type, most, found.available))
         # The model's device id fixes what _mig_entry says of a type; the rows, the rest.
         same = (gpu.model, gpu.device_id, gpu.driver, gpu.framework, gpu.sriov, gpu.vfs_missing,
                 tuple(rows))

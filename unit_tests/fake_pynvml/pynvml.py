@@ -73,8 +73,13 @@ def calls():
 
 def _host():
     if _STATE["state"] is None and os.environ.get("FAKE_NVML"):
-        with open(os.environ["FAKE_NVML"], encoding="utf-8") as handle:
-            return json.load(handle)
+        # Read again when the file changed (a test rewrites it): NVML answers from memory.
+        path = os.environ["FAKE_NVML"]
+        stamp = os.stat(path).st_mtime_ns
+        if _STATE.get("read") != (path, stamp):
+            with open(path, encoding="utf-8") as handle:
+                _STATE.update(read=(path, stamp), file=json.load(handle))
+        return _STATE["file"]
     return _STATE["state"] or {}
 
 
