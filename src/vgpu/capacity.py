@@ -260,18 +260,14 @@ def _class_count(host: pci.Host, key: str, within: Collection[str], seen: Held) 
     A type whose name no VF lists (a full GPU) counts as the class's: the charm wrote it.
     """
     total = Count()
-    owners = host.owners()
-    for gpu in {owners[a].address: owners[a] for a in within if a in owners}.values():
-        names = {t.number: t.name for t in gpu.offered_types()}
-        numbers = set()
+    for gpu in host.gpus:
+        numbers: set = set()
         for vf in gpu.vfs:
-            if vf.address not in within:
-                continue
-            if vf.current_type:
-                numbers.add(vf.current_type)
-            numbers.update(t.number for t in vf.types)
+            if vf.address in within:  # a type it holds, or (without one) those it can take
+                numbers.update([vf.current_type] if vf.current_type else (t.number for t in vf.types))
         for number in sorted(numbers):
-            if number in names and plan.resource_class(names[number]) != key:
+            name = next((t.name for vf in gpu.vfs for t in vf.types if t.number == number), None)
+            if name is not None and plan.resource_class(name) != key:
                 continue  # another profile, not this class's
             total = _add(total, _vfio_count(gpu, f"nvidia-{number}", seen, within, None))
     return total
