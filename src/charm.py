@@ -16,6 +16,7 @@ the ``vgpu`` package, which never imports ops.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Dict, List, Mapping, Union
 
 import ops
@@ -57,6 +58,7 @@ from vgpu.errors import (
 logger = logging.getLogger(__name__)
 
 MDEV_CLASS = reconcile.MDEV_CLASS
+COS_AGENT = "cos-agent"  # the endpoint to the collector (opentelemetry-collector)
 
 
 class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
@@ -80,8 +82,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # off afterwards, so it is published again on a nova-vgpu relation added anew.
         # ``mdevctl_failed``: when and why apt last failed to install mdevctl ({}: it did not),
         # so that update-status tries again only hourly (whether it is there is read each hook).
+        # ``exporter``: why the metrics exporter was last refused ({"problem": ...}; {}: it was not).
         self._stored.set_default(paused=False, masked=[], checked={}, attached={}, reported=False,
-                                 mdevctl_failed={})
+                                 mdevctl_failed={}, exporter={})
         self._host = reconcile.Host()  # this dispatch's reading of the host
         # This dispatch's inspection of the resource: a DebInfo or the error it raised.
         self._package: Union[driver.DebInfo, VgpuError, None] = None
@@ -108,6 +111,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.upgrade_action, self._on_upgrade)
         framework.observe(on.enable_mig_action, self._on_enable_mig)
         framework.observe(on.remove, self._on_remove)
+        for event in (on.config_changed, on.upgrade_charm, on[COS_AGENT].relation_joined,
+                      on[COS_AGENT].relation_changed, on[COS_AGENT].relation_broken):
+            framework.observe(event, self._on_exporter)
+        self._cos_agent = self._cos_agent_provider()
 
     def _pause_of_upstream(self) -> None:
         """A unit the upstream charm paused (pre-series-upgrade) stays paused until resume.
@@ -247,6 +254,46 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             self._stored.reported = True
         return bool(self._stored.reported)
 
+    # -- monitoring (cos-agent) -------------------------------------------------
+    def _cos_agent_provider(self):
+        """The cos_agent library's provider, on the hooks where it has work; else None.
+
+        cos-agent's own relation hooks, and config-changed and upgrade-charm
+        while related (new rules and dashboards, another port). Importing it
+        (pydantic, cosl) costs about a quarter of a second, which no other hook pays.
+        """
+        hook = os.environ.get("JUJU_DISPATCH_PATH", "")
+        if not (hook.startswith(f"hooks/{COS_AGENT}-relation-") or (
+                hook in ("hooks/config-changed", "hooks/upgrade-charm")
+                and self.model.relations[COS_AGENT])):
+            return None
+        from charms.grafana_agent.v0.cos_agent import COSAgentProvider
+
+        # Rules in the library's default src/prometheus_alert_rules and src/loki_alert_rules;
+        # all three relative to the charm's directory, where Juju runs each hook.
+        return COSAgentProvider(
+            self, relation_name=COS_AGENT, scrape_configs=self._scrape_configs,
+            dashboard_dirs=["./src/grafana_dashboards"],
+            refresh_events=[self.on.config_changed, self.on.upgrade_charm])
+
+    def _scrape_configs(self) -> List[dict]:
+        import socket
+
+        from vgpu import exporter
+
+        return exporter.scrape_configs(socket.getfqdn())
+
+    def _on_exporter(self, event: ops.EventBase) -> None:
+        """The metrics exporter runs while cos-agent is related (vgpu.exporter); else it is removed."""
+        from vgpu import exporter
+
+        related = (not isinstance(event, ops.RelationBrokenEvent)
+                   and bool(self.model.relations[COS_AGENT]))
+        problem = exporter.sync(related, self.config.get(exporter.OPTION),
+                                restart=isinstance(event, ops.UpgradeCharmEvent))
+        if self._stored.exporter.get("problem", "") != problem:
+            self._stored.exporter = {"problem": problem} if problem else {}
+
     # -- status -------------------------------------------------------------
     _KINDS = {status.BLOCKED: ops.BlockedStatus, status.MAINTENANCE: ops.MaintenanceStatus,
               status.WAITING: ops.WaitingStatus, status.ACTIVE: ops.ActiveStatus}
@@ -268,6 +315,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.add_status(self._KINDS[kind](message))
         for message in self._waits:
             event.add_status(ops.WaitingStatus(message))
+        if self._stored.exporter.get("problem"):  # recorded when the exporter was last set up
+            event.add_status(ops.BlockedStatus(self._stored.exporter["problem"]))
 
     def _status_inputs(self) -> status.Inputs:
         """Read what the status depends on; the mapping, driver and services only when it matters."""
@@ -354,11 +403,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
-        from vgpu import report, table
+        from vgpu import capacity, report, table
 
         try:
             here = self._facts()
             host = pci.with_available(here.pci)  # what each function can still create
+            held = capacity.held()  # what guests hold: counted as the status and the exporter do
         except HostReadError as error:
             event.fail(str(error))
             return
@@ -369,8 +419,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                    "live_migration": bool(self.config.get(LIVE_MIGRATION))}
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
         event.set_results(table.fit({
-            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, **options),
-            "table": report.types_table(host, offered, whole_gb=whole, **options),
+            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held, **options),
+            "table": report.types_table(host, offered, whole_gb=whole, held=held, **options),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod
@@ -613,6 +663,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             sriov.remove_unit()
         except (VgpuError, OSError) as error:
             logger.warning("could not remove %s: %s", sriov.UNIT, error)
+        from vgpu import exporter
+
+        exporter.sync(related=False)  # a problem is logged
         try:
             mdevs.forget()
             catalogue.forget()

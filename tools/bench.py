@@ -14,11 +14,14 @@ On two generated hosts, 8 SR-IOV L40S-like GPUs with 32 VFs each on the
 vendor-specific VFIO framework and 8 A100-like GPUs with 16 VFs each offering
 mdev types (6 types, 32 VFs mapped, nova-compute's nova.conf in place, state
 carried over from a previous hook), it prints medians
-and ratios for update-status, config-changed (unchanged and with a new
-mapping) and list-vgpu-types; the processes each hook starts (programs, and
+and ratios for update-status (also with the cos-agent relation), config-changed
+(unchanged and with a new mapping) and list-vgpu-types; the processes each hook starts (programs, and
 Juju hook tools that are processes under real Juju: config-get, status-set,
 resource-get, juju-log, ...), what it reads of the host, and its peak memory.
-Then a scaling table of update-status over hosts with 1 to 16 GPUs of 16 and
+Then the metrics exporter on the same two hosts (a guest on every mapped VF, the
+boot step's result, NVML's stand-in with four vGPUs per GPU): one scrape's time
+and the exporter's resident memory, beside their floors (100 ms, 60 MB). Then a
+scaling table of update-status over hosts with 1 to 16 GPUs of 16 and
 32 VFs, on both NVIDIA frameworks (mdev types on VFs, A100-like; VFIO,
 L40S-like).
 
@@ -55,11 +58,14 @@ import benchhosts  # noqa: E402
 from unit_tests import debs  # noqa: E402
 from unit_tests.faketools import Tools  # noqa: E402
 
-TARGETS = {"update-status": 1.15, "config-changed, unchanged": 1.15}
+TARGETS = {"update-status": 1.15, "update-status, cos-agent": 1.15,
+           "config-changed, unchanged": 1.15}
 BOOT_TARGET = 1.3  # the boot step on 8 GPUs against 1 GPU
 BOOT_DELAYS = (8.0, 2.0)  # seconds: sriov-manage -e per GPU; nvidia-smi -mig 1 and -cgi each
 CASES = (  # label, event, state
     ("update-status", "update_status", "steady"),
+    # Related to opentelemetry-collector: the exporter runs, and update-status must not pay for it.
+    ("update-status, cos-agent", "update_status", "steady-cos"),
     ("config-changed, unchanged", "config_changed", "steady"),
     ("config-changed, new mapping", "config_changed", "remapped"),
     ("list-vgpu-types", "action:list-vgpu-types", "steady"),
@@ -82,7 +88,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
                       on.update_status, on["nova-vgpu"].relation_joined,
                       on["nova-vgpu"].relation_changed, on["juju-info"].relation_joined,
-                      on.remove, on.collect_unit_status):
+                      on["cos-agent"].relation_joined, on["cos-agent"].relation_changed,
+                      on["cos-agent"].relation_broken, on.remove, on.collect_unit_status):
             framework.observe(event, self._nothing)
         for action in ACTIONS:
             framework.observe(getattr(on, action.replace("-", "_") + "_action"), self._nothing)
@@ -155,7 +162,8 @@ def prime(root: Path, framework: str, gpus: int, package: Path, work: Path) -> d
     remapped = dict(steady, config={"vgpu-device-mappings":
                                     benchhosts.mapping_text(framework, gpus, remap=True)})
     specs = {}
-    for name, data in (("steady", steady), ("remapped", remapped)):
+    for name, data in (("steady", steady), ("remapped", remapped),
+                       ("steady-cos", dict(steady, cos_agent=True))):
         path = work / f"{root.name}-{name}.pickle"
         path.write_bytes(pickle.dumps(data))
         specs[name] = path
@@ -298,6 +306,106 @@ def headline_host(args, work, package, bases, bare_src, charm_src, framework, gp
               f" | bare {c['bare']['peak_kib']:7.0f} KiB, {c['rss']['bare'] / 1024:5.1f} MiB")
     shutil.rmtree(root)
     return floor
+
+
+# -- the metrics exporter: one scrape and its memory ----------------------------------
+
+EXPORTER_FLOORS = {"scrape_ms": 100, "rss_mb": 60}
+NVML_VGPUS = 4  # per GPU, in NVML's stand-in
+
+
+def exporter_costs(args, work, package, bases) -> None:
+    """The exporter's own process on each headline host: scrape time and resident memory."""
+    print("Metrics exporter: its unit's command line (src/vgpu_exporter.py) on each host, a guest on "
+          f"every mapped VF, NVML's stand-in with {NVML_VGPUS} vGPUs per GPU; hooks never run it")
+    header = (f"{'host':<44} {'scrape ms (median, max)':>24} {'CPU ms/scrape':>13} "
+              f"{'RSS MB (now, peak)':>19} {'series':>7}  floors")
+    print(header)
+    print("-" * len(header))
+    for framework, gpus, vfs, what in HEADLINE_HOSTS:
+        root = work / f"exporter-{framework}-{gpus}x{vfs}"
+        benchhosts.sriov_host(root, framework, gpus, vfs, installed=bases[framework])
+        prime(root, framework, gpus, package, work)
+        nvml = benchhosts.monitored(root, framework, gpus, work / f"nvml-{framework}.json",
+                                    NVML_VGPUS)
+        found = scrape_costs(root, nvml, 10 if args.quick else 30)
+        met = found["median"] < EXPORTER_FLOORS["scrape_ms"] and found["peak"] < EXPORTER_FLOORS["rss_mb"]
+        times = "{median:.1f}, {max:.1f}".format(**found)
+        memory = "{rss:.1f}, {peak:.1f}".format(**found)
+        floors = "< {scrape_ms} ms, < {rss_mb} MB".format(**EXPORTER_FLOORS)
+        print(f"{what[:44]:<44} {times:>24} {found['cpu']:13.1f} {memory:>19} "
+              f"{found['series']:7d}  {floors}: {'met' if met else 'NOT MET'}")
+        shutil.rmtree(root)
+    print()
+
+
+def scrape_costs(root: Path, nvml: Path, scrapes: int) -> dict:
+    """Start the exporter as its unit runs it, scrape it ``scrapes`` times; times and memory."""
+    import shlex
+    import socket
+    import urllib.request
+
+    from vgpu import exporter
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    lines = dict(line.split("=", 1) for line in exporter.render(port).splitlines()
+                 if line.startswith(("ExecStart=", "Environment=")))
+    env = dict(os.environ, VGPU_HOST_ROOT=str(root), FAKE_NVML=str(nvml))
+    env.update(dict(word.split("=", 1) for word in shlex.split(lines["Environment"])))
+    env["PYTHONPATH"] = f"{REPO / 'unit_tests' / 'fake_pynvml'}:{env['PYTHONPATH']}"
+    process = subprocess.Popen(shlex.split(lines["ExecStart"]), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def get() -> bytes:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return answer.read()
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                body = get()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"the exporter did not serve: {process.stderr.read()[-2000:]}") from None
+                time.sleep(0.1)
+        for _ in range(2):  # warm: the first scrapes load what the later ones reuse
+            get()
+        cpu_before = process_cpu(process.pid)
+        times = []
+        for _ in range(scrapes):
+            started = time.perf_counter()
+            body = get()
+            times.append((time.perf_counter() - started) * 1000)
+        cpu = (process_cpu(process.pid) - cpu_before) / scrapes
+        memory = process_memory(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    series = sum(1 for line in body.decode().splitlines() if line.startswith("nvidia_vgpu_"))
+    return {"median": statistics.median(times), "max": max(times), "cpu": cpu,
+            "rss": memory["VmRSS"] / 1024, "peak": memory["VmHWM"] / 1024, "series": series}
+
+
+def process_cpu(pid: int) -> float:
+    """CPU ms (user + system) a process has used, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def process_memory(pid: int) -> dict:
+    """VmRSS and VmHWM of a process, KiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0])
+    return out
 
 
 def scaling(args, work, package, bases, bare_src, charm_src, floor: list) -> None:
@@ -541,6 +649,7 @@ def main() -> int:
         charm_src = REPO / "src"
         compileall.compile_dir(str(bare_src), quiet=1)
         floor = headline(args, work, package, bases, bare_src, charm_src)
+        exporter_costs(args, work, package, bases)
         if not args.no_scaling:
             scaling(args, work, package, bases, bare_src, charm_src, floor)
         boot_step(work, tools)

@@ -164,3 +164,42 @@ def rebooted_mig_host(root, gpus: int, sriov_s: float, smi_s: float) -> Tuple[Fa
                       "mig": {"profile": "H200X-1-18C", "instance": MIG_INSTANCE,
                               "count": MIG_VFS}} for a in addresses]}
     return host, data
+
+
+def monitored(root, framework: str, gpus: int, nvml: Path, vgpus_per_gpu: int) -> Path:
+    """What the exporter reads besides sysfs; returns ``nvml``.
+
+    A guest on every mapped VF, the boot step's result, and NVML's stand-in
+    state (``nvml``, read by unit_tests/fake_pynvml) with vGPUs on every GPU.
+    """
+    import json
+    import time
+
+    from unit_tests.libvirt import running_guest
+    from vgpu import bootresult
+
+    host = FakeHost(root, write_defaults=False)
+    _, per_gpu = MAPPED[framework]
+    n = 0
+    for g in range(gpus):
+        for i in range(per_gpu):
+            uuid = f"{n:08x}-0000-4000-8000-{n:012x}"
+            if framework == "mdev":
+                mdev = f"{n:08x}-1111-4111-8111-{n:012x}"
+                host.add_mdev(_vf(g, i), MAPPED[framework][0], mdev)
+                running_guest(root, f"instance-{n:08x}", uuid, mdev_uuid=mdev)
+            else:
+                running_guest(root, f"instance-{n:08x}", uuid, pci_address=_vf(g, i))
+            n += 1
+    bootresult.save(bootresult.Result(time.time(), 12.5, 0, bootresult.gpu_results(
+        [(_pf(g), "restored", 1.5) for g in range(gpus)])))
+    def vgpu(g: int, v: int) -> dict:
+        vm = g * per_gpu + v
+        return {"id": g * 100 + v, "uuid": f"vgpu-{g}-{v}", "vm": f"{vm:08x}-0000-4000-8000-{vm:012x}",
+                "type": 1139, "licensed": 1, "state": 5, "fb": 6 << 30,
+                "util": {"sm": 30, "memory": 10, "encoder": 0, "decoder": 0}}
+
+    nvml.write_text(json.dumps({"driver": "570.158.02", "gpus": [
+        {"bus_id": f"0000{_pf(g)}".upper(), "vgpus": [vgpu(g, v) for v in range(vgpus_per_gpu)]}
+        for g in range(gpus)]}))
+    return nvml

@@ -313,10 +313,12 @@ def test_list_vgpu_types_gives_the_flavor_property_and_the_pci_alias(ctx, vfio, 
     assert table.count('"name": "vgpu-l40s-') == 6  # one per L40S type, not one per VF
     assert l40s["virtual-functions"] == ",".join(vfs(L40S, 16))
     # The full GPU lists nothing: the learnt type is counted from its profile against the
-    # GPU's 48 GB (learnt while its VFs were free): four fit, none is free.
-    assert (entry["max-instances"], entry["available-instances"]) == ("4", "0")
+    # GPU's 48 GB (learnt while its VFs were free): four fit, and the four VFs that hold it
+    # are free, as the status line counts them (vgpu.capacity.count for both).
+    assert (entry["max-instances"], entry["available-instances"]) == ("4", "4")
+    assert "CUSTOM_VGPU_L40S_12Q: 0 used, 4 free" in first.unit_status.message
     row = next(line for line in ctx.action_results["table"].splitlines() if " nvidia-1139 " in line)
-    assert row.split()[-5:] == ["12288", "MiB", "4", "0", "pci_passthrough:alias=vgpu-l40s-12q:1"]
+    assert row.split()[-5:] == ["12288", "MiB", "4", "4", "pci_passthrough:alias=vgpu-l40s-12q:1"]
 
 
 

@@ -163,9 +163,25 @@ def test_charmcraft_analyse_finds_an_ops_charm_with_nothing_wrong(packed):
         assert results[name][0] == "ok", (name, results[name])
     # The rest need charmcraft's build directories, charm libraries, or a venv with bin/
     # (the charm plugin ships site-packages only): not applicable here, or fine.
-    for name in ("additional-files", "pydeps", "pip-check"):
+    for name in ("additional-files", "pip-check"):
         assert results[name][0] in ("ok", "nonapplicable"), (name, results[name])
+    # pydeps looks for venv/lib/python3.x/site-packages, which the charm plugin does not lay
+    # out (venv/ is site-packages): "unknown", as under charmcraft analyse. Its own check, run
+    # on the layout it expects, finds the cos_agent library's PYDEPS in the packed venv.
+    assert results["pydeps"][0] in ("ok", "unknown"), results["pydeps"]
     assert len(results) == 11  # every checker charmcraft analyse runs was looked at above
+
+
+def test_the_packed_venv_holds_every_charm_librarys_pydeps(packed, tmp_path):
+    from charmcraft import linters, utils
+
+    charm = packing.unpack(packed.file, tmp_path / "charm")
+    deps = utils.collect_charmlib_pydeps(basedir=charm)
+    assert {"cosl >= 0.0.50", "pydantic"} <= deps
+    expected = tmp_path / "venv" / "lib" / "python3"
+    expected.mkdir(parents=True)
+    (expected / "site-packages").symlink_to(charm / "venv")
+    assert linters.PyDeps._get_missing_deps(deps, tmp_path / "venv") == (set(), set())
 
 
 def test_the_unpacked_charm_keeps_git_modes_and_charmcraft_dispatch(packed, tmp_path):

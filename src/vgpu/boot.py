@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 from . import (
     bootdata,
     bootfile,
+    bootresult,
     catalogue,
     hostlock,
     hostroot,
@@ -149,6 +150,7 @@ def catch_up(again: bool = False) -> None:
 def _run(where: str, by: str, limits: Optional[Limits] = None) -> int:
     started = time.monotonic()
     hook = limits is not None
+    outcome: List[Tuple[str, str, float]] = []  # per GPU, for the exporter (vgpu.bootresult)
     try:
         data = load(where)
         _, wait_for, given = parse(data)
@@ -159,7 +161,7 @@ def _run(where: str, by: str, limits: Optional[Limits] = None) -> int:
             log.error("%s: %s; nothing restored from it", where, error)
             data, wait_for, given = None, [], Limits()
     bounds = limits or given
-    status = 0 if data is None else restore(data, bounds, enable_vfs=not hook)
+    status = 0 if data is None else restore(data, bounds, enable_vfs=not hook, done=outcome)
     if data is None and not hook:
         status = 2
     record = os.path.join(os.path.dirname(where), mdevs.NAME)
@@ -170,17 +172,23 @@ def _run(where: str, by: str, limits: Optional[Limits] = None) -> int:
         bootfile.write(by, status, left)
     except OSError as error:  # the next hook does it again: harmless, it changes nothing
         log.warning("cannot leave the mark /%s: %s", bootfile.MARK, error.strerror or error)
+    if data is not None or not hook:  # a hook with nothing mapped restored nothing: no result
+        bootresult.save(bootresult.Result(time.time(), round(time.monotonic() - started, 3), status,
+                                          bootresult.gpu_results(outcome)))
     return status
 
 
-def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = True) -> int:
+def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = True,
+            done: Optional[List[Tuple[str, str, float]]] = None) -> int:
     """Enable the VFs, MIG and the types, as :mod:`vgpu.boot` describes; the exit status.
 
     ``limits``: the data's own when None. ``enable_vfs`` False (a hook): a GPU
-    without VFs is not enabled here.
+    without VFs is not enabled here. ``done`` gets each GPU's (address, result,
+    seconds it took).
     """
     gpus, wait_for, given = parse(data)
     limits = limits or given
+    done = [] if done is None else done
     if not gpus:
         log.info("no virtual functions to restore: vgpu-device-mappings selects no SR-IOV GPU")
         return 0
@@ -188,21 +196,24 @@ def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = T
     if not kernel.iommu_enabled():
         log.error("IOMMU is off: no virtual function can be enabled; nothing restored "
                   "(see the charm's status)")
+        done.extend((gpu.address, FAILED, 0.0) for gpu in gpus)
         return 1
     if limits.manager:
         _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager), limits.poll)
     needs = _mig_needs(data)  # MIG-backed GPUs: mode and GPU instances after their VFs
+    took: Dict[str, float] = {}  # seconds per GPU; each thread adds to its own GPU's only
     with ThreadPoolExecutor(max_workers=min(len(gpus), limits.parallel),
                             thread_name_prefix="vgpu-boot") as pool:
         prepared = dict(zip((g.address for g in gpus), pool.map(
-            lambda gpu: _guarded(gpu, _prepare, gpu, needs.get(gpu.address), deadline, limits,
-                                 enable_vfs), gpus)))
+            lambda gpu: _timed(took, gpu, _prepare, gpu, needs.get(gpu.address), deadline, limits,
+                               enable_vfs), gpus)))
         ready = [gpu for gpu in gpus if prepared[gpu.address] == READY]
         if any(gpu.vfs for gpu in ready):
             _learn_names()  # once, while the VFs are free: before any type is written
         given_types = dict(zip((g.address for g in ready), pool.map(
-            lambda gpu: _guarded(gpu, _give_types, gpu, deadline, limits.poll), ready)))
+            lambda gpu: _timed(took, gpu, _give_types, gpu, deadline, limits.poll), ready)))
     outcome = {a: given_types.get(a, o) for a, o in prepared.items()}
+    done.extend((a, o, took.get(a, 0.0)) for a, o in outcome.items())
     summary = f"restored {sum(o == RESTORED for o in outcome.values())} of {len(gpus)} GPUs"
     for kind in (LEFT_ALONE, FAILED):
         named = [a for a, o in outcome.items() if o == kind]
@@ -221,13 +232,19 @@ def _mig_needs(data: Mapping) -> Dict[str, "mig.Need"]:
     return mig.boot_needs(data)
 
 
-def _guarded(gpu: GpuPlan, step, *args) -> str:
-    """``step(*args)``, what it raised logged as the GPU's failure: the others still get their turn."""
+def _timed(took: Dict[str, float], gpu: GpuPlan, step, *args) -> str:
+    """``step(*args)``, what it raised logged as the GPU's failure: the others still get their turn.
+
+    The time it took is added to the GPU's in ``took`` (the boot result's seconds).
+    """
+    began = time.monotonic()
     try:
         return step(*args)
     except (VgpuError, OSError) as error:
         log.error("GPU %s: %s", gpu.address, error)
         return FAILED
+    finally:
+        took[gpu.address] = took.get(gpu.address, 0.0) + time.monotonic() - began
 
 
 def _wait_for(units: Sequence[str], until: float, poll: float) -> None:

@@ -313,19 +313,6 @@ def available_instances(address: str, type_id: str) -> Optional[int]:
                                          "available_instances")))
 
 
-def created_instances(address: str, type_id: str) -> Optional[int]:
-    """How many mdevs of ``type_id`` the function at ``address`` holds (its ``devices/``).
-
-    None when that cannot be known (no such folder, or it cannot be read).
-    """
-    try:
-        listed = hostroot.listdir(hostroot.text_path(PCI_DEVICES, address, "mdev_supported_types",
-                                                     type_id, "devices"))
-    except HostReadError:
-        return None
-    return None if listed is None else len(listed)
-
-
 def virtfn_links(entry) -> List[Tuple[str, str]]:
     """The GPU's ``virtfn<N>`` links and the VF address each names, in index order."""
     try:
