@@ -18,6 +18,7 @@ import fixtures
 import nova.conf
 from lxml import etree
 from nova import objects
+from nova.tests.fixtures import libvirt as fakelibvirt_module
 from nova.tests.functional.libvirt import test_vgpu
 from nova.virt.libvirt import utils as libvirt_utils
 from oslo_config import cfg
@@ -73,6 +74,12 @@ class CharmJudgedTest(test_vgpu.VGPUTestBase):
             side_effect=libvirt_host.is_physical_function(self.unit.root)))
         self.useFixture(fixtures.MockPatch("nova.pci.utils.get_function_by_ifname",
                                            return_value=(None, False)))
+        # A VF of NVIDIA's VFIO framework without a vGPU type serves no guest: the fake
+        # libvirt refuses to start a domain on one, as QEMU would.
+        domain = fakelibvirt_module.Domain
+        self.useFixture(fixtures.MonkeyPatch(
+            "nova.tests.fixtures.libvirt.Domain.createWithFlags",
+            libvirt_host.typed_vfs_only(self.unit.root, domain.createWithFlags)))
 
     def _setup_services(self):
         self.assertTrue(os.path.isfile(API_PASTE),

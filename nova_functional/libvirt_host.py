@@ -140,3 +140,32 @@ def is_physical_function(root: Path):
         except (OSError, ValueError):
             return False
     return answer
+
+
+def typed_vfs_only(root: Path, create):
+    """fakelibvirt's ``Domain.createWithFlags``, refusing a VF that holds no vGPU type.
+
+    On NVIDIA's vendor-specific VFIO framework a VF serves a guest only once a
+    vGPU type was written to its ``nvidia/current_vgpu_type`` (NVIDIA's guide
+    gives the type before the VF is assigned; inferred: no transcript shows the
+    start of a VM on an untyped VF). A VF of the fixture tree that reads ``0``
+    there stops the domain from starting, as QEMU does when vfio cannot open a
+    device ("error getting device from group ...: Input/output error", the form
+    mdev users report); any other device starts as fakelibvirt lets it.
+    """
+    def checked(domain, flags):
+        for hostdev in domain._def["devices"].get("hostdevs", []):
+            if hostdev.get("type") != "pci" or not hostdev.get("bus"):
+                continue
+            address = "{:04x}:{:02x}:{:02x}.{:x}".format(
+                *(int(hostdev[k], 16) for k in ("domain", "bus", "slot", "function")))
+            held = root / "sys/bus/pci/devices" / address / "nvidia" / "current_vgpu_type"
+            if held.exists() and held.read_text().strip() in ("", "0"):
+                raise fakelibvirt.make_libvirtError(
+                    fakelibvirt.libvirtError,
+                    f"internal error: qemu unexpectedly closed the monitor: vfio {address}: error "
+                    "getting device from group: Input/output error (the VF holds no vGPU type)",
+                    error_code=fakelibvirt.VIR_ERR_INTERNAL_ERROR,
+                    error_domain=fakelibvirt.VIR_FROM_QEMU)
+        return create(domain, flags)
+    return checked

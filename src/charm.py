@@ -16,6 +16,7 @@ the ``vgpu`` package, which never imports ops.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Dict, List, Mapping, Union
 
 import ops
@@ -43,6 +44,7 @@ from vgpu import (
     sriov,
     status,
     text,
+    upstream,
 )
 from vgpu.errors import (
     GuestsRunningError,
@@ -56,6 +58,7 @@ from vgpu.errors import (
 logger = logging.getLogger(__name__)
 
 MDEV_CLASS = reconcile.MDEV_CLASS
+COS_AGENT = "cos-agent"  # the endpoint to the collector (opentelemetry-collector)
 
 
 class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
@@ -79,8 +82,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # off afterwards, so it is published again on a nova-vgpu relation added anew.
         # ``mdevctl_failed``: when and why apt last failed to install mdevctl ({}: it did not),
         # so that update-status tries again only hourly (whether it is there is read each hook).
+        # ``exporter``: why the metrics exporter was last refused ({"problem": ...}; {}: it was not).
         self._stored.set_default(paused=False, masked=[], checked={}, attached={}, reported=False,
-                                 mdevctl_failed={})
+                                 mdevctl_failed={}, exporter={})
         self._host = reconcile.Host()  # this dispatch's reading of the host
         # This dispatch's inspection of the resource: a DebInfo or the error it raised.
         self._package: Union[driver.DebInfo, VgpuError, None] = None
@@ -90,6 +94,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._vf_failures: Dict[str, str] = {}  # GPU address -> why sriov-manage -e failed
         self._removing = False  # this dispatch is remove: the status check reads (writes) nothing
         self._busy = False  # the boot step held the host lock: the hook left the host alone
+        self._notes: List[str] = []  # said once in this dispatch's status (vgpu.upstream)
+        if getattr(self._stored, upstream.PAUSED_KEY, False):
+            self._pause_of_upstream()
         on = self.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
                       on.update_status, on[RELATION].relation_joined,
@@ -104,6 +111,22 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.upgrade_action, self._on_upgrade)
         framework.observe(on.enable_mig_action, self._on_enable_mig)
         framework.observe(on.remove, self._on_remove)
+        for event in (on.config_changed, on.upgrade_charm, on[COS_AGENT].relation_joined,
+                      on[COS_AGENT].relation_changed, on[COS_AGENT].relation_broken):
+            framework.observe(event, self._on_exporter)
+        self._cos_agent = self._cos_agent_provider()
+
+    def _pause_of_upstream(self) -> None:
+        """A unit the upstream charm paused (pre-series-upgrade) stays paused until resume.
+
+        Its StoredState is this charm's (same class and attribute, see
+        vgpu.upstream); its flag is read once and cleared.
+        """
+        self._stored.paused = True
+        self._stored.masked = sorted({*self._stored.masked, *upstream.PAUSED_SERVICES})
+        setattr(self._stored, upstream.PAUSED_KEY, False)
+        logger.info("paused under the upstream charm: %s stays stopped until juju run %s resume",
+                    ", ".join(upstream.PAUSED_SERVICES), self.unit.name)
 
     # -- reading the host, once per dispatch -------------------------------
     def _facts(self) -> facts.Facts:
@@ -195,6 +218,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if done.vf_failures is not None:
             self._vf_failures = done.vf_failures
         self._busy = self._busy or done.busy
+        self._notes.extend(done.notes)
         if done.resumed:
             self._stored.paused = False
             self._stored.masked = []
@@ -230,6 +254,46 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             self._stored.reported = True
         return bool(self._stored.reported)
 
+    # -- monitoring (cos-agent) -------------------------------------------------
+    def _cos_agent_provider(self):
+        """The cos_agent library's provider, on the hooks where it has work; else None.
+
+        cos-agent's own relation hooks, and config-changed and upgrade-charm
+        while related (new rules and dashboards, another port). Importing it
+        (pydantic, cosl) costs about a quarter of a second, which no other hook pays.
+        """
+        hook = os.environ.get("JUJU_DISPATCH_PATH", "")
+        if not (hook.startswith(f"hooks/{COS_AGENT}-relation-") or (
+                hook in ("hooks/config-changed", "hooks/upgrade-charm")
+                and self.model.relations[COS_AGENT])):
+            return None
+        from charms.grafana_agent.v0.cos_agent import COSAgentProvider
+
+        # Rules in the library's default src/prometheus_alert_rules and src/loki_alert_rules;
+        # all three relative to the charm's directory, where Juju runs each hook.
+        return COSAgentProvider(
+            self, relation_name=COS_AGENT, scrape_configs=self._scrape_configs,
+            dashboard_dirs=["./src/grafana_dashboards"],
+            refresh_events=[self.on.config_changed, self.on.upgrade_charm])
+
+    def _scrape_configs(self) -> List[dict]:
+        import socket
+
+        from vgpu import exporter
+
+        return exporter.scrape_configs(socket.getfqdn())
+
+    def _on_exporter(self, event: ops.EventBase) -> None:
+        """The metrics exporter runs while cos-agent is related (vgpu.exporter); else it is removed."""
+        from vgpu import exporter
+
+        related = (not isinstance(event, ops.RelationBrokenEvent)
+                   and bool(self.model.relations[COS_AGENT]))
+        problem = exporter.sync(related, self.config.get(exporter.OPTION),
+                                restart=isinstance(event, ops.UpgradeCharmEvent))
+        if self._stored.exporter.get("problem", "") != problem:
+            self._stored.exporter = {"problem": problem} if problem else {}
+
     # -- status -------------------------------------------------------------
     _KINDS = {status.BLOCKED: ops.BlockedStatus, status.MAINTENANCE: ops.MaintenanceStatus,
               status.WAITING: ops.WaitingStatus, status.ACTIVE: ops.ActiveStatus}
@@ -251,6 +315,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.add_status(self._KINDS[kind](message))
         for message in self._waits:
             event.add_status(ops.WaitingStatus(message))
+        if self._stored.exporter.get("problem"):  # recorded when the exporter was last set up
+            event.add_status(ops.BlockedStatus(self._stored.exporter["problem"]))
 
     def _status_inputs(self) -> status.Inputs:
         """Read what the status depends on; the mapping, driver and services only when it matters."""
@@ -267,7 +333,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             vf_failures=dict(self._vf_failures), neighbour_notes=tuple(neighbours.notes(
                 neighbours.installed_of(here.packages), self._publishes_sections(),
                 self._principal(), load=self._host.principal_conf)),
-            mapped=self._mapped() if status.missing_gpus(here, published) else ())
+            mapped=self._mapped() if status.missing_gpus(here, published) else (),
+            notes=tuple(self._notes))
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
@@ -336,11 +403,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
-        from vgpu import report, table
+        from vgpu import capacity, report, table
 
         try:
             here = self._facts()
             host = pci.with_available(here.pci)  # what each function can still create
+            held = capacity.held()  # what guests hold: counted as the status and the exporter do
         except HostReadError as error:
             event.fail(str(error))
             return
@@ -353,10 +421,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
         event.set_results(table.fit({
-            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, published=published,
-                                       **options),
-            "table": report.types_table(host, offered, whole_gb=whole, published=published,
-                                        **options),
+            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
+                                       published=published, **options),
+            "table": report.types_table(host, offered, whole_gb=whole, held=held,
+                                        published=published, **options),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod
@@ -558,7 +626,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             if gpu is None or gpu.address != address:
                 raise MigError(f"{address} is not an NVIDIA GPU on this host (GPUs: "
                                f"{', '.join(g.address for g in self._facts().pci.gpus) or 'none'})")
-            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)], defined=True)
+            # A guest holding a vGPU there (running or shut off) stops it; a shut-off one whose
+            # VF lost its type at a reboot does not: MIG mode is what its type needs again.
+            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)])
+            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs
+                                                    if vf.current_type)], defined=True)
             before = mig.modes([address])[address]
             done = None
             if not before.enabled:
@@ -583,6 +655,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         """Undo what the charm changed; the driver package stays installed."""
         self._removing = True
         try:
+            upstream.retire("this charm is removed too", {})
+        except (VgpuError, OSError) as error:
+            logger.warning("could not remove the upstream charm's %s: %s", upstream.UNIT, error)
+        try:
             if kernel.remove_blacklist():
                 logger.info("removed /%s; initramfs refreshed", kernel.BLACKLIST)
         except VgpuError as error:
@@ -591,12 +667,20 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             sriov.remove_unit()
         except (VgpuError, OSError) as error:
             logger.warning("could not remove %s: %s", sriov.UNIT, error)
+        from vgpu import exporter
+
+        exporter.sync(related=False)  # a problem is logged
         try:
             mdevs.forget()
             catalogue.forget()
         except OSError as error:
             logger.warning("could not remove the charm's files in /%s: %s", catalogue.STATE_DIR,
                            error.strerror or error)
+        try:  # held while deleted: a boot step still running (stop failed) waits, then retakes it
+            hostlock.remove()
+        except (VgpuError, OSError) as error:
+            logger.warning("could not remove /%s: %s", hostlock.FILE,
+                           getattr(error, "strerror", None) or error)
         # Whatever this charm masked is unmasked and started, as the package set them up.
         try:
             masked = self._masked_by_us()

@@ -14,17 +14,26 @@ On two generated hosts, 8 SR-IOV L40S-like GPUs with 32 VFs each on the
 vendor-specific VFIO framework and 8 A100-like GPUs with 16 VFs each offering
 mdev types (6 types, 32 VFs mapped, nova-compute's nova.conf in place, state
 carried over from a previous hook), it prints medians
-and ratios for update-status, config-changed (unchanged and with a new
-mapping) and list-vgpu-types; the processes each hook starts (programs, and
+and ratios for update-status (also with the cos-agent relation), config-changed
+(unchanged and with a new mapping) and list-vgpu-types; the processes each hook starts (programs, and
 Juju hook tools that are processes under real Juju: config-get, status-set,
 resource-get, juju-log, ...), what it reads of the host, and its peak memory.
-Then a scaling table of update-status over hosts with 1 to 16 GPUs of 16 and
+Then the metrics exporter on the same two hosts (a guest on every mapped VF, the
+boot step's result, NVML's stand-in with four vGPUs per GPU): one scrape's time
+and the exporter's resident memory, beside their floors (100 ms, 60 MB). Then a
+scaling table of update-status over hosts with 1 to 16 GPUs of 16 and
 32 VFs, on both NVIDIA frameworks (mdev types on VFs, A100-like; VFIO,
 L40S-like).
 
-    make bench                 # about 3 minutes on 2 busy cores
+Last, the boot step's time to service after a reboot: hosts of 1 and 8 H200-like
+GPUs with MIG-backed profiles, stand-in tools that take seconds per GPU
+(sriov-manage, nvidia-smi -mig 1 and -cgi), the boot step run as systemd runs
+it; the 8-GPU host against the 1-GPU one (GPUs are restored side by side).
+
+    make bench                 # about 4 minutes on 2 busy cores
     make bench ARGS=--quick    # fewer samples and hosts
     make bench ARGS=--profile  # python -X importtime and cProfile of the handlers
+    make bench ARGS=--boot     # only the boot step's timing
 """
 
 import argparse
@@ -49,9 +58,14 @@ import benchhosts  # noqa: E402
 from unit_tests import debs  # noqa: E402
 from unit_tests.faketools import Tools  # noqa: E402
 
-TARGETS = {"update-status": 1.15, "config-changed, unchanged": 1.15}
+TARGETS = {"update-status": 1.15, "update-status, cos-agent": 1.15,
+           "config-changed, unchanged": 1.15}
+BOOT_TARGET = 1.3  # the boot step on 8 GPUs against 1 GPU
+BOOT_DELAYS = (8.0, 2.0)  # seconds: sriov-manage -e per GPU; nvidia-smi -mig 1 and -cgi each
 CASES = (  # label, event, state
     ("update-status", "update_status", "steady"),
+    # Related to opentelemetry-collector: the exporter runs, and update-status must not pay for it.
+    ("update-status, cos-agent", "update_status", "steady-cos"),
     ("config-changed, unchanged", "config_changed", "steady"),
     ("config-changed, new mapping", "config_changed", "remapped"),
     ("list-vgpu-types", "action:list-vgpu-types", "steady"),
@@ -74,7 +88,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start,
                       on.update_status, on["nova-vgpu"].relation_joined,
                       on["nova-vgpu"].relation_changed, on["juju-info"].relation_joined,
-                      on.remove, on.collect_unit_status):
+                      on["cos-agent"].relation_joined, on["cos-agent"].relation_changed,
+                      on["cos-agent"].relation_broken, on.remove, on.collect_unit_status):
             framework.observe(event, self._nothing)
         for action in ACTIONS:
             framework.observe(getattr(on, action.replace("-", "_") + "_action"), self._nothing)
@@ -147,7 +162,8 @@ def prime(root: Path, framework: str, gpus: int, package: Path, work: Path) -> d
     remapped = dict(steady, config={"vgpu-device-mappings":
                                     benchhosts.mapping_text(framework, gpus, remap=True)})
     specs = {}
-    for name, data in (("steady", steady), ("remapped", remapped)):
+    for name, data in (("steady", steady), ("remapped", remapped),
+                       ("steady-cos", dict(steady, cos_agent=True))):
         path = work / f"{root.name}-{name}.pickle"
         path.write_bytes(pickle.dumps(data))
         specs[name] = path
@@ -292,6 +308,106 @@ def headline_host(args, work, package, bases, bare_src, charm_src, framework, gp
     return floor
 
 
+# -- the metrics exporter: one scrape and its memory ----------------------------------
+
+EXPORTER_FLOORS = {"scrape_ms": 100, "rss_mb": 60}
+NVML_VGPUS = 4  # per GPU, in NVML's stand-in
+
+
+def exporter_costs(args, work, package, bases) -> None:
+    """The exporter's own process on each headline host: scrape time and resident memory."""
+    print("Metrics exporter: its unit's command line (src/vgpu_exporter.py) on each host, a guest on "
+          f"every mapped VF, NVML's stand-in with {NVML_VGPUS} vGPUs per GPU; hooks never run it")
+    header = (f"{'host':<44} {'scrape ms (median, max)':>24} {'CPU ms/scrape':>13} "
+              f"{'RSS MB (now, peak)':>19} {'series':>7}  floors")
+    print(header)
+    print("-" * len(header))
+    for framework, gpus, vfs, what in HEADLINE_HOSTS:
+        root = work / f"exporter-{framework}-{gpus}x{vfs}"
+        benchhosts.sriov_host(root, framework, gpus, vfs, installed=bases[framework])
+        prime(root, framework, gpus, package, work)
+        nvml = benchhosts.monitored(root, framework, gpus, work / f"nvml-{framework}.json",
+                                    NVML_VGPUS)
+        found = scrape_costs(root, nvml, 10 if args.quick else 30)
+        met = found["median"] < EXPORTER_FLOORS["scrape_ms"] and found["peak"] < EXPORTER_FLOORS["rss_mb"]
+        times = "{median:.1f}, {max:.1f}".format(**found)
+        memory = "{rss:.1f}, {peak:.1f}".format(**found)
+        floors = "< {scrape_ms} ms, < {rss_mb} MB".format(**EXPORTER_FLOORS)
+        print(f"{what[:44]:<44} {times:>24} {found['cpu']:13.1f} {memory:>19} "
+              f"{found['series']:7d}  {floors}: {'met' if met else 'NOT MET'}")
+        shutil.rmtree(root)
+    print()
+
+
+def scrape_costs(root: Path, nvml: Path, scrapes: int) -> dict:
+    """Start the exporter as its unit runs it, scrape it ``scrapes`` times; times and memory."""
+    import shlex
+    import socket
+    import urllib.request
+
+    from vgpu import exporter
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    lines = dict(line.split("=", 1) for line in exporter.render(port).splitlines()
+                 if line.startswith(("ExecStart=", "Environment=")))
+    env = dict(os.environ, VGPU_HOST_ROOT=str(root), FAKE_NVML=str(nvml))
+    env.update(dict(word.split("=", 1) for word in shlex.split(lines["Environment"])))
+    env["PYTHONPATH"] = f"{REPO / 'unit_tests' / 'fake_pynvml'}:{env['PYTHONPATH']}"
+    process = subprocess.Popen(shlex.split(lines["ExecStart"]), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def get() -> bytes:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return answer.read()
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                body = get()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"the exporter did not serve: {process.stderr.read()[-2000:]}") from None
+                time.sleep(0.1)
+        for _ in range(2):  # warm: the first scrapes load what the later ones reuse
+            get()
+        cpu_before = process_cpu(process.pid)
+        times = []
+        for _ in range(scrapes):
+            started = time.perf_counter()
+            body = get()
+            times.append((time.perf_counter() - started) * 1000)
+        cpu = (process_cpu(process.pid) - cpu_before) / scrapes
+        memory = process_memory(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    series = sum(1 for line in body.decode().splitlines() if line.startswith("nvidia_vgpu_"))
+    return {"median": statistics.median(times), "max": max(times), "cpu": cpu,
+            "rss": memory["VmRSS"] / 1024, "peak": memory["VmHWM"] / 1024, "series": series}
+
+
+def process_cpu(pid: int) -> float:
+    """CPU ms (user + system) a process has used, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def process_memory(pid: int) -> dict:
+    """VmRSS and VmHWM of a process, KiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0])
+    return out
+
+
 def scaling(args, work, package, bases, bare_src, charm_src, floor: list) -> None:
     """update-status over host sizes, against one floor for the bare charm.
 
@@ -336,6 +452,51 @@ def scaling(args, work, package, bases, bare_src, charm_src, floor: list) -> Non
               f"{procs:5d} {charm:7.1f} {charm / bare:5.2f}x {wall:7.0f} {wall / bare_wall:5.2f}x{note}")
     print(f"{'floor: bare charm':<16} {'':>8} {'':>8} {'':>8} {'':>5} {'-':>6} {'-':>5} {'-':>5} "
           f"{'-':>5} {bare:7.1f} {'':6} {bare_wall:7.0f}  ({len(floor)} samples)")
+
+
+# -- the boot step after a reboot ----------------------------------------------------
+
+def boot_step(work: Path, tools) -> None:
+    """The boot step's wall time on 1 and on 8 GPUs after a reboot, tools taking seconds per GPU."""
+    sriov_s, smi_s = BOOT_DELAYS
+    print()
+    print(f"Boot step after a reboot (time to service): H200-like GPUs, MIG mode lost, 7 "
+          f"{benchhosts.MIG_PROFILE} VFs each; stand-ins take {sriov_s:g} s per sriov-manage -e, "
+          f"{smi_s:g} s per nvidia-smi -mig 1 or -cgi;")
+    print("the boot step runs as systemd runs it (a fresh process on the data file); CPU s are "
+          "the tools' and its own (the stand-ins are Python processes on this machine's CPUs).")
+    header = f"{'GPUs':>4} {'wall s':>7} {'CPU s':>6} {'restored':>9}  result"
+    print(header)
+    print("-" * len(header))
+    walls = {}
+    for gpus in (1, 8):
+        root = work / f"boot-{gpus}"
+        _, data = benchhosts.rebooted_mig_host(root, gpus, sriov_s, smi_s)
+        target = root / "var/lib/nova-compute-nvidia-vgpu/boot.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(data))
+        env = dict(os.environ, VGPU_HOST_ROOT=str(root), **tools.environ())
+        env.pop("PYTHONPATH", None)
+        before = os.times()
+        started = time.perf_counter()
+        out = subprocess.run([sys.executable, str(REPO / "src" / "vgpu_boot.py"),
+                              "/var/lib/nova-compute-nvidia-vgpu/boot.json"],
+                             capture_output=True, text=True, env=env)
+        walls[gpus] = time.perf_counter() - started
+        after = os.times()
+        cpu = sum(getattr(after, f) - getattr(before, f) for f in ("children_user", "children_system"))
+        lines = out.stdout.strip().splitlines()
+        summary = next((line for line in reversed(lines) if line.startswith("restored ")), "?")
+        held = sum((root / "sys/bus/pci/devices" / vf / "nvidia/current_vgpu_type").read_text().strip()
+                   not in ("", "0") for vf in os.listdir(root / "sys/bus/pci/devices")
+                   if (root / "sys/bus/pci/devices" / vf / "nvidia").is_dir())
+        print(f"{gpus:4d} {walls[gpus]:7.1f} {cpu:6.1f} {held:4d} VFs  exit {out.returncode}: "
+              f"{summary}")
+        shutil.rmtree(root)
+    ratio = walls[8] / walls[1]
+    print(f"8 GPUs against 1: {ratio:.2f}x (≤ {BOOT_TARGET:.2f}x "
+          f"{'met' if ratio <= BOOT_TARGET else 'NOT MET'}); one after the other it would be "
+          f"about {8 * walls[1]:.0f} s ({8:d}x).")
 
 
 # -- profile -------------------------------------------------------------------------
@@ -463,6 +624,7 @@ def main() -> int:
     parser.add_argument("--no-scaling", action="store_true", help="skip the scaling table")
     parser.add_argument("--profile", action="store_true",
                         help="print python -X importtime and cProfile of the handlers instead")
+    parser.add_argument("--boot", action="store_true", help="only the boot step's timing")
     args = parser.parse_args()
     args.repeat = args.repeat or (3 if args.quick else 5)
     args.scale_repeat = args.scale_repeat or (1 if args.quick else 2)
@@ -473,6 +635,9 @@ def main() -> int:
         os.environ.update(tools.environ())
         for unit in SERVICES:
             tools.set_active(unit)
+        if args.boot:
+            boot_step(work, tools)
+            return 0
         package = debs.host_driver(work)
         bases = installed_bases(work, package)
         # Bytecode, as a unit has it after its first hook (PYTHONDONTWRITEBYTECODE may be set here).
@@ -484,8 +649,10 @@ def main() -> int:
         charm_src = REPO / "src"
         compileall.compile_dir(str(bare_src), quiet=1)
         floor = headline(args, work, package, bases, bare_src, charm_src)
+        exporter_costs(args, work, package, bases)
         if not args.no_scaling:
             scaling(args, work, package, bases, bare_src, charm_src, floor)
+        boot_step(work, tools)
         print()
         print(f"Targets are printed, never asserted. {time.perf_counter() - started:.0f} s in all.")
     finally:

@@ -123,3 +123,83 @@ def sizes(quick: bool) -> List[Tuple[int, int]]:
     """(GPUs, VFs per GPU) for the scaling table."""
     gpus = (1, 4, 16) if quick else (1, 2, 4, 8, 16)
     return [(g, v) for g in gpus for v in (16, 32)]
+
+
+# -- the boot step after a reboot: H200-like GPUs with MIG-backed profiles ----------------
+
+MIG_PROFILE, MIG_INSTANCE, MIG_VFS = "NVIDIA H200X-1-18C", "1g.18gb", 7
+
+
+def rebooted_mig_host(root, gpus: int, sriov_s: float, smi_s: float) -> Tuple[FakeHost, dict]:
+    """``gpus`` H200 SXM-like GPUs (8 VFs each) just rebooted: no VFs, MIG mode and instances lost.
+
+    The stand-in tools take time as real ones do: ``sriov-manage -e`` ``sriov_s``
+    seconds per GPU, each mode or instance change of nvidia-smi (``-mig 1``,
+    ``-cgi``) ``smi_s``. Returns the host and the boot data that restores every
+    GPU: seven H200X-1-18C VFs in seven 1g.18gb GPU instances each.
+    """
+    from unit_tests.fakehost import H200_GIS, H200_SXM_MIG_TYPES
+    from unit_tests.faketools import stand_in
+
+    host = FakeHost(root)
+    host.pci_ids("10de  NVIDIA Corporation\n\t2335  GH100 [H200 SXM 141GB]\n")
+    addresses = [f"0000:{0x10 + g * 4:02x}:00.0" for g in range(gpus)]
+    for address in addresses:
+        host.add_sriov_gpu(address, device="0x2335", vf_device="0x2335", count=8,
+                           vfio_types=H200_SXM_MIG_TYPES, enabled=False, totalvfs=32, mig=H200_GIS)
+    host.install_nvidia_smi({a: "Enabled" for a in addresses}, "H200")
+    host.install_sriov_manage()
+    host.iommu_groups(gpus * 9)
+    host.loaded_driver("580.159.01")
+    host.reboot()  # Hopper: MIG mode goes with the GPU instances
+    for name, delay in (("usr/lib/nvidia/sriov-manage", f"sleep {sriov_s}"),
+                        ("usr/bin/nvidia-smi",
+                         f'case "$*" in *"-mig 1"*|*-cgi*) sleep {smi_s} ;; esac')):
+        real = Path(root) / name
+        real.rename(real.with_name(real.name + ".real"))
+        stand_in(real, f'#!/bin/sh\n{delay}\nexec "{real.with_name(real.name + ".real")}" "$@"\n')
+    data = {"version": 1, "wait_for": [], "limits": {"poll": 0.1},
+            "gpus": [{"address": a, "model": "H200 SXM 141GB",
+                      "vfs": [{"index": n, "name": MIG_PROFILE} for n in range(MIG_VFS)],
+                      "mig": {"profile": "H200X-1-18C", "instance": MIG_INSTANCE,
+                              "count": MIG_VFS}} for a in addresses]}
+    return host, data
+
+
+def monitored(root, framework: str, gpus: int, nvml: Path, vgpus_per_gpu: int) -> Path:
+    """What the exporter reads besides sysfs; returns ``nvml``.
+
+    A guest on every mapped VF, the boot step's result, and NVML's stand-in
+    state (``nvml``, read by unit_tests/fake_pynvml) with vGPUs on every GPU.
+    """
+    import json
+    import time
+
+    from unit_tests.libvirt import running_guest
+    from vgpu import bootresult
+
+    host = FakeHost(root, write_defaults=False)
+    _, per_gpu = MAPPED[framework]
+    n = 0
+    for g in range(gpus):
+        for i in range(per_gpu):
+            uuid = f"{n:08x}-0000-4000-8000-{n:012x}"
+            if framework == "mdev":
+                mdev = f"{n:08x}-1111-4111-8111-{n:012x}"
+                host.add_mdev(_vf(g, i), MAPPED[framework][0], mdev)
+                running_guest(root, f"instance-{n:08x}", uuid, mdev_uuid=mdev)
+            else:
+                running_guest(root, f"instance-{n:08x}", uuid, pci_address=_vf(g, i))
+            n += 1
+    bootresult.save(bootresult.Result(time.time(), 12.5, 0, bootresult.gpu_results(
+        [(_pf(g), "restored", 1.5) for g in range(gpus)])))
+    def vgpu(g: int, v: int) -> dict:
+        vm = g * per_gpu + v
+        return {"id": g * 100 + v, "uuid": f"vgpu-{g}-{v}", "vm": f"{vm:08x}-0000-4000-8000-{vm:012x}",
+                "type": 1139, "licensed": 1, "state": 5, "fb": 6 << 30,
+                "util": {"sm": 30, "memory": 10, "encoder": 0, "decoder": 0}}
+
+    nvml.write_text(json.dumps({"driver": "570.158.02", "gpus": [
+        {"bus_id": f"0000{_pf(g)}".upper(), "vgpus": [vgpu(g, v) for v in range(vgpus_per_gpu)]}
+        for g in range(gpus)]}))
+    return nvml

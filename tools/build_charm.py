@@ -249,7 +249,28 @@ def lint(path: Path, directory: bool = False) -> list:
     from charmcraft.services.analysis import AnalysisService
 
     service = AnalysisService(APP_METADATA, None)  # lint_file/lint_directory need neither
-    return list(service.lint_directory(path) if directory else service.lint_file(path))
+    with quiet_emitter():
+        return list(service.lint_directory(path) if directory else service.lint_file(path))
+
+
+@contextlib.contextmanager
+def quiet_emitter():
+    """charmcraft's linters log through craft-cli's emitter, which its command line starts.
+
+    Outside it (here) a message would raise "Emitter needs to be initiated first": the pydeps
+    linter logs why it cannot read a venv laid out as the charm plugin lays it out
+    (site-packages, no lib/python3.x), and its answer is "unknown", as under charmcraft.
+    """
+    from unittest import mock
+
+    from charmcraft import linters
+
+    class Quiet:
+        def __getattr__(self, _name):
+            return lambda *args, **kwargs: None
+
+    with mock.patch.object(linters, "emit", Quiet()):
+        yield
 
 
 def manifest(prime: Path, target: Target) -> str:

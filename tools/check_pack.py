@@ -23,7 +23,7 @@ python plugin: craft-parts' python plugin with ``PIP_NO_BINARY=:all:``). Then:
    binary-allowed pins as wheels for that platform and the others as source
    releases accepted by that Python: a missing arm64 or cp310 wheel fails here.
 
-``--control`` also builds the binary-allowed pins (rpds-py) from source, as the
+``--control`` also builds the binary-allowed pins (rpds-py, pydantic-core) from source, as the
 python plugin (``PIP_NO_BINARY=:all:``) or the part without its exception
 would, and expects that to fail for want of Rust: proof that this check notices.
 
@@ -366,10 +366,16 @@ import inspect, json, os, sys
 root = os.path.realpath(sys.argv[1])
 import ops, yaml, jsonschema, rpds
 import charm
+# What the cos-agent hooks and the exporter load: the vendored library with its PYDEPS
+# (pydantic on pydantic-core), prometheus-client and nvidia-ml-py.
+import charms.grafana_agent.v0.cos_agent as cos_agent, cosl, pydantic, pydantic_core
+import prometheus_client, pynvml, vgpu_exporter
 classes = [c for c in vars(charm).values()
            if inspect.isclass(c) and issubclass(c, ops.CharmBase) and c is not ops.CharmBase]
 assert classes, "src/charm.py defines no ops.CharmBase"
-for module in (ops, yaml, jsonschema, rpds, charm):
+assert cos_agent.LIBPATCH >= 20, cos_agent.LIBPATCH
+for module in (ops, yaml, jsonschema, rpds, charm, cos_agent, cosl, pydantic, pydantic_core,
+               prometheus_client, pynvml, vgpu_exporter):
     where = os.path.realpath(module.__file__)
     assert where.startswith(root + os.sep), f"{module.__name__} imported from {where}"
 schemas = sys.argv[2:]
@@ -386,7 +392,9 @@ for path in schemas:
 from importlib.metadata import version
 print(json.dumps({"charm": classes[0].__name__, "python": sys.version.split()[0],
                   "validator": validator.__name__, "libyaml": yaml.__with_libyaml__,
-                  **{n: version(n) for n in ("ops", "jsonschema", "rpds-py", "PyYAML")}}))
+                  **{n: version(n) for n in ("ops", "jsonschema", "rpds-py", "PyYAML", "cosl",
+                                             "pydantic", "pydantic-core", "prometheus-client",
+                                             "nvidia-ml-py")}}))
 '''
 
 

@@ -134,7 +134,11 @@ RTX_PRO_6000_TYPES = {
 RTX_PRO_6000_MIG_TYPES = {
     **RTX_PRO_6000_TYPES,
     2033: "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q", 2034: "NVIDIA RTX Pro 6000 Blackwell DC-2-12Q",
-    2035: "NVIDIA RTX Pro 6000 Blackwell DC-2-48Q", 2036: "NVIDIA RTX Pro 6000 Blackwell DC-4-96Q"}
+    2035: "NVIDIA RTX Pro 6000 Blackwell DC-2-48Q", 2036: "NVIDIA RTX Pro 6000 Blackwell DC-4-96Q",
+    # vGPU 20's graphics forms, on +gfx GPU instances (NVIDIA/vgpu-device-manager's vGPU 20.0
+    # configs list DC-1-24QGFX beside DC-1-24Q); ids inferred.
+    2037: "NVIDIA RTX Pro 6000 Blackwell DC-1-24QGFX",
+    2038: "NVIDIA RTX Pro 6000 Blackwell DC-2-12QGFX"}
 H200_SXM_MIG_TYPES = {
     **H200_SXM_TYPES, 1415: "NVIDIA H200X-1-35C", 1416: "NVIDIA H200X-2-35C",
     1417: "NVIDIA H200X-3-71C", 1418: "NVIDIA H200X-4-71C", 1419: "NVIDIA H200X-7-141C"}
@@ -208,12 +212,18 @@ class MigModel:
         return self._gpu().get("current") == "Enabled"
 
     def instance_profile(self, name: str) -> Optional[str]:
-        """The GPU instance profile a MIG-backed type sits on: ``1g.24gb+gfx``; None: none."""
+        """The GPU instance profile a MIG-backed type sits on: ``1g.24gb``; None: none.
+
+        A graphics type (``...GFX``, vGPU 20) sits only on a ``+gfx`` instance of a GPU
+        that has them, any other only on a plain one (NVIDIA/vgpu-device-manager's
+        ``ToMigConfigSpecSlice``).
+        """
         slices, gb = _slices(name), _gb(name)
+        graphics = name.upper().endswith("GFX")
         fitting = sorted(k for k in self.gis if k[0] == slices and k[1] >= gb)
-        if not fitting:
+        if not fitting or (graphics and not self.gfx):
             return None
-        return f"{slices}g.{fitting[0][1]}gb" + ("+gfx" if self.gfx else "")
+        return f"{slices}g.{fitting[0][1]}gb" + ("+gfx" if graphics else "")
 
     def place(self, pf_dir: str, vf_dir: str, number: int, name: str) -> Optional[int]:
         """The GPU instance the VF's vGPU lives in (the lowest with room), or None."""
@@ -610,7 +620,35 @@ class FakeHost:
                 print(f"Enabling VFs on {address} failed: Input/output error", file=sys.stderr)
                 return 1
             self._create_vfs(address, recipe)
+            self._sriov_on_mig(address, recipe.get("wipes_mig", True))
         return 0
+
+    def _sriov_on_mig(self, address: str, wipes: bool) -> None:
+        """What ``sriov-manage -e`` does to a MIG-capable GPU: persistence mode on, MIG state.
+
+        It unbinds and rebinds the GPU from the nvidia driver and turns persistence mode
+        on. Whether that wipes MIG mode and GPU instances, sources differ: Harvester's
+        MIG-backed vGPU design note (harvester/harvester, enhancements/20250908-mig-vgpu-
+        support.md: disabling the SR-IOV GPU "wipes all MIG information") and StackHPC's
+        vgpu role (enabling SR-IOV "wipes out any mig configuration") say it does; no
+        source shows it kept. ``wipes`` (a GPU's recipe, see :meth:`sriov_keeps_mig`)
+        models either.
+        """
+        if not self.smi_state.exists():
+            return
+
+        def change(gpu: dict) -> None:
+            gpu["persistence"] = True
+            if wipes:
+                gpu.update(current="Disabled", pending="Disabled", gis=[], hold=False)
+
+        self._smi_update(address, change)
+
+    def sriov_keeps_mig(self, address: str) -> None:
+        """The stand-in sriov-manage -e leaves this GPU's MIG mode and GPU instances as they are."""
+        recipes = self._recipes()
+        recipes[address]["wipes_mig"] = False
+        self.recipes.write_text(json.dumps(recipes))
 
     def fail_sriov_manage(self, address: str) -> None:
         """Make the stand-in sriov-manage fail for this GPU (its VFs stay missing)."""
@@ -622,8 +660,13 @@ class FakeHost:
         """The stand-in /usr/bin/nvidia-smi; ``modes``: each MIG-capable GPU's mode.
 
         A mode is ``Enabled``, ``Disabled``, or ``reset`` (disabled, and ``-mig 1``
-        leaves it pending until a reset, as on Ampere) or ``busy`` (pending: in use).
-        ``table``: the GPU model's GPU instance profiles (a key of faketools.MIG_TABLES).
+        leaves it pending until a reset, as on Ampere when the driver could not reset
+        the GPU itself) or ``busy`` (disabled, another client uses the GPU: ``-mig 1``
+        leaves it pending until that client stops and ``-mig 1`` runs again).
+        ``table``: the GPU model's GPU instance profiles (a key of faketools.MIG_TABLES);
+        at a reboot every GPU loses its MIG mode (Hopper, Blackwell with the vGPU host
+        driver: NVIDIA/gpu-admin-tools issue 2, cozystack/ansible-cozystack PR 70) unless
+        ``set_mig(address, reboot="keeps")`` (Ampere: MIG user guide, "Enable MIG Mode").
         """
         from unit_tests.faketools import nvidia_smi
 
@@ -631,7 +674,8 @@ class FakeHost:
         state.parent.mkdir(parents=True, exist_ok=True)
         state.write_text(json.dumps({a: {"current": "Disabled" if m in ("reset", "busy") else m,
                                          "pending": "Disabled" if m in ("reset", "busy") else m,
-                                         "hold": m in ("reset", "busy"), "busy": m == "busy",
+                                         "hold": m == "reset", "busy": m == "busy",
+                                         "persistence": False, "reboot": "loses",
                                          "table": table, "gis": []}
                                      for a, m in modes.items()}))
         for address in modes:
@@ -651,9 +695,20 @@ class FakeHost:
 
     def set_mig(self, address: str, **values) -> None:
         """Change what the stand-in nvidia-smi holds for a GPU (current, pending, busy, gis...)."""
-        state = json.loads(self.smi_state.read_text())
-        state[address].update(values)
-        self.smi_state.write_text(json.dumps(state))
+        self._smi_update(address, lambda gpu: gpu.update(values))
+
+    def _smi_update(self, address: str, change) -> None:
+        """Change one GPU's stand-in nvidia-smi state as the stand-in does: locked, replaced whole."""
+        import fcntl
+
+        with open(f"{self.smi_state}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state = json.loads(self.smi_state.read_text())
+            if address in state:
+                change(state[address])
+            fresh = self.smi_state.with_name(self.smi_state.name + ".new")
+            fresh.write_text(json.dumps(state))
+            os.replace(fresh, self.smi_state)
 
     def gpu_instances(self, address: str) -> List[str]:
         """The GPU instances nvidia-smi holds for a GPU: ``["1:1g.24gb+gfx@0", ...]``."""
@@ -727,27 +782,33 @@ class FakeHost:
         if recipes:
             self.recipes.write_text(json.dumps(recipes))
         shutil.rmtree(self.root / "run/libvirt/qemu", ignore_errors=True)
+        # /run is a tmpfs, empty at every boot: the host lock and what the boot step left there.
+        shutil.rmtree(self.root / "run/nova-compute-nvidia-vgpu", ignore_errors=True)
         self._reboot_mig()
         if driver:
             self.loaded_driver(driver)
 
     def _reboot_mig(self) -> None:
-        """What a reboot does to MIG: every GPU instance gone, the mode kept or pending.
+        """What a reboot does to MIG: every GPU instance gone; the mode lost or kept.
 
-        MIG mode persists (MIG user guide, "Enable MIG Mode"), but on Hopper it has been
-        seen pending until a GPU reset (gpu-operator#2600): ``pending_after_reboot`` in a
-        GPU's state models that.
+        GPU instances never survive a reboot (NVIDIA/k8s-device-plugin issue 225). With the
+        vGPU host driver, Hopper and Blackwell lose MIG mode too ("On H100 the MIG enablement
+        is controlled by driver and it's all gone by the time ... GPU resets",
+        NVIDIA/gpu-admin-tools issue 2; cozystack/ansible-cozystack PR 70: "On Hopper and
+        later MIG mode goes too"); Ampere keeps it, a pending change put in force (MIG user
+        guide, "Enable MIG Mode"; an InfoROM bit, NVIDIA/gpu-operator PR 2603). A GPU's
+        ``reboot`` (``loses``, ``keeps``) says which. Persistence mode is off again.
         """
         if not self.smi_state.exists():
             return
         state = json.loads(self.smi_state.read_text())
         for gpu in state.values():
             gpu["gis"] = []
-            if gpu.get("pending_after_reboot"):
-                gpu["current"], gpu["pending"] = "Disabled", "Enabled"
-            else:
+            if gpu.get("reboot", "loses") == "keeps":
                 gpu["current"] = gpu["pending"]
-            gpu["hold"] = gpu["busy"] = False
+            else:
+                gpu["current"] = gpu["pending"] = "Disabled"
+            gpu["hold"] = gpu["busy"] = gpu["persistence"] = False
         self.smi_state.write_text(json.dumps(state))
 
     def _mdev_types(self, directory: Path, types: Mapping[str, MdevType]) -> None:
@@ -775,6 +836,53 @@ class FakeHost:
         path = self.root / "usr/share/misc/pci.ids"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+
+    def udev_data(self, address: str, model: str) -> Path:
+        """udev's database entry of a PCI function, with the name hwdb gave it.
+
+        systemd writes ``/run/udev/data/+pci:<address>`` (``device_get_device_id``
+        in src/libsystemd/sd-device/sd-device.c: ``+<subsystem>:<sysname>``), one
+        ``E:<key>=<value>`` line per property (``device_update_db`` in
+        device-private.c); hwdb's pci builtin sets ``ID_MODEL_FROM_DATABASE`` from
+        its copy of the PCI ID database, which lspci shows too.
+        """
+        path = self.root / f"run/udev/data/+pci:{address}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("I:5893021\nE:ID_PCI_CLASS_FROM_DATABASE=Display controller\n"
+                        "E:ID_PCI_SUBCLASS_FROM_DATABASE=3D controller\n"
+                        "E:ID_VENDOR_FROM_DATABASE=NVIDIA Corporation\n"
+                        f"E:ID_MODEL_FROM_DATABASE={model}\nV:1\n")
+        return path
+
+    def driver_information(self, address: str, model: str) -> Path:
+        """The NVIDIA driver's ``/proc/driver/nvidia/gpus/<address>/information``.
+
+        Lines as nv_procfs_read_gpu_info writes them (NVIDIA/open-gpu-kernel-modules,
+        kernel-open/nvidia/nv-procfs.c): ``Model:``, two tabs and a space, the name
+        the driver knows the board by (``rm_get_device_name``); then IRQ, GPU UUID,
+        Video BIOS, ... each ``<key>: <tab> <value>``.
+        """
+        path = self.root / f"proc/driver/nvidia/gpus/{address}/information"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"Model: \t\t {model}\nIRQ:   \t\t 185\n"
+                        "GPU UUID: \t GPU-4a2b7c1e-0d3f-4e59-8a61-9c0b2f7d3e18\n"
+                        "Video BIOS: \t 96.00.a5.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+                        f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {address}\n"
+                        "Device Minor: \t 0\nGPU Firmware: \t 580.105.06\nGPU Excluded:\t No\n")
+        return path
+
+    def juju_unit(self, unit: str, metadata: str) -> Path:
+        """A unit's agent directory, as Juju keeps one per unit on the machine, with its charm.
+
+        ``/var/lib/juju/agents/unit-<app>-<n>/charm`` holds the unpacked charm
+        (its ``metadata.yaml`` among it): a ``ps`` on a MySQL machine shows
+        ``/var/lib/juju/agents/unit-mysql-1/charm``, and charms' integration tests
+        read their files there. Only ``charm/metadata.yaml`` is written here.
+        """
+        path = self.root / f"var/lib/juju/agents/unit-{unit.replace('/', '-')}/charm/metadata.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(metadata)
+        return path
 
     def dpkg_status(self, packages: Mapping[str, str], arch: str = "amd64",
                     states: Optional[Mapping[str, str]] = None) -> None:

@@ -450,6 +450,12 @@ class Unit:
         self._save("relations.json", relations)
         return Relation(endpoint, number, app)
 
+    def left_by_another_charm(self, relation: Relation, data: Mapping[str, str]) -> None:
+        """This unit's data as the charm it ran before left it (``juju refresh --switch``)."""
+        relations = self._load("relations.json")
+        relations[relation.ref]["data"][self.name].update(data)
+        self._save("relations.json", relations)
+
     def join(self, relation: Relation, unit: str, data: Optional[Mapping[str, str]] = None) -> None:
         """A remote unit enters the relation (before its relation-joined hook)."""
         relations = self._load("relations.json")

@@ -269,12 +269,20 @@ NVIDIA_SMI = """#!{python}
 \"\"\"Stand-in nvidia-smi: MIG mode, GPU reset and GPU instances (only what the charm runs).
 
 State (JSON, the fake host's, so a reboot can wipe it): per GPU address its mode
-(current, pending; hold: enabling waits for a reset; busy: in use, a reset fails),
-``table`` (a key of MIG_TABLES) and ``gis`` ([{{id, profile, start, size}}]). A GPU
-instance is in use while a VF of the GPU holds a vGPU type in it (``nvidia/gpu_instance_id``
-beside a non-zero ``current_vgpu_type``): it cannot be destroyed then.
+(current, pending), ``hold`` (enabling waits for a GPU reset: an Ampere GPU whose driver
+could not reset it itself, gpu-operator PR 2603), ``busy`` (another client uses the GPU:
+``-mig 1`` leaves the mode pending and a reset fails until it stops; then ``-mig 1`` again
+puts it in force, as the pending warning says), ``persistence`` (persistence mode on:
+sriov-manage -e turns it on), ``reboot`` (``loses``: Hopper and Blackwell with the vGPU
+host driver lose MIG mode at a reboot; ``keeps``: Ampere keeps it), ``table`` (a key of
+MIG_TABLES) and ``gis`` ([{{id, profile, start, size}}]). A GPU instance is in use while a VF
+of the GPU holds a vGPU type in it (``nvidia/gpu_instance_id`` beside a non-zero
+``current_vgpu_type``): it cannot be destroyed then. A reset is refused while persistence
+mode is on or the GPU has VFs (NVIDIA/NVSentinel issue 1690, NVIDIA/gpu-operator issue 118).
+Every run holds a lock on the state and replaces it whole, so that the boot step's
+per-GPU threads and sriov-manage never lose each other's changes.
 \"\"\"
-import json, os, re, sys
+import fcntl, json, os, re, sys
 STATE = {state!r}
 TABLES = {tables!r}
 DEVICES = {devices!r}
@@ -283,7 +291,10 @@ log = os.environ.get("FAKE_LOG")
 if log:
     with open(log, "a") as handle:
         handle.write("nvidia-smi " + " ".join(args) + "\\n")
-state = json.load(open(STATE))
+lock = open(STATE + ".lock", "a")
+fcntl.flock(lock, fcntl.LOCK_EX)
+with open(STATE) as handle:
+    state = json.load(handle)
 
 def smi(address):
     domain, rest = address.split(":", 1)
@@ -295,7 +306,13 @@ def sysfs(bus_id):
                                     m.group(4))
 
 def save():
-    json.dump(state, open(STATE, "w"))
+    with open(STATE + ".new", "w") as handle:
+        json.dump(state, handle)
+    os.replace(STATE + ".new", STATE)
+
+def has_vfs(address):
+    pf = os.path.join(DEVICES, address)
+    return os.path.isdir(pf) and any(n.startswith("virtfn") for n in os.listdir(pf))
 
 def gpu_of(bus_id):
     address = sysfs(bus_id or "")
@@ -344,7 +361,7 @@ if args[:1] and args[0].startswith("--query-gpu=pci.bus_id,mig.mode.current"):
 if len(args) == 4 and args[0] == "-i" and args[2] == "-mig" and args[3] == "1":
     address, gpu = gpu_of(args[1])
     gpu["pending"] = "Enabled"
-    if gpu.get("hold"):
+    if gpu.get("hold") or gpu.get("busy"):
         # NVIDIA's MIG user guide, "Enable MIG Mode": the pending-state warning.
         why = ":In use by another client" if gpu.get("busy") else ""
         print("Warning: MIG mode is in pending enable state for GPU %s%s" % (smi(address), why))
@@ -362,10 +379,16 @@ if len(args) == 4 and args[0] == "-i" and args[2] == "-mig" and args[3] == "1":
     sys.exit(0)
 if "-r" in args and "-i" in args and "mig" not in args:
     address, gpu = gpu_of(option("-i"))
-    if gpu.get("busy"):
-        print("Unable to reset GPU %s because it's being used by some other process (e.g. CUDA "
-              "application, graphics application like X server, monitoring application like "
-              "other instance of nvidia-smi)." % smi(address))
+    if gpu.get("busy") or gpu.get("persistence") or has_vfs(address):
+        # NVIDIA/NVSentinel issue 1690: persistence mode counts as a client of the GPU.
+        print("The following GPUs could not be reset:")
+        print("  GPU %s: In use by another client" % smi(address))
+        print()
+        print("1 device is currently being used by one or more other processes (e.g. Fabric "
+              "Manager, CUDA application, graphics application such as an X server, or a "
+              "monitoring application such as another instance of nvidia-smi). Please first kill "
+              "all processes using this device and all compute applications running in the "
+              "system.")
         sys.exit(255)
     gpu["current"] = gpu["pending"]  # a reset puts a pending mode in force
     gpu["gis"] = []  # and takes every GPU instance with it

@@ -82,7 +82,7 @@ MDEV = """      <hostdev mode='subsystem' type='mdev' managed='no' model='vfio-p
 PCI = """      <hostdev mode='subsystem' type='pci' managed='{managed}'>
         <driver name='vfio'/>
         <source>
-          <address domain='0x0000' bus='{bus}' slot='0x00' function='{fn}'/>
+          <address domain='{domain}' bus='{bus}' slot='0x00' function='{fn}'/>
         </source>
         <alias name='hostdev0'/>
         <address type='pci' domain='0x0000' bus='0x00' slot='0x06' function='0x0'/>
@@ -113,9 +113,9 @@ def hostdevs(mdev_uuid: Optional[str] = None, pci_address: Optional[str] = None)
     if mdev_uuid:
         out += MDEV.format(uuid=mdev_uuid)
     if pci_address:
-        _domain, bus, rest = pci_address.split(":")
+        domain, bus, rest = pci_address.split(":")
         slot, fn = rest.split(".")
-        out += PCI.format(managed="no", bus=f"0x{bus}", fn=f"0x{fn}").replace(
+        out += PCI.format(managed="no", domain=f"0x{domain}", bus=f"0x{bus}", fn=f"0x{fn}").replace(
             "slot='0x00' function", f"slot='0x{slot}' function", 1)
     return out
 

@@ -240,5 +240,8 @@ def analyse(charm_file: Path) -> Dict[str, Tuple[str, str]]:
     from charmcraft.application.main import APP_METADATA
     from charmcraft.services.analysis import AnalysisService
 
+    from tools.build_charm import quiet_emitter
+
     service = AnalysisService(APP_METADATA, None)  # lint_file needs neither
-    return {r.name: (str(r.result), r.text) for r in service.lint_file(charm_file)}
+    with quiet_emitter():
+        return {r.name: (str(r.result), r.text) for r in service.lint_file(charm_file)}

@@ -60,6 +60,65 @@ CEILOMETER_DATA = {"subordinate_configuration": json.dumps({"nova": {"/etc/nova/
 CEILOMETER_FLAGS = ("instance_usage_audit=True,instance_usage_audit_period=hour,"
                     "notify_on_state_change=vm_and_task_state")
 
+# contrail-openstack's subordinate_configuration on neutron-plugin (tungstenfabric/tf-charms,
+# contrail-openstack/hooks/contrail_openstack_hooks.py, _notify_nova), with dpdk on.
+CONTRAIL_DATA = {"subordinate_configuration": json.dumps({"nova-compute": {"/etc/nova/nova.conf": {
+    "sections": {"DEFAULT": [["firewall_driver", "nova.virt.firewall.NoopFirewallDriver"]],
+                 "CONTRAIL": [["use_userspace_vhost", "True"]],
+                 "libvirt": [["use_huge_pages", "True"]]}}}})}
+# Their charms' metadata.yaml, as Juju unpacks it in each unit's agent directory: contrail-
+# openstack's (tungstenfabric/tf-charms) and scaleio-openstack's (thecodeteam/juju-scaleio at
+# 8c59800, the revision that added its ephemeral-backend hooks), abridged to name and relations.
+CONTRAIL_METADATA = """name: contrail-openstack
+summary: Contrail Connector to OpenStack
+subordinate: true
+peers:
+  cluster:
+    interface: contrail-openstack-cluster
+provides:
+  neutron-api:
+    interface: neutron-plugin-api-subordinate
+    scope: container
+  nova-compute:
+    interface: neutron-plugin
+    scope: container
+  heat-plugin:
+    interface: heat-plugin-subordinate
+    scope: container
+requires:
+  contrail-controller:
+    interface: contrail-controller
+  juju-info:
+    interface: juju-info
+    scope: container
+"""
+SCALEIO_METADATA = """name: scaleio-openstack
+summary: ScaleIO OpenStack integration charm
+description: |
+  ScaleIO OpenStack integration charm
+tags:
+  - storage
+  - openstack
+subordinate: true
+provides:
+  storage-backend:
+    interface: cinder-backend
+    scope: container
+  ephemeral-backend:
+    interface: ephemeral-backend
+    scope: container
+requires:
+  scaleio-gw:
+    interface: scaleio-gw
+  juju-info:
+    interface: juju-info
+    scope: container
+"""
+# What an ephemeral backend sends (thecodeteam/juju-scaleio, scaleio-openstack's
+# hooks/common-nova builds [section] key = value pairs from its nova settings): a sample.
+EPHEMERAL_DATA = {"subordinate_configuration": json.dumps({"nova": {"/etc/nova/nova.conf": {
+    "sections": {"libvirt": [["images_type", "sio"]]}}}})}
+
 
 @contextmanager
 def _hook_tools(unit_data: Mapping[str, str], others: Mapping[str, Mapping[str, str]] = {},
@@ -157,10 +216,13 @@ def render_with_neighbours(unit_data: Mapping[str, str], templates, others=None,
     """nova.conf as nova-compute renders it with charmhelpers' OSConfigRenderer.
 
     Its contexts for nova.conf, in its order (hooks/nova_compute_utils.py:
-    BASE_RESOURCE_MAP): config-flags, then ``SubordinateConfigContext`` for
+    BASE_RESOURCE_MAP): config-flags, the neutron plugin's (its
+    ``NeutronPluginSubordinateConfigContext``, hooks/nova_compute_context.py:
+    complete with or without sections), then ``SubordinateConfigContext`` for
     ``nova-ceilometer``/``ephemeral-backend``, then one for ``nova-vgpu``;
     charmhelpers merges them with ``dict.update``. ``others``: the other
-    subordinates' data by interface (CEILOMETER_DATA on ``nova-ceilometer``);
+    subordinates' data by interface (CEILOMETER_DATA on ``nova-ceilometer``,
+    CONTRAIL_DATA on ``neutron-plugin``, EPHEMERAL_DATA on ``ephemeral-backend``);
     ``templates``: an empty directory to write the template parts in.
     """
     (templates / "yoga" / "parts").mkdir(parents=True, exist_ok=True)
@@ -171,6 +233,9 @@ def render_with_neighbours(unit_data: Mapping[str, str], templates, others=None,
                                                   openstack_release="yoga")
         renderer.register("/etc/nova/nova.conf", [
             ch_context.OSConfigFlagContext(),
+            _NeutronPluginContext(
+                interface=["neutron-plugin"], service=["nova-compute", "nova"],
+                config_file="/etc/nova/nova.conf"),
             ch_context.SubordinateConfigContext(
                 interface=["nova-ceilometer", "ephemeral-backend"],
                 service=["nova-compute", "nova"], config_file="/etc/nova/nova.conf"),
@@ -179,6 +244,13 @@ def render_with_neighbours(unit_data: Mapping[str, str], templates, others=None,
                 config_file="/etc/nova/nova.conf"),
         ])
         return renderer.render("/etc/nova/nova.conf")
+
+
+class _NeutronPluginContext(ch_context.SubordinateConfigContext):
+    """charm-nova-compute's NeutronPluginSubordinateConfigContext: complete once it has sections."""
+
+    def context_complete(self, ctxt):
+        return "sections" in ctxt
 
 
 def render_nova_conf(context: dict) -> str:

@@ -82,7 +82,7 @@ def test_both_gpus_get_their_vfs_and_types_by_name(rebooted, root, tools, journa
     assert rc == 0
     assert types_of(root, L40S, 5) == [1139] * 4 + [0]
     assert types_of(root, H200, 3) == [1282, 1282, 0]
-    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}", f"sriov-manage -e {H200}"]
+    assert sorted(sriov_calls(tools)) == [f"sriov-manage -e {L40S}", f"sriov-manage -e {H200}"]
     lines = said(journal)
     assert f"GPU {L40S}: 16 virtual functions enabled by sriov-manage -e (attempt 1)" in lines
     assert (f"GPU {L40S}: VF 0000:81:00.4 (virtfn0) now holds NVIDIA L40S-12Q "
@@ -98,8 +98,8 @@ def test_the_first_gpus_sriov_manage_failing_does_not_stop_the_second(rebooted, 
     assert rc == 1  # the unit shows failed: not everything was restored
     assert not (root / f"sys/bus/pci/devices/{L40S}/virtfn0").exists()
     assert types_of(root, H200, 5) == [1282] * 4 + [0]
-    # Retried (bounded), then the next GPU.
-    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"] * 3 + [f"sriov-manage -e {H200}"]
+    # Retried (bounded); the other GPU, side by side, once.
+    assert sorted(sriov_calls(tools)) == [f"sriov-manage -e {L40S}"] * 3 + [f"sriov-manage -e {H200}"]
     lines = said(journal)
     assert (f"GPU {L40S}: sriov-manage -e attempt 1 of 3 failed: sriov-manage -e {L40S} failed: "
             f"Enabling VFs on {L40S} failed: Input/output error") in lines
@@ -194,8 +194,8 @@ def test_the_total_time_is_bounded_however_the_tools_hang(rebooted, root, tools,
     took = time.monotonic() - started
     assert rc == 1
     assert took < 4.5, took
-    # Each GPU got its share of what was left: the first one's hang did not starve the second.
-    assert tried.read_text().split() == [L40S, H200]
+    # Side by side: the first one's hang did not starve the second.
+    assert sorted(tried.read_text().split()) == [L40S, H200]
     lines = said(journal)
     assert any(line.startswith(f"{MGR} not active after ") for line in lines)
     assert any(line.startswith(f"GPU {L40S}: sriov-manage -e attempt 1 of 3 failed: ")
@@ -304,11 +304,19 @@ def mig_gpu(address, profile, instance, count, vfs):
     return entry
 
 
-def mig_host(root, tools, vfs=4, mode="Enabled"):
+def mig_host(root, tools, vfs=4, mode="Enabled", rebooted=True):
+    """Two H200 SXM in MIG mode, then (``rebooted``) a reboot: no VFs, no GPU instances.
+
+    At the reboot they lose MIG mode, as Hopper does with the vGPU host driver
+    (see FakeHost._reboot_mig); the stand-in sriov-manage wipes MIG state (see
+    FakeHost._sriov_on_mig) unless a test says otherwise.
+    """
     from unit_tests.fakehost import h200_sxm_host
 
     host = h200_sxm_host(root, enabled=False, vfs=vfs, mig=mode)
     host.install_sriov_manage()
+    if rebooted:
+        host.reboot()
     tools.set_active(MGR)
     return host
 
@@ -316,59 +324,123 @@ def mig_host(root, tools, vfs=4, mode="Enabled"):
 H200_A, H200_B = "0000:18:00.0", "0000:2a:00.0"
 
 
-def test_mig_backed_gpus_get_their_gpu_instances_before_their_vfs_and_types(root, tools, journal):
-    """A reboot wiped the GPU instances: created again first, then VFs, then types by name."""
-    host = mig_host(root, tools)
+def host_calls(tools, gpu=H200_A):
+    """sriov-manage and nvidia-smi calls about one GPU, in order (the query names no GPU)."""
+    smi = f"00000000:{gpu[5:].upper()}"
+    return [c for c in tools.calls() if c == f"sriov-manage -e {gpu}"
+            or (c.startswith("nvidia-smi") and smi in c)]
+
+
+@pytest.mark.parametrize("wipes", [True, False], ids=["sriov-manage wipes MIG", "keeps MIG"])
+@pytest.mark.parametrize("reboot", ["loses", "keeps"], ids=["Hopper", "Ampere"])
+def test_vfs_first_then_mig_mode_and_gpu_instances_then_types(root, tools, journal, wipes,
+                                                              reboot):
+    """However the GPU keeps MIG mode over a reboot and whatever sriov-manage -e does to it."""
+    host = mig_host(root, tools, rebooted=False)
+    host.set_mig(H200_A, reboot=reboot)
+    if not wipes:
+        host.sriov_keeps_mig(H200_A)
+    host.reboot()
+    assert host.mig_mode(H200_A)["current"] == ("Enabled" if reboot == "keeps" else "Disabled")
     assert boot.restore(data(mig_gpu(H200_A, "NVIDIA H200X-2-35C", "2g.35gb", 3, 3))) == 0
+    assert host.mig_mode(H200_A)["current"] == "Enabled"
     assert host.gpu_instances(H200_A) == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
     assert types_of(root, H200_A, 4) == [1416, 1416, 1416, 0]
-    calls = [c for c in tools.calls() if c.startswith(("nvidia-smi", "sriov-manage"))]
-    assert calls.index("nvidia-smi mig -i 00000000:18:00.0 -cgi 2g.35gb,2g.35gb,2g.35gb -C") < \
-        calls.index(f"sriov-manage -e {H200_A}")
-    assert "nvidia-smi -r" not in " ".join(calls)  # MIG mode in force: no reset
+    calls = host_calls(tools)
+    assert calls[0] == f"sriov-manage -e {H200_A}"  # before anything MIG: it may wipe it
+    turned_on = "nvidia-smi -i 00000000:18:00.0 -mig 1" in calls
+    assert turned_on == (wipes or reboot == "loses")  # only when the mode is not in force
+    assert calls[-1] == "nvidia-smi mig -i 00000000:18:00.0 -cgi 2g.35gb,2g.35gb,2g.35gb -C"
+    assert not [c for c in tools.calls() if " -r" in c]  # never a GPU reset
 
 
-def test_a_pending_mig_mode_is_put_in_force_by_a_reset_before_libvirt_starts(root, tools,
-                                                                            journal):
-    """Hopper: MIG mode seen pending after a reboot until a GPU reset (gpu-operator#2600)."""
-    host = mig_host(root, tools)
-    host.set_mig(H200_A, pending_after_reboot=True)
-    host.reboot()
+def test_hopper_loses_mig_mode_at_a_reboot_and_the_boot_step_turns_it_on_again(root, tools,
+                                                                               journal):
+    """NVIDIA/gpu-admin-tools#2, cozystack/ansible-cozystack#70: the intent is the boot data's."""
+    host = mig_host(root, tools, vfs=2)
+    host.sriov_keeps_mig(H200_A)  # the mode is lost at the reboot itself
     assert host.mig_mode(H200_A)["current"] == "Disabled"
     assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2))) == 0
-    assert host.mig_mode(H200_A)["current"] == "Enabled"
-    assert host.gpu_instances(H200_A) == ["1:1g.18gb@0", "2:1g.18gb@1"]
-    assert types_of(root, H200_A, 3) == [1414, 1414, 0]
-    assert "nvidia-smi -r -i 00000000:18:00.0" in tools.calls()
-    assert ("GPU 0000:18:00.0: MIG mode is pending (enabled, not in force); resetting the GPU with "
-            "nvidia-smi -r -i 00000000:18:00.0, as NVIDIA's MIG user guide allows while nothing "
-            "uses it: libvirt and nova-compute have not started, so no guest can be using it") \
-        in said(journal)
+    assert (host.mig_mode(H200_A)["current"], host.mig_mode(H200_A)["pending"]) == (
+        "Enabled", "Enabled")
+    assert types_of(root, H200_A, 2) == [1414, 1414]
+    assert ("GPU 0000:18:00.0: MIG mode is Disabled; turning it on for MIG-backed H200X-1-18C "
+            "(nvidia-smi -i 00000000:18:00.0 -mig 1): Hopper and Blackwell lose it at every "
+            "reboot") in said(journal)
 
 
-def test_one_mig_gpu_failing_never_stops_the_other(root, tools, journal):
+def test_a_pending_mode_gets_mig_1_again_never_a_gpu_reset(root, tools, journal):
+    """Another client held the GPU at the first -mig 1; nvidia-smi's remedy: run it again."""
     host = mig_host(root, tools, vfs=2)
-    host.set_mig(H200_A, current="Disabled", pending="Enabled", busy=True)  # the reset fails
+    host.set_mig(H200_A, busy=True)
+    real = root / "usr/bin/nvidia-smi"
+    real.rename(real.with_name("nvidia-smi.real"))
+    # The client goes away after the first -mig 1 (a monitor that was polling the GPU).
+    stand_in(real, f'#!/bin/sh\n"{real.with_name("nvidia-smi.real")}" "$@"; rc=$?\n'
+                   f'case "$*" in *-mig\\ 1*) {sys.executable} -c "import json; p=\'{host.smi_state}\'; '
+                   f's=json.load(open(p)); s[\'{H200_A}\'][\'busy\']=False; '
+                   f'json.dump(s, open(p, \'w\'))";; esac\nexit $rc\n')
+    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2))) == 0
+    assert [c for c in host_calls(tools) if "-mig 1" in c] == [
+        "nvidia-smi -i 00000000:18:00.0 -mig 1"] * 2
+    assert host.gpu_instances(H200_A) == ["1:1g.18gb@0", "2:1g.18gb@1"]
+    assert types_of(root, H200_A, 2) == [1414, 1414]
+    assert not [c for c in tools.calls() if " -r" in c]
+
+
+def test_a_mode_that_stays_pending_fails_that_gpu_at_once_and_names_the_remedy(root, tools,
+                                                                              journal):
+    host = mig_host(root, tools, vfs=2)
+    host.set_mig(H200_A, busy=True)  # and it never goes away
+    started = time.monotonic()
     assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2),
                              mig_gpu(H200_B, "H200X-7-141C", "7g.141gb", 1, 1))) == 1
+    assert time.monotonic() - started < 10  # its VFs are not waited for: the failure is known
     assert host.gpu_instances(H200_A) == [] and types_of(root, H200_A, 2) == [0, 0]
     assert host.gpu_instances(H200_B) == ["1:7g.141gb@0"]
     assert types_of(root, H200_B, 2) == [1419, 0]
-    assert any(line.startswith("GPU 0000:18:00.0: nvidia-smi -r -i 00000000:18:00.0 failed: Unable "
-                               "to reset GPU 00000000:18:00.0 because it's being used by some "
-                               "other process") for line in said(journal))
-    assert "restored 1 of 2 GPUs; not restored: 0000:18:00.0" in said(journal)
+    assert [c for c in host_calls(tools) if "-mig 1" in c] == [
+        "nvidia-smi -i 00000000:18:00.0 -mig 1"] * 3  # FAST: 3 attempts
+    assert not [c for c in tools.calls() if " -r" in c]
+    lines = said(journal)
+    assert ("GPU 0000:18:00.0: MIG mode is still pending after 3 runs of nvidia-smi -i "
+            "00000000:18:00.0 -mig 1: another client uses the GPU; stop it, then run the charm's "
+            "enable-mig action (or systemctl restart nvidia-vgpu-vfs.service); its GPU instances "
+            "are not created") in lines
+    assert "restored 1 of 2 GPUs; not restored: 0000:18:00.0" in lines
+    assert not any("reset" in line for line in lines)
 
 
-def test_mig_backed_profiles_out_of_mig_mode_say_what_turns_it_on(root, tools, journal):
-    host = mig_host(root, tools, vfs=2, mode="Disabled")
-    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 1, 1))) == 1
-    assert current(root, "0000:18:00.4") == 0
-    assert ("GPU 0000:18:00.0: MIG mode is Disabled, which MIG-backed H200X-1-18C needs: run the "
-            "charm's enable-mig action (nvidia-smi -i 00000000:18:00.0 -mig 1); its GPU instances "
-            "are not created") in said(journal)
-    assert host.mig_mode(H200_A)["current"] == "Disabled"  # the boot step never enables it
-    assert host.mig_mode(H200_A)["gis"] == []
+def test_a_gpu_whose_gpu_instances_cannot_be_created_is_not_waited_for(root, tools, journal):
+    """The failure is known at once: its VFs are not polled for types that cannot come."""
+    host = mig_host(root, tools, vfs=2)
+    host.set_mig(H200_A, table="H100")  # -lgip offers no 1g.18gb
+    started = time.monotonic()
+    rc = boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2),
+                           limits={"total": 60}))
+    assert rc == 1
+    assert time.monotonic() - started < 10, "waited for types on a GPU without GPU instances"
+    lines = said(journal)
+    assert ("GPU 0000:18:00.0: its VFs get no MIG-backed type now: H200X-1-18C needs MIG mode and "
+            "2 x 1g.18gb GPU instances (nvidia-smi mig -i 00000000:18:00.0 -lgi)") in lines
+    assert not [line for line in lines if "lists nothing creatable" in line]
+
+
+def test_gpus_are_restored_side_by_side(rebooted, root, tools, journal, tmp_path):
+    """Each GPU's sriov-manage waits until the other's has started: one after the other, never."""
+    real = root / sriov.SRIOV_MANAGE
+    real.rename(real.with_name("sriov-manage.real"))
+    marks = tmp_path / "started"
+    marks.mkdir()
+    stand_in(real, f'#!/bin/sh\ntouch "{marks}/$2"\nn=0\n'
+                   f'while [ "$(ls {marks} | wc -l)" -lt 2 ]; do\n'
+                   '  n=$((n + 1)); [ $n -gt 100 ] && { echo "alone: not side by side" >&2; exit 1; }\n'
+                   '  sleep 0.1\ndone\n'
+                   f'exec {real.with_name("sriov-manage.real")} "$@"\n')
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]),
+                             limits={"attempts": 1})) == 0
+    assert types_of(root, L40S, 2) == [1139, 0] and types_of(root, H200, 2) == [1282, 0]
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), limits={"parallel": 1})) == 0  # bounded
 
 
 def test_a_mig_entry_the_charm_did_not_write_is_skipped_and_said(root, tools, journal):
@@ -442,7 +514,8 @@ def test_an_a100s_mdevs_come_back_on_their_vfs_once_sriov_manage_made_them(root,
     held_then_rebooted(root, host, held)
     assert not (root / "sys/bus/pci/devices/0000:41:00.5").exists()  # the VFs went too
     assert boot_main(root, gpu("0000:41:00.0"), gpu("0000:61:00.0")) == 0
-    assert sriov_calls(tools) == ["sriov-manage -e 0000:41:00.0", "sriov-manage -e 0000:61:00.0"]
+    assert sorted(sriov_calls(tools)) == ["sriov-manage -e 0000:41:00.0",
+                                         "sriov-manage -e 0000:61:00.0"]
     assert {uuid: mdev_where(root, uuid) for uuid in held} == held
     assert said(journal)[-1] == "mdevs: created 3, there already 0, of 3"
 
@@ -600,7 +673,7 @@ def test_the_boot_step_restores_once_under_the_lock_whatever_the_restore_raises(
 
     runs = []
 
-    def failing(where):
+    def failing(where, *how):
         runs.append(where)
         with pytest.raises(HostBusyError), hostlock.held(0):  # the restore runs holding the lock
             pass
@@ -612,3 +685,30 @@ def test_the_boot_step_restores_once_under_the_lock_whatever_the_restore_raises(
     assert len(runs) == 1
     with hostlock.held(0):  # and the lock was let go
         pass
+
+
+def test_the_mark_says_whether_a_hook_still_has_the_boot_steps_work_to_do(root):
+    """No mark, or the boot step's own incomplete run: a hook does the work (vgpu.boot.catch_up)."""
+    from vgpu import bootfile
+
+    assert not bootfile.done() and bootfile.left() is None  # /run is empty after a boot
+    bootfile.write(bootfile.BY_BOOT, 0, [])
+    assert bootfile.done() and bootfile.left() is None
+    bootfile.forget()
+    bootfile.write(bootfile.BY_BOOT, 1, [])  # something not restored: the next hook tries again
+    assert not bootfile.done()
+    assert bootfile.left() == {"by": "the boot step", "status": 1, "mdevs": []}
+    assert bootfile.left_behind(bootfile.left()) == []  # VFs, types, MIG: every hook redoes them
+    gone = {"uuid": M3, "parent": E1, "type": "nvidia-109", "why": "its parent 0000:e1:00.0 is gone"}
+    bootfile.write(bootfile.BY_HOOK, 1, [gone])
+    assert bootfile.done()
+    assert bootfile.left_behind(bootfile.left()) == [
+        f"after this boot, a hook could not create again the mdev {M3} (nvidia-109 on {E1}: its "
+        "parent 0000:e1:00.0 is gone) that instances hold: they cannot start until it is there; "
+        "journalctl -u nvidia-vgpu-vfs.service says why; systemctl restart "
+        "nvidia-vgpu-vfs.service tries again"]
+    (root / boot.MDEV_DEVICES).mkdir(parents=True)
+    (root / boot.MDEV_DEVICES / M3).symlink_to("elsewhere")  # there again: nothing to say
+    assert bootfile.left_behind(bootfile.left()) == []
+    bootfile.write(bootfile.BY_HOOK, 0, [])
+    assert bootfile.left() is None

@@ -322,7 +322,7 @@ def test_bad_mapping_blocks_naming_the_entry_and_keeps_the_last_good(ctx, ready)
         out = ctx.run(ctx.on.config_changed(), bad)
         assert out.unit_status.name == "blocked"
         assert out.unit_status.message.startswith(f"vgpu-device-mappings: {message}")
-        assert out.unit_status.message.endswith("; keeping nvidia-108 on 1")
+        assert out.unit_status.message.endswith("; keeping nvidia-108 on 0000:c1:00.0")
         assert "\n" not in out.unit_status.message
         assert ours(out) == before
         assert "debug" not in nova_conf(out)
@@ -400,7 +400,8 @@ def test_keeping_names_what_stays_published_and_only_then(ctx, ready):
                         resources=good.resources)
     out = ctx.run(ctx.on.config_changed(), bad)
     assert out.unit_status.message == ('vgpu-device-mappings: nvidia-108: "c1:00.9" is not a PCI '
-                                       'address like 0000:c1:00.0; keeping nvidia-108 on 1')
+                                       'address like 0000:c1:00.0; keeping nvidia-108 on '
+                                       '0000:c1:00.0')
 
 
 def test_a_forced_install_without_gpus_says_so_plainly(ctx, root, tools, packages):
@@ -813,6 +814,8 @@ stored = testing.StoredState(owner_path="NovaComputeNvidiaVgpuCharm", name="_sto
     "paused": False, "checked": {"key": mappings.fingerprint(config["vgpu-device-mappings"]),
                                  "mapping": {"nvidia-108": ["0000:c1:00.0"]}, "errors": []}})
 rel = testing.SubordinateRelation("nova-vgpu")
+from vgpu import bootfile  # the boot step ran at this boot: no hook does its work again
+bootfile.write(bootfile.BY_BOOT, 0, [])
 out = ctx.run(ctx.on.update_status(), testing.State(config=config, relations=[rel],
     stored_states={stored}, resources={testing.Resource(name="nvidia-vgpu-software", path=sys.argv[1])}))
 kept = out.get_stored_state("_stored", owner_path="NovaComputeNvidiaVgpuCharm").content
@@ -1436,6 +1439,23 @@ def test_a_newly_attached_resource_is_noticed_at_upgrade_charm(ctx, ready, packa
     assert out.unit_status.message.endswith("570.172.08 attached: run the upgrade action")
 
 
+def test_a_resource_attached_while_the_boot_step_holds_the_host_is_noticed_all_the_same(
+        ctx, ready, packages, fetches, monkeypatch):
+    """upgrade-charm waits for the host lock in vain: the resource is Juju's, inspected anyway."""
+    from vgpu import hostlock, reconcile
+
+    first = ctx.run(ctx.on.config_changed(), state(resource=ready))
+    newer = {testing.Resource(name="nvidia-vgpu-software", path=packages["new"])}
+    monkeypatch.setattr(hostlock, "HOOK_WAIT", 0.1)
+    fetches.clear()
+    with hostlock.held(0):  # as the boot step holds it while it restores after a reboot
+        busy = ctx.run(ctx.on.upgrade_charm(), carried(first, resources=newer))
+    assert busy.unit_status == testing.WaitingStatus(reconcile.BUSY)
+    assert fetches == ["nvidia-vgpu-software"]
+    out = ctx.run(ctx.on.update_status(), carried(busy))
+    assert out.unit_status.message.endswith(
+        "driver 570.158.02 installed, 570.172.08 attached: run the upgrade action")
+
 def test_a_resource_detached_to_charmhubs_placeholder_is_noticed_at_upgrade_charm(ctx, ready,
                                                                                   packages):
     first = ctx.run(ctx.on.config_changed(), state(resource=ready))
@@ -1546,7 +1566,7 @@ def test_a_type_taken_from_a_gpu_while_a_guest_holds_one_of_its_mdevs_is_refused
         f"vgpu-device-mappings not applied: {SHUT_OFF[0]} (vm-{SHUT_OFF[0]}, {SHUT_OFF[1]}"
         f"{state_word}) holds an nvidia-108 mdev ({MDEV_108}) on GPU 0000:c1:00.0, which the new "
         "mapping takes away; restore the mapping, or move or delete the instance first; "
-        "keeping nvidia-108 on 1")
+        "keeping nvidia-108 on 0000:c1:00.0")
     assert ours(out) == ours(first)
     # Clearing the option takes the type away as well.
     out = ctx.run(ctx.on.config_changed(), carried(first, config={"vgpu-device-mappings": ""}))
@@ -1586,7 +1606,8 @@ def test_a_domain_file_that_cannot_be_parsed_stops_a_change_but_not_a_steady_hoo
     assert out.unit_status.message.startswith(
         "vgpu-device-mappings not applied: /etc/libvirt/qemu/instance-00000009.xml (not XML: ")
     assert out.unit_status.message.endswith("; counted as in use); restore the mapping, or move "
-                                            "or delete the instance first; keeping nvidia-108 on 1")
+                                            "or delete the instance first; keeping nvidia-108 on "
+                                            "0000:c1:00.0")
     assert ours(out) == ours(first)
 
 

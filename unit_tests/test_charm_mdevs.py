@@ -8,6 +8,7 @@ finds everything as it was. On Nova 30 nothing is recorded.
 
 import json
 import os
+import shutil
 
 from ops import testing
 
@@ -122,3 +123,37 @@ def test_update_status_with_guests_holding_no_device_parses_no_xml(v100, root, t
     result = run_script(tmp_path, LIGHT, str(packages["old"]))
     assert result.stdout.split()[-2:] == ["active", "False"]
     assert not (root / mdevs.FILE).exists()
+
+
+def test_mdevs_the_boot_step_could_not_restore_are_the_next_hooks_work_or_named(
+        ctx, v100, root, tools, packages, monkeypatch):
+    """No hook used to create them: a boot step that gave up on the lock left guests unstartable."""
+    from unit_tests.faketools import host_lock_held
+    from vgpu import hostlock
+
+    install_driver(root, packages["old"])
+    guests(root, v100)
+    out = ctx.run(ctx.on.config_changed(), state(MAPPING, resource=packages["old"]))
+    v100.reboot()
+    monkeypatch.setattr(hostlock, "BOOT_WAIT", 0.2)
+    with host_lock_held(root / hostlock.FILE):  # a hook held it past the boot step's wait
+        assert boot.main([f"/{sriov.DATA_FILE}"]) == 1
+    assert [where(root, uuid) for uuid in HELD] == [None, None, None]
+    carried = testing.State(config=MAPPING, relations=out.relations, resources=out.resources,
+                            stored_states=out.stored_states)
+    out = ctx.run(ctx.on.update_status(), carried)
+    assert {uuid: where(root, uuid) for uuid in HELD} == HELD  # the hook did the boot step's work
+    assert out.unit_status.name == "active", out.unit_status
+    # One that cannot come back (its type gone from the parent) is named, on every hook.
+    v100.reboot()
+    shutil.rmtree(root / "sys/bus/pci/devices" / E1 / "mdev_supported_types/nvidia-109")
+    out = ctx.run(ctx.on.update_status(), carried)
+    assert where(root, M3) is None
+    assert out.unit_status == testing.BlockedStatus(
+        f"after this boot, a hook could not create again the mdev {M3} (nvidia-109 on {E1}: {E1} "
+        "no longer offers nvidia-109 (it offers nvidia-105, nvidia-106, nvidia-107, nvidia-108)) "
+        "that instances hold: they cannot "
+        "start until it is there; journalctl -u nvidia-vgpu-vfs.service says why; systemctl "
+        "restart nvidia-vgpu-vfs.service tries again")
+    out = ctx.run(ctx.on.update_status(), carried)
+    assert out.unit_status.name == "blocked"

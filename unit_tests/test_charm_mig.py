@@ -24,10 +24,10 @@ GPU, OTHER = "0000:42:00.0", "0000:8c:00.0"
 VF = [f"0000:42:00.{n}" for n in range(2, 8)] + ["0000:42:01.0", "0000:42:01.1"]
 UNIT = "nova-compute-nvidia-vgpu/0"
 SMI = "nvidia-smi --query-gpu=pci.bus_id,mig.mode.current,mig.mode.pending --format=csv,noheader"
-AT_BOOT = ("at every boot, before libvirt and nova-compute start, nvidia-vgpu-vfs.service puts a "
-           "MIG mode still pending on a GPU given a MIG-backed profile in force (nvidia-smi -r -i "
-           "00000000:42:00.0) and creates its GPU instances again (they never survive a reboot), "
-           "then enables the VFs and gives them their types")
+AT_BOOT = ("at every boot, before libvirt and nova-compute start, nvidia-vgpu-vfs.service enables "
+           "the VFs of a GPU given a MIG-backed profile, turns its MIG mode on (Hopper and "
+           "Blackwell lose it at every reboot; Ampere keeps it), creates its GPU instances again "
+           "(they never survive a reboot), then gives the VFs their types")
 LGI, LGIP = "nvidia-smi mig -i 00000000:42:00.0 -lgi", "nvidia-smi mig -i 00000000:42:00.0 -lgip"
 
 
@@ -71,26 +71,40 @@ def test_a_mig_backed_profile_is_written_and_published_like_a_time_sliced_one(ct
     rc = "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_1_24Q"
     assert out.unit_status == testing.ActiveStatus(
         f"2 GPUs (RTX PRO 6000 Blackwell Server Edition), {rc} on 4; {rc}: 0 used, 4 free")
-    # 4 x 1g.24gb+gfx GPU instances created first (writing a type creates none), checked
+    # 4 x 1g.24gb GPU instances created first (writing a type creates none), checked
     # with -lgi/-lgip; then four VFs, each in its own GPU instance; the rest stay free.
-    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb@{n - 1}" for n in (1, 2, 3, 4)]
     assert host.gpu_instances(OTHER) == []
     assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:5]] == ["2033"] * 4 + ["0"]
     assert [nvidia(root, vf, "gpu_instance_id") for vf in VF[:5]] == ["1", "2", "3", "4", "absent"]
     assert [s["address"] for s in specs(out)] == VF[:4]
     assert {s["resource_class"] for s in specs(out)} == {rc}
     assert smi_calls(tools) == [SMI, LGI, LGIP, "nvidia-smi mig -i 00000000:42:00.0 -cgi "
-                                "1g.24gb+gfx,1g.24gb+gfx,1g.24gb+gfx,1g.24gb+gfx -C"]
+                                "1g.24gb,1g.24gb,1g.24gb,1g.24gb -C"]
     boot = json.loads((root / "var/lib/nova-compute-nvidia-vgpu/boot.json").read_text())
     assert [v["name"] for v in boot["gpus"][0]["vfs"]] == [
         "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q"] * 4
-    assert boot["gpus"][0]["mig"] == {"profile": "DC-1-24Q", "instance": "1g.24gb+gfx", "count": 4}
+    assert boot["gpus"][0]["mig"] == {"profile": "DC-1-24Q", "instance": "1g.24gb", "count": 4}
     # The next hook finds them there: nothing created, nothing destroyed.
     before = len(smi_calls(tools))
     out = ctx.run(ctx.on.update_status(), again(out))
     assert out.unit_status.name == "active"
-    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb@{n - 1}" for n in (1, 2, 3, 4)]
     assert smi_calls(tools)[before:] == [SMI, LGI]
+
+
+def test_a_gfx_type_gets_gfx_gpu_instances_by_its_name(ctx, root, tools, deb):
+    """vGPU 20 names graphics MIG types ...GFX (NVIDIA/vgpu-device-manager); only those get +gfx."""
+    host = rtx(root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{DC-1-24QGFX: ['42:00.0'], DC-2-12Q: ['8c:00.0']}",
+         "pci-in-placement": True}, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
+    assert host.gpu_instances(OTHER) == ["1:2g.48gb@0", "2:2g.48gb@2"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:5]] == ["2037"] * 4 + ["0"]
+    assert {s["resource_class"] for s in specs(out) if s["address"].startswith("0000:42")} == {
+        "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_1_24QGFX"}
 
 
 def test_a_gpu_out_of_mig_mode_blocks_naming_the_command_and_changes_nothing(ctx, root, tools,
@@ -113,8 +127,11 @@ def test_a_gpu_out_of_mig_mode_blocks_naming_the_command_and_changes_nothing(ctx
     modes[GPU]["pending"] = "Enabled"
     state_file.write_text(json.dumps(modes))
     out = ctx.run(ctx.on.update_status(), again(out))
-    assert "enabling it waits for a reset; reset the GPU (nvidia-smi -r -i 00000000:42:00.0) " \
-        "while no guest or process uses it" in out.unit_status.message
+    assert out.unit_status.message.endswith(
+        "need: enabling it is pending; another client uses the GPU: stop it (nvidia-smi lists the "
+        f"processes using the GPU), then juju run {UNIT} enable-mig gpu=0000:42:00.0 again, which "
+        "runs -mig 1 again as nvidia-smi's warning asks (no GPU reset: one is refused while the "
+        "GPU has VFs or persistence mode is on)")
 
 
 def test_update_status_asks_nvidia_smi_only_while_a_mig_profile_is_mapped(ctx, root, tools, deb):
@@ -135,7 +152,7 @@ def test_enable_mig_turns_the_mode_on_and_the_waiting_mapping_applies(ctx, root,
     assert ctx.action_results == {
         "gpu": GPU, "command": "nvidia-smi -i 00000000:42:00.0 -mig 1",
         "output": "Enabled MIG Mode for GPU 00000000:42:00.0\nAll done.",
-        "reset-required": "no", "message": "MIG mode enabled on GPU 0000:42:00.0",
+        "pending": "no", "message": "MIG mode enabled on GPU 0000:42:00.0",
         "at-boot": AT_BOOT}
     assert host.mig_mode(GPU)["current"] == "Enabled" and host.mig_mode(OTHER)["current"] == "Disabled"
     assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:4]] == ["2033"] * 4
@@ -144,18 +161,23 @@ def test_enable_mig_turns_the_mode_on_and_the_waiting_mapping_applies(ctx, root,
     assert ctx.action_results["message"] == "GPU 0000:42:00.0 is in MIG mode already; nothing run"
 
 
-def test_enable_mig_says_when_a_reset_or_reboot_is_needed(ctx, root, tools, deb):
+def test_enable_mig_says_when_the_mode_is_pending_and_never_advises_a_reset(ctx, root, tools, deb):
     host = rtx(root, tools, deb, mode="busy")
     ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
-    assert ctx.action_results["reset-required"] == "yes"
+    assert ctx.action_results["pending"] == "yes"
     assert ctx.action_results["message"] == (
-        "MIG mode is pending on GPU 0000:42:00.0: reset the GPU (nvidia-smi -r -i "
-        "00000000:42:00.0) while no guest or process uses it; a reboot may leave the mode pending "
-        "on Hopper (NVIDIA/gpu-operator issue 2600)")
+        "MIG mode is pending on GPU 0000:42:00.0: another client uses the GPU: stop it (nvidia-smi "
+        "lists the processes using the GPU), then run this action again, which runs -mig 1 again "
+        "as nvidia-smi's warning asks (no GPU reset: one is refused while the GPU has VFs or "
+        "persistence mode is on)")
     assert ctx.action_results["at-boot"] == AT_BOOT
     assert "pending enable state" in ctx.action_results["output"]
-    assert host.mig_mode(GPU) == {"current": "Disabled", "pending": "Enabled", "hold": True,
-                                  "busy": True, "table": "RTX PRO 6000", "gis": []}
+    assert (host.mig_mode(GPU)["current"], host.mig_mode(GPU)["pending"]) == ("Disabled", "Enabled")
+    host.set_mig(GPU, busy=False)  # the other client stopped: the action again puts it in force
+    ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
+    assert ctx.action_results["pending"] == "no"
+    assert host.mig_mode(GPU)["current"] == "Enabled"
+    assert not [c for c in smi_calls(tools) if " -r" in c]
 
 
 def test_enable_mig_is_refused_while_a_guest_holds_a_vgpu_on_that_gpu(ctx, root, tools, deb):
@@ -208,17 +230,89 @@ def test_a_shut_off_guest_keeps_its_mig_backed_vf(ctx, root, tools, deb):
     out = ctx.run(ctx.on.config_changed(),
                   again(out, {"vgpu-device-mappings": "{H200X-1-18C: ['18:00.0']}"}))
     assert out.unit_status.name == "blocked"
-    assert "instance-00000003" in out.unit_status.message
-    assert "shut off" in out.unit_status.message
-    # The layout the new profile needs differs and is in use: blocked with the steps.
+    # Asked of the guests before any GPU instance changes: blocked, naming them.
     assert out.unit_status.message.startswith(
-        "GPU 0000:18:00.0: MIG-backed H200X-1-18C needs 7 x 1g.18gb GPU instances, but GPU "
-        "instance 1 (3g.71gb) holds the vGPUs of VF 0000:18:00.4; the charm never destroys a GPU "
-        "instance in use.")
+        "vgpu-device-mappings not applied on GPU 0000:18:00.0: MIG-backed H200X-1-18C takes the "
+        "place of H200X-3-71C, and 1 guest(s) hold vGPUs, running or shut off: instance-00000003")
+    assert "shut off" in out.unit_status.message
     assert nvidia(root, a, "current_vgpu_type") == "1417"  # neither released nor retyped
     assert host.gpu_instances("0000:18:00.0") == ["1:3g.71gb@0"]  # never changed by a hook
     assert ours(out) == published  # nova-compute keeps the VF it gave the instance
     assert not [c for c in smi_calls(tools) if " -dgi" in c or " -dci" in c]
+
+
+def mask_boot_unit(root):
+    """The operator masked nvidia-vgpu-vfs.service: no boot step, and no hook does its work."""
+    unit = root / "etc/systemd/system/nvidia-vgpu-vfs.service"
+    unit.unlink()
+    unit.symlink_to(os.devnull)
+
+
+def test_after_a_reboot_without_the_boot_step_a_shut_off_guest_gets_its_own_type_back(
+        ctx, root, tools, deb):
+    """What nova.conf lists comes back before any GPU instance for a change the guest blocks."""
+    host = ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    a = "0000:18:00.4"
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": f"{{H200X-3-71C: ['{a}']}}"}, resource=deb))
+    assert nvidia(root, a, "current_vgpu_type") == "1417"
+    published = ours(out)
+    defined_guest(root, "instance-00000003", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a03", pci_address=a)
+    mask_boot_unit(root)
+    host.reboot()  # Hopper: MIG mode, GPU instances, VFs and types gone
+    changed = {"vgpu-device-mappings": "{H200X-1-18C: ['18:00.0']}"}
+    out = ctx.run(ctx.on.config_changed(), again(out, changed))
+    assert "is not in MIG mode" in out.unit_status.message  # the boot step's work is not done
+    ctx.run(ctx.on.action("enable-mig", params={"gpu": "0000:18:00.0"}), again(out, changed))
+    assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
+    out = ctx.run(ctx.on.update_status(), again(out, changed))
+    assert host.gpu_instances("0000:18:00.0") == ["1:3g.71gb@0"]  # none for the blocked change
+    assert nvidia(root, a, "current_vgpu_type") == "1417"  # the guest can start again
+    assert ours(out) == published
+    assert "instance-00000003" in out.unit_status.message
+
+
+def test_a_mig_profile_change_with_no_guest_on_the_gpu_goes_through_by_itself(ctx, root, tools,
+                                                                            deb):
+    """The types the charm wrote are no guest's: released, as a time-sliced change is."""
+    host = ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{H200X-3-71C: ['18:00.0']}"}, resource=deb))
+    vfs = ["0000:18:00.4", "0000:18:00.5", "0000:18:00.6", "0000:18:00.7"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1417", "1417", "0", "0"]
+    out = ctx.run(ctx.on.config_changed(),
+                  again(out, {"vgpu-device-mappings": "{H200X-2-35C: ['18:00.0']}"}))
+    assert out.unit_status.name == "active", out.unit_status
+    assert host.gpu_instances("0000:18:00.0") == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416", "1416", "1416", "0"]
+    assert {s["resource_class"] for s in specs(out)} == {"CUSTOM_VGPU_H200X_2_35C"}
+    assert "move" not in out.unit_status.message
+
+
+def test_when_the_boot_step_could_not_take_the_lock_the_next_hook_does_its_work(
+        ctx, root, tools, deb, monkeypatch):
+    """A hook held the lock past the boot step's wait: MIG mode, GPU instances and types anyway."""
+    from unit_tests.faketools import host_lock_held
+    from vgpu import boot, hostlock
+
+    host = ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{H200X-2-35C: ['18:00.0']}"}, resource=deb))
+    vfs = ["0000:18:00.4", "0000:18:00.5", "0000:18:00.6"]
+    host.reboot()
+    monkeypatch.setattr(hostlock, "BOOT_WAIT", 0.2)
+    with host_lock_held(root / hostlock.FILE):  # the start hook, running sriov-manage for long
+        assert boot.main([f"/{boot.DATA_FILE}"]) == 1
+    assert not (root / "run/nova-compute-nvidia-vgpu/restored").exists()
+    out = ctx.run(ctx.on.start(), again(out))
+    assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"  # the hook turned it on again
+    assert host.gpu_instances("0000:18:00.0") == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
+    assert out.unit_status.name == "active", out.unit_status
+    assert (root / "run/nova-compute-nvidia-vgpu/restored").read_text() == "a hook: 0\n"
+    before = len(tools.calls())
+    ctx.run(ctx.on.update_status(), again(out))  # done for this boot: not again
+    assert [c for c in tools.calls()[before:] if "-mig 1" in c or "-cgi" in c] == []
 
 
 def test_list_vgpu_types_and_vgpu_usage_show_slices_and_gpu_instances(ctx, root, tools, deb):
@@ -265,8 +359,7 @@ def test_after_a_reboot_the_boot_step_brings_back_mode_instances_vfs_and_types(c
     assert out.unit_status.name == "active", out.unit_status
     vfs = ["0000:18:00.4", "0000:18:00.5", "0000:18:00.6"]
     assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
-    host.set_mig("0000:18:00.0", pending_after_reboot=True)  # Hopper, gpu-operator#2600
-    host.reboot()
+    host.reboot()  # Hopper loses MIG mode (NVIDIA/gpu-admin-tools#2)
     assert host.gpu_instances("0000:18:00.0") == []
     assert host.mig_mode("0000:18:00.0")["current"] == "Disabled"
     data = json.loads((root / "var/lib/nova-compute-nvidia-vgpu/boot.json").read_text())
@@ -298,3 +391,24 @@ def test_enable_mig_waits_for_the_boot_step_then_changes_nothing(ctx, root, tool
     fd = os.open(lock, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with its holder
     os.close(fd)
+
+
+def test_a_hook_that_enables_vfs_turns_mig_mode_on_again_after_them(ctx, root, tools, deb):
+    """sriov-manage -e may wipe MIG state (Harvester, StackHPC): the hook restores it after."""
+    from vgpu import bootfile
+
+    host = ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    host.set_mig("0000:18:00.0", reboot="keeps")  # the mode outlives the reboot (Ampere-like)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{H200X-2-35C: ['18:00.0']}"}, resource=deb))
+    host.reboot()  # or a driver reload: VFs gone, the boot step's mark there all the same
+    bootfile.write(bootfile.BY_BOOT, 0, [])
+    assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
+    out = ctx.run(ctx.on.update_status(), again(out))
+    calls = [c for c in tools.calls() if c.startswith(("sriov-manage -e 0000:18", "nvidia-smi -i"))]
+    assert calls[:2] == ["sriov-manage -e 0000:18:00.0", "nvidia-smi -i 00000000:18:00.0 -mig 1"]
+    assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
+    assert host.gpu_instances("0000:18:00.0") == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
+    vfs = ["0000:18:00.4", "0000:18:00.5", "0000:18:00.6"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
+    assert out.unit_status.name == "active", out.unit_status

@@ -8,6 +8,7 @@ each read the way nova-compute reads this unit's data (charmhelpers).
 
 import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 from ops import testing
@@ -20,6 +21,7 @@ from unit_tests.test_charm_sriov import again
 
 MGR, VGPUD = "nvidia-vgpu-mgr", "nvidia-vgpud"
 VMD = "10000:01:00.0"  # a GPU behind Intel VMD: PCI domain 10000
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def driver_ready(root, tools, packages):
@@ -85,18 +87,28 @@ def test_charm_nova_compute_drops_ceilometers_settings_once_this_unit_publishes(
         empty, tmp_path / "d", CEILOMETER)
 
 
+def rendered_with_ours(ctx, root, packages, tmp_path, others, name):
+    """The hook after nova-compute rendered nova.conf again with this unit's sections.
+
+    Before, with the neighbours' alone, the first publishing hook says nothing of
+    ``name``; after, the neighbours' sections are gone. vGPUs work: active.
+    """
+    conf = root / "etc/nova/nova.conf"
+    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", others))
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active" and name not in out.unit_status.message
+    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", others))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert out.unit_status.name == "active"  # no reason to block the vGPUs
+    return out
+
+
 def test_ceilometers_lost_settings_are_said_with_the_workaround(ctx, root, tools, packages,
                                                                  tmp_path, caplog):
     ceilometer_host(root, tools, packages)
     conf = root / "etc/nova/nova.conf"
-    conf.write_text(principal.render_with_neighbours({}, tmp_path / "t0", CEILOMETER))
-    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
-                                                 resource=packages["old"]))
-    assert out.unit_status.name == "active" and "ceilometer" not in out.unit_status.message
-    # nova-compute renders its nova.conf again with this unit's sections: ceilometer's are gone.
-    conf.write_text(principal.render_with_neighbours(ours(out), tmp_path / "t1", CEILOMETER))
-    out = ctx.run(ctx.on.update_status(), again(out))
-    assert out.unit_status.name == "active"  # vGPUs work: no reason to block them
+    out = rendered_with_ours(ctx, root, packages, tmp_path, CEILOMETER, "ceilometer")
     assert out.unit_status.message.endswith("; " + LOST)
     assert ("ceilometer-agent's nova.conf settings (instance_usage_audit, "
             "instance_usage_audit_period, notify_on_state_change) are missing: nova-compute "
@@ -134,6 +146,95 @@ def test_without_ceilometer_agent_nothing_is_said(ctx, root, tools, packages):
                                                  resource=packages["old"]))
     assert out.unit_status == testing.ActiveStatus(
         "2 GPUs (Tesla V100 PCIe 16GB), nvidia-108 on 2; nvidia-108: 0 used, 4 free")
+
+
+# -- a neutron plugin's and an ephemeral backend's nova.conf settings (issue 30, item 14) -----
+
+CONTRAIL = {"neutron-plugin": principal.CONTRAIL_DATA}
+EPHEMERAL = {"ephemeral-backend": principal.EPHEMERAL_DATA}
+MDEV_SECTIONS = {"subordinate_configuration": '{"nova":{"/etc/nova/nova.conf":{"sections":'
+                                              '{"devices":[["enabled_mdev_types","nvidia-108"]]}}}}'}
+
+
+@pytest.mark.parametrize("others,theirs", [
+    (CONTRAIL, ["firewall_driver = nova.virt.firewall.NoopFirewallDriver", "[CONTRAIL]",
+                "use_huge_pages = True"]),
+    (EPHEMERAL, ["images_type = sio"]),
+])
+def test_charm_nova_compute_drops_a_neutron_plugins_or_ephemeral_backends_settings_too(
+        tmp_path, others, theirs):
+    """Pinned as ceilometer's: the plugin's context comes first, and dict.update keeps ours."""
+    alone = principal.render_with_neighbours({}, tmp_path / "a", others)
+    both = principal.render_with_neighbours(MDEV_SECTIONS, tmp_path / "b", others)
+    assert all(line in alone for line in theirs)
+    assert not any(line in both for line in theirs) and "[devices]" in both
+
+
+def plugin_host(root, tools, packages, *units):
+    host = v100_host(root)
+    driver_ready(root, tools, packages)
+    host.juju_unit("nova-compute-nvidia-vgpu/0", (ROOT / "metadata.yaml").read_text())
+    for unit, metadata in units:
+        host.juju_unit(unit, metadata)
+    return host
+
+
+CONTRAIL_LOST = (
+    "contrail-openstack's nova.conf settings lost beside this unit's (firewall_driver; with "
+    "DPDK also [CONTRAIL] use_userspace_vhost and [libvirt] use_huge_pages, which no option of "
+    "nova-compute puts back): juju config nova-compute config-flags=firewall_driver="
+    "nova.virt.firewall.NoopFirewallDriver")
+SCALEIO_LOST = (
+    "scaleio-openstack's nova.conf settings lost beside this unit's (it provides "
+    "ephemeral-backend; nova-compute renders one subordinate's sections): only nova-compute's "
+    "own options put any back (libvirt-image-backend, config-flags)")
+
+
+def test_a_neutron_plugins_lost_settings_are_said_once_nova_conf_lacks_them(
+        ctx, root, tools, packages, tmp_path, caplog):
+    plugin_host(root, tools, packages, ("contrail-openstack/3", principal.CONTRAIL_METADATA))
+    conf = root / "etc/nova/nova.conf"
+    out = rendered_with_ours(ctx, root, packages, tmp_path, CONTRAIL, "contrail")
+    assert out.unit_status.message.endswith("; " + CONTRAIL_LOST)
+    assert "charmhelpers merges SubordinateConfigContexts with dict.update" in caplog.text
+    conf.write_text(principal.render_with_neighbours(
+        ours(out), tmp_path / "t2", CONTRAIL,
+        config_flags="firewall_driver=nova.virt.firewall.NoopFirewallDriver"))
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert "contrail" not in out.unit_status.message
+
+
+def test_an_ephemeral_backend_beside_this_unit_is_said_while_it_publishes(
+        ctx, root, tools, packages):
+    from unit_tests.test_neighbours import NOVA_COMPUTE_METADATA
+
+    plugin_host(root, tools, packages, ("scaleio-openstack/1", principal.SCALEIO_METADATA),
+                ("neutron-openvswitch/0", NEUTRON_OPENVSWITCH_METADATA),
+                ("nova-compute/0", NOVA_COMPUTE_METADATA))  # requires both: never named
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{nvidia-108: all}"},
+                                                 resource=packages["old"]))
+    assert out.unit_status.name == "active"
+    assert out.unit_status.message.endswith("; " + SCALEIO_LOST)  # and nothing of the plugin's
+    out = ctx.run(ctx.on.config_changed(), again(out, {"vgpu-device-mappings": ""}))
+    assert "scaleio" not in out.unit_status.message  # nothing published: nothing lost
+
+
+# A neutron plugin that sends nova-compute no sections: charm-neutron-openvswitch's
+# neutron_plugin_joined (hooks/neutron_ovs_hooks.py) sets metadata-shared-secret, host and
+# restart-nonce only. Present, never named.
+NEUTRON_OPENVSWITCH_METADATA = """name: neutron-openvswitch
+subordinate: true
+provides:
+  neutron-plugin:
+    interface: neutron-plugin
+    scope: container
+  neutron-control:
+    interface: service-control
+requires:
+  juju-info:
+    interface: juju-info
+    scope: container
+"""
 
 
 # -- mdevctl on Nova 30 and later ----------------------------------------------------------

@@ -159,7 +159,7 @@ def test_live_migration_on_an_older_nova_blocks_and_keeps_what_was_published(ctx
     assert out.unit_status == testing.BlockedStatus(
         "vgpu-device-mappings: vfio-live-migration needs Nova 31 (2025.1 epoxy) or later; this "
         "host runs 2024.1 caracal (Nova 29): upgrade Nova or set vfio-live-migration=false; "
-        "keeping nvidia-108 on 1")
+        "keeping nvidia-108 on 0000:c1:00.0")
     assert ours(out)["subordinate_configuration"] == published
 
 

@@ -152,18 +152,28 @@ def test_a_nova_conf_that_cannot_be_read_is_named_and_the_last_good_stays(ctx, v
 
 @pytest.mark.parametrize("entry,why", [
     ('{"address": {"bus": "' + "(|)" * 40 + 'x"}}',
-     "matching its regular expressions timed out after 0.5s and was stopped"),
+     "compiling and matching its regular expressions timed out after 0.5s and was stopped"),
     ("[" * 5000 + "]" * 5000, "its JSON is nested more than 32 deep"),
 ])
 def test_an_entry_no_hook_can_evaluate_is_named_and_the_last_good_stays(ctx, vfio, root, deb,
                                                                        monkeypatch, entry, why):
-    from vgpu import principalconf, text
+    from vgpu import principalconf, run, text
 
     monkeypatch.setattr(principalconf, "REGEX_BUDGET", 0.5)
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, deb))
     rendered(vfio, first, whitelist=entry)
+    evaluated, real = [], run.run
+
+    def counted(cmd, *args, **kwargs):
+        if "-I" in cmd:  # the bounded process of principalconf
+            evaluated.append(cmd)
+        return real(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(run, "run", counted)
     out = ctx.run(ctx.on.config_changed(),
                   again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    # Checked beside the new sections and the published ones: evaluated once, within the bound.
+    assert len(evaluated) == ("address" in entry)
     assert out.unit_status == testing.BlockedStatus(
         f"cannot check compute-gpu's pci-passthrough-whitelist entry {text.one_line(entry, 70)}: "
         f"{why}; whether it takes this unit's vGPU devices is unknown, the last published "

@@ -313,10 +313,12 @@ def test_list_vgpu_types_gives_the_flavor_property_and_the_pci_alias(ctx, vfio, 
     assert table.count('"name": "vgpu-l40s-') == 6  # one per L40S type, not one per VF
     assert l40s["virtual-functions"] == ",".join(vfs(L40S, 16))
     # The full GPU lists nothing: the learnt type is counted from its profile against the
-    # GPU's 48 GB (learnt while its VFs were free): four fit, none is free.
-    assert (entry["max-instances"], entry["available-instances"]) == ("4", "0")
+    # GPU's 48 GB (learnt while its VFs were free): four fit, and the four VFs that hold it
+    # are free, as the status line counts them (vgpu.capacity.count for both).
+    assert (entry["max-instances"], entry["available-instances"]) == ("4", "4")
+    assert "CUSTOM_VGPU_L40S_12Q: 0 used, 4 free" in first.unit_status.message
     row = next(line for line in ctx.action_results["table"].splitlines() if " nvidia-1139 " in line)
-    assert row.split()[-5:] == ["12288", "MiB", "4", "0", "pci_passthrough:alias=vgpu-l40s-12q:1"]
+    assert row.split()[-5:] == ["12288", "MiB", "4", "4", "pci_passthrough:alias=vgpu-l40s-12q:1"]
 
 
 
@@ -351,10 +353,12 @@ def test_remove_leaves_nothing_behind_even_with_types_still_to_learn(ctx, vfio, 
     # would learn them again and write the catalogue back.
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": ""}, resource=deb))
     assert (root / catalogue.FILE).exists() and sriov.unit_path().exists()
+    assert (root / "run/nova-compute-nvidia-vgpu/host.lock").exists()
     out = ctx.run(ctx.on.remove(), again(first))
     assert not (root / catalogue.FILE).exists()
     assert not (root / catalogue.STATE_DIR).exists()
     assert not sriov.unit_path().exists()
+    assert not (root / "run/nova-compute-nvidia-vgpu").exists()  # the host lock's directory
     assert out.unit_status == testing.MaintenanceStatus(
         "removing: the charm's files are deleted; the vGPU host driver stays installed")
 
@@ -523,12 +527,19 @@ GUEST = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
 
 
 def rebooted_without_the_boot_step(ctx, host, root, deb, guest_on=("0000:81:00.5",)):
-    """Served, then a reboot whose boot step did not run; shut-off guests keep VFs ``guest_on``."""
+    """Served, then a reboot whose boot step did not run; shut-off guests keep VFs ``guest_on``.
+
+    The operator masked the boot unit, so no hook does the boot step's work either
+    (vgpu.boot.catch_up): the hooks' own steps restore what nova.conf lists.
+    """
     from unit_tests.libvirt import defined_guest
 
     first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     for n, address in enumerate(guest_on):
         defined_guest(root, f"instance-0000002{n}", GUEST[:-1] + str(n), pci_address=address)
+    unit = root / sriov.UNIT_FILE
+    unit.unlink()
+    unit.symlink_to(os.devnull)
     host.reboot()
     return first
 
@@ -673,6 +684,8 @@ from charm import NovaComputeNvidiaVgpuCharm
 config = {"vgpu-device-mappings": "{L40S-12Q: all}"}
 resources = {testing.Resource(name="nvidia-vgpu-software", path=sys.argv[1])}
 ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
+from vgpu import bootfile  # the boot step ran at this boot: no hook does its work again
+bootfile.write(bootfile.BY_BOOT, 0, [])
 first = ctx.run(ctx.on.config_changed(), testing.State(
     config=config, relations=[testing.SubordinateRelation("nova-vgpu")], resources=resources))
 out = ctx.run(ctx.on.update_status(), testing.State(

@@ -26,7 +26,8 @@ from unit_tests.libvirt import defined_guest
 from unit_tests.test_charm import install_driver, ours, state
 from unit_tests.test_charm_sriov import again, ready, types_of, vfs
 from unit_tests.test_nova_rules import nova_devspec
-from vgpu import catalogue, novaconf
+from vgpu import catalogue, novaconf, sriov
+from vgpu.errors import HostReadError
 
 MGR = "nvidia-vgpu-mgr"
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
@@ -76,7 +77,7 @@ def test_a_full_gpu_whose_names_were_lost_keeps_its_vfs_and_nova_conf(ctx, root,
         "its VFs hold nvidia-1139, which no VF lists now (a full GPU lists nothing) and which was "
         "not learnt under this driver; release a VF no guest uses (write 0 to its "
         "nvidia/current_vgpu_type) to let the charm read the name; keeping CUSTOM_VGPU_L40S_12Q "
-        "on 4")
+        "on 4 (0000:81:00.4, 0000:81:00.5, 0000:81:00.6, 0000:81:00.7)")
 
 
 def test_new_type_ids_after_a_driver_upgrade_change_nothing_until_named(
@@ -146,7 +147,8 @@ def test_vfs_without_their_nvidia_files_keep_what_was_published(ctx, root, tools
     assert out.unit_status == testing.BlockedStatus(
         "vgpu-device-mappings: L40S-12Q: cannot tell whether GPU 0000:81:00.0 (L40S) serves it: "
         "its VFs show no vGPU types now (no nvidia/ files nor mdev types: are they bound to the "
-        "nvidia driver, is nvidia-vgpu-mgr starting?); keeping CUSTOM_VGPU_L40S_12Q on 4")
+        "nvidia driver, is nvidia-vgpu-mgr starting?); keeping CUSTOM_VGPU_L40S_12Q on 4 "
+        "(0000:81:00.4, 0000:81:00.5, 0000:81:00.6, 0000:81:00.7)")
 
 
 # -- 2. counts on a partly used GPU ----------------------------------------------------
@@ -234,6 +236,66 @@ def test_a_rollback_that_fails_too_says_the_vfs_differ_from_nova_conf(ctx, root,
         "VF 0000:81:00.5 holds 0 after writing 1141; rolling back failed too (VF 0000:81:00.5 "
         "holds 0 after writing 1139): the VFs do not all hold what nova.conf lists; retrying on "
         "the next hook")
+
+
+# -- what a host's contents cannot break: the VFs and nova.conf never disagree (issue 30, 9) ------
+
+def test_a_hand_edited_boot_unit_that_is_not_utf8_is_replaced_and_nova_conf_follows_the_vfs(
+        ctx, root, tools, deb):
+    """An operator's editor saved the unit in Latin-1: every hook used to fail reading it."""
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    unit = sriov.unit_path()
+    unit.write_bytes(unit.read_bytes().replace(b"Description=", b"Description=Fran\xe7ais "))
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert types_of(root, L40S, 5) == [1141] * 2 + [0] * 3
+    assert [s["resource_class"] for s in specs(out)] == ["CUSTOM_VGPU_L40S_24Q"] * 2
+    assert unit.read_text() == sriov.render_unit()  # the charm's own text again
+    assert out.unit_status.name == "active", out.unit_status
+    unit.write_bytes(b"\xff" * 10)
+    assert ctx.run(ctx.on.update_status(), again(out)).unit_status.name == "active"
+
+
+class _UnforeseenError(Exception):
+    """A failure no step foresees (a bug, an exception no reader maps)."""
+
+
+@pytest.mark.parametrize("where,failure,said", [
+    ("facts.gather", HostReadError("cannot read /sys/bus/pci/devices: Input/output error"),
+     "cannot read /sys/bus/pci/devices: Input/output error"),
+    ("sriov.boot_data", _UnforeseenError("unforeseen"),
+     "nvidia-vgpu-vfs.service: not updated after the VFs took their types "
+     "(_UnforeseenError: unforeseen); retrying on the next hook"),
+])
+def test_a_failure_after_the_vf_types_are_written_still_gives_nova_compute_what_they_hold(
+        ctx, root, tools, deb, monkeypatch, where, failure, said):
+    """Whatever fails once the VFs hold the new types, nova-compute gets the specs that list them.
+
+    A sysfs read that fails (the host read again after the writes), or a failure no
+    step foresees, in the boot unit's step that follows the writes.
+    """
+    import vgpu
+
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{L40S-12Q: all}"},
+                                                   resource=deb))
+    module, name = where.split(".")
+    real = getattr(getattr(vgpu, module), name)
+
+    def fails_once_the_vfs_changed(*args, **kwargs):
+        if types_of(root, L40S, 1) == [1141]:
+            raise failure
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(getattr(vgpu, module), name, fails_once_the_vfs_changed)
+    out = ctx.run(ctx.on.config_changed(),
+                  again(first, {"vgpu-device-mappings": "{L40S-24Q: all}"}))
+    assert types_of(root, L40S, 5) == [1141] * 2 + [0] * 3
+    assert [s["resource_class"] for s in specs(out)] == ["CUSTOM_VGPU_L40S_24Q"] * 2
+    assert out.unit_status.name == "blocked"
+    assert said in out.unit_status.message
 
 
 # -- 4. vanishing GPUs ------------------------------------------------------------------

@@ -106,6 +106,30 @@ def test_read_is_bounded_and_follows_no_link(root, ssh):
     assert "is a symbolic link" in error.value.strerror
 
 
+
+def test_read_takes_any_bytes_and_refuses_a_fifo_without_waiting_for_a_writer(root):
+    import signal
+
+    target = root / "etc/systemd/system/nvidia-vgpu-vfs.service"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"Description=Fran\xe7ais\n")
+    assert files.read(target, 100) == b"Description=Fran\xe7ais\n"
+    target.unlink()
+    os.mkfifo(target)
+
+    def stuck(*_):
+        raise AssertionError("files.read waited for a writer to open the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(10)  # a guard, not a timing: the read returns at once or never
+    try:
+        with pytest.raises(OSError) as error:
+            files.read(target, 100)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert error.value.strerror == "/etc/systemd/system/nvidia-vgpu-vfs.service is not a regular file"
+
 # -- temporary files: beside their target, and gone after a failure --------------------
 
 def test_write_atomic_creates_its_temporary_file_in_the_target_directory(tmp_path, moves):

@@ -26,9 +26,11 @@ def qemu(tmp_path, monkeypatch):
     (d / "instance-0000002a.xml").write_text(
         status("instance-0000002a", MDEV_GUEST, MDEV.format(uuid=MDEV_UUID)))
     (d / "instance-0000002b.xml").write_text(
-        status("instance-0000002b", VF_GUEST, PCI.format(managed="no", bus="0xc1", fn="0x4")))
+        status("instance-0000002b", VF_GUEST,
+               PCI.format(managed="no", domain="0x0000", bus="0xc1", fn="0x4")))
     (d / "instance-0000002c.xml").write_text(
-        status("instance-0000002c", NIC_GUEST, PCI.format(managed="yes", bus="0x41", fn="0x2")))
+        status("instance-0000002c", NIC_GUEST,
+               PCI.format(managed="yes", domain="0x0000", bus="0x41", fn="0x2")))
     (d / "instance-0000002d.xml").write_text(status("instance-0000002d", "1" * 32))  # no hostdev
     (d / "instance-0000002a.pid").write_text("41377")
     (d / "channel").mkdir()

@@ -62,3 +62,39 @@ def test_a_file_that_reports_no_size_is_read_whole_past_64_kib(root):
         assert hostroot.read_bytes(fifo) == content
     finally:
         writer.join(timeout=10)
+
+
+def test_a_file_past_its_readers_bound_is_refused_having_read_one_byte_more(root):
+    status = root / "var/lib/dpkg/status"
+    status.parent.mkdir(parents=True)
+    status.write_bytes(b"Package: x\n\xff")
+    assert hostroot.read_bytes(status, limit=12) == b"Package: x\n\xff"
+    with pytest.raises(HostReadError) as error:
+        hostroot.read_text(status, limit=11)
+    assert str(error.value) == "cannot read /var/lib/dpkg/status: more than 11 bytes"
+
+
+def test_a_file_that_reports_no_size_is_read_no_further_than_its_bound(root):
+    fifo = root / "proc/modules"  # endless, as a misbehaving /proc file could be
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    written = []
+
+    def write():
+        try:
+            with open(fifo, "wb") as handle:
+                while sum(written) < 1 << 22:
+                    written.append(handle.write(b"m" * 4096))
+                    handle.flush()
+        except BrokenPipeError:
+            pass  # the reader stopped
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        with pytest.raises(HostReadError) as error:
+            hostroot.read_bytes(fifo, limit=100_000)
+    finally:
+        writer.join(timeout=10)
+    assert str(error.value) == "cannot read /proc/modules: more than 100000 bytes"
+    assert sum(written) < 1 << 22  # the reader stopped it long before

@@ -5,6 +5,7 @@ import stat
 
 import pytest
 
+from unit_tests import upstream as upstream_fixture
 from unit_tests.faketools import HANG, OPENED, shell_tool
 from vgpu import hostroot, kernel
 from vgpu.errors import InstallError
@@ -465,3 +466,71 @@ def test_an_enrolled_key_without_refusals_is_left_to_the_reboot(root, tools):
     fake_journal(tools, "nothing to see\n")
     assert kernel.secure_boot() == kernel.SecureBoot(True, "", True)
     assert not kernel.secure_boot().blocks_modules()
+
+
+# -- the upstream charm's blacklist (vgpu.upstream.BLACKLIST), after a switch --------------------
+
+def upstream_blacklist(root, content=upstream_fixture.BLACKLIST_TEXT):
+    return upstream_fixture.leave_blacklist(root, content)
+
+
+def test_the_upstream_blacklist_is_replaced_by_ours_without_an_initramfs_rebuild(root, initramfs,
+                                                                                 caplog):
+    theirs = upstream_blacklist(root)
+    caplog.set_level("INFO", logger="vgpu.kernel")
+    assert kernel.ensure_nouveau_blacklisted() is False  # modprobe is told nothing new
+    assert not theirs.exists()
+    assert (root / TARGET).read_text() == kernel.render_blacklist()
+    assert initramfs() == []
+    assert caplog.messages == [
+        "took over /etc/modprobe.d/disable-nouveau.conf of the upstream charm: "
+        f"/{TARGET} says the same; the initramfs has it already, not rebuilt"]
+    assert kernel.ensure_nouveau_blacklisted() is False  # steady: one file, nothing to do
+    assert os.listdir(root / "etc/modprobe.d") == ["nvidia-vgpu-blacklist-nouveau.conf"]
+
+
+def test_an_upstream_blacklist_that_said_less_is_replaced_and_the_initramfs_rebuilt(root,
+                                                                                    initramfs):
+    theirs = upstream_blacklist(root, "blacklist nouveau\n")
+    assert kernel.ensure_nouveau_blacklisted() is True  # modeset=0 is new
+    assert not theirs.exists()
+    assert initramfs() == ["-u"]
+
+
+def test_an_upstream_blacklist_edited_to_say_more_is_left_as_it_is(root, initramfs):
+    edited = upstream_fixture.BLACKLIST_TEXT + "\noptions nouveau debug=1\n"
+    theirs = upstream_blacklist(root, edited)
+    assert kernel.ensure_nouveau_blacklisted() is False  # ours tells modprobe nothing new
+    assert theirs.read_text() == edited
+    assert (root / TARGET).is_file()
+    assert initramfs() == []
+
+
+def test_both_blacklists_come_back_when_the_rebuild_fails(root, initramfs):
+    theirs = upstream_blacklist(root, "blacklist nouveau")
+    initramfs.fail.touch()
+    with pytest.raises(InstallError):
+        kernel.ensure_nouveau_blacklisted()
+    assert theirs.read_text() == "blacklist nouveau"
+    assert stat.S_IMODE(theirs.stat().st_mode) == 0o444
+    assert not (root / TARGET).exists()
+
+
+def test_removal_takes_the_upstream_blacklist_too_with_one_rebuild(root, initramfs):
+    theirs = upstream_blacklist(root)
+    assert kernel.remove_blacklist() is True  # never taken over (no GPU hook ran): both go
+    assert not theirs.exists()
+    assert initramfs() == ["-u"]
+    edited = upstream_blacklist(root, "blacklist nouveau\nblacklist lbm-nouveau\n")
+    assert kernel.remove_blacklist() is False  # says more than ours: not ours to remove
+    assert edited.exists()
+
+
+def test_an_upstream_blacklist_behind_a_link_is_left_alone(root, initramfs, tmp_path):
+    elsewhere = tmp_path / "elsewhere.conf"
+    elsewhere.write_text(upstream_fixture.BLACKLIST_TEXT)
+    (root / "etc/modprobe.d").mkdir(parents=True)
+    (root / "etc/modprobe.d/disable-nouveau.conf").symlink_to(elsewhere)
+    assert kernel.ensure_nouveau_blacklisted() is True  # ours is new to modprobe's view here
+    assert os.path.islink(root / "etc/modprobe.d/disable-nouveau.conf")
+    assert elsewhere.read_text() == upstream_fixture.BLACKLIST_TEXT

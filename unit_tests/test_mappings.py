@@ -501,3 +501,13 @@ def test_the_schema_checks_keys_with_the_profile_grammar_of_pci():
     """One grammar: the schema's name pattern is pci.NAME_KEY, anchored."""
     schema = json.loads(mappings.SCHEMA_FILE.read_text())
     assert {"pattern": f"^{pci.NAME_KEY}$"} in schema["propertyNames"]["anyOf"]
+
+
+def test_what_is_kept_is_named_address_by_address():
+    assert mappings.kept({"nvidia-35": ("0000:84:00.0",), "nvidia-36": ("0000:85:00.0",)}) == (
+        "nvidia-35 on 0000:84:00.0, nvidia-36 on 0000:85:00.0")
+    vfs = tuple(f"0000:41:00.{n}" for n in range(4, 8)) + ("0000:41:01.0",)
+    assert mappings.kept({"nvidia-474": vfs}) == (
+        "nvidia-474 on 5 (0000:41:00.4, 0000:41:00.5, 0000:41:00.6, 0000:41:00.7 and 1 more)")
+    # Queens to Train publish no addresses: Nova gives the type every GPU offering it.
+    assert mappings.kept({"nvidia-108": ()}) == "nvidia-108 on every GPU offering it"

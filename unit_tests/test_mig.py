@@ -67,15 +67,17 @@ def test_modes_without_nvidia_smi_is_an_error(root, tools):
         mig.modes(["0000:18:00.0"])
 
 
-def test_enable_turns_mig_mode_on_or_says_a_reset_is_needed(root, tools):
+def test_enable_turns_mig_mode_on_or_says_it_is_pending(root, tools):
     host = rtx_pro_6000_host(root, vfs=1, gpus=3, mig="Disabled")
     done = mig.enable("0000:42:00.0")
     assert done.output == "Enabled MIG Mode for GPU 00000000:42:00.0\nAll done."
-    assert not done.reset_needed and host.mig_mode("0000:42:00.0")["current"] == "Enabled"
+    assert not done.pending and host.mig_mode("0000:42:00.0")["current"] == "Enabled"
     host.install_nvidia_smi({"0000:8c:00.0": "busy", "0001:04:00.0": "reset"})
     busy = mig.enable("0000:8c:00.0")
-    assert busy.reset_needed and mig.pending_warning(busy.output)
-    assert busy.mode == mig.Mode("Disabled", "Enabled") and busy.mode.awaiting_reset
+    assert busy.pending and mig.pending_warning(busy.output)
+    assert busy.mode == mig.Mode("Disabled", "Enabled") and busy.mode.enable_pending
+    host.set_mig("0000:8c:00.0", busy=False)  # the other client stopped: -mig 1 again
+    assert not mig.enable("0000:8c:00.0").pending
     with pytest.raises(MigError, match="nvidia-smi -i 00000000:C8:00.0 -mig 1 failed: "
                                        "No devices were found"):
         mig.enable("0000:c8:00.0")
@@ -204,32 +206,72 @@ def test_nothing_is_destroyed_for_instances_that_would_not_fit_once_the_others_a
     assert host.gpu_instances(H200) == ["1:7g.141gb@0"]
 
 
-def test_a_reboot_wipes_the_gpu_instances_and_may_leave_the_mode_pending(root, tools):
+def test_the_stand_ins_model_what_real_hosts_do_at_a_reboot_and_with_sriov_manage(root, tools):
+    """Hopper/Blackwell lose MIG mode at a reboot, Ampere keeps it; GPU instances never survive.
+
+    sriov-manage -e turns persistence mode on and (in one model) wipes MIG state; a GPU
+    reset is refused then, and while the GPU has VFs (NVIDIA/NVSentinel#1690).
+    """
+    import subprocess
+
     host = h200_sxm_host(root, vfs=2, mig="Enabled")
     mig.create(H200, "7g.141gb", 1)
     host.reboot()
-    assert mig.instances(H200) == [] and mig.modes([H200])[H200].enabled
-    host.set_mig(H200, pending_after_reboot=True)
+    assert host.gpu_instances(H200) == [] and mig.modes([H200])[H200] == mig.Mode("Disabled",
+                                                                                    "Disabled")
+    host.set_mig(H200, reboot="keeps", current="Enabled", pending="Enabled")  # Ampere
+    mig.create(H200, "7g.141gb", 1)
     host.reboot()
-    assert mig.modes([H200])[H200] == mig.Mode("Disabled", "Enabled")
-    mig.reset(H200)
-    assert mig.modes([H200])[H200].enabled
-    host.set_mig(H200, busy=True)
-    with pytest.raises(MigError, match="nvidia-smi -r -i 00000000:18:00.0 failed: Unable to reset"):
-        mig.reset(H200)
+    assert mig.instances(H200) == [] and mig.modes([H200])[H200].enabled
+    smi = str(root / "usr/bin/nvidia-smi")
+    reset = subprocess.run([smi, "-r", "-i", "00000000:18:00.0"], capture_output=True, text=True)
+    assert reset.returncode == 0, reset.stdout  # no VFs, persistence mode off: a reset works
+    host.install_sriov_manage()
+    assert subprocess.run([str(root / "usr/lib/nvidia/sriov-manage"), "-e", H200]).returncode == 0
+    assert host.mig_mode(H200)["persistence"] and host.mig_mode(H200)["current"] == "Disabled"
+    reset = subprocess.run([smi, "-r", "-i", "00000000:18:00.0"], capture_output=True, text=True)
+    assert reset.returncode == 255 and "In use by another client" in reset.stdout
 
 
-def test_the_rtx_pro_6000_gets_gfx_instances_from_the_mapping(root):
+def test_gfx_instances_only_for_gfx_type_names(root):
+    """vgpu-device-manager's ToMigConfigSpecSlice: +gfx only for a name with the GFX attribute."""
+    assert (profile("NVIDIA RTX Pro 6000 Blackwell DC-1-24QGFX")
+            == pci.Profile("RTX Pro 6000 Blackwell DC-1-24QGFX", "RTX Pro 6000 Blackwell DC", 24,
+                           "Q", True, 1, gfx=True))
+    assert not profile("DC-1-24Q").gfx and profile("DC-1-24CGFX").series == "C"
+    shape = mig.RTX_PRO_6000
+    assert mig.instance_name(mig.slot(shape, profile("DC-1-24Q")).instance,
+                             profile("DC-1-24Q")) == "1g.24gb"
+    assert mig.instance_name(mig.slot(shape, profile("DC-1-24QGFX")).instance,
+                             profile("DC-1-24QGFX")) == "1g.24gb+gfx"
+    assert mig.slot(mig.H200, profile("H200X-1-18CGFX")) is None  # no +gfx profiles there
     host = rtx_pro_6000_host(root, vfs=8, gpus=2, mig="Enabled")
+    found = mig.mapped({"DC-2-12QGFX": ("0000:42:00.0",), "DC-1-24Q": ("0000:8c:00.0",)},
+                       pci.discover())
+    assert found == {"0000:42:00.0": mig.Need("0000:42:00.0", "DC-2-12QGFX", "2g.48gb+gfx", 2),
+                     "0000:8c:00.0": mig.Need("0000:8c:00.0", "DC-1-24Q", "1g.24gb", 4)}
+    mig.ensure(found["0000:8c:00.0"])
+    assert host.gpu_instances("0000:8c:00.0") == [f"{n}:1g.24gb@{n - 1}" for n in (1, 2, 3, 4)]
     found = mig.mapped({"DC-2-12Q": ("0000:42:00.0",), "H200X-1-18C": ("all",)}, pci.discover())
-    assert found == {"0000:42:00.0": mig.Need("0000:42:00.0", "DC-2-12Q", "2g.48gb+gfx", 2)}
+    assert found == {"0000:42:00.0": mig.Need("0000:42:00.0", "DC-2-12Q", "2g.48gb", 2)}
     # VF by VF: 5 VFs of 4 per instance take 2 instances.
     vfs = tuple(f"0000:8c:00.{n}" for n in range(2, 7))
     assert mig.mapped({"DC-2-12Q": vfs}, pci.discover())["0000:8c:00.0"].gis == 2
     # Two MIG-backed profiles on one GPU: none (the plan refuses the mapping).
     assert mig.mapped({"DC-2-12Q": vfs[:1], "DC-1-24Q": vfs[1:2]}, pci.discover()) == {}
     mig.ensure(found["0000:42:00.0"])
-    assert host.gpu_instances("0000:42:00.0") == ["1:2g.48gb+gfx@0", "2:2g.48gb+gfx@2"]
+    assert host.gpu_instances("0000:42:00.0") == ["1:2g.48gb@0", "2:2g.48gb@2"]
+
+
+def test_a_partly_failed_cgi_says_nvidia_smis_reason_not_its_first_line(root, tools):
+    host = h200_sxm_host(root, vfs=2, mig="Enabled")
+    host.set_mig(H200, gis=[{"id": 9, "profile": "1g.18gb", "start": 6, "size": 1}])
+    with pytest.raises(MigError) as failed:
+        mig.create(H200, "2g.35gb", 4)  # three fit beside the one at slice 6, the fourth does not
+    assert str(failed.value) == (
+        "nvidia-smi mig -i 00000000:18:00.0 -cgi 2g.35gb,2g.35gb,2g.35gb,2g.35gb -C failed: Unable "
+        "to create a GPU instance on GPU 0 using profile 2g.35gb: Insufficient Resources (3 GPU "
+        "instances created before that)")
 
 
 def test_boot_needs_take_only_what_the_charm_writes():

@@ -1,8 +1,13 @@
 """vgpu.neighbours: what ceilometer-agent loses in nova.conf, read from the files as rendered."""
 
 import logging
+from pathlib import Path
+
+import pytest
+import yaml
 
 from unit_tests import principal
+from unit_tests.fakehost import FakeHost
 from vgpu import neighbours, principalconf
 
 PKG = [neighbours.CEILOMETER_PACKAGE]
@@ -47,3 +52,54 @@ def test_an_unreadable_nova_conf_is_logged_not_guessed(root, caplog):
     with caplog.at_level(logging.WARNING):
         assert neighbours.notes(PKG, True, "nova-compute") == []
     assert "cannot tell whether ceilometer-agent's nova.conf settings are in force" in caplog.text
+
+
+# -- the other units on this machine, from Juju's agent directories ----------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+NOVA_COMPUTE_METADATA = yaml.safe_dump({  # charm-nova-compute's: it requires both interfaces
+    "name": "nova-compute", "subordinate": False,
+    "provides": {"cloud-compute": {"interface": "nova-compute"}},
+    "requires": {"neutron-plugin": {"interface": "neutron-plugin", "scope": "container"},
+                 "ephemeral-backend": {"interface": "ephemeral-backend", "scope": "container"},
+                 "nova-vgpu": {"interface": "nova-vgpu", "scope": "container"}}})
+
+
+@pytest.mark.parametrize("text", [
+    (ROOT / "metadata.yaml").read_text(), principal.CONTRAIL_METADATA,
+    principal.SCALEIO_METADATA, NOVA_COMPUTE_METADATA,
+    "# a comment\nname: 'quoted'  # and one here\nprovides:\n  x:\n    interface: \"y\"  # z\n",
+])
+def test_metadata_is_read_as_yaml_reads_it(text):
+    loaded = yaml.safe_load(text)
+    provides = {r["interface"] for r in (loaded.get("provides") or {}).values()}
+    assert neighbours.metadata(text) == (loaded["name"], frozenset(provides))
+
+
+def test_flow_style_names_nothing_rather_than_a_guess():
+    assert neighbours.metadata("{name: x, provides: {a: {interface: ephemeral-backend}}}") == (
+        "", frozenset())
+
+
+def test_the_units_on_this_machine_are_read_bounded_and_an_odd_one_is_skipped(root, caplog):
+    host = FakeHost(root)
+    assert neighbours.on_this_machine() == []  # no Juju here
+    host.juju_unit("nova-compute/0", NOVA_COMPUTE_METADATA)
+    host.juju_unit("scaleio-openstack/1", principal.SCALEIO_METADATA)
+    huge = host.juju_unit("contrail-openstack/3", principal.CONTRAIL_METADATA)
+    huge.write_text(principal.CONTRAIL_METADATA + "#" * neighbours.METADATA_LIMIT)
+    (root / "var/lib/juju/agents/machine-4").mkdir()  # the machine agent: not a unit
+    with caplog.at_level(logging.WARNING):
+        found = neighbours.on_this_machine()
+    assert [(n.unit, n.charm) for n in found] == [("nova-compute-0", "nova-compute"),
+                                                 ("scaleio-openstack-1", "scaleio-openstack")]
+    assert found[1].provides == {"cinder-backend", "ephemeral-backend"}
+    assert "cannot tell which charm unit-contrail-openstack-3 runs: cannot read " \
+        "/var/lib/juju/agents/unit-contrail-openstack-3/charm/metadata.yaml: more than " in caplog.text
+
+
+def test_nothing_of_the_neighbours_is_read_while_this_unit_publishes_nothing(root):
+    def never():
+        raise AssertionError("read")
+
+    assert neighbours.notes(PKG, False, "nova-compute", load=never, units=never) == []

@@ -273,3 +273,20 @@ def test_device_classes_name_each_published_vf_and_skip_what_is_no_spec():
                         ["report_in_placement", "True"]]}
     assert novaconf.device_classes(sections) == {"0000:81:00.4": "CUSTOM_VGPU_L40S_12Q"}
     assert novaconf.device_classes({}) == {}
+
+
+def test_sections_the_upstream_charm_published_read_as_nova_reads_them():
+    """It joined the types with ", " (oslo.config strips list items; so must this reading)."""
+    from unit_tests import upstream
+
+    published = upstream.sections({"nvidia-35": ["0000:84:00.0"],
+                                   "nvidia-36": ["0000:85:00.0", "0000:86:00.0"]})
+    assert published["devices"] == [["enabled_mdev_types", "nvidia-35, nvidia-36"]]
+    assert novaconf.mapping_from_sections(published) == {
+        "nvidia-35": ("0000:84:00.0",), "nvidia-36": ("0000:85:00.0", "0000:86:00.0")}
+    kept = novaconf.keep_published({}, published, ["0000:85:00.0"])
+    assert kept == {"devices": [["enabled_mdev_types", "nvidia-36"]],
+                    "mdev_nvidia-36": [["device_addresses", "0000:85:00.0"]]}
+    assert novaconf.drop_published(published, ["0000:84:00.0"]) == {
+        "devices": [["enabled_mdev_types", "nvidia-36"]],
+        "mdev_nvidia-36": [["device_addresses", "0000:85:00.0,0000:86:00.0"]]}

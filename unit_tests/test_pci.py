@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from unit_tests.fakehost import (
     INTEL,
     NVIDIA,
+    PCI_IDS,
     V100_TYPES,
     FakeHost,
     MdevType,
@@ -84,6 +85,54 @@ def test_pci_ids_is_also_found_where_hwdata_keeps_it(root):
     (root / "usr/share/misc/pci.ids").rename(hwdata / "pci.ids")
     host.add_gpu("0000:01:00.0", device="0x1db4")
     assert pci.discover().gpus[0].model == "Tesla V100 PCIe 16GB"
+
+
+# -- a GPU newer than the host's pci.ids: named as the host knows it -----------------------
+
+H200_NVL = "0000:41:00.0"  # h200_nvl_host's GPU, 10de:233b
+OLD_PCI_IDS = PCI_IDS.replace("\t233b  GH100 [H200 NVL]\n", "")  # written before the H200 NVL
+
+
+@pytest.fixture
+def newer_than_pci_ids(root):
+    host = h200_nvl_host(root)
+    host.pci_ids(OLD_PCI_IDS)
+    assert pci.discover().gpus[0].model == "NVIDIA 0x233b"
+    return host
+
+
+def test_a_gpu_newer_than_pci_ids_is_named_as_udevs_hwdb_names_it(newer_than_pci_ids):
+    newer_than_pci_ids.udev_data(H200_NVL, "GH100 [H200 NVL]")
+    newer_than_pci_ids.driver_information(H200_NVL, "NVIDIA H200 NVL from the driver")
+    assert pci.discover().gpus[0].model == "H200 NVL"
+
+
+def test_without_udev_data_the_drivers_own_name_is_used(newer_than_pci_ids):
+    newer_than_pci_ids.driver_information(H200_NVL, "NVIDIA H200 NVL")
+    assert pci.discover().gpus[0].model == "H200 NVL"
+
+
+def test_what_the_host_says_of_a_name_is_read_bounded_and_never_fails_discovery(
+        newer_than_pci_ids, root):
+    udev = newer_than_pci_ids.udev_data(H200_NVL, "GH100 [H200 NVL]")
+    udev.write_bytes(b"E:ID_MODEL_FROM_DATABASE=" + b"x" * 70000 + b"\n")  # past its bound
+    information = newer_than_pci_ids.driver_information(H200_NVL, "NVIDIA H200 NVL")
+    information.write_bytes(b"Model: \t\t NVIDIA H200\x1b[2J NVL \xff\n")
+    assert pci.discover().gpus[0].model == "H200\ufffd[2J NVL \ufffd"
+    information.unlink()
+    information.mkdir()  # unreadable
+    assert pci.discover().gpus[0].model == "NVIDIA 0x233b"
+    udev.write_text("E:ID_MODEL_FROM_DATABASE=\n")  # nothing said
+    assert pci.discover().gpus[0].model == "NVIDIA 0x233b"
+
+
+def test_pci_ids_is_read_no_further_than_its_bound(root, monkeypatch):
+    host = FakeHost(root)
+    host.pci_ids("#" * 300 + "\n" + PCI_IDS)
+    host.add_gpu("0000:01:00.0", device="0x1db4")
+    assert pci.discover().gpus[0].model == "Tesla V100 PCIe 16GB"
+    monkeypatch.setattr(pci, "PCI_IDS_LIMIT", 200)
+    assert pci.discover().gpus[0].model == "NVIDIA 0x1db4"
 
 
 def test_one_type_id_on_two_gpu_models_keeps_each_models_own_definition(root):

@@ -166,6 +166,17 @@ def test_load_reads_under_the_host_root(root):
         principalconf.load()
 
 
+
+def test_load_takes_any_bytes_and_no_more_than_its_bound(root, monkeypatch):
+    path = root / "etc/nova/nova.conf"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"[DEFAULT]\n# \xe9dit\xe9 \xe0 la main\n[pci]\n"
+                     b'passthrough_whitelist = {"vendor_id": "15b3"}\n')
+    assert principalconf.load()[0][1]["pci"]["passthrough_whitelist"] == ['{"vendor_id": "15b3"}']
+    monkeypatch.setattr(principalconf, "CONF_LIMIT", 40)
+    with pytest.raises(HostReadError, match="^cannot read /etc/nova/nova.conf: more than 40 bytes$"):
+        principalconf.load()
+
 def test_nova_compute_conf_is_read_after_nova_conf_as_oslo_config_reads_both(root):
     """Ubuntu's nova-compute runs with --config-file nova.conf --config-file nova-compute.conf."""
     conf_dir = root / "etc/nova"
@@ -304,6 +315,9 @@ def test_nothing_clashes_without_sections_that_give_nova_devices():
     ('{"address": "0:0:81:00.4"}', "has too many fields"),
     ('{"address": "0000:81:00.8"}', "function '8' is above 7"),
     ('{"address": {"bus": "(["}}', "invalid regular expression"),
+    # Compiling these raised OverflowError and RecursionError in the hook's own process.
+    ('{"address": {"bus": "8{1,4294967296}"}}', "invalid regular expression"),
+    ('{"address": {"slot": "' + "(" * 1000 + ")" * 1000 + '"}}', "(address {'slot': '((((("),
     ('{"address": ["0000:81:00.4"]}', "neither a string nor an object"),
     ('{"devname": "eth0", "address": "0000:3b:00.0"}', "both devname and address"),
     ('{"address": "0000:3b:00.0", "managed": "maybe"}', "managed 'maybe' is not yes or no"),
@@ -361,8 +375,8 @@ CATASTROPHIC = {"address": {"bus": "(|)" * 40 + "x"}}  # 2**40 ways to fail on e
 
 
 @pytest.mark.parametrize("value,why", [
-    (json.dumps(CATASTROPHIC), "matching its regular expressions timed out after 0.5s and was "
-                               "stopped"),
+    (json.dumps(CATASTROPHIC), "compiling and matching its regular expressions timed out after "
+                               "0.5s and was stopped"),
     ("[" * 5000 + "]" * 5000, "its JSON is nested more than 32 deep"),
     (json.dumps({"address": "0000:81:00.0", "x": "a" * 70000}),
      "it is 70036 characters long, more than the 65536 this charm evaluates"),
@@ -375,6 +389,63 @@ def test_an_entry_beyond_the_bounds_is_named_as_not_checked(monkeypatch, value, 
         f"{text.one_line(value, 70)}: {why}; whether it takes this unit's vGPU devices is "
         "unknown, the last published settings stay; change it: juju config compute-gpu "
         "pci-passthrough-whitelist=..."]
+
+
+def slow_to_compile(ranges: int) -> str:
+    """A case-insensitive class of ``ranges`` distinct ranges, slow to compile.
+
+    re folds the case of each range's every character as it compiles, milliseconds
+    per range, before anything is matched.
+    """
+    return "(?i)[" + "".join(chr(0x100 + n) + "-\uffff" for n in range(ranges)) + "]"
+
+
+def test_a_pattern_slow_to_compile_costs_the_hook_no_more_than_the_bound(monkeypatch):
+    """Compiling happens in the bounded process too: here seconds, stopped at the bound."""
+    monkeypatch.setattr(principalconf, "REGEX_BUDGET", 0.2)
+    value = json.dumps({"address": {"bus": slow_to_compile(5000)}}, ensure_ascii=False)
+    assert len(value) < principalconf.MAX_ENTRY
+    [message] = found(value)
+    assert ": compiling and matching its regular expressions timed out after 0.2s and was " \
+        "stopped; " in message
+
+
+def test_each_entry_is_evaluated_once_for_every_set_of_sections_checked(monkeypatch):
+    """The new sections and the published ones: one process per entry, not one per set."""
+    from vgpu import run
+
+    ran = []
+    real = run.run
+
+    def counted(cmd, *args, **kwargs):
+        ran.append(cmd)
+        return real(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(run, "run", counted)
+    entries = [whitelist('{"address": {"bus": "8[0-9a-f]", "function": "[45]"}}'),
+               whitelist('{"address": {"bus": "8{1,4294967296}"}}'),
+               whitelist('{"vendor_id": "15b3"}')]
+    found = principalconf.conflicts_each(entries, [REPORTING, NOT_REPORTING], HOST, APP)
+    assert len(ran) == 2  # the two entries with regular expressions, once each
+    assert [len(messages) for messages in found] == [2, 2]
+    assert found[0][0].startswith(f"{APP}'s pci-passthrough-whitelist entry {{\"address\": "
+                                  "{\"bus\": \"8[0-9a-f]\", \"function\": \"[45]\"}} matches VFs")
+    assert "is refused by Nova (address {'bus': '8{1,4294967296}'} has an invalid regular " \
+        "expression)" in found[1][1]
+    assert principalconf.conflicts_each(entries, [{}, {}], HOST, APP) == [[], []]
+    assert len(ran) == 2  # nothing to check: nothing evaluated
+
+
+def test_the_documented_bound_is_the_one_in_force():
+    from pathlib import Path
+
+    docs = Path(__file__).parent.parent / "docs"
+    bound = f"{principalconf.REGEX_BUDGET:g}"
+    neighbours = (docs / "explanation/neighbours.md").read_text()
+    assert f"that is ended after {bound} s." in " ".join(neighbours.split())
+    assert f"regular expressions timed out after {bound}s and was stopped" in neighbours
+    assert f"do not compile and finish in {bound} s (each entry once per hook)" in (
+        docs / "reference/status-messages.md").read_text()
 
 
 def test_regex_addresses_are_matched_as_re_match_does_in_a_process_of_their_own():
@@ -421,6 +492,8 @@ SPECS = [
     {"address": "0000:81:00.8"},
     {"address": "0000:81:20.0"},
     {"address": {"bus": "(["}},
+    {"address": {"bus": "8{1,4294967296}"}},  # OverflowError, not re.error: Nova lets it escape
+    {"address": {"slot": "(" * 1000 + ")" * 1000}},  # RecursionError, likewise
     {"devname": "eth0", "address": "0000:3b:00.0"},
     {"address": "0000:3b:00.0", "managed": "maybe"},
 ]
@@ -447,8 +520,10 @@ def test_novas_own_device_spec_agrees(spec):
     from nova.pci import devspec
 
     theirs = nova_spec(devspec, spec)
-    try:
+    try:  # parsed in the hook; compiled (RefusedPatterns is a ValueError) and matched apart
         ours = principalconf.parse_spec(dict(spec), PFS)
+        answers = principalconf.regex_answers(principalconf.regex_questions([ours], DEVICES),
+                                              ours.regex or ())
     except ValueError:
         ours = None
     assert (ours is None) == (theirs is None)
@@ -456,5 +531,5 @@ def test_novas_own_device_spec_agrees(spec):
         return
     with mock.patch("nova.pci.utils.get_function_by_ifname", lambda name: ("0000:3b:00.0", True)):
         nova_says = [theirs.match(d._asdict()) for d in DEVICES]
-    assert [principalconf.matches(ours, d) for d in DEVICES] == [
+    assert [principalconf.matches(ours, d, answers) for d in DEVICES] == [
         said and "devname" not in spec for said in nova_says]  # a devname is a NIC, never ours

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from unit_tests.fakehost import L40S_TYPES, a100_host, l40s_host, rtx_pro_6000_host
+from unit_tests.libvirt import running_guest
 from unit_tests.test_readme import nova_aliases
 from vgpu import pci, plan, report
 
@@ -108,6 +109,11 @@ def test_gpus_whose_counts_differ_are_entries_of_their_own(root):
     assert [g["addresses"] for g in results.values()] == [
         "0000:42:00.0,0000:8c:00.0,0001:c8:00.0", "0001:04:00.0"]
     assert results["gpu-0"]["types"]["nvidia-2003"]["available-instances"] == "8"
+    # The VF that holds DC-12Q is free: a new guest could get it, beside the seven that fit.
+    assert results["gpu-1"]["types"]["nvidia-2003"]["available-instances"] == "8"
+    running_guest(root, "instance-00000040", "11111111-1111-4111-8111-111111111111",
+                  pci_address="0001:04:00.2")
+    results = report.gpu_results(pci.with_available(pci.discover()), whole_gb={a: 96 for a in RTX})
     assert results["gpu-1"]["types"]["nvidia-2003"]["available-instances"] == "7"
 
 
@@ -132,9 +138,14 @@ def test_a_partly_used_vfio_gpu_counts_from_its_whole_framebuffer(root):
     offered = {"0000:81:00.0": tuple(pci.VgpuType(n, name, pci.VFIO)
                                      for n, name in sorted(L40S_TYPES.items()))}
     types = report.gpu_results(found, offered, whole_gb={"0000:81:00.0": 48})["gpu-0"]["types"]
+    # The VF that holds 12Q is free (a new guest could get it), and three more fit.
     assert (types["nvidia-1139"]["max-instances"], types["nvidia-1139"]["available-instances"]) == (
-        "4", "3")
+        "4", "4")
     assert types["nvidia-1140"]["available-instances"] == "0"  # another size: none beside 12Q
+    running_guest(root, "instance-00000040", "11111111-1111-4111-8111-111111111111",
+                  pci_address="0000:81:00.4")
+    types = report.gpu_results(found, offered, whole_gb={"0000:81:00.0": 48})["gpu-0"]["types"]
+    assert types["nvidia-1139"]["available-instances"] == "3"  # a guest holds it now
     # Without the whole GPU's size a partly used GPU's VFs cannot tell: no count is guessed.
     unknown = report.gpu_results(found, offered)["gpu-0"]["types"]["nvidia-1139"]
     assert "max-instances" not in unknown and "available-instances" not in unknown
@@ -160,12 +171,19 @@ def test_an_a100_with_mdevs_on_vfs_counts_what_its_vfs_hold_against_the_type(roo
 
     host_tree = a100_host(root, vfs=4)
     host_tree.add_mdev("0000:41:00.5", "nvidia-475", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
+    running_guest(root, "instance-00000040", "11111111-1111-4111-8111-111111111111",
+                  mdev_uuid="0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
     host = pci.with_available(pci.discover())
     free = [vf for vf in host.gpus[0].vfs if vf.address != "0000:41:00.5"]
     assert {t.available_instances for vf in free for t in vf.types if t.id == "nvidia-475"} == {1}
     entry = report.gpu_results(host)["gpu-0"]["types"]["nvidia-475"]
     assert (entry["max-instances"], entry["available-instances"]) == ("2", "1")
+    # An idle mdev fills the GPU: nothing more can be created, and Nova hands the idle one out.
     host_tree.add_mdev("0000:41:00.6", "nvidia-475", "1b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
+    entry = report.gpu_results(pci.with_available(pci.discover()))["gpu-0"]["types"]["nvidia-475"]
+    assert entry["available-instances"] == "1"
+    running_guest(root, "instance-00000041", "22222222-2222-4222-8222-222222222222",
+                  mdev_uuid="1b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1")
     entry = report.gpu_results(pci.with_available(pci.discover()))["gpu-0"]["types"]["nvidia-475"]
     assert entry["available-instances"] == "0"
 
@@ -174,13 +192,12 @@ def test_an_unreadable_mdev_count_is_not_guessed_below_what_the_vfs_list(root):
     from unit_tests.fakehost import a100_host
 
     a100_host(root, vfs=4)
-    devices = (root / "sys/bus/pci/devices/0000:41:00.4/mdev_supported_types/nvidia-475/devices").resolve()
-    devices.rmdir()
-    assert pci.created_instances("0000:41:00.4", "nvidia-475") is None  # no such folder
-    devices.write_text("")  # a folder that cannot be listed
-    assert pci.created_instances("0000:41:00.4", "nvidia-475") is None
+    bus = root / "sys/bus/mdev/devices"
+    bus.mkdir(parents=True, exist_ok=True)
+    bus.rmdir()
+    bus.write_text("")  # the mdev bus cannot be listed: which mdevs exist is unknown
     entry = report.gpu_results(pci.with_available(pci.discover()))["gpu-0"]["types"]["nvidia-475"]
-    assert entry["available-instances"] == "2"
+    assert entry["available-instances"] == "2"  # what the type fits, not less, not the 4 VFs
 
 
 # -- several mdev types behind one resource class ----------------------------------------------

@@ -233,12 +233,23 @@ def test_gpus_left_without_time_in_a_hook_are_not_tried_and_say_so(root, tools, 
     assert not tried.exists()
 
 
-def test_a_boot_unit_that_cannot_be_read_is_named(root):
+def test_a_boot_unit_that_cannot_be_replaced_is_named(root):
     target = sriov.unit_path()
     target.mkdir(parents=True)  # a directory where the unit file belongs
     with pytest.raises(SriovError) as error:
         sriov.ensure_unit("[Unit]\n")
-    assert str(error.value) == f"cannot read /{sriov.UNIT_FILE}: Is a directory"
+    assert str(error.value) == f"cannot write /{sriov.UNIT_FILE}: Is a directory"
+
+
+@pytest.mark.parametrize("found", [b"[Unit]\nDescription=Fran\xe7ais\n", b"#" * (1 << 17)])
+def test_a_boot_unit_in_another_encoding_or_too_large_is_read_as_different(root, tools, found):
+    target = sriov.unit_path()
+    target.parent.mkdir(parents=True)
+    target.write_bytes(found)
+    assert sriov.ensure_unit("[Unit]\n")
+    assert target.read_bytes() == b"[Unit]\n"
+    assert not sriov.ensure_unit("[Unit]\n")
+
 
 
 def _imports(module) -> set:

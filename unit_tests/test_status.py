@@ -93,7 +93,8 @@ def test_iommu_comes_before_the_mapping_error_and_the_error_says_what_is_kept():
     pairs = status.statuses(inputs(facts, validation=bad, published={"nvidia-1": (L4,)}))
     assert [kind for kind, _ in pairs[:2]] == ["blocked", "blocked"]
     assert pairs[0][1].startswith(f"IOMMU is off but SR-IOV GPU {L4} needs it")
-    assert pairs[1][1] == "vgpu-device-mappings: first wrong (+1 more); keeping nvidia-1 on 1"
+    assert pairs[1][1] == ("vgpu-device-mappings: first wrong (+1 more); "
+                           f"keeping nvidia-1 on {L4}")
 
 
 def test_with_the_iommu_off_missing_vfs_are_not_blamed_on_sriov_manage():

@@ -1,26 +1,33 @@
-"""The boot step of ``nvidia-vgpu-vfs.service``: VFs and their vGPU types back after a reboot.
+"""The boot step of ``nvidia-vgpu-vfs.service``: VFs, MIG and vGPU types back after a reboot.
 
 systemd runs ``<the charm's python3> <charm>/src/vgpu_boot.py
 /var/lib/nova-compute-nvidia-vgpu/boot.json`` after nvidia-vgpu-mgr and before
 nova-compute and libvirt (see :mod:`vgpu.sriov`, which writes that file on
-hooks). Each GPU is handled on its own, so one that fails never stops the
-next:
+hooks). GPUs are independent: they are restored side by side, at most
+``parallel`` at once, each in a thread of its own, so that one that fails or
+hangs never stops or delays another, and a host of 8 GPUs takes about as long
+as its slowest. Per GPU, in this order (every working implementation enables
+the VFs first: ``sriov-manage -e`` rebinds the GPU and may wipe its MIG state,
+Harvester's MIG-backed vGPU design note and StackHPC's vgpu role; gpu-operator
+PR 2603 resets only GPUs without VFs):
 
-1. the units in ``wait_for`` (the vGPU manager) are waited for, at most
+1. the units in ``wait_for`` (the vGPU manager) are waited for first, at most
    ``manager`` seconds, then the step goes on regardless;
-2. a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.mig.at_boot`)
-   first gets its MIG mode in force (a mode still pending after the reboot, as
-   seen on Hopper, is put in force with ``nvidia-smi -r -i <GPU>``: nothing can
-   use the GPU yet, libvirt and nova-compute start after this unit) and its GPU
-   instances created again, as many as the data names: they never survive a
-   reboot;
-3. a GPU not bound to the ``nvidia`` driver is left alone; one without VFs
+2. a GPU not bound to the ``nvidia`` driver is left alone; one without VFs
    gets ``sriov-manage -e``, retried ``attempts`` times with a growing pause;
-4. each VF gets its profile by name: its id is looked up in the VF's
-   ``nvidia/creatable_vgpu_types`` read right before the write (the list
-   shrinks as siblings take types, and ids change between driver releases).
-   A VF that lists nothing while no sibling holds a type is waited for (the
-   manager is still starting); one that holds a type already is left alone.
+3. a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.mig.at_boot`)
+   gets its MIG mode turned on, whatever it was (Hopper and Blackwell lose it at
+   every reboot with the vGPU host driver; Ampere keeps it), and its GPU
+   instances created again (they never survive a reboot). Never a GPU reset:
+   one is refused once sriov-manage turned persistence mode on. When either
+   fails, the GPU's VFs get no type now: that is known at once, nothing is
+   waited for;
+4. once every GPU is through 2 and 3, each VF gets its profile by name: its id
+   is looked up in the VF's ``nvidia/creatable_vgpu_types`` read right before
+   the write (the list shrinks as siblings take types, and ids change between
+   driver releases). A VF that lists nothing while no sibling holds a type is
+   waited for (the manager is still starting); one that holds a type already is
+   left alone.
 
 5. on Nova before 30, each mdev an instance held when the charm last looked
    (the record :mod:`vgpu.mdevs` keeps beside the data file, ``mdevs.json``)
@@ -29,9 +36,11 @@ next:
    type the parent no longer offers, is logged and skipped; one that exists
    already is left as it is.
 
-Everything takes at most ``total`` seconds; each GPU gets an even share of
-what is left. What it does, GPU by GPU and VF by VF, goes to stdout, which
-systemd keeps in the journal (``journalctl -u nvidia-vgpu-vfs``). Exit status:
+Everything takes at most ``total`` seconds. What it does, GPU by GPU and VF by
+VF, goes to stdout, which systemd keeps in the journal (``journalctl -u
+nvidia-vgpu-vfs``). Then it leaves its mark (:mod:`vgpu.bootfile`): when it
+could not run (a hook held the host lock longer than it waits) or left
+something undone, the next hook does the work (:func:`catch_up`). Exit status:
 0 all restored, 1 something was not (the unit shows failed), 2 the data or the
 mdev record could not be read (nothing done from it; the other is still used).
 """
@@ -44,16 +53,18 @@ import os
 import re
 import sys
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import (
     bootdata,
+    bootfile,
+    bootresult,
     catalogue,
     hostlock,
     hostroot,
     kernel,
     mdevs,
-    mig,
     pci,
     services,
     sriov,
@@ -62,13 +73,21 @@ from . import (
 from .bootdata import DataError, GpuPlan, Limits, VfPlan, load, parse
 from .errors import HostBusyError, ServiceError, VfTypeError, VgpuError
 
+if TYPE_CHECKING:
+    from . import mig
+
 log = logging.getLogger(__name__)
 
 DATA_FILE = bootdata.DATA_FILE
 _UNNAMED = re.compile(r"nvidia-[0-9]+\Z")
 RESTORED, LEFT_ALONE, FAILED = "restored", "left alone", "not restored"
+READY = "ready"  # through VFs and MIG: its VFs get their types next
 CREATED, THERE = "created", "there already"
 MDEV_DEVICES = mdevs.MDEV_DEVICES
+# A hook doing the boot step's work (catch_up) holds the host lock in a hook: shorter bounds,
+# no waiting for the vGPU manager (the hook's status names a daemon that is down), one
+# sriov-manage run (the hook's own step enabled the VFs just before, see vgpu.reconcile).
+HOOK_LIMITS = Limits(total=120, manager=0, call=60, attempts=1, delay=1, poll=1)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -90,41 +109,86 @@ def main(argv: Sequence[str]) -> int:
 
 
 def run(where: str) -> int:
-    """The VFs and types the data file ``where`` names, then the mdevs recorded beside it.
+    """The VFs, MIG and types the data file ``where`` names, then the mdevs recorded beside it.
 
     All of it holding the host lock (:mod:`vgpu.hostlock`): a hook that runs
-    meanwhile waits, or leaves its work to the next hook.
+    meanwhile waits, or leaves its work to the next hook. When the lock cannot
+    be had, nothing is done and no mark is left: the hook holding it, or the
+    next one, does the work (:func:`catch_up`); the two never wait on each other.
     """
     with contextlib.ExitStack() as lock:
         try:
             lock.enter_context(hostlock.held(hostlock.BOOT_WAIT))
         except HostBusyError as error:
-            log.error("%s: a hook of the charm is changing the VFs; nothing restored (the charm's "
-                      "next hook gives the VFs the types nova.conf lists)", error)
+            log.error("%s: a hook of the charm is changing the host; nothing restored here: that "
+                      "hook, or the next, does this step's work (VFs, MIG mode, GPU instances, "
+                      "types and mdevs)", error)
             return 1
         except OSError as error:  # no lock file (a link on the way): restoring matters more
             log.warning("cannot take the host lock /%s: %s; restoring without it", hostlock.FILE,
                         error.strerror or error)
-        return _run(where)  # once, whatever it raises: never again outside the lock
+        return _run(where, bootfile.BY_BOOT)  # once, whatever it raises: never again outside the lock
 
 
-def _run(where: str) -> int:
+def catch_up(again: bool = False) -> None:
+    """In a hook holding the host lock: the boot step's work, when it was not done since this boot.
+
+    Done when there is no mark (:mod:`vgpu.bootfile`): the boot step could not
+    run, has not yet (doing it twice changes nothing), or left something not
+    restored (tried once more); ``again``: the hook enabled VFs itself, which
+    may have wiped MIG state. VFs are left to the hook's own sriov-manage step,
+    the rest (MIG mode, GPU instances, types, mdevs) is done as at boot, within
+    :data:`HOOK_LIMITS`; then the mark.
+    """
+    if bootfile.done() and not again:
+        return
+    log.info("%s: doing the boot step's work now", "this hook enabled VFs" if again else
+             "the boot step's work was not all done since this boot")
+    _run(f"/{DATA_FILE}", bootfile.BY_HOOK, HOOK_LIMITS)
+
+
+def _run(where: str, by: str, limits: Optional[Limits] = None) -> int:
     started = time.monotonic()
+    hook = limits is not None
+    outcome: List[Tuple[str, str, float]] = []  # per GPU, for the exporter (vgpu.bootresult)
     try:
         data = load(where)
-        _, wait_for, limits = parse(data)
+        _, wait_for, given = parse(data)
     except DataError as error:
-        log.error("%s: %s; nothing restored from it", where, error)
-        status, wait_for, limits = 2, [], Limits()
-    else:
-        status = restore(data)
+        if hook and not os.path.lexists(hostroot.path(where)):
+            data, wait_for, given = None, [], Limits()  # nothing mapped yet: nothing to restore
+        else:
+            log.error("%s: %s; nothing restored from it", where, error)
+            data, wait_for, given = None, [], Limits()
+    bounds = limits or given
+    status = 0 if data is None else restore(data, bounds, enable_vfs=not hook, done=outcome)
+    if data is None and not hook:
+        status = 2
     record = os.path.join(os.path.dirname(where), mdevs.NAME)
-    return max(status, restore_mdevs(record, wait_for, started + limits.total, limits))
+    left: List[dict] = []
+    status = max(status, restore_mdevs(record, [] if hook else wait_for, started + bounds.total,
+                                       bounds, left))
+    try:
+        bootfile.write(by, status, left)
+    except OSError as error:  # the next hook does it again: harmless, it changes nothing
+        log.warning("cannot leave the mark /%s: %s", bootfile.MARK, error.strerror or error)
+    if data is not None or not hook:  # a hook with nothing mapped restored nothing: no result
+        bootresult.save(bootresult.Result(time.time(), round(time.monotonic() - started, 3), status,
+                                          bootresult.gpu_results(outcome)))
+    return status
 
 
-def restore(data: Mapping) -> int:
-    """Enable the VFs and give them their types, as :mod:`vgpu.boot` describes; the exit status."""
-    gpus, wait_for, limits = parse(data)
+def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = True,
+            done: Optional[List[Tuple[str, str, float]]] = None) -> int:
+    """Enable the VFs, MIG and the types, as :mod:`vgpu.boot` describes; the exit status.
+
+    ``limits``: the data's own when None. ``enable_vfs`` False (a hook): a GPU
+    without VFs is not enabled here. ``done`` gets each GPU's (address, result,
+    seconds it took).
+    """
+    gpus, wait_for, given = parse(data)
+    limits = limits or given
+    done = [] if done is None else done
     if not gpus:
         log.info("no virtual functions to restore: vgpu-device-mappings selects no SR-IOV GPU")
         return 0
@@ -132,19 +196,24 @@ def restore(data: Mapping) -> int:
     if not kernel.iommu_enabled():
         log.error("IOMMU is off: no virtual function can be enabled; nothing restored "
                   "(see the charm's status)")
+        done.extend((gpu.address, FAILED, 0.0) for gpu in gpus)
         return 1
-    _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager), limits.poll)
-    outcome = {}
-    instances = mig.boot_needs(data)  # MIG-backed GPUs: mode in force, GPU instances first
-    for n, gpu in enumerate(gpus):
-        until = time.monotonic() + (deadline - time.monotonic()) / (len(gpus) - n)
-        try:
-            ready = gpu.address not in instances or mig.at_boot(instances[gpu.address], until)
-            restored = _restore_gpu(gpu, until, limits)  # the VFs are enabled either way
-            outcome[gpu.address] = restored if ready else FAILED
-        except (VgpuError, OSError) as error:  # whatever it was, the next GPU still gets its turn
-            log.error("GPU %s: %s", gpu.address, error)
-            outcome[gpu.address] = FAILED
+    if limits.manager:
+        _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager), limits.poll)
+    needs = _mig_needs(data)  # MIG-backed GPUs: mode and GPU instances after their VFs
+    took: Dict[str, float] = {}  # seconds per GPU; each thread adds to its own GPU's only
+    with ThreadPoolExecutor(max_workers=min(len(gpus), limits.parallel),
+                            thread_name_prefix="vgpu-boot") as pool:
+        prepared = dict(zip((g.address for g in gpus), pool.map(
+            lambda gpu: _timed(took, gpu, _prepare, gpu, needs.get(gpu.address), deadline, limits,
+                               enable_vfs), gpus)))
+        ready = [gpu for gpu in gpus if prepared[gpu.address] == READY]
+        if any(gpu.vfs for gpu in ready):
+            _learn_names()  # once, while the VFs are free: before any type is written
+        given_types = dict(zip((g.address for g in ready), pool.map(
+            lambda gpu: _timed(took, gpu, _give_types, gpu, deadline, limits.poll), ready)))
+    outcome = {a: given_types.get(a, o) for a, o in prepared.items()}
+    done.extend((a, o, took.get(a, 0.0)) for a, o in outcome.items())
     summary = f"restored {sum(o == RESTORED for o in outcome.values())} of {len(gpus)} GPUs"
     for kind in (LEFT_ALONE, FAILED):
         named = [a for a, o in outcome.items() if o == kind]
@@ -152,6 +221,30 @@ def restore(data: Mapping) -> int:
             summary += f"; {kind}: {', '.join(named)}"
     log.info("%s", summary)
     return 1 if FAILED in outcome.values() else 0
+
+
+def _mig_needs(data: Mapping) -> Dict[str, "mig.Need"]:
+    """The data's ``gpus[].mig`` entries; MIG's tables are imported only where there are some."""
+    if not any(isinstance(entry, dict) and "mig" in entry for entry in data.get("gpus") or ()):
+        return {}
+    from . import mig
+
+    return mig.boot_needs(data)
+
+
+def _timed(took: Dict[str, float], gpu: GpuPlan, step, *args) -> str:
+    """``step(*args)``, what it raised logged as the GPU's failure: the others still get their turn.
+
+    The time it took is added to the GPU's in ``took`` (the boot result's seconds).
+    """
+    began = time.monotonic()
+    try:
+        return step(*args)
+    except (VgpuError, OSError) as error:
+        log.error("GPU %s: %s", gpu.address, error)
+        return FAILED
+    finally:
+        took[gpu.address] = took.get(gpu.address, 0.0) + time.monotonic() - began
 
 
 def _wait_for(units: Sequence[str], until: float, poll: float) -> None:
@@ -176,7 +269,9 @@ def _wait_for(units: Sequence[str], until: float, poll: float) -> None:
         time.sleep(poll)
 
 
-def _restore_gpu(gpu: GpuPlan, until: float, limits: Limits) -> str:
+def _prepare(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limits,
+             enable_vfs: bool) -> str:
+    """The GPU's VFs, then its MIG mode and GPU instances: READY, or why its VFs get no type."""
     entry = hostroot.text_path(pci.PCI_DEVICES, gpu.address)
     if not os.path.exists(entry):
         log.error("GPU %s: not found on this host", gpu.address)
@@ -196,11 +291,36 @@ def _restore_gpu(gpu: GpuPlan, until: float, limits: Limits) -> str:
     present = _vf_count(entry)
     if present:
         log.info("GPU %s: %d virtual functions there already", gpu.address, present)
+    elif not enable_vfs:
+        log.error("GPU %s: no virtual functions (this hook's sriov-manage -e did not make them; "
+                  "see the status): its vGPU types are not restored", gpu.address)
+        return FAILED
     elif not _enable(gpu.address, entry, until, limits):
         return FAILED
-    if gpu.vfs:
-        _learn_names()
-    results = [_give(gpu.address, entry, vf, until, limits.poll) for vf in _mig_first(gpu.vfs)]
+    if need is not None and not _mig_at_boot(need, until, limits):
+        log.error("GPU %s: its VFs get no MIG-backed type now: %s needs MIG mode and %d x %s GPU "
+                  "instances (nvidia-smi mig -i %s -lgi)", gpu.address, need.profile, need.gis,
+                  need.instance, _smi_address(gpu.address))
+        return FAILED
+    return READY
+
+
+def _mig_at_boot(need: "mig.Need", until: float, limits: Limits) -> bool:
+    from . import mig
+
+    return mig.at_boot(need, until, limits.attempts, limits.delay)
+
+
+def _smi_address(address: str) -> str:
+    from . import mig
+
+    return mig.smi_address(address)
+
+
+def _give_types(gpu: GpuPlan, until: float, poll: float) -> str:
+    """Each VF of a READY GPU its profile: RESTORED when all hold one."""
+    entry = hostroot.text_path(pci.PCI_DEVICES, gpu.address)
+    results = [_give(gpu.address, entry, vf, until, poll) for vf in _mig_first(gpu.vfs)]
     return RESTORED if all(results) else FAILED
 
 
@@ -217,7 +337,7 @@ def _mig_hint(gpu: str, name: str) -> str:
     if pci.mig_profile(name) is None:
         return ""
     return (f"; MIG-backed {pci.profile_name(name)} needs MIG mode and a GPU instance with room "
-            f"on GPU {gpu} (nvidia-smi mig -i {mig.smi_address(gpu)} -lgi)")
+            f"on GPU {gpu} (nvidia-smi mig -i {_smi_address(gpu)} -lgi)")
 
 
 def _learn_names() -> None:
@@ -339,11 +459,12 @@ def _siblings_hold(entry: str) -> bool:
 
 
 def restore_mdevs(where: str, wait_for: Sequence[str], until: float,
-                  limits: Optional[Limits] = None) -> int:
+                  limits: Optional[Limits] = None, left: Optional[List[dict]] = None) -> int:
     """Create again each mdev the record at host path ``where`` names; the exit status.
 
     Each one is handled on its own; waiting for the vGPU manager and for a
     parent's types to appear ends at ``until``. No record: nothing to do (0).
+    ``left`` collects each one not created (uuid, parent, type, why) for the mark.
     """
     try:
         record = mdevs.load(hostroot.path(where))
@@ -357,10 +478,12 @@ def restore_mdevs(where: str, wait_for: Sequence[str], until: float,
     outcome: Dict[str, str] = {}
     for mdev in sorted(record, key=lambda m: (m.parent, m.uuid)):
         try:
-            outcome[mdev.uuid] = _create_mdev(mdev, until, limits.poll)
+            outcome[mdev.uuid], why = _create_mdev(mdev, until, limits.poll)
         except OSError as error:  # whatever it was, the next mdev still gets its turn
-            log.error("mdev %s: %s: not created", mdev.describe(), error)
-            outcome[mdev.uuid] = FAILED
+            outcome[mdev.uuid], why = _not_created(f"mdev {mdev.describe()}", str(error))
+        if outcome[mdev.uuid] == FAILED and left is not None:
+            left.append({"uuid": mdev.uuid, "parent": mdev.parent, "type": mdev.type_id,
+                         "why": why})
     if not record:
         return 0
     summary = (f"mdevs: created {sum(o == CREATED for o in outcome.values())}, "
@@ -376,35 +499,32 @@ def _mdev_device(uuid: str) -> str:
     return hostroot.text_path(MDEV_DEVICES, uuid)
 
 
-def _create_mdev(mdev: mdevs.Mdev, until: float, poll: float) -> str:
-    """Write the mdev's uuid to its parent's type's ``create``; CREATED, THERE or FAILED."""
+def _create_mdev(mdev: mdevs.Mdev, until: float, poll: float) -> Tuple[str, str]:
+    """Write the mdev's uuid to its parent's type's ``create``: (CREATED, THERE or FAILED, why)."""
     what = f"mdev {mdev.describe()}"
     device = _mdev_device(mdev.uuid)
     if os.path.lexists(device):
         where = _mdev_where(device)
         if where == (mdev.parent, mdev.type_id):
             log.info("%s is there already on %s as %s", what, mdev.parent, mdev.type_id)
-            return THERE
-        log.error("%s is there already, on %s as %s, not on %s as %s: left as it is", what,
-                  *(where or ("an unknown parent", "an unknown type")), mdev.parent, mdev.type_id)
-        return FAILED
+            return THERE, ""
+        return _not_created(what, "is there already, on {} as {}, not on {} as {}: left as it is"
+                            .format(*(where or ("an unknown parent", "an unknown type")),
+                                    mdev.parent, mdev.type_id), f"{what} ")
     parent = hostroot.text_path(pci.PCI_DEVICES, mdev.parent)
     if not os.path.exists(parent):
-        log.error("%s: its parent %s is gone: not created", what, mdev.parent)
-        return FAILED
+        return _not_created(what, f"its parent {mdev.parent} is gone")
     types = os.path.join(parent, "mdev_supported_types")
     while not os.path.isdir(types):  # the driver has not registered the parent yet
         if time.monotonic() + poll > until:
-            log.error("%s: %s offers no mdev types (is the vGPU manager running?): not created",
-                      what, mdev.parent)
-            return FAILED
+            return _not_created(what, f"{mdev.parent} offers no mdev types (is the vGPU manager "
+                                      "running?)")
         time.sleep(poll)
     create = os.path.join(types, mdev.type_id, "create")
     if not os.path.exists(create):
         offered = sorted(n for n in os.listdir(types) if _UNNAMED.match(n))
-        log.error("%s: %s no longer offers %s (it offers %s): not created", what, mdev.parent,
-                  mdev.type_id, ", ".join(offered) or "none")
-        return FAILED
+        return _not_created(what, f"{mdev.parent} no longer offers {mdev.type_id} (it offers "
+                                  f"{', '.join(offered) or 'none'})")
     try:
         fd = os.open(create, os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -412,11 +532,19 @@ def _create_mdev(mdev: mdevs.Mdev, until: float, poll: float) -> str:
         finally:
             os.close(fd)
     except OSError as error:
-        log.error("%s: %s refused it: %s: not created", what, hostroot.shown(create),
-                  error.strerror or error)
-        return FAILED
+        return _not_created(what, f"{hostroot.shown(create)} refused it: "
+                                  f"{error.strerror or error}")
     log.info("%s created on %s as %s", what, mdev.parent, mdev.type_id)
-    return CREATED
+    return CREATED, ""
+
+
+def _not_created(what: str, why: str, joined: str = "") -> Tuple[str, str]:
+    """Log why the mdev ``what`` is not created; (FAILED, why)."""
+    if joined:
+        log.error("%s%s", joined, why)
+    else:
+        log.error("%s: %s: not created", what, why)
+    return FAILED, why
 
 
 def _mdev_where(device: str) -> Optional[Tuple[str, str]]:

@@ -31,14 +31,19 @@ class DataError(ValueError):
 
 
 class Limits(NamedTuple):
-    """How long the boot step may take, in seconds (``attempts``: sriov-manage runs per GPU)."""
+    """How long the boot step may take, in seconds (``attempts``: sriov-manage runs per GPU).
+
+    ``parallel``: how many GPUs are restored side by side (each in a thread of its
+    own; GPUs are independent, so a host of 8 takes about as long as its slowest).
+    """
 
     total: float = TOTAL  # everything; the unit's TimeoutStartSec is a minute more
     manager: float = 180  # waiting for the vGPU manager, within ``total``
     call: float = 300  # one sriov-manage run
-    attempts: int = 3
+    attempts: int = 3  # sriov-manage runs per GPU, and nvidia-smi -mig 1 runs on a pending mode
     delay: float = 5  # the pause after a failed attempt, doubled each time
     poll: float = 1  # between looks at a VF that lists nothing yet
+    parallel: int = 8  # GPUs restored at once (1 to 64)
 
     @classmethod
     def of(cls, given) -> "Limits":
@@ -55,9 +60,10 @@ class Limits(NamedTuple):
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value < 0:
                 raise DataError(f"limits.{field} is not a number of seconds")
-            values[field] = int(value) if field == "attempts" else value
+            values[field] = int(value) if field in ("attempts", "parallel") else value
         limits = cls()._replace(**values)
-        return limits._replace(total=min(limits.total, cls().total), attempts=max(1, limits.attempts))
+        return limits._replace(total=min(limits.total, cls().total), attempts=max(1, limits.attempts),
+                               parallel=min(64, max(1, limits.parallel)))
 
 
 class VfPlan(NamedTuple):

@@ -27,6 +27,8 @@ from .record import NamedTuple
 STATUS = "var/lib/dpkg/status"
 UPDATES = "var/lib/dpkg/updates"
 COMPARE_TIMEOUT = 10
+# Bytes of the status file or a journal file: a host with thousands of packages has a few MB.
+LIMIT = 1 << 26
 
 
 class Package(NamedTuple):
@@ -62,7 +64,7 @@ def packages(names: Iterable[str] = (), prefixes: Iterable[str] = ()) -> Dict[st
     prefixes = tuple(prefixes) or ("\0",)
     records: Dict[Tuple[str, str], Package] = {}
     for source in _sources():
-        content = hostroot.read_bytes(source)
+        content = hostroot.read_bytes(source, LIMIT)
         for pkg, same in _stanzas(content or b"", names, prefixes):
             records[(pkg.name, pkg.architecture if same else "")] = pkg
     found: Dict[str, Package] = {}

@@ -83,3 +83,7 @@ class MigInUseError(MigError):
         """The message with the steps; ``vfs``: the VFs whose vGPUs are in the way."""
         super().__init__(message)
         self.vfs = tuple(vfs)
+
+
+class ExporterError(VgpuError):
+    """The metrics exporter's unit could not be written or started, or its port is refused."""

@@ -55,9 +55,9 @@ def write_atomic(target: Path, content: Union[str, bytes], mode: int = 0o644) ->
 
 
 def read(target: Path, limit: int) -> Optional[bytes]:
-    """``target``'s bytes, at most ``limit`` of them; None when it or a directory is missing.
+    """``target``'s bytes, any of them, at most ``limit``; None when it or a directory is missing.
 
-    OSError when a directory on the way or the file itself is a link, when it
+    OSError (never a wait) when a directory on the way or the file itself is a link, when it
     is not a regular file, or when it holds more than ``limit`` bytes.
     """
     try:
@@ -65,7 +65,9 @@ def read(target: Path, limit: int) -> Optional[bytes]:
     except FileNotFoundError:
         return None
     try:
-        fd = os.open(target.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        # O_NONBLOCK: a FIFO in the file's place is refused below instead of waited on.
+        fd = os.open(target.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=directory)
     except FileNotFoundError:
         return None
     finally:

@@ -8,7 +8,8 @@ work, each reading the VFs only once it holds the lock. A hook waits at most
 :data:`HOOK_WAIT` seconds, then leaves its work to the next hook (the status
 says so) rather than read VFs half restored. The lock is the kernel's: it
 goes with the process that held it, even one killed; ``/run`` is emptied at
-boot.
+boot. The charm's remove deletes the file while it holds the lock; whoever
+then gets the lock on the unlinked file takes it again on a new one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import time
 from typing import Iterator
 
-from . import hostroot
+from . import files, hostroot
 from .errors import HostBusyError
 
 DIRECTORY, NAME = "run/nova-compute-nvidia-vgpu", "host.lock"
@@ -35,22 +36,53 @@ def held(wait: float, poll: float = POLL) -> Iterator[None]:
 
     OSError when the lock file cannot be made or opened (a link on the way).
     """
-    fd = _open()
+    deadline = time.monotonic() + wait
+    while True:
+        fd = _open()
+        try:
+            _take(fd, deadline, wait, poll)
+        except BaseException:
+            os.close(fd)
+            raise
+        if os.fstat(fd).st_nlink:
+            break
+        os.close(fd)  # locked after :func:`remove` unlinked it: the lock is the new file's
     try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise HostBusyError(f"/{FILE} is held by another process after "
-                                        f"{wait:g} s") from None
-                time.sleep(min(poll, left))
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _take(fd: int, deadline: float, wait: float, poll: float) -> None:
+    """flock ``fd`` by ``deadline``; HostBusyError (naming ``wait``) when it cannot."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise HostBusyError(f"/{FILE} is held by another process after "
+                                    f"{wait:g} s") from None
+            time.sleep(min(poll, left))
+
+
+def remove(wait: float = HOOK_WAIT) -> bool:
+    """Delete the lock file and its directory (charm removal), holding the lock; True if they were there.
+
+    A holder that opened the file before it was unlinked finds it unlinked
+    once it has the lock and takes the lock again on a new file (see
+    :func:`held`), so no two processes ever both think they hold it.
+    HostBusyError when another process holds it past ``wait`` seconds
+    (then it stays: ``/run`` is emptied at boot); OSError as :func:`held`.
+    """
+    if not os.path.lexists(hostroot.text_path(DIRECTORY)):
+        return False
+    with held(wait):
+        directory = hostroot.path(DIRECTORY)
+        files.remove(directory / NAME)
+        files.remove_empty_directory(directory)
+    return True
 
 
 def _open() -> int:

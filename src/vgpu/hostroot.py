@@ -10,7 +10,8 @@ bytes may become: invalid UTF-8 and NUL or other control bytes turn into
 U+FFFD, so nothing read from the host can break a status line or reach the
 relation raw. A path that does not exist reads as None; one that exists but
 cannot be read (permissions, a symlink loop, a directory where a file
-belongs) raises HostReadError naming it, never a bare OSError.
+belongs) or holds more than its reader's bound (:data:`LIMIT` unless it says)
+raises HostReadError naming it, never a bare OSError.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from . import text
 from .errors import HostReadError
 
 ENV = "VGPU_HOST_ROOT"
+# Bytes of one host file, unless its reader says less (or more: dpkg's status). A
+# sysfs attribute is a page, nova.conf and a domain's XML some kilobytes.
+LIMIT = 1 << 24
 
 
 def root() -> Path:
@@ -61,14 +65,15 @@ def unreadable(where: Union[str, Path], error: OSError) -> HostReadError:
                          f"{error.strerror or type(error).__name__}")
 
 
-def read_text(where: Union[str, Path], *, clean: bool = True) -> Optional[str]:
+def read_text(where: Union[str, Path], *, clean: bool = True, limit: int = LIMIT) -> Optional[str]:
     """A host file's text, cleaned (see the module doc); None when it does not exist.
 
     ``clean=False`` keeps every character that decodes (invalid UTF-8 still
     becomes U+FFFD), for a parser that cleans each value it takes out: a
     control character in libvirt's XML must reach the XML parser as it is.
+    ``limit``: as :func:`read_bytes` has it.
     """
-    data = read_bytes(where)
+    data = read_bytes(where, limit)
     if data is None:
         return None
     if not clean:
@@ -76,29 +81,34 @@ def read_text(where: Union[str, Path], *, clean: bool = True) -> Optional[str]:
     return text.decode(data)
 
 
-def read_bytes(where: Union[str, Path]) -> Optional[bytes]:
+def read_bytes(where: Union[str, Path], limit: int = LIMIT) -> Optional[bytes]:
     """A host file's raw bytes, for a reader that decodes (``text.decode``) only what it keeps.
 
-    None when it does not exist; HostReadError when it cannot be read.
+    None when it does not exist; HostReadError when it cannot be read or
+    holds more than ``limit`` bytes (no more than ``limit`` + 1 are read).
     """
     try:
         # os.open/os.read: a third of open()'s cost for sysfs' many tiny files (which
         # report 4096 bytes); a large file (dpkg's status) is read in one piece.
         fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            data = os.read(fd, max(os.fstat(fd).st_size + 1, 65536))
+            data = os.read(fd, min(max(os.fstat(fd).st_size + 1, 65536), limit + 1))
             chunks = [data]
-            while data:  # until the end: /proc files report no size
-                data = os.read(fd, 65536)
+            size = len(data)
+            while data and size <= limit:  # until the end: /proc files report no size
+                data = os.read(fd, min(65536, limit + 1 - size))
                 if data:
                     chunks.append(data)
-            return b"".join(chunks)  # one chunk: returned as it is, not copied
+                    size += len(data)
         finally:
             os.close(fd)
     except OSError as error:
         if error.errno in (errno.ENOENT, errno.ENOTDIR):  # it, or a folder above it, is not there
             return None
         raise unreadable(where, error) from None
+    if size > limit:
+        raise unreadable(where, OSError(errno.EFBIG, f"more than {limit} bytes"))
+    return b"".join(chunks)  # one chunk: returned as it is, not copied
 
 
 def listdir(where: Union[str, Path]) -> Optional[List[str]]:

@@ -6,6 +6,13 @@ charm and written to ``<root>/etc/modprobe.d/``; every change is followed by
 ``update-initramfs`` is not on PATH, or fails, the file change is undone
 (so the next attempt repeats it) and InstallError is raised: keeping nouveau
 away is part of preparing the host for the driver.
+
+The upstream charm's blacklist (``/etc/modprobe.d/disable-nouveau.conf``,
+see :mod:`vgpu.upstream`) is taken over: once this charm's is written it is
+deleted, if it tells modprobe nothing this charm's does not. The initramfs
+is rebuilt only when what the two files tell modprobe together changed:
+after a switch from the upstream charm it already holds the same lines, so
+it is not rebuilt. A file that says more (edited by hand) is left alone.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from pathlib import Path
 from string import Template
 from typing import FrozenSet, Iterable, List, Optional, Tuple
 
-from . import APP, dpkg, files, hostroot, run
+from . import APP, dpkg, files, hostroot, run, upstream
 from .errors import CommandError, HostReadError, InstallError
 from .record import NamedTuple
 
@@ -27,6 +34,7 @@ CHARM_ROOT = Path(__file__).resolve().parents[2]  # src/vgpu/kernel.py -> charm 
 TEMPLATE = CHARM_ROOT / "templates" / "blacklist-nouveau.conf"
 BLACKLIST = "etc/modprobe.d/nvidia-vgpu-blacklist-nouveau.conf"
 INITRAMFS_TIMEOUT = 240
+BLACKLIST_LIMIT = 64 * 1024  # bytes read of a blacklist that is not the charm's own
 VFIO_NOT_LOADED = "nvidia_vgpu_vfio is not loaded"  # the reboot reason Secure Boot may explain
 
 
@@ -58,20 +66,59 @@ def ensure_nouveau_blacklisted() -> bool:
 
 def _ensure_blacklisted() -> bool:
     target = blacklist_path()
-    content = render_blacklist()
+    content = render_blacklist().encode("utf-8")
     previous = hostroot.read_bytes(target)  # put back byte for byte should the refresh fail
-    if previous == content.encode("utf-8"):
+    theirs = _upstream_blacklist()
+    if previous == content and theirs is None:
         return False
-    files.write_atomic(target, content)
+    before = directives(previous) | directives(theirs)
+    drop = theirs is not None and directives(theirs) <= directives(content)
+    after = directives(content) | (set() if drop else directives(theirs))
+    if previous != content:
+        files.write_atomic(target, content)
+    if drop:  # ours is in place first: nouveau is never left unlisted
+        files.remove(hostroot.path(upstream.BLACKLIST))
     try:
-        update_initramfs()
+        if before != after:
+            update_initramfs()
     except InstallError:
-        if previous is None:
-            files.remove(target)
-        else:
-            files.write_atomic(target, previous)
+        _put_back(target, previous)
+        if theirs is not None and drop:
+            files.write_atomic(hostroot.path(upstream.BLACKLIST), theirs, mode=0o444)
         raise
-    return True
+    if drop:
+        log.info("took over /%s of the upstream charm: /%s says the same%s", upstream.BLACKLIST,
+                 BLACKLIST, "" if before != after else "; the initramfs has it already, not rebuilt")
+    return before != after
+
+
+def _upstream_blacklist() -> Optional[bytes]:
+    """The upstream charm's blacklist (vgpu.upstream.BLACKLIST) as it is; None when absent.
+
+    One that cannot be read as a plain file (a link, too large) is not the
+    upstream charm's as it wrote it: it is left alone, as if absent.
+    """
+    if not os.path.lexists(hostroot.text_path(upstream.BLACKLIST)):
+        return None  # every hook asks: an lstat, nothing opened
+    try:
+        return files.read(hostroot.path(upstream.BLACKLIST), BLACKLIST_LIMIT)
+    except OSError as error:
+        log.warning("leaving /%s alone: %s", upstream.BLACKLIST, error.strerror or error)
+        return None
+
+
+def directives(content: Optional[bytes]) -> FrozenSet[str]:
+    """What a modprobe.d file tells modprobe: its lines without comments, blanks or extra spaces."""
+    lines = (content or b"").decode("utf-8", errors="replace").splitlines()
+    return frozenset(" ".join(line.split()) for line in lines
+                     if line.strip() and not line.lstrip().startswith("#"))
+
+
+def _put_back(target: Path, previous: Optional[bytes]) -> None:
+    if previous is None:
+        files.remove(target)
+    else:
+        files.write_atomic(target, previous)
 
 
 def remove_blacklist() -> bool:
@@ -87,13 +134,20 @@ def remove_blacklist() -> bool:
 def _remove_blacklist() -> bool:
     target = blacklist_path()
     previous = hostroot.read_bytes(target)
-    if previous is None:
+    theirs = _upstream_blacklist()
+    # The upstream charm's, taken over: it goes too, unless it says more than ours (edited).
+    drop = theirs is not None and directives(theirs) <= directives(render_blacklist().encode())
+    if previous is None and not drop:
         return False
     files.remove(target)
+    if drop:
+        files.remove(hostroot.path(upstream.BLACKLIST))
     try:
         update_initramfs()
     except InstallError:
-        files.write_atomic(target, previous)
+        _put_back(target, previous)
+        if theirs is not None and drop:
+            files.write_atomic(hostroot.path(upstream.BLACKLIST), theirs, mode=0o444)
         raise
     return True
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from .pci import NAME_KEY
 from .record import NamedTuple
-from .text import quote
+from .text import listing, quote
 
 if TYPE_CHECKING:  # plan is imported only where a host check needs it
     from .plan import Plan
@@ -203,6 +203,25 @@ def summary(mapping: Mapping[str, Tuple[str, ...]]) -> str:
     """
     return ", ".join(f"{t} on {len(a)}" if a and a != (ALL,) else f"{t} on every GPU offering it"
                      for t, a in mapping.items())
+
+
+def kept(mapping: Mapping[str, Tuple[str, ...]]) -> str:
+    """What nova-compute keeps, address by address: ``nvidia-35 on 0000:84:00.0, nvidia-36 on ...``.
+
+    For a message that says the option was not applied: what stays in
+    force is named exactly as published (a type on several functions:
+    ``nvidia-474 on 16 (0000:41:00.4, ... and 12 more)``), whether or not
+    the GPU named offers the type; a type without addresses is what Queens
+    to Train do with it.
+    """
+    def where(addresses: Tuple[str, ...]) -> str:
+        if not addresses or addresses == (ALL,):
+            return "every GPU offering it"
+        if len(addresses) == 1:
+            return addresses[0]
+        return f"{len(addresses)} ({listing(addresses)})"
+
+    return ", ".join(f"{t} on {where(tuple(a))}" for t, a in mapping.items())
 
 
 def _type_number(vgpu_type: str):

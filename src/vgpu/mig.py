@@ -13,14 +13,17 @@ as still creatable. This module holds:
   many the GPU holds (:func:`fits`); one MIG-backed profile per GPU (Nova gives
   all VFs of one GPU one resource class: :mod:`vgpu.plan` refuses two);
 * MIG mode: read with ``nvidia-smi --query-gpu`` (:func:`modes`) only when a
-  MIG-backed profile is mapped, and turned on only by the ``enable-mig``
-  action (:func:`enable`); hooks never change it;
+  MIG-backed profile is mapped, and turned on (:func:`enable`) for a new
+  mapping only by the ``enable-mig`` action; after a reboot, for the mapping in
+  force, by the boot step (or the hook that does its work when it could not);
 * GPU instances (:func:`ensure`): created before a VF takes a MIG-backed type,
   which places its vGPU in one but creates none (NVIDIA's vGPU for Compute
   guide, "Configuring a GPU for MIG-Backed vGPUs"), as many as the mapping asks
-  for, ``+gfx`` on the RTX PRO 6000; never destroyed while a VF's vGPU is in one;
-* the boot step's part (:func:`at_boot`): a pending MIG mode put in force by a
-  GPU reset before libvirt starts, and the GPU instances created again.
+  for, ``+gfx`` only for a ``...GFX`` type; never destroyed while a VF's vGPU is
+  in one, unless no guest holds that VF;
+* the boot step's part (:func:`at_boot`), after the VFs are enabled: MIG mode on
+  again (Hopper and Blackwell lose it at every reboot) and the GPU instances
+  created again. Never a GPU reset (refused with VFs or persistence mode on).
 
 Sources (cited where used):
 
@@ -92,9 +95,11 @@ class Geometry(NamedTuple):
     compute_slices: int
     memory_slices: int
     profiles: Tuple[GiProfile, ...]
-    # Its MIG-backed vGPU types need GPU instances with the GFX attribute (``+gfx`` profiles):
-    # the RTX PRO 6000 Blackwell, per NVIDIA/vgpu-device-manager and NVIDIA/mig-parted
-    # (documentation only: no transcript of this charm on such a host).
+    # It offers GPU instance profiles with the GFX attribute (``+gfx``): the RTX PRO 6000
+    # Blackwell (NVIDIA/mig-parted). Only graphics types named ``...GFX`` sit on them:
+    # NVIDIA/vgpu-device-manager's ``ToMigConfigSpecSlice`` (api/spec/v1/spec.go) adds
+    # ``+gfx`` only for a type name with the GFX attribute, and its vGPU 20 configs list
+    # ``DC-1-24QGFX`` beside ``DC-1-24Q`` (documentation only: no transcript of such a host).
     gfx: bool = False
     # The vGPU model names its MIG-backed types use, upper-cased (H200X-1-18C: H200X).
     names: Tuple[str, ...] = ()
@@ -153,7 +158,7 @@ def slot(shape: Geometry, profile: pci.Profile) -> Optional[Slot]:
     Inferred (see the module): the smallest GI profile with the profile's compute
     slices whose memory holds its framebuffer; media profiles (CME) on the +me one.
     """
-    if not profile.mig or profile.framebuffer_gb <= 0:
+    if not profile.mig or profile.framebuffer_gb <= 0 or (profile.gfx and not shape.gfx):
         return None
     media = profile.series.endswith("ME")
     candidates = sorted((gi for gi in shape.profiles if gi.slices == profile.slices
@@ -186,8 +191,8 @@ class Mode(NamedTuple):
         return self.current == ENABLED
 
     @property
-    def awaiting_reset(self) -> bool:
-        """Enabled, but not in force until the GPU is reset or the host rebooted."""
+    def enable_pending(self) -> bool:
+        """Enabled, but not in force: another client held the GPU when ``-mig 1`` ran."""
         return self.pending == ENABLED and not self.enabled
 
 
@@ -260,8 +265,8 @@ class Enabled(NamedTuple):
     mode: Mode  # the mode read back afterwards
 
     @property
-    def reset_needed(self) -> bool:
-        """MIG mode is pending: a GPU reset or a reboot puts it in force."""
+    def pending(self) -> bool:
+        """MIG mode is pending: not in force until nothing else uses the GPU and -mig 1 runs again."""
         return not self.mode.enabled
 
 
@@ -328,8 +333,9 @@ def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "",
 
     One nvidia-smi run for all of them (:func:`modes`); a GPU out of MIG mode is
     named with the command that turns it on (the ``enable-mig`` action, run by
-    the operator: hooks never change MIG mode); one whose mode is pending needs a
-    GPU reset or a reboot. What cannot be read counts as not in MIG mode.
+    the operator: hooks never turn MIG mode on for a mapping); one whose mode is
+    pending needs whatever uses the GPU stopped and the action run again (never a
+    GPU reset: see :data:`PENDING_STEPS`). What cannot be read counts as not in MIG mode.
     """
     from . import OPTION
 
@@ -348,21 +354,26 @@ def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "",
             continue
         head = (f"GPU {address} is not in MIG mode, which MIG-backed {', '.join(names)} "
                 f"({OPTION}) need")
-        if mode.awaiting_reset:
-            out.append(f"{head}: enabling it waits for a reset; "
-                       + PENDING_STEPS.format(reset=reset_command(address)))
+        if mode.enable_pending:
+            out.append(f"{head}: enabling it is pending; "
+                       + PENDING_STEPS.format(run=f"{run_it} gpu={address}"))
         else:
             out.append(f"{head}: {run_it} gpu={address} (it runs {enable_command(address)})")
     return out
 
 
 OUTPUT_LIMIT = 2000  # characters of nvidia-smi's answer in an action result (action-set is bounded)
-PENDING_STEPS = ("reset the GPU ({reset}) while no guest or process uses it; a reboot may leave "
-                 "the mode pending on Hopper (NVIDIA/gpu-operator issue 2600)")
-AT_BOOT = ("at every boot, before libvirt and nova-compute start, nvidia-vgpu-vfs.service puts a "
-           "MIG mode still pending on a GPU given a MIG-backed profile in force ({reset}) and "
-           "creates its GPU instances again (they never survive a reboot), then enables the VFs "
-           "and gives them their types")
+# nvidia-smi's own pending warning (MIG user guide, "Enable MIG Mode"; NVIDIA/gpu-operator issue
+# 118): "Please first kill all processes using the device and retry the command". No GPU reset:
+# sriov-manage turns persistence mode on, and a reset is refused while it is on or the GPU has
+# VFs (NVIDIA/NVSentinel issue 1690, NVIDIA/gpu-operator issue 118).
+PENDING_STEPS = ("another client uses the GPU: stop it (nvidia-smi lists the processes using the "
+                 "GPU), then {run} again, which runs -mig 1 again as nvidia-smi's warning asks "
+                 "(no GPU reset: one is refused while the GPU has VFs or persistence mode is on)")
+AT_BOOT = ("at every boot, before libvirt and nova-compute start, nvidia-vgpu-vfs.service enables "
+           "the VFs of a GPU given a MIG-backed profile, turns its MIG mode on (Hopper and "
+           "Blackwell lose it at every reboot; Ampere keeps it), creates its GPU instances again "
+           "(they never survive a reboot), then gives the VFs their types")
 
 
 def bounded(output: str, limit: int = OUTPUT_LIMIT) -> str:
@@ -374,20 +385,18 @@ def bounded(output: str, limit: int = OUTPUT_LIMIT) -> str:
 
 
 def enable_results(address: str, done: Optional[Enabled]) -> Dict[str, str]:
-    """The enable-mig action's results: what nvidia-smi said (bounded), a reset, the boot step."""
+    """The enable-mig action's results: what nvidia-smi said (bounded), pending or not, the boot step."""
     command = enable_command(address)
-    at_boot = AT_BOOT.format(reset=reset_command(address))
     if done is None:
-        return {"gpu": address, "command": command, "reset-required": "no", "at-boot": at_boot,
+        return {"gpu": address, "command": command, "pending": "no", "at-boot": AT_BOOT,
                 "message": f"GPU {address} is in MIG mode already; nothing run"}
-    if done.reset_needed:
+    if done.pending:
         message = (f"MIG mode is pending on GPU {address}: "
-                   + PENDING_STEPS.format(reset=reset_command(address)))
+                   + PENDING_STEPS.format(run="run this action"))
     else:
         message = f"MIG mode enabled on GPU {address}"
     return {"gpu": address, "command": command, "output": bounded(done.output) or "(nothing)",
-            "reset-required": "yes" if done.reset_needed else "no", "at-boot": at_boot,
-            "message": message}
+            "pending": "yes" if done.pending else "no", "at-boot": AT_BOOT, "message": message}
 
 
 # -- GPU instances: nvidia-smi mig ---------------------------------------------------------
@@ -454,9 +463,14 @@ class Layout(NamedTuple):
     held: Tuple[str, ...] = ()  # the VFs whose vGPUs are in GPU instances in the way
 
 
-def instance_name(shape: Geometry, gi: GiProfile) -> str:
-    """The GPU instance profile nvidia-smi creates for ``gi`` on ``shape``: ``+gfx`` where needed."""
-    return gi.name + ("+gfx" if shape.gfx and not gi.media else "")
+def instance_name(gi: GiProfile, profile: pci.Profile) -> str:
+    """The GPU instance profile nvidia-smi creates for ``profile`` on ``gi``: ``1g.24gb+gfx``.
+
+    ``+gfx`` only for a graphics type named ``...GFX`` (``DC-1-24QGFX``), as
+    NVIDIA/vgpu-device-manager's ``ToMigConfigSpecSlice`` does; ``DC-1-24Q`` sits on
+    ``1g.24gb`` (:func:`slot` refuses a GFX type on a GPU without ``+gfx`` profiles).
+    """
+    return gi.name + ("+gfx" if profile.gfx and not gi.media else "")
 
 
 def needs(assignments: Sequence, host: pci.Host) -> Dict[str, Need]:
@@ -473,9 +487,9 @@ def needs(assignments: Sequence, host: pci.Host) -> Dict[str, Need]:
         for name, count in named.items():  # one MIG-backed profile per GPU (vgpu.plan)
             named_profile = pci.profile(name)
             found = slot(shape, named_profile) if shape is not None and named_profile else None
-            if shape is not None and found is not None:
+            if found is not None and named_profile is not None:
                 out[address] = Need(address, pci.short_name(pci.profile_name(name)),
-                                    instance_name(shape, found.instance),
+                                    instance_name(found.instance, named_profile),
                                     -(-count // found.per_instance))
     return out
 
@@ -515,9 +529,9 @@ def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, Ne
         (key, count), = named_counts.items()
         key_profile = pci.profile(key)
         found = slot(shape, key_profile) if key_profile is not None else None
-        if found is not None:
+        if found is not None and key_profile is not None:
             out[address] = Need(address, pci.short_name(pci.profile_name(key)),
-                                instance_name(shape, found.instance),
+                                instance_name(found.instance, key_profile),
                                 -(-count // found.per_instance))
     return out
 
@@ -554,8 +568,13 @@ def _mig(address: str, args: Sequence[str], timeout: float) -> run.Result:
 
 
 def _failed(address: str, args: Sequence[str], result: run.Result) -> MigError:
-    why = text.cause(result.stdout + "\n" + result.stderr) or f"exit status {result.returncode}"
-    return MigError(f"nvidia-smi mig -i {smi_address(address)} {' '.join(args)} failed: {why}")
+    """nvidia-smi's reason, never its "Successfully created ..." lines (``-cgi`` goes on after them)."""
+    said = (result.stdout + "\n" + result.stderr).splitlines()
+    made = sum(line.strip().startswith("Successfully created GPU instance") for line in said)
+    why = text.cause("\n".join(line for line in said if not line.strip().startswith("Successfully"))
+                     ) or f"exit status {result.returncode}"
+    done = f" ({made} GPU instance{'s' if made != 1 else ''} created before that)" if made else ""
+    return MigError(f"nvidia-smi mig -i {smi_address(address)} {' '.join(args)} failed: {why}{done}")
 
 
 def instances(address: str, timeout: float = TIMEOUT) -> List[GpuInstance]:
@@ -595,23 +614,6 @@ def destroy(address: str, gi: int, timeout: float = TIMEOUT) -> None:
         result = _mig(address, args, timeout)
         if result.returncode != 0 and not (args[0] == "-dci" and "Not Found" in result.stdout):
             raise _failed(address, args, result)
-
-
-def reset_command(address: str) -> str:
-    """The GPU reset that puts a pending MIG mode in force."""
-    return f"nvidia-smi -r -i {smi_address(address)}"
-
-
-def reset(address: str, timeout: float = TIMEOUT) -> None:
-    """``nvidia-smi -r -i <GPU>``; MigError when it fails (a process or guest uses the GPU)."""
-    try:
-        result = run.run([tool(), "-r", "-i", smi_address(address)], timeout, check=False,
-                         what=reset_command(address))
-    except CommandError as error:
-        raise MigError(str(error)) from None
-    if result.returncode != 0:
-        why = text.cause(result.stdout + "\n" + result.stderr) or f"exit status {result.returncode}"
-        raise MigError(f"{reset_command(address)} failed: {why}")
 
 
 def used(address: str) -> Dict[int, List[str]]:
@@ -686,29 +688,36 @@ def layout(need: Need, existing: Sequence[GpuInstance], busy: Mapping[int, Seque
         f"instances, {len(same)} exist and nvidia-smi mig -lgip {listed}"))
 
 
-def ensure(need: Need, timeout: float = TIMEOUT) -> List[str]:
+def ensure(need: Need, timeout: float = TIMEOUT, releasable: Iterable[str] = ()) -> List[str]:
     """Give ``need.gpu`` the GPU instances ``need`` asks for; what was done, line by line.
 
     Only GPU instances no VF's vGPU is in are destroyed, and only when room is
-    needed; one in use that stands in the way raises MigError with the steps
-    (a hook never changes it). Nothing is destroyed unless what is missing can be
-    created once they are gone: ``-lgip`` is read once, before anything is
-    destroyed (when it cannot be read, nothing is), and :func:`layout` tells from
-    it what will be creatable then. A second read after destroying would come too
-    late to keep anything; should the driver still refuse, ``-cgi`` fails with its
-    own reason.
+    needed. A VF in ``releasable`` (the caller found no guest holding it, running
+    or shut off) has its type released first when its GPU instance stands in the
+    way: a type the charm wrote, which nothing uses. Any other instance in use that
+    stands in the way raises MigInUseError with the steps (a hook never changes it).
+    Nothing is destroyed unless what is missing can be created once they are gone:
+    ``-lgip`` is read once, before anything is destroyed (when it cannot be read,
+    nothing is), and :func:`layout` tells from it what will be creatable then. A
+    second read after destroying would come too late to keep anything; should the
+    driver still refuse, ``-cgi`` fails with its own reason.
     """
     existing = instances(need.gpu, timeout)
     busy = used(need.gpu)
     plan = layout(need, existing, busy)
+    done: List[str] = []
+    free = set(releasable)
+    if plan.held and free.issuperset(plan.held):
+        done.extend(_release(need, plan.held))
+        busy = used(need.gpu)
+        plan = layout(need, existing, busy)
     if plan.problem:
         raise MigInUseError(plan.problem, plan.held) if plan.held else MigError(plan.problem)
     if not plan.create:
-        return []
+        return done
     check = layout(need, existing, busy, offered(need.gpu, timeout))
     if check.problem:
         raise MigError(check.problem)
-    done = []
     for gi in plan.destroy:
         destroy(need.gpu, gi.id, timeout)
         done.append(f"GPU instance {gi.id} ({gi.profile}, unused) destroyed")
@@ -717,6 +726,21 @@ def ensure(need: Need, timeout: float = TIMEOUT) -> List[str]:
                 "created")
     for line in done:
         log.info("GPU %s: %s", need.gpu, line)
+    return done
+
+
+def _release(need: Need, vfs: Sequence[str]) -> List[str]:
+    """Release the types of ``vfs`` (no guest holds them) so that their GPU instances can go."""
+    from . import vfio
+    from .errors import VfTypeError
+
+    done = []
+    for vf in sorted(vfs):
+        try:
+            vfio.assign(vf, 0)
+        except VfTypeError as error:
+            raise MigError(f"GPU {need.gpu}: {error}; no GPU instance changed") from None
+        done.append(f"VF {vf} released (no guest holds it) for MIG-backed {need.profile}")
     return done
 
 
@@ -740,13 +764,20 @@ def boot_needs(data: Mapping) -> Dict[str, Need]:
     return out
 
 
-def at_boot(need: Need, until: float) -> bool:
-    """Before libvirt and nova-compute start: MIG mode in force, the GPU instances back.
+def at_boot(need: Need, until: float, attempts: int = 3, pause: float = 5) -> bool:
+    """After the GPU's VFs are enabled: MIG mode on and the GPU instances back; True when they are.
 
-    A mode still pending (seen on Hopper after a reboot, NVIDIA/gpu-operator issue
-    2600) is put in force by a GPU reset, as NVIDIA's MIG user guide ("Enable MIG
-    Mode") allows while no process uses the GPU: the boot step runs before libvirt
-    and nova-compute, so no guest can. True when the instances are there.
+    The mode is turned on whatever it was (the boot data's ``mig`` entry is the
+    charm's intent): Hopper and Blackwell lose it at every reboot with the vGPU
+    host driver (NVIDIA/gpu-admin-tools issue 2, cozystack/ansible-cozystack PR
+    70), Ampere keeps it (MIG user guide, "Enable MIG Mode"). It comes after
+    ``sriov-manage -e``, which rebinds the GPU and may wipe MIG state (Harvester's
+    MIG-backed vGPU design note; StackHPC's vgpu role enables SR-IOV first). A mode
+    left pending (another client held the GPU) gets ``-mig 1`` again, at most
+    ``attempts`` runs with a growing ``pause``, as nvidia-smi's warning asks; never
+    a GPU reset, which is refused once sriov-manage turned persistence mode on
+    (NVIDIA/NVSentinel issue 1690). A failure is known at once: the caller gives
+    the GPU's VFs no MIG-backed type rather than wait for one.
     """
     gpu = need.gpu
 
@@ -755,18 +786,23 @@ def at_boot(need: Need, until: float) -> bool:
 
     try:
         mode = modes([gpu], left())[gpu]
-        if not mode.enabled and mode.pending == ENABLED:
-            log.info("GPU %s: MIG mode is pending (enabled, not in force); resetting the GPU with "
-                     "%s, as NVIDIA's MIG user guide allows while nothing uses it: libvirt and "
-                     "nova-compute have not started, so no guest can be using it", gpu,
-                     reset_command(gpu))
-            reset(gpu, left())
-            mode = modes([gpu], left())[gpu]
-        if not mode.enabled:
-            log.error("GPU %s: MIG mode is %s, which MIG-backed %s needs: run the charm's "
-                      "enable-mig action (%s); its GPU instances are not created", gpu,
-                      mode.current, need.profile, enable_command(gpu))
-            return False
+        runs = 0
+        while not mode.enabled:
+            if runs == attempts or time.monotonic() >= until:
+                log.error("GPU %s: MIG mode is still pending after %d run%s of %s: another client "
+                          "uses the GPU; stop it, then run the charm's enable-mig action (or "
+                          "systemctl restart %s); its GPU instances are not created", gpu, runs,
+                          "" if runs == 1 else "s", enable_command(gpu), "nvidia-vgpu-vfs.service")
+                return False
+            if runs:
+                time.sleep(max(0.0, min(pause * 2 ** (runs - 1), until - time.monotonic())))
+            else:
+                log.info("GPU %s: MIG mode is %s%s; turning it on for MIG-backed %s (%s): Hopper "
+                         "and Blackwell lose it at every reboot", gpu, mode.current,
+                         " (enabling pending)" if mode.enable_pending else "", need.profile,
+                         enable_command(gpu))
+            runs += 1
+            mode = enable(gpu, left()).mode
         done = ensure(need, left())
     except MigError as error:
         log.error("GPU %s: %s", gpu, error)

@@ -254,10 +254,11 @@ def mapping_from_sections(config_sections: Sections) -> Dict[str, Tuple[str, ...
     devices = {key: value for key, value in config_sections.get("devices", [])}
     types = (devices.get("enabled_mdev_types") or devices.get("enabled_vgpu_types") or "")
     out = {}
-    for vgpu_type in filter(None, types.split(",")):
+    # oslo.config strips each item of a list option: the upstream charm joined types with ", ".
+    for vgpu_type in _items(types):
         pairs = {key: value for key, value in (config_sections.get(f"mdev_{vgpu_type}")
                                                or config_sections.get(f"vgpu_{vgpu_type}") or [])}
-        out[vgpu_type] = tuple(filter(None, pairs.get("device_addresses", "").split(",")))
+        out[vgpu_type] = _items(pairs.get("device_addresses", ""))
     by_class: Dict[str, List[str]] = {}
     for pair in config_sections.get("pci", []):
         if pair[0] != "device_spec":
@@ -280,7 +281,12 @@ def mdev_classes(config_sections: Sections) -> Dict[str, str]:
     option = _types_option(config_sections)
     types = dict(config_sections.get("devices", [])).get(option, "") if option else ""
     return {vgpu_type: dict(config_sections.get(f"mdev_{vgpu_type}") or []).get("mdev_class", "VGPU")
-            for vgpu_type in filter(None, types.split(","))}
+            for vgpu_type in _items(types)}
+
+
+def _items(value: str) -> Tuple[str, ...]:
+    """A list option's items as oslo.config reads them: split at commas, stripped, none empty."""
+    return tuple(item for item in (part.strip() for part in value.split(",")) if item)
 
 
 def device_classes(config_sections: Sections) -> Dict[str, str]:
@@ -346,7 +352,7 @@ def drop_published(published: Sections, functions: Collection[str]) -> Sections:
                 out[section] = kept_pairs
     option = _types_option(out)
     if option is not None:
-        types = [t for t in dict(out["devices"])[option].split(",") if t and t not in gone]
+        types = [t for t in _items(dict(out["devices"])[option]) if t not in gone]
         if types:
             _set_types(out, option, types)
         else:

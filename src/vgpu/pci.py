@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from . import PCI_ADDRESS, hostroot, text
 from .errors import HostReadError
@@ -29,6 +29,12 @@ NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")
 PCI_DEVICES = "sys/bus/pci/devices"
 PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids")
+PCI_IDS_LIMIT = 1 << 24  # characters of pci.ids scanned (the real one has about 1.4 million)
+# What else names a GPU pci.ids does not know (newer than the host's copy): udev's database
+# entry (``E:ID_MODEL_FROM_DATABASE=``, from systemd's hwdb, which lspci shows too), then the
+# driver's own (``Model:`` in its information file). Read only for such a GPU.
+UDEV_DATA = "run/udev/data"  # +pci:<address>: systemd's device_get_device_id
+NVIDIA_GPUS = "proc/driver/nvidia/gpus"  # <address>/information: nv-procfs.c
 
 MDEV = "mdev"
 VFIO = "vfio"
@@ -274,7 +280,7 @@ def discover() -> Host:
         gpus.append(Gpu(
             address=address,
             device_id=device_id,
-            model=names_by_id.get(device_id) or f"NVIDIA {device_id}",
+            model=names_by_id.get(device_id) or host_model(address) or f"NVIDIA {device_id}",
             driver=_link_name(f"{entry}/driver"),
             class_code=class_code,
             sriov_totalvfs=_int(_read(f"{entry}/sriov_totalvfs")) or 0,
@@ -305,19 +311,6 @@ def available_instances(address: str, type_id: str) -> Optional[int]:
     """How many more mdevs of ``type_id`` the function at ``address`` can create now."""
     return _int(_read(hostroot.text_path(PCI_DEVICES, address, "mdev_supported_types", type_id,
                                          "available_instances")))
-
-
-def created_instances(address: str, type_id: str) -> Optional[int]:
-    """How many mdevs of ``type_id`` the function at ``address`` holds (its ``devices/``).
-
-    None when that cannot be known (no such folder, or it cannot be read).
-    """
-    try:
-        listed = hostroot.listdir(hostroot.text_path(PCI_DEVICES, address, "mdev_supported_types",
-                                                     type_id, "devices"))
-    except HostReadError:
-        return None
-    return None if listed is None else len(listed)
 
 
 def virtfn_links(entry) -> List[Tuple[str, str]]:
@@ -453,17 +446,23 @@ class Profile(NamedTuple):
     series: str  # Q, B, A, C (and CME on MIG-backed media profiles: A100-1-5CME)
     mig: bool  # MIG-backed (A100-4-20C: 4 compute slices); see vgpu.mig
     slices: int = 0  # a MIG-backed profile's compute slices (H200X-2-35C: 2); 0 when time-sliced
+    # Named ``...GFX`` (vGPU 20: DC-1-24QGFX beside DC-1-24Q): it sits on a GPU instance with
+    # the GFX attribute (``1g.24gb+gfx``); see vgpu.mig.instance_name.
+    gfx: bool = False
 
 
 # The one grammar of profile names, in two spellings of the same language: NAME_KEY (what
 # a mapping key may be, also the JSON schema's pattern) and _PROFILE (its parts). A model is
 # words joined by spaces or hyphens (``L40S``, ``RTX6000-Ada``, ``RTX Pro 6000 Blackwell
-# DC``); then ``-<slices>`` on MIG-backed profiles; then ``-<GB><series>``.
+# DC``); then ``-<slices>`` on MIG-backed profiles; then ``-<GB><series>``, and ``GFX`` on
+# the graphics MIG-backed profiles vGPU 20 names (``DC-1-24QGFX``: NVIDIA/vgpu-device-manager,
+# examples/config-example.yaml, "Update default vGPU devices config for vGPU 20.0").
 _WORDS = r"[A-Za-z0-9]+(?:[ -][A-Za-z0-9]+)*"
-NAME_KEY = rf"(?:(?:GRID|NVIDIA|grid|nvidia) )?{_WORDS}-[0-9]+[A-Za-z]{{1,3}}"
+_GFX = "[Gg][Ff][Xx]"
+NAME_KEY = rf"(?:(?:GRID|NVIDIA|grid|nvidia) )?{_WORDS}-[0-9]+[A-Za-z]{{1,3}}(?:{_GFX})?"
 _PREFIX = re.compile(r"(?:GRID|NVIDIA) ", re.IGNORECASE)
 _PROFILE = re.compile(rf"(?P<model>{_WORDS}?)(?:-(?P<slices>[0-9]+))?"
-                      r"-(?P<fb>[0-9]+)(?P<series>[A-Za-z]{1,3})")
+                      rf"-(?P<fb>[0-9]+)(?P<series>[A-Za-z]{{1,3}})(?P<gfx>{_GFX})?")
 
 
 def profile_name(name: str) -> str:
@@ -507,7 +506,7 @@ def profile(name: str) -> Optional[Profile]:
     series = match.group("series").upper()
     return Profile(name=short, model=match.group("model"), framebuffer_gb=int(match.group("fb")),
                    series=series, mig=match.group("slices") is not None,
-                   slices=int(match.group("slices") or 0))
+                   slices=int(match.group("slices") or 0), gfx=match.group("gfx") is not None)
 
 
 def mig_profile(name: str) -> Optional[Profile]:
@@ -551,25 +550,68 @@ def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
         except OSError:
             continue
         with handle:
-            inside = False
-            for line in handle:
-                if line.startswith("10de "):
-                    inside = True
-                    continue
-                if not inside:
-                    continue
-                if line[:1] not in ("\t", "#", "\n"):
-                    break  # the next vendor
-                if line.startswith("\t") and not line.startswith("\t\t"):
-                    ident, _, name = line.strip().partition(" ")
-                    if ident in wanted:
-                        name = name.strip()
-                        # ``GV100GL [Tesla V100 PCIe 16GB]``: first "[" to last "]", not empty.
-                        first, last = name.find("["), name.rfind("]")
-                        bracketed = name[first + 1:last] if -1 < first < last - 1 else name
-                        found[f"0x{ident}"] = text.one_line(bracketed)
+            for ident, name in _nvidia_devices(handle):
+                if ident in wanted:
+                    found[f"0x{ident}"] = _marketing_name(name)
         return found
     return found
+
+
+def _nvidia_devices(handle) -> Iterator[Tuple[str, str]]:
+    """(device id, name) of each device line in pci.ids' NVIDIA block, within PCI_IDS_LIMIT."""
+    inside = False
+    left = PCI_IDS_LIMIT
+    while left > 0:  # line by line, each at most a page: bounded however the file is written
+        line = handle.readline(min(4096, left))
+        if not line:
+            return
+        left -= len(line)
+        if line.startswith("10de "):
+            inside = True
+        elif not inside:
+            continue
+        elif line[:1] not in ("\t", "#", "\n"):
+            return  # the next vendor
+        elif line.startswith("\t") and not line.startswith("\t\t"):
+            ident, _, name = line.strip().partition(" ")
+            yield ident, name
+
+
+def _marketing_name(name: str) -> str:
+    """``GV100GL [Tesla V100 PCIe 16GB]``: first "[" to last "]", not empty; else as it is."""
+    name = name.strip()
+    first, last = name.find("["), name.rfind("]")
+    return text.one_line(name[first + 1:last] if -1 < first < last - 1 else name)
+
+
+def host_model(address: str) -> Optional[str]:
+    """What the host calls the GPU at ``address`` (udev's hwdb, then the driver); None if nothing.
+
+    For a GPU the host's pci.ids does not know. Each file is read bounded,
+    any bytes; one that cannot be read names nothing (a name is no reason to
+    fail discovery). The driver's ``NVIDIA H200 NVL`` loses its vendor, as
+    pci.ids' names have none. udev's comes first: reading the driver's file
+    takes a runtime power reference on the GPU (nv-procfs.c), udev's is a file.
+    """
+    said = _said(hostroot.text_path(UDEV_DATA, f"+pci:{address}"), "E:ID_MODEL_FROM_DATABASE=")
+    if said:
+        return _marketing_name(said)
+    said = _said(hostroot.text_path(NVIDIA_GPUS, address, "information"), "Model:")
+    if said:
+        return text.one_line(said.removeprefix("NVIDIA ").strip()) or None
+    return None
+
+
+def _said(path: str, key: str) -> Optional[str]:
+    """The value of the first line of ``path`` that starts with ``key``, stripped; None if none."""
+    try:
+        content = hostroot.read_text(path, clean=False, limit=_ATTRIBUTE)
+    except HostReadError:
+        return None
+    for line in (content or "").splitlines():
+        if line.startswith(key):
+            return line[len(key):].strip() or None
+    return None
 
 
 def _read(path) -> Optional[str]:

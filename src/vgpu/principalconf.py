@@ -35,10 +35,9 @@ imports ops.
 from __future__ import annotations
 
 import json
-import re
 import string
 import sys
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from . import hostroot, pci, run, text
 from .errors import CommandError, PrincipalConfigError, UncheckedEntryError
@@ -47,6 +46,7 @@ from .record import NamedTuple
 NOVA_CONF = "/etc/nova/nova.conf"
 NOVA_COMPUTE_CONF = "/etc/nova/nova-compute.conf"
 CONFIG_FILES = (NOVA_CONF, NOVA_COMPUTE_CONF)  # in the order nova-compute reads them
+CONF_LIMIT = 1 << 22  # bytes of either file read; charm-nova-compute renders some kilobytes
 
 # Every name Nova reads [pci] device_spec under, in the order oslo.config returns
 # their values: a MultiStrOpt collects each deprecated name's values ahead of the
@@ -65,15 +65,27 @@ _BOOL_TAGS = ("managed", "live_migratable", "one_time_use")  # refused unless th
 # a regex address with catastrophic backtracking would stall the hook (holding the
 # machine lock nova-compute needs to correct it), a list nested thousands deep
 # would fail it with RecursionError. Beyond these bounds an entry is "not checked".
+# Compiling a pattern can cost as much as matching it (seconds for a long case-insensitive
+# class) or fail with OverflowError or RecursionError, so both happen in that process.
 MAX_ENTRY = 65536  # characters of one option value
 MAX_DEPTH = 32  # nesting of JSON lists and objects (Nova's entries use three)
-REGEX_BUDGET = 5.0  # seconds for one entry's regular expressions, in a process of their own
-# Matches each [pattern, field] read from stdin as Nova does (re.match), printing one
-# answer per pair; run with the charm's Python in isolated mode, ended when out of time.
+REGEX_BUDGET = 5.0  # seconds for one entry's regular expressions per hook, in a process of their own
+# Reads [patterns, pairs] from stdin; compiles each pattern as Nova does (re.compile: any
+# failure, re.error or not, is one Nova refuses) and matches each [pattern, field] pair
+# (re.match); prints [the patterns that failed, one answer per pair]. Run with the
+# charm's Python in isolated mode, ended when out of time.
 _REGEX_SCRIPT = (
     "import json, re, sys\n"
-    "pairs = json.load(sys.stdin)\n"
-    "json.dump([bool(re.match(p, f)) for p, f in pairs], sys.stdout)\n")
+    "patterns, pairs = json.load(sys.stdin)\n"
+    "compiled, failed = {}, []\n"
+    "for p in patterns:\n"
+    "    try:\n"
+    "        compiled[p] = re.compile(p)\n"
+    "    except Exception:\n"
+    "        failed.append(p)\n"
+    "json.dump([failed, [p in compiled and bool(compiled[p].match(f)) for p, f in pairs]],"
+    " sys.stdout)\n")
+_EVALUATING = "compiling and matching its regular expressions"  # what a message says ran out
 
 Parsed = Dict[str, Dict[str, List[str]]]  # section -> key -> values, in file order
 Files = List[Tuple[str, Parsed]]  # (path, parsed) per file nova-compute reads, in its order
@@ -120,12 +132,14 @@ def load() -> Optional[Files]:
     """nova.conf, then nova-compute.conf where it exists, parsed; None without nova.conf.
 
     None while nova-compute has not written nova.conf. Raises HostReadError
-    when a file cannot be read, PrincipalConfigError when oslo.config (so
-    nova-compute) could not parse it either.
+    when a file cannot be read or holds more than CONF_LIMIT bytes,
+    PrincipalConfigError when oslo.config (so nova-compute) could not parse
+    it either.
     """
     out: Files = []
     for name in CONFIG_FILES:
-        content = hostroot.read_text(path(name), clean=False)  # values are cleaned where quoted
+        # Any bytes, at most CONF_LIMIT; values are cleaned where quoted.
+        content = hostroot.read_text(path(name), clean=False, limit=CONF_LIMIT)
         if content is None:
             if name == NOVA_CONF:
                 return None
@@ -222,7 +236,8 @@ class Spec(NamedTuple):
     product_id: str
     devname: Optional[str]  # a network interface: never a GPU
     glob: Optional[Tuple[str, str, str, str]]  # domain, bus, slot, function ('*' = any)
-    regex: Optional[Tuple[Any, Any, Any, Any]]  # compiled patterns, matched from the start
+    regex: Optional[Tuple[str, str, str, str]]  # patterns, compiled and matched (from the start)
+    # in a process of their own (see regex_answers)
     physical_function: bool  # an exact address of an SR-IOV PF: its VFs match too
 
 
@@ -275,7 +290,9 @@ def parse_spec(spec: Dict[str, Any], physical_functions: Set[str]) -> Spec:
     """``spec`` under Nova's rules; ValueError for what Nova refuses at start.
 
     ``physical_functions``: addresses of SR-IOV PFs, which Nova finds in sysfs
-    (``sriov_totalvfs`` above 0) for an exact address.
+    (``sriov_totalvfs`` above 0) for an exact address. A regex address is
+    not compiled here: :func:`regex_answers` finds the patterns Nova cannot
+    compile, in the bounded process (:func:`conflicts` names the entry).
     """
     vendor = spec.get("vendor_id", ANY)
     if not isinstance(vendor, str):
@@ -296,13 +313,16 @@ def parse_spec(spec: Dict[str, Any], physical_functions: Set[str]) -> Spec:
         return Spec(vendor, product, None, glob, None, _single(glob, physical_functions))
     if isinstance(address, dict):
         raw = [address.get(name, ".*") for name in ("domain", "bus", "slot", "function")]
-        try:
-            domain, bus, slot, function = (re.compile(part) for part in raw)
-        except (re.error, TypeError):
-            raise ValueError(f"address {address} has an invalid regular expression") from None
+        if not all(isinstance(part, str) for part in raw):  # re.compile's TypeError in Nova
+            raise ValueError(_invalid(address))
+        domain, bus, slot, function = raw
         return Spec(vendor, product, None, None, (domain, bus, slot, function),
                     _single(raw, physical_functions))
     raise ValueError(f"address {address!r} is neither a string nor an object")
+
+
+def _invalid(address: Any) -> str:
+    return f"address {address} has an invalid regular expression"
 
 
 def _hex_field(name: str, value: Any, maximum: int, form: str) -> str:
@@ -364,7 +384,7 @@ def matches(spec: Spec, device: Device, answers: Optional[Answers] = None) -> bo
     if spec.vendor_id not in (ANY, device.vendor_id) or spec.product_id not in (ANY, device.product_id):
         return False
     if answers is None and spec.regex is not None:
-        answers = regex_answers(regex_questions([spec], [device]))
+        answers = regex_answers(regex_questions([spec], [device]), spec.regex)
     if spec.physical_function and device.parent_addr \
             and _address_matches(spec, device.parent_addr, answers):
         return True
@@ -381,7 +401,7 @@ def _address_matches(spec: Spec, address: str, answers: Optional[Answers]) -> bo
     fields = _fields(address)
     if spec.regex is not None:
         assert answers is not None
-        return all(answers[(pattern.pattern, field)] for pattern, field in zip(spec.regex, fields))
+        return all(answers[(pattern, field)] for pattern, field in zip(spec.regex, fields))
     assert spec.glob is not None
     return all(want in (ANY, field) for want, field in zip(spec.glob, fields))
 
@@ -389,30 +409,44 @@ def _address_matches(spec: Spec, address: str, answers: Optional[Answers]) -> bo
 def regex_questions(specs: Iterable[Spec], devices: Iterable[Device]) -> List[Tuple[str, str]]:
     """Every (pattern, address field) pair matching ``specs`` against ``devices`` asks."""
     addresses = sorted({a for d in devices for a in (d.address, d.parent_addr) if a})
-    pairs = {(pattern.pattern, field) for spec in specs if spec.regex is not None
+    pairs = {(pattern, field) for spec in specs if spec.regex is not None
              for address in addresses for pattern, field in zip(spec.regex, _fields(address))}
     return sorted(pairs)
 
 
-def regex_answers(pairs: Sequence[Tuple[str, str]]) -> Answers:
+class UncompiledPatternError(ValueError):
+    """Patterns Nova cannot compile (``re.error``, OverflowError, RecursionError...)."""
+
+    def __init__(self, patterns: Sequence[str]):
+        """Keep the patterns that failed."""
+        super().__init__(f"{len(patterns)} regular expression(s) Python cannot compile")
+        self.patterns = frozenset(patterns)
+
+
+def regex_answers(pairs: Sequence[Tuple[str, str]], patterns: Iterable[str] = ()) -> Answers:
     """``re.match`` of each pair, as Nova matches regex address fields, within REGEX_BUDGET.
 
-    Python's ``re`` cannot be interrupted, so the patterns run in a process
-    of their own, ended when out of time: UncheckedEntryError then (or when
-    that process cannot run), and the hook goes on.
+    Every pattern (of ``pairs`` and ``patterns``) is compiled first:
+    UncompiledPatternError names those that fail, as they fail in Nova. Python's
+    ``re`` can be interrupted neither compiling nor matching, so both run in
+    one process of their own, ended when out of time: UncheckedEntryError then
+    (or when that process cannot run), and the hook goes on.
     """
-    if not pairs:
+    every = sorted({*patterns, *(pattern for pattern, _ in pairs)})
+    if not every:
         return {}
     try:
         result = run.run([sys.executable, "-I", "-c", _REGEX_SCRIPT], REGEX_BUDGET,
-                         what="matching its regular expressions", stdin=json.dumps(pairs))
-        said = json.loads(result.stdout)
+                         what=_EVALUATING, stdin=json.dumps([every, pairs]))
+        failed, said = json.loads(result.stdout)
     except CommandError as error:
         raise UncheckedEntryError(error.cause) from None
-    except ValueError:
-        raise UncheckedEntryError("matching its regular expressions gave no answer") from None
-    if not isinstance(said, list) or len(said) != len(pairs):
-        raise UncheckedEntryError("matching its regular expressions gave no answer")
+    except (ValueError, TypeError):
+        raise UncheckedEntryError(f"{_EVALUATING} gave no answer") from None
+    if not isinstance(said, list) or len(said) != len(pairs) or not isinstance(failed, list):
+        raise UncheckedEntryError(f"{_EVALUATING} gave no answer")
+    if failed:
+        raise UncompiledPatternError([str(pattern) for pattern in failed])
     return {(str(pattern), str(field)): bool(answer)
             for (pattern, field), answer in zip(pairs, said)}
 
@@ -451,37 +485,82 @@ def conflicts(specs: Sequence[Entry], sections: Dict[str, List[List[str]]], host
     to change. An entry beyond what a hook evaluates (see MAX_ENTRY,
     MAX_DEPTH, REGEX_BUDGET) is named as not checked.
     """
+    return conflicts_each(specs, [sections], host, app)[0]
+
+
+def conflicts_each(specs: Sequence[Entry], candidates: Sequence[Dict[str, List[List[str]]]],
+                   host: pci.Host, app: str) -> List[List[str]]:
+    """:func:`conflicts` for each of ``candidates`` (sets of sections), in their order.
+
+    Each entry is parsed, and its regular expressions compiled and matched
+    against the functions of every candidate at once, once: one bounded
+    process per entry with patterns, so an entry costs a hook REGEX_BUDGET
+    at most however many sets of sections are checked.
+    """
+    checks = [_check(sections, host) for sections in candidates]
+    out: List[List[str]] = [[] for _ in candidates]
+    if not any(checks):
+        return out
+    physical = {gpu.address for gpu in host.gpus if gpu.sriov}
+    devices = {d.address: d for check in checks if check for t in check[0]
+               for d in (t.pf, *t.ours, *t.others) if d is not None}.values()
+    for entry in specs:
+        evaluated = _evaluated(entry, physical, devices, app)
+        for messages, check in zip(out, checks):
+            if check is None:
+                continue
+            if isinstance(evaluated, str):  # not checked, or refused by Nova: said for each
+                messages.append(evaluated)
+                continue
+            parsed, answers = evaluated
+            for item, spec in parsed:
+                problem = _problem(spec, check[0], check[1], answers)
+                if problem:
+                    shown = entry.value if len(parsed) == 1 else json.dumps(item)
+                    messages.append(f"{_named(app, entry, shown)} {problem}; {_fix(app, entry)}")
+    return out
+
+
+def _check(sections: Dict[str, List[List[str]]], host: pci.Host
+           ) -> Optional[Tuple[List["_Target"], bool]]:
+    """(the GPUs ``sections`` give Nova, whether they report to Placement); None: nothing to clash."""
     pairs = [list(p) for p in sections.get("pci", [])]
     reporting = ["report_in_placement", "True"] in pairs
     targets = _targets([value for key, value in pairs if key == "device_spec"], host)
     targets += _mdev_targets(sections, host)
-    if not targets and not reporting:
-        return []
-    physical = {gpu.address for gpu in host.gpus if gpu.sriov}
-    devices = [d for t in targets for d in (t.pf, *t.ours, *t.others) if d is not None]
-    out = []
-    for entry in specs:
-        try:
-            items = specs_of(entry)
-            parsed = [(item, parse_spec(dict(item), physical)) for item in items]
-            answers = regex_answers(regex_questions([spec for _, spec in parsed], devices))
-        except UncheckedEntryError as error:
-            out.append(f"cannot check {_named(app, entry, entry.value)}: {error}; whether it takes "
-                       f"this unit's vGPU devices is unknown, the last published settings stay; "
-                       f"{_fix(app, entry)}")
-            continue
-        except ValueError as error:
-            out.append(f"{_named(app, entry, entry.value)} is refused by Nova "
-                       f"({text.one_line(str(error), _ENTRY_LIMIT)}), so "
-                       f"whether it takes this unit's vGPU devices is unknown: correct it; "
-                       f"{_fix(app, entry)}")
-            continue
-        for item, spec in parsed:
-            problem = _problem(spec, targets, reporting, answers)
-            if problem:
-                shown = entry.value if len(items) == 1 else json.dumps(item)
-                out.append(f"{_named(app, entry, shown)} {problem}; {_fix(app, entry)}")
-    return out
+    return (targets, reporting) if targets or reporting else None
+
+
+def _evaluated(entry: Entry, physical: Set[str], devices: Iterable[Device], app: str
+               ) -> Union[str, Tuple[List[Tuple[Dict[str, Any], Spec]], Answers]]:
+    """An entry's specs parsed and their regex answers for ``devices``; else why, as a message."""
+    try:
+        parsed = [(item, parse_spec(dict(item), physical)) for item in specs_of(entry)]
+        return parsed, _answers(parsed, devices)
+    except UncheckedEntryError as error:
+        return (f"cannot check {_named(app, entry, entry.value)}: {error}; whether it takes "
+                f"this unit's vGPU devices is unknown, the last published settings stay; "
+                f"{_fix(app, entry)}")
+    except ValueError as error:
+        return (f"{_named(app, entry, entry.value)} is refused by Nova "
+                f"({text.one_line(str(error), _ENTRY_LIMIT)}), so "
+                f"whether it takes this unit's vGPU devices is unknown: correct it; "
+                f"{_fix(app, entry)}")
+
+
+def _answers(parsed: Sequence[Tuple[Dict[str, Any], Spec]], devices: Iterable[Device]) -> Answers:
+    """One entry's regex answers for ``devices`` (:func:`regex_answers`, one process).
+
+    ValueError naming the address whose pattern Nova cannot compile.
+    """
+    regex = [spec for _, spec in parsed if spec.regex is not None]
+    try:
+        return regex_answers(regex_questions(regex, devices),
+                             [pattern for spec in regex for pattern in spec.regex or ()])
+    except UncompiledPatternError as error:
+        address = next(item.get("address") for item, spec in parsed
+                       if set(spec.regex or ()) & error.patterns)
+        raise ValueError(_invalid(address)) from None
 
 
 def _problem(spec: Spec, targets: Sequence[_Target], reporting: bool, answers: Answers) -> str:

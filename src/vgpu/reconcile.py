@@ -20,12 +20,13 @@ holds one step and the functions it calls:
 
 - the driver: :func:`_inspect_resource`, :func:`_ensure_driver`, :func:`_resumed_elsewhere`;
 - the VFs: :func:`_ensure_vfs`;
+- after a reboot, the boot step's work when it could not do it: :func:`_after_boot`;
 - publishing: :func:`_publish` (the only step of :func:`publish`), which checks the
   sections to publish (:func:`_addressable`, :func:`_mdevs_may_change`,
   :func:`_mdevctl_ready`, :func:`_principal_accepts`) and gives the VFs their types
   (:func:`_give_vfs_types`, :func:`_restore_vf_types`), and runs the next two;
-- MIG: :func:`_mig_instances` (before the mapping is checked), :func:`_mig_ready`,
-  :func:`_with_mig` (the boot data);
+- MIG: :func:`_mig_instances` (before the mapping is checked: what nova.conf lists first,
+  a change only where no guest holds a VF), :func:`_mig_ready`, :func:`_with_mig` (the boot data);
 - the boot unit and the mdev record: :func:`_ensure_boot_unit`, :func:`_record_mdevs`.
 """
 
@@ -65,6 +66,8 @@ from . import (
     services,
     sriov,
     status,
+    text,
+    upstream,
 )
 from .errors import (
     GuestsRunningError,
@@ -198,6 +201,7 @@ class Outcome:
         self.busy = False  # the boot step held the host lock: nothing done, the waits say so
         # The failed install of mdevctl to remember (None: none); _Hook starts it as given.
         self.mdevctl_failed: Optional[mdevctl.Failure] = None
+        self.notes: List[str] = []  # said once, in this hook's status (the upstream charm taken over)
 
 
 def wants_driver(here: facts.Facts, options: Mapping[str, Any]) -> bool:
@@ -248,6 +252,10 @@ def reconcile(host: Host, given: Inputs) -> Outcome:
     """
     hook = _Hook(host, given)
     try:
+        # The resource is Juju's, not the host's: inspected before the lock, so that a
+        # hook the boot step keeps waiting still records what was attached.
+        if given.new_revision and wants_driver(hook.facts(), given.options):
+            _inspect_resource(hook)  # Juju runs upgrade-charm for a new revision
         with _locked(host, hook.out):
             _steps(hook)
     except HostReadError as error:
@@ -316,6 +324,7 @@ class _Hook:
         self.problems = self.out.problems
         self.waits = self.out.waits
         self.mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
+        self.vfs_enabled = False  # _ensure_vfs ran sriov-manage -e (it may wipe MIG state)
 
     def facts(self) -> facts.Facts:
         return self.host.facts()
@@ -343,16 +352,18 @@ class _Hook:
 def _steps(hook: _Hook) -> None:
     """The steps of :func:`reconcile`, in order; raises HostReadError."""
     if wants_driver(hook.facts(), hook.given.options):
-        if hook.given.new_revision:
-            _inspect_resource(hook)  # Juju runs upgrade-charm for a new revision
+        if hook.given.new_revision:  # done before the lock, unless no GPU was seen then
+            _inspect_resource(hook)  # (the charm fetches the resource once per dispatch)
         _ensure_driver(hook)
     _ensure_vfs(hook)
+    _after_boot(hook)
     if hook.paused and _resumed_elsewhere(hook):
         logger.info("the vGPU services run again (started outside this charm): "
                     "no longer paused")
         hook.paused = False
         hook.out.resumed = True
     _publish(hook)
+    _take_over_upstream(hook)
 
 
 # -- the driver: the resource inspected, the package installed, a resume by hand noticed ---------
@@ -429,7 +440,33 @@ def _ensure_vfs(hook: _Hook) -> None:
     if not missing:
         return
     hook.out.vf_failures.update(sriov.enable(missing))
+    hook.vfs_enabled = True
     hook.refresh()
+
+
+def _after_boot(hook: _Hook) -> None:
+    """The boot step's work when it was not done since this boot; what it left undone, named.
+
+    After the hook's own sriov-manage (VFs first, as at boot): MIG mode, GPU
+    instances, types and mdevs, from the boot data and the mdev record, when
+    the boot step left no mark this boot or left one saying something was not
+    restored (see :mod:`vgpu.bootfile`, :func:`vgpu.boot.catch_up`), and after
+    every hook that enabled VFs itself (a driver reload took them; sriov-manage
+    may have wiped the MIG state the mapping in force needs). Not while paused
+    (the vGPU manager is stopped) nor for a boot unit the operator masked.
+    Mdevs still missing are blocked problems: no hook creates them.
+    """
+    here = hook.facts()
+    if here.driver is None or not here.driver.installed or hook.paused:
+        return
+    from . import bootfile
+
+    if (hook.vfs_enabled or not bootfile.done()) and not sriov.unit_masked():
+        from . import boot
+
+        boot.catch_up(again=hook.vfs_enabled)
+        hook.refresh()
+    hook.problems.extend(bootfile.left_behind(bootfile.left()))
 
 
 # -- publishing: what nova-compute gets, and the VF types that go with it ------------------------
@@ -443,8 +480,9 @@ def _publish(hook: _Hook) -> None:
     here = hook.facts()
     installed = here.driver if here.driver is not None and here.driver.installed else None
     sections: Optional[dict] = {}
-    plan = None
-    if here.pci.gpus:
+    plan = boot_plan = None
+    gpus = bool(here.pci.gpus)
+    if gpus:
         _mig_instances(hook)
         here = hook.facts()
         validation = hook.mapping()
@@ -469,7 +507,7 @@ def _publish(hook: _Hook) -> None:
         accepted = _principal_accepts(hook, sections)
         ok = ok and accepted and _mig_ready(hook, plan) and _give_vfs_types(hook, plan)
         sections = sections if ok else None
-        _ensure_boot_unit(hook, plan if ok else None)
+        boot_plan = plan if ok else None
     elif hook.published_mapping() or hook.published_reporting():
         # Every mapped GPU seems gone (a driver reload, a bad read): keep what
         # nova-compute has rather than empty its config; the status says so.
@@ -480,6 +518,28 @@ def _publish(hook: _Hook) -> None:
         del data["subordinate_configuration"]
     hook.out.relation_data = [{k: v for k, v in data.items() if ours.get(k) != v}
                               for ours in hook.published()]
+    if gpus:  # once the relation data is set: see _after_types
+        _after_types(hook, boot_plan)
+
+
+def _after_types(hook: _Hook, plan) -> None:
+    """The boot unit's step, once the VFs hold what the relation data (already set) lists.
+
+    Nothing that fails from here on may keep nova-compute from getting the
+    sections the VFs now hold: a failed hook would leave its relation data
+    unset, the VFs disagreeing with nova.conf. A host read error is said as
+    such, anything else as the boot unit not updated; the next hook retries.
+    """
+    try:
+        _ensure_boot_unit(hook, plan)
+    except VgpuError as error:
+        logger.error("%s", error)
+        hook.problems.append(str(error))
+    except Exception as error:  # noqa: BLE001 -- a failed hook would undo the publishing
+        logger.exception("%s not updated", sriov.UNIT)
+        hook.problems.append(
+            f"{sriov.UNIT}: not updated after the VFs took their types "
+            f"({type(error).__name__}: {text.one_line(str(error), 100)}); retrying on the next hook")
 
 
 def _mdevctl_ready(hook: _Hook, sections, release) -> bool:
@@ -579,8 +639,10 @@ def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:
     ours = [v for s in mine for k, v in s.get("pci", []) if k == "device_spec"]
     specs = principalconf.principal(conf, ours).specs
     found: List[str] = []
-    for candidate in mine:  # the new sections first: accepted, they replace the published
-        found.extend(principalconf.conflicts(specs, candidate, hook.facts().pci, app))
+    # Each entry evaluated once for all of them (its bound is per hook, not per candidate).
+    each = principalconf.conflicts_each(specs, mine, hook.facts().pci, app)
+    for messages in each:  # the new sections first: accepted, they replace the published
+        found.extend(messages)
         if new and not found:
             return True
     hook.problems.extend(dict.fromkeys(found))
@@ -608,7 +670,7 @@ def _mdevs_may_change(hook: _Hook, sections) -> bool:
     more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
     hook.problems.append(
         f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
-        f"the instance first; keeping {mappings.summary(published)}")
+        f"the instance first; keeping {mappings.kept(published)}")
     return False
 
 
@@ -675,8 +737,15 @@ def _mig_instances(hook: _Hook) -> None:
     A VF lists a MIG-backed type only where a GPU instance has room for it
     (NVIDIA's vGPU for Compute guide, "Configuring a GPU for MIG-Backed
     vGPUs": on KVM the host creates them), so they are created first, on GPUs
-    in MIG mode only (the status asks for the mode otherwise); a GPU instance
-    in use is never destroyed (see :func:`vgpu.mig.ensure`).
+    in MIG mode only (the status asks for the mode otherwise). A GPU whose
+    profile the mapping changes (from what the boot data says is in force, as
+    nova.conf lists it) changes only while no guest, running or shut off, holds
+    one of its VFs: then the types the charm wrote there are released when their
+    GPU instances stand in the way (see :func:`vgpu.mig.ensure`), as a
+    time-sliced change goes through by itself. While a guest holds one, the GPU
+    instances in force are restored first (after a reboot without the boot step
+    the guest's own type must fit again) and the change waits: the VF step says
+    which guests hold it. A GPU instance in use is never destroyed.
     """
     here = hook.facts()
     if hook.paused or here.driver is None or not here.driver.installed:
@@ -694,21 +763,56 @@ def _mig_instances(hook: _Hook) -> None:
     except MigError:
         return  # said by _mig_ready, with what MIG-backed profiles need
     hook.mig_modes = found  # what _mig_ready asks, read once per dispatch
+    applied = _applied_mig()
     changed = False
     for need in wanted.values():
-        if not found[need.gpu].enabled:
-            continue
-        try:
-            changed = bool(mig.ensure(need)) or changed
-        except MigInUseError as error:
-            from . import guests  # who holds them: named, since the steps start there
+        if found[need.gpu].enabled:
+            try:
+                changed = _gpu_instances(hook, need, applied.get(need.gpu)) or changed
+            except MigInUseError as error:
+                from . import guests  # who holds them: named, since the steps start there
 
-            held = guests.vgpu_guests(error.vfs, defined=True)
-            hook.problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
-        except MigError as error:
-            hook.problems.append(str(error))
+                held = guests.vgpu_guests(error.vfs, defined=True)
+                hook.problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
+            except MigError as error:
+                hook.problems.append(str(error))
     if changed:
         hook.refresh()
+
+
+def _gpu_instances(hook: _Hook, need, before) -> bool:
+    """One GPU's part of :func:`_mig_instances` (``before``: the Need in force); True if changed."""
+    from . import mig
+
+    if before is not None and (before.profile, before.instance) == (need.profile, need.instance):
+        return bool(mig.ensure(need))
+    gpu = hook.facts().pci.gpu(need.gpu)
+    vfs = [vf.address for vf in gpu.vfs] if gpu is not None else []
+    from . import guests  # XML parsing only when a GPU's profile changes
+
+    held = guests.vgpu_guests(vfs, defined=True)
+    if held:
+        hook.problems.append(
+            f"{OPTION} not applied on GPU {need.gpu}: MIG-backed {need.profile} takes the place "
+            f"of {before.profile if before is not None else 'what its VFs hold'}, and "
+            f"{GuestsRunningError(held)}; move or delete those instances, or restore the mapping")
+        # What nova.conf lists comes back first (after a reboot the guest's own type must fit).
+        return before is not None and bool(mig.ensure(before))
+    return bool(mig.ensure(need, releasable=vfs))
+
+
+def _applied_mig() -> Dict[str, Any]:
+    """``{GPU: mig.Need}`` the boot data keeps: the MIG-backed layout in force; {} when unknown.
+
+    Unknown (no data, or data that cannot be read) makes every GPU count as
+    changing: guests are asked about before anything is done.
+    """
+    from . import bootdata, mig
+
+    try:
+        return dict(mig.boot_needs(bootdata.load(f"/{sriov.DATA_FILE}")))
+    except bootdata.DataError:
+        return {}
 
 
 def _mig_ready(hook: _Hook, plan) -> bool:
@@ -790,3 +894,42 @@ def _record_mdevs(hook: _Hook) -> bool:
     except OSError as error:
         hook.problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
     return mdevs.kept()
+
+
+# -- the upstream charm's leftovers, after juju refresh --switch ---------------------------------
+
+def _take_over_upstream(hook: _Hook) -> None:
+    """The upstream charm's boot unit retired once this charm's restores (see :mod:`vgpu.upstream`).
+
+    Kept while the host needs restoring at boot (an SR-IOV GPU, or mdevs
+    recorded) and this charm's unit is not in place yet: the old one is then
+    the only restorer. What changed is said once, as notes of this hook.
+    """
+    notes = hook.out.notes
+    for relation, changed in zip(hook.given.relations(), hook.out.relation_data):
+        note = upstream.services_note(relation.data, changed)
+        if note:
+            notes.append(note)
+            break
+    if not upstream.found():
+        return
+    here = hook.facts()
+    ours = sriov.unit_masked() or sriov.unit_path().is_file()
+    needed = mdevs.kept() or any(gpu.sriov for gpu in here.pci.gpus)
+    if needed and not ours:
+        logger.warning("keeping the upstream charm's %s until %s is in place: it is the only "
+                       "unit that restores VFs and mdevs at boot", upstream.UNIT, sriov.UNIT)
+        return
+    if sriov.unit_masked():
+        restorer = f"{sriov.UNIT} is masked: nothing restores VFs or mdevs at boot"
+    elif ours:
+        restorer = f"{sriov.UNIT} alone restores VFs and mdevs at boot, for the GPUs {OPTION} selects"
+    else:
+        restorer = f"nothing here needs restoring at boot now; {sriov.UNIT} comes when something does"
+    try:
+        notes.extend(upstream.retire(restorer, hook.published_mapping()))
+    except (ServiceError, OSError) as error:
+        hook.problems.append(
+            f"cannot remove the upstream charm's {upstream.UNIT}: "
+            f"{getattr(error, 'strerror', None) or error}; at boot it still runs sriov-manage -e "
+            "on every GPU and creates mdevs beside this charm; retrying on the next hook")

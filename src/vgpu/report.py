@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from . import novaconf, table, text
-from .pci import VFIO, Gpu, Host, VgpuType, created_instances, mig_profile
+from . import capacity, novaconf, table, text
+from .pci import VFIO, Gpu, Host, VgpuType, mig_profile
 
 ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
 ALIAS_WHERE = "nova-cloud-controller and nova-compute pci-alias"
@@ -57,6 +57,7 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                 mdev_class: bool = False, pci_in_placement: bool = False,
                 live_migration: bool = False,
                 whole_gb: Optional[Mapping[str, int]] = None,
+                held: Optional[capacity.Held] = None,
                 published: Optional[novaconf.Sections] = None) -> Dict[str, dict]:
     """Per group of GPUs that offer the same (keys gpu-0, gpu-1, ...): addresses, model, types.
 
@@ -76,13 +77,15 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     names, shaping the alias). ``offered``: every type per GPU, learnt ones
     included (a full VFIO GPU lists none in sysfs). ``whole_gb``: each VFIO
     GPU's whole framebuffer in GB where known (:func:`vgpu.catalogue.whole_gpus`),
-    which counts a time-sliced profile on a partly used GPU. ``published``: the
-    sections nova-compute has now; a type whose resource class another
+    which counts a time-sliced profile on a partly used GPU. ``max-instances`` and
+    ``available-instances`` are :func:`vgpu.capacity.count`'s, as the status line and
+    the exporter count them (``held``: :func:`vgpu.capacity.held`, read here when not given).
+    ``published``: the sections nova-compute has now; a type whose resource class another
     published type shares gets a ``flavor-note`` (:func:`shared_class_notes`).
     """
     out: Dict[str, dict] = {}
     notes = shared_class_notes(published)
-    for index, group in enumerate(_groups(host, offered, whole_gb)):
+    for index, group in enumerate(_groups(host, offered, whole_gb, held)):
         gpu, rows = group[0]
         types: Dict[str, dict] = {}
         for vgpu_type, most, available in rows:
@@ -114,13 +117,18 @@ _Row = Tuple[VgpuType, Optional[int], Optional[int]]  # a type, how many fit, ho
 
 
 def _groups(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
-            whole_gb: Optional[Mapping[str, int]]) -> List[List[Tuple[Gpu, List[_Row]]]]:
+            whole_gb: Optional[Mapping[str, int]],
+            held: Optional[capacity.Held]) -> List[List[Tuple[Gpu, List[_Row]]]]:
     """The host's GPUs with their rows, grouped where all but the address and VFs are the same."""
     groups: Dict[tuple, List[Tuple[Gpu, List[_Row]]]] = {}
+    seen = capacity.held() if held is None and host.gpus else held or capacity.Held()
     for gpu in host.gpus:
         whole = (whole_gb or {}).get(gpu.address)
-        rows = [(t, _most(gpu, t, whole), _available(gpu, t, whole))
-                for t in (offered or {}).get(gpu.address) or gpu.offered_types()]
+        rows = []
+        for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
+            most = capacity.most(gpu, vgpu_type, whole)
+            found = capacity.count([gpu], vgpu_type.id, seen, whole_gb=whole_gb, fits=most)
+            rows.append((vgpu_type, most, found.available))
         # The model's device id fixes what _mig_entry says of a type; the rows, the rest.
         same = (gpu.model, gpu.device_id, gpu.driver, gpu.framework, gpu.sriov, gpu.vfs_missing,
                 tuple(rows))
@@ -158,6 +166,7 @@ def _product_id(gpu) -> str:
 def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None, *,
                 mdev_class: bool = False, pci_in_placement: bool = False,
                 live_migration: bool = False, whole_gb: Optional[Mapping[str, int]] = None,
+                held: Optional[capacity.Held] = None,
                 published: Optional[novaconf.Sections] = None) -> str:
     """A fixed-width table, one row per group of like GPUs and type, bounded.
 
@@ -176,7 +185,7 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                               "FLAVOR"]]
     aliases: Dict[str, str] = {}
     notes = shared_class_notes(published)
-    for group in _groups(host, offered, whole_gb):
+    for group in _groups(host, offered, whole_gb, held):
         gpu, types = group[0]
         addresses = ",".join(member.address for member, _ in group)
         if not types:
@@ -219,26 +228,6 @@ def _mig_entry(gpu, vgpu_type: VgpuType) -> Dict[str, str]:
     return entry
 
 
-def _most(gpu, vgpu_type: VgpuType, whole_gb: Optional[int] = None):
-    """How many of the type one GPU holds, None where that cannot be told.
-
-    The mdev description's, a MIG-backed profile's, or (VFIO, time-sliced) the
-    profile's framebuffer against the whole GPU's (``whole_gb``), as a mapping counts it.
-    """
-    if vgpu_type.max_instances is not None:
-        return vgpu_type.max_instances
-    from .plan import vfio_fits
-
-    named = mig_profile(vgpu_type.name)
-    if named is not None:
-        from . import mig
-
-        return mig.fits(gpu, named)
-    if gpu.framework == VFIO and not gpu.types:
-        return vfio_fits(gpu, vgpu_type, whole_gb)
-    return None
-
-
 def _gpu_instances(gpus) -> Dict[str, str]:
     """``gpu-instances``: each VF's GPU instance (``nvidia/gpu_instance_id``), where one is held."""
     if gpus[0].framework != VFIO:
@@ -261,39 +250,6 @@ def _alias_lines(aliases: List[str]) -> str:
         lines.append(f"  ... and {len(aliases) - ALIASES_SHOWN} more; see pci-alias in the "
                      "nested results")
     return "\n".join(lines)
-
-
-def _available(gpu, vgpu_type, whole_gb: Optional[int] = None):
-    """Instances still creatable; on SR-IOV GPUs one per free VF, at most what the type fits.
-
-    Each VF holds at most one vGPU, and the GPU holds at most ``max_instance``
-    of the type, however many VFs still list it. A time-sliced VFIO type: the
-    free VFs that list it, at most what the profile fits (:func:`_most`) less
-    the VFs that hold it; None when that is unknown.
-    """
-    if gpu.types:
-        return vgpu_type.available_instances
-    if gpu.framework == VFIO and mig_profile(vgpu_type.name) is None:
-        most = _most(gpu, vgpu_type, whole_gb)
-        if most is None:
-            return None
-        free = sum(1 for vf in gpu.vfs if not vf.current_type
-                   and any(t.number == vgpu_type.number for t in vf.types))
-        held = sum(1 for vf in gpu.vfs if vf.current_type == vgpu_type.number)
-        return max(0, min(free, most - held))
-    counts = [min(t.available_instances, 1) for vf in gpu.vfs for t in vf.types
-              if t.number == vgpu_type.number and t.available_instances is not None]
-    if not counts:
-        return None
-    fits = vgpu_type.max_instances
-    if fits is None:
-        return sum(counts)
-    # Free VFs each list one while the GPU has room: the room is what the type fits less the
-    # vGPUs of the type its VFs already hold (unknown: nothing counted as free beyond the VFs).
-    on_vfs = [created_instances(vf.address, vgpu_type.id) for vf in gpu.vfs]
-    if any(n is None for n in on_vfs):
-        return min(sum(counts), fits)
-    return max(0, min(sum(counts), fits - sum(n or 0 for n in on_vfs)))
 
 
 def _text(value) -> str:

@@ -101,6 +101,16 @@ def enable(name: str) -> None:
     _change("enable", name)
 
 
+def disable(name: str) -> None:
+    """Keep one unit from starting at boot, stopping nothing now."""
+    _change("disable", name)
+
+
+def restart(name: str) -> None:
+    """Start one unit, or stop and start it when it runs (its new code or unit file in force)."""
+    _change("restart", name)
+
+
 def stop_and_disable(name: str) -> None:
     """Stop one unit and keep it from starting at boot (what removing it needs first)."""
     for verb in ("stop", "disable"):
@@ -123,7 +133,7 @@ def _undo(done: List[Tuple[str, str]], was_active: Dict[str, bool]) -> List[str]
 
 def _change(verb: str, name: str = "") -> None:
     """``systemctl <verb> [<name>]``; ServiceError saying what failed, cause first."""
-    timeout = CHANGE_TIMEOUT if verb in ("stop", "start") else SWITCH_TIMEOUT
+    timeout = CHANGE_TIMEOUT if verb in ("stop", "start", "restart") else SWITCH_TIMEOUT
     cmd = ["systemctl", verb, *_checked([name] if name else [])]
     what = " ".join(cmd)
     log.info("%s", what)

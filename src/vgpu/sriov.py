@@ -34,9 +34,10 @@ from .record import NamedTuple
 log = logging.getLogger(__name__)
 
 SRIOV_MANAGE = "usr/lib/nvidia/sriov-manage"
-UNIT = "nvidia-vgpu-vfs.service"
+UNIT = bootfile.UNIT  # nvidia-vgpu-vfs.service
 UNIT_FILE = f"etc/systemd/system/{UNIT}"
 RUNTIME_UNIT_FILE = f"run/systemd/system/{UNIT}"  # where ``systemctl mask --runtime`` links
+UNIT_LIMIT = 1 << 16  # bytes of the unit file read back; the charm's own text is about 1.3 KB
 TEMPLATE = kernel.CHARM_ROOT / "templates" / UNIT
 BOOT_SCRIPT = kernel.CHARM_ROOT / "src" / "vgpu_boot.py"
 DATA_FILE = bootfile.DATA_FILE
@@ -235,13 +236,12 @@ def ensure_unit(content: str) -> bool:
     if unit_masked():
         return False
     target = unit_path()
-    try:
-        previous = target.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    try:  # bytes, bounded, no link followed: a hand edit in another encoding is just different
+        previous = files.read(target, UNIT_LIMIT)
+    except OSError as error:  # a link, not a file, too large: replaced (never written through)
+        log.warning("replacing /%s: %s", UNIT_FILE, error.strerror or error)
         previous = None
-    except OSError as error:
-        raise SriovError(f"cannot read /{UNIT_FILE}: {error.strerror or error}") from None
-    if previous == content:
+    if previous == content.encode("utf-8"):
         return False
     try:
         files.write_atomic(target, content)
@@ -259,12 +259,14 @@ def ensure_unit(content: str) -> bool:
 def remove_unit() -> bool:
     """Stop, disable and delete the unit and its data (charm removal); True when there was one.
 
-    A masked unit is the operator's: it is left as it is.
+    A masked unit is the operator's: it is left as it is. The boot step's mark
+    in /run goes too (see :mod:`vgpu.bootfile`).
     """
     try:
         data_path().unlink()
     except FileNotFoundError:
         pass
+    bootfile.forget()
     target = unit_path()
     if unit_masked() or not target.exists():
         return False

@@ -71,6 +71,7 @@ class Inputs(NamedTuple):
     mapped: Tuple[str, ...] = ()  # the addresses vgpu-device-mappings names (read when one is missing)
     neighbour_notes: Tuple[str, ...] = ()  # what other subordinates lost beside us (vgpu.neighbours)
     secure_boot: Optional[kernel.SecureBoot] = None  # read while the vGPU module is not loaded
+    notes: Tuple[str, ...] = ()  # said once, by the hook that did it (the upstream charm taken over)
 
 
 def checks_host(facts: Facts, forced: bool, published: Mapping[str, Tuple[str, ...]]) -> bool:
@@ -104,6 +105,7 @@ def statuses(inputs: Inputs) -> List[Status]:
     if inputs.boot_unit_masked:
         notes.append(f"{sriov.UNIT} is masked: VFs and vGPU types are not restored at boot")
     notes.extend(inputs.neighbour_notes)
+    notes.extend(inputs.notes)
     out.extend(_driver_statuses(inputs, notes))
     out.append((ACTIVE, "; ".join([serving_message(inputs)] + notes)))
     return out
@@ -197,7 +199,7 @@ def mapping_message(validation: mappings.Validation, published: Mapping[str, Tup
     """The first error of the option, how many more, and what stays in force."""
     first = validation.errors[0]
     more = f" (+{len(validation.errors) - 1} more)" if len(validation.errors) > 1 else ""
-    keeping = f"; keeping {mappings.summary(published)}" if published else ""
+    keeping = f"; keeping {mappings.kept(published)}" if published else ""
     return f"{OPTION}: {first}{more}{keeping}"
 
 

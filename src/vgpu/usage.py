@@ -8,8 +8,9 @@ Three readers of the same facts:
   the NVIDIA licence edition the profile needs;
 * ``licences`` (the same action): the licences those vGPUs need, counted
   edition by edition the way NVIDIA's licensing guides count them;
-* :func:`vgpu.capacity.capacity` (the active status line): per type, vGPUs in
-  use and free.
+* :func:`vgpu.capacity.count` (the status line, ``list-vgpu-types`` and the
+  exporter): per GPU and type, vGPUs used and available; the vGPUs it counts
+  as used are the ones listed here.
 
 How a vGPU is recognised:
 
@@ -20,16 +21,12 @@ How a vGPU is recognised:
 * vendor-specific VFIO: a ``hostdev`` of type ``pci`` whose address is an
   NVIDIA VF holding a type (``nvidia/current_vgpu_type`` not 0).
 
-Capacity, decided here and documented in docs/explanation/licensing.md:
-
-* "used" counts vGPUs held by a guest libvirt knows, running or shut off:
-  Nova keeps a shut-off instance's vGPU (its mdev or VF) and its Placement
-  allocation, so it is not free. ``vgpu-usage`` shows the state, and its
-  licence counts take running guests only, since a guest checks its licence
-  out at boot and returns it at shutdown;
-* mdev "free" is what the parent can still create (``available_instances``)
-  plus created mdevs no guest holds (Nova reuses those);
-* VFIO: each VF holding a type is one vGPU; free unless a guest holds it.
+Capacity is decided in :mod:`vgpu.capacity` and documented in
+docs/explanation/licensing.md: "used" counts vGPUs held by a guest libvirt
+knows, running or shut off (Nova keeps a shut-off instance's vGPU and its
+Placement allocation). ``vgpu-usage`` shows the state, and its licence counts
+take running guests only, since a guest checks its licence out at boot and
+returns it at shutdown.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ type would change: a running one, or a shut-off one whose definition keeps it
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 from . import hostroot, pci
@@ -184,10 +186,22 @@ def _path(address: str, name: str):
 
 
 def _read(address: str, name: str) -> str:
+    """A VF's ``nvidia/`` file, any bytes (a sysfs page at most); VfTypeError when unreadable."""
+    path = _path(address, name)
     try:
-        return _path(address, name).read_text(encoding="utf-8", errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, _LIMIT + 1)
+        finally:
+            os.close(fd)
+        if len(data) > _LIMIT:
+            raise OSError(errno.EFBIG, f"more than {_LIMIT} bytes")
     except OSError as error:
         raise VfTypeError(f"cannot read {name} of VF {address}: {error.strerror or error}") from None
+    return data.decode("utf-8", errors="replace")
+
+
+_LIMIT = 65536  # a sysfs attribute is one page (4 KiB on x86), read in one piece
 
 
 def _write(address: str, number: int) -> None:

@@ -1,0 +1,209 @@
+"""Per-vGPU figures from NVIDIA's NVML, through nvidia-ml-py's ``pynvml``, where the driver is.
+
+NVML is how NVIDIA's host driver tells what the vGPUs on a hypervisor do
+("Managing vGPUs on the hypervisor", NVML API reference): per physical GPU
+``nvmlDeviceGetActiveVgpus``, per vGPU ``nvmlVgpuInstanceGetUUID``,
+``GetVmID`` (the VM's UUID on KVM, which is Nova's instance UUID),
+``GetType``, ``GetFbUsage`` and ``GetLicenseInfo_v2``, and per GPU its vGPUs'
+utilisation (``nvmlDeviceGetVgpuInstancesUtilizationInfo``, R550 and later;
+``nvmlDeviceGetVgpuUtilization`` before).
+
+The exporter keeps one :class:`Session` for its life: NVML is initialised at
+the first read and again after a read that failed. A host without the driver
+(no ``libnvidia-ml.so.1``, the module not loaded) or without nvidia-ml-py is
+no error: :attr:`Reading.present` is False and nothing is read. Every other
+failure is caught, said in :attr:`Reading.errors`, and what could be read is
+kept: nothing here raises to the exporter.
+
+nvidia-ml-py 13.615's ``nvmlVgpuInstanceGetFbUsage`` hands NVML a 32-bit
+buffer where ``nvml.h`` declares ``unsigned long long *fbUsage``: the value
+above 4 GiB is cut. The framebuffer is read through the same library
+function with a 64-bit buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Dict, List, Optional, Tuple
+
+from .record import NamedTuple
+
+ENGINES = (("sm", "smUtil"), ("memory", "memUtil"), ("encoder", "encUtil"),
+           ("decoder", "decUtil"))  # the utilisation a sample gives: our label, NVML's field
+# NVML_GRID_LICENSE_STATE_*: what NVML says of a vGPU's licence.
+LICENSE_STATES = {0: "unknown", 1: "uninitialized", 2: "unlicensed, unrestricted (grace period)",
+                  3: "unlicensed, restricted", 4: "unlicensed", 5: "licensed"}
+_ABSENT = (9, 12)  # NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND: no driver here
+
+
+class Vgpu(NamedTuple):
+    """What NVML says of one active vGPU; None where a read failed."""
+
+    gpu: str  # the physical GPU's PCI address, as sysfs names it: 0000:81:00.0
+    uuid: str  # the vGPU's own UUID
+    instance_uuid: str  # the VM's UUID (Nova's instance UUID on KVM); "" when NVML gives another id
+    type_id: str  # nvidia-<n>; "" when unread
+    licensed: Optional[bool] = None
+    license_state: Optional[int] = None  # a key of LICENSE_STATES
+    framebuffer_bytes: Optional[int] = None
+    utilization: Tuple[Tuple[str, float], ...] = ()  # (engine, 0..1)
+
+
+class Reading(NamedTuple):
+    """One read of NVML."""
+
+    present: bool  # the driver (and nvidia-ml-py) is there: NVML could be asked
+    vgpus: Tuple[Vgpu, ...] = ()
+    driver_version: str = ""
+    errors: Tuple[str, ...] = ()  # each read that failed, said once
+
+
+class Session:
+    """NVML for a long-lived reader; ``module``: pynvml, or a stand-in (imported when None)."""
+
+    def __init__(self, module: Any = None) -> None:
+        """Nothing is loaded or initialised until the first :meth:`read`."""
+        self._module = module
+        self._ready = False
+
+    def read(self) -> Reading:
+        """Every active vGPU of every GPU; never raises (see the module doc)."""
+        nvml = self._load()
+        if nvml is None:
+            return Reading(present=False)
+        if not self._ready:
+            try:
+                nvml.nvmlInit()
+            except nvml.NVMLError as error:
+                if _code(error) in _ABSENT:
+                    return Reading(present=False)
+                return Reading(present=True, errors=(f"nvmlInit: {error}",))
+            except OSError as error:  # the library itself cannot be loaded
+                return Reading(present=False, errors=(f"nvmlInit: {error}",))
+            self._ready = True
+        errors: List[str] = []
+        try:
+            reading = _read(nvml, errors)
+        except nvml.NVMLError as error:  # the device list itself: start again next time
+            self.close()
+            return Reading(present=True, errors=(f"{error}",))
+        return reading._replace(errors=tuple(dict.fromkeys(errors)))
+
+    def close(self) -> None:
+        """Shut NVML down (it is initialised again at the next read)."""
+        if self._ready and self._module is not None:
+            try:
+                self._module.nvmlShutdown()
+            except self._module.NVMLError:
+                pass
+        self._ready = False
+
+    def _load(self) -> Any:
+        if self._module is None:
+            try:
+                import pynvml  # nvidia-ml-py: only the exporter loads it
+            except ImportError:
+                return None
+            self._module = pynvml
+        return self._module
+
+
+def _read(nvml: Any, errors: List[str]) -> Reading:
+    version = _try(errors, "driver version", nvml.nvmlSystemGetDriverVersion) or ""
+    vgpus: List[Vgpu] = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        address = bus_address(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        instances = _try(errors, f"GPU {address}: active vGPUs", nvml.nvmlDeviceGetActiveVgpus,
+                         handle)
+        if not instances:
+            continue
+        usage = _utilization(nvml, handle, address, errors)
+        for instance in instances:
+            vgpus.append(_vgpu(nvml, instance, address, usage.get(_key(instance), ()), errors))
+    return Reading(present=True, vgpus=tuple(vgpus), driver_version=_text(version))
+
+
+def _vgpu(nvml: Any, instance: Any, address: str, usage: Tuple[Tuple[str, float], ...],
+          errors: List[str]) -> Vgpu:
+    where = f"GPU {address}: a vGPU's"
+    uuid = _text(_try(errors, f"{where} UUID", nvml.nvmlVgpuInstanceGetUUID, instance) or "")
+    vm = _try(errors, f"{where} VM", nvml.nvmlVgpuInstanceGetVmID, instance)
+    number = _try(errors, f"{where} type", nvml.nvmlVgpuInstanceGetType, instance)
+    licence = _try(errors, f"{where} licence", nvml.nvmlVgpuInstanceGetLicenseInfo_v2, instance)
+    framebuffer = _try(errors, f"{where} framebuffer", _framebuffer, nvml, instance)
+    instance_uuid = ""
+    if vm is not None and vm[1] == getattr(nvml, "NVML_VGPU_VM_ID_UUID", 1):
+        instance_uuid = _text(vm[0]).lower()
+    return Vgpu(gpu=address, uuid=uuid, instance_uuid=instance_uuid,
+                type_id=f"nvidia-{number}" if number is not None else "",
+                licensed=bool(licence.isLicensed) if licence is not None else None,
+                license_state=int(licence.currentState) if licence is not None else None,
+                framebuffer_bytes=framebuffer, utilization=usage)
+
+
+def _framebuffer(nvml: Any, instance: Any) -> int:
+    """``nvmlVgpuInstanceGetFbUsage`` into the 64-bit buffer nvml.h declares (module doc)."""
+    used = ctypes.c_ulonglong(0)
+    function = nvml._nvmlGetFunctionPointer("nvmlVgpuInstanceGetFbUsage")
+    nvml._nvmlCheckReturn(function(instance, ctypes.byref(used)))
+    return int(used.value)
+
+
+def _utilization(nvml: Any, handle: Any, address: str,
+                 errors: List[str]) -> Dict[Any, Tuple[Tuple[str, float], ...]]:
+    """Each vGPU's latest utilisation sample on one GPU, by instance; {} when none can be read."""
+    samples = None
+    for name in ("nvmlDeviceGetVgpuInstancesUtilizationInfo", "nvmlDeviceGetVgpuUtilization"):
+        function = getattr(nvml, name, None)
+        if function is None:
+            continue
+        try:
+            samples = function(handle, 0)
+            break
+        except nvml.NVMLError as error:
+            if _code(error) not in (3, 13):  # NOT_SUPPORTED, FUNCTION_NOT_FOUND: the older one
+                errors.append(f"GPU {address}: vGPU utilisation: {error}")
+                return {}
+    out: Dict[Any, Tuple[int, Tuple[Tuple[str, float], ...]]] = {}
+    for sample in samples or ():
+        figures = tuple((engine, min(1.0, max(0.0, getattr(sample, field).uiVal / 100)))
+                        for engine, field in ENGINES)
+        key, stamp = _key(sample.vgpuInstance), int(getattr(sample, "timeStamp", 0))
+        if key not in out or stamp >= out[key][0]:
+            out[key] = (stamp, figures)
+    return {key: figures for key, (_, figures) in out.items()}
+
+
+def _key(instance: Any) -> Any:
+    """A vGPU instance as a dict key (a ctypes c_uint compares by identity: its value)."""
+    return getattr(instance, "value", instance)
+
+
+def bus_address(bus_id: Any) -> str:
+    """NVML's ``00000000:81:00.0`` (bytes or text) as sysfs writes it: ``0000:81:00.0``."""
+    text = _text(bus_id).strip().lower()
+    domain, _, rest = text.partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return text
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _code(error: Exception) -> Optional[int]:
+    return getattr(error, "value", None)
+
+
+def _try(errors: List[str], what: str, function, *args):
+    """``function(*args)``, or None with what failed added to ``errors``."""
+    try:
+        return function(*args)
+    except Exception as error:  # pynvml raises its own classes, one per NVML code
+        errors.append(f"{what}: {error}")
+        return None

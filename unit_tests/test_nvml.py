@@ -1,0 +1,129 @@
+"""NVML's per-vGPU figures (vgpu.nvml), through the pynvml stand-in of unit_tests/fake_pynvml."""
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from unit_tests.fake_pynvml import pynvml as fake
+from vgpu import nvml
+
+VM_1 = "11111111-1111-4111-8111-111111111111"
+VM_2 = "22222222-2222-4222-8222-222222222222"
+GIB = 1 << 30
+
+
+def host(**changes):
+    """An L40S with two vGPUs (one licensed, one in its grace period) and an idle H200."""
+    state = {"driver": "570.158.02", "gpus": [
+        {"bus_id": "00000000:81:00.0", "vgpus": [
+            {"id": 7, "uuid": "b8c5f3a0-1111-4d2e-9f10-aaaaaaaaaaaa", "vm": VM_1.upper(),
+             "type": 1139, "licensed": 1, "state": 5, "fb": 6 * GIB,
+             "util": {"sm": 35, "memory": 20, "encoder": 0, "decoder": 5}},
+            {"id": 8, "uuid": "b8c5f3a0-2222-4d2e-9f10-bbbbbbbbbbbb", "vm": VM_2,
+             "type": 1139, "licensed": 0, "state": 2, "fb": 512 << 20,
+             "util": {"sm": 0, "memory": 0, "encoder": 0, "decoder": 0}}]},
+        {"bus_id": "00000001:C8:00.0", "vgpus": []}]}
+    state.update(changes)
+    fake.configure(state)
+    return nvml.Session(module=fake)
+
+
+def test_each_active_vgpu_with_its_instance_type_licence_framebuffer_and_use():
+    reading = host().read()
+    assert reading.present and not reading.errors and reading.driver_version == "570.158.02"
+    first, second = reading.vgpus
+    assert first == nvml.Vgpu(
+        gpu="0000:81:00.0", uuid="b8c5f3a0-1111-4d2e-9f10-aaaaaaaaaaaa", instance_uuid=VM_1,
+        type_id="nvidia-1139", licensed=True, license_state=5, framebuffer_bytes=6 * GIB,
+        utilization=(("sm", 0.35), ("memory", 0.2), ("encoder", 0.0), ("decoder", 0.05)))
+    assert (second.licensed, second.license_state, second.framebuffer_bytes) == (False, 2, 512 << 20)
+
+
+def test_a_framebuffer_above_4_gib_is_read_whole():
+    """nvidia-ml-py's own wrapper reads it into 32 bits (the module doc); this one does not."""
+    assert host().read().vgpus[0].framebuffer_bytes == 6 * GIB > 1 << 32
+
+
+def test_nvml_is_initialised_once_for_many_reads_and_shut_down_on_close():
+    session = host()
+    session.read()
+    session.read()
+    assert fake.calls().count("nvmlInit") == 1
+    session.close()
+    assert fake.calls()[-1] == "nvmlShutdown"
+
+
+def test_a_host_without_the_driver_is_no_error_and_reads_nothing():
+    reading = host(driver=None).read()
+    assert reading == nvml.Reading(present=False)
+    assert fake.calls() == ["nvmlInit"]
+
+
+def test_without_nvidia_ml_py_nothing_is_read(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import fails
+    assert nvml.Session().read() == nvml.Reading(present=False)
+
+
+@pytest.mark.parametrize("call", ["nvmlVgpuInstanceGetLicenseInfo_v2", "nvmlVgpuInstanceGetUUID",
+                                  "nvmlVgpuInstanceGetFbUsage", "nvmlVgpuInstanceGetType",
+                                  "nvmlDeviceGetVgpuInstancesUtilizationInfo"])
+def test_a_call_that_fails_is_said_and_the_rest_is_read(call):
+    reading = host(fail={call: 999}).read()
+    assert reading.present and len(reading.vgpus) == 2
+    assert len(reading.errors) == 1 and "Unknown Error" in reading.errors[0]
+    assert reading.vgpus[0].instance_uuid == VM_1  # what else there is, is read
+
+
+def test_drivers_before_r550_give_utilisation_through_the_older_call():
+    reading = host(old_utilization=True).read()
+    assert not reading.errors
+    assert dict(reading.vgpus[0].utilization)["sm"] == 0.35
+    assert "nvmlDeviceGetVgpuUtilization" in fake.calls()
+
+
+def test_the_device_list_failing_starts_nvml_again_at_the_next_read():
+    session = host(fail={"nvmlDeviceGetCount": 999})
+    reading = session.read()
+    assert reading.present and reading.errors and not reading.vgpus
+    fake._STATE["state"].pop("fail")
+    assert len(session.read().vgpus) == 2
+    assert fake.calls().count("nvmlInit") == 2
+
+
+def test_init_failing_otherwise_is_said():
+    reading = host(fail={"nvmlInit": 999}).read()
+    assert reading.present and reading.errors == ("nvmlInit: Unknown Error",)
+
+
+def test_a_vm_named_by_its_domain_id_has_no_instance_uuid():
+    session = host()
+    fake._STATE["state"]["gpus"][0]["vgpus"][0]["vm_type"] = fake.NVML_VGPU_VM_ID_DOMAIN_ID
+    assert session.read().vgpus[0].instance_uuid == ""
+
+
+@pytest.mark.parametrize("bus_id, address", [
+    (b"00000000:81:00.0", "0000:81:00.0"), ("00000001:C8:00.0", "0001:c8:00.0"),
+    ("0000:41:00.0", "0000:41:00.0")])
+def test_nvmls_bus_ids_read_as_sysfs_names_the_gpus(bus_id, address):
+    assert nvml.bus_address(bus_id) == address
+
+
+def test_the_stand_in_only_offers_what_the_real_pynvml_has():
+    """Every name the stand-in defines for vgpu.nvml exists in nvidia-ml-py, with its arity."""
+    spec = importlib.util.find_spec("pynvml")
+    assert spec is not None and spec.origin, "nvidia-ml-py is a dependency of the charm"
+    real = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    defined = {n.name: len(n.args.args) for n in real.body if isinstance(n, ast.FunctionDef)}
+    names = {t.id for n in real.body if isinstance(n, ast.Assign) for t in n.targets
+             if isinstance(t, ast.Name)} | {n.name for n in real.body if isinstance(n, ast.ClassDef)}
+    ours = ast.parse(Path(fake.__file__).read_text(encoding="utf-8"))
+    for node in ours.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith(("nvml", "_nvml")):
+            assert defined.get(node.name) == len(node.args.args), node.name
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id.startswith("NVML_"):
+                    assert target.id in names, target.id
+    assert "NVMLError" in names
