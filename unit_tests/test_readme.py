@@ -665,21 +665,35 @@ def _local(path):
     return path.startswith(("./", "../", "/", "~")) or path.endswith((".charm", ".yaml"))
 
 
+def _upstream(options):
+    """Whether a Charmhub deploy or refresh names one of the upstream charm's channels.
+
+    Charmhub's nova-compute-nvidia-vgpu is the upstream charm (openstack/charm-nova-compute-
+    nvidia-vgpu), one track per OpenStack release (``2024.1/stable``): going back to it on
+    purpose names that track (docs/how-to/switch-from-upstream.md); no channel, or ``latest``,
+    is this charm asked for in the wrong place.
+    """
+    return any(re.fullmatch(r"(?!latest/)[a-z0-9.]+/(stable|candidate|beta|edge)", channel)
+               for channel in options.get("--channel", []))
+
+
 def deploy_problems(text):
     """What is wrong with the deploys, refreshes and resources of this charm in ``text``.
 
     A deploy not from a local ``.charm``, a refresh of its applications not to one, and a
-    resource given twice to one application (``--resource``, then ``attach-resource``). The
-    charm is not published on Charmhub: every deploy names the file ``make charm`` or
-    ``charmcraft pack`` built (docs/how-to/build-the-charm.md).
+    resource given twice to one application (``--resource``, then ``attach-resource``). This
+    charm is not published on Charmhub, where the name is the upstream charm's: every deploy
+    names the file ``make charm`` or ``charmcraft pack`` built (docs/how-to/build-the-charm.md),
+    and only a deliberate return to the upstream charm names its channel (:func:`_upstream`).
     """
     segments = code_segments(text)
     deploys = [found for s in segments for found in _juju_words(s, "deploy")]
     apps, given, problems = {CHARM}, set(), []
     for positional, options in deploys:
         charm = positional[0] if positional else ""
-        if charm.removeprefix("ch:") == CHARM:
-            problems.append(f"juju deploy {charm}: not on Charmhub; deploy the .charm you built")
+        if charm.removeprefix("ch:") == CHARM and not _upstream(options):
+            problems.append(f"juju deploy {charm}: Charmhub's {CHARM} is the upstream charm; "
+                            "deploy the .charm you built")
         if _local(charm) and CHARM in charm:
             app = positional[1] if len(positional) > 1 else CHARM
             apps.add(app)
@@ -687,9 +701,9 @@ def deploy_problems(text):
     for s in segments:
         for positional, options in _juju_words(s, "refresh"):
             local = [v for v in options.get("--path", []) + options.get("--switch", []) if _local(v)]
-            if positional and positional[0] in apps and not local:
-                problems.append(f"juju refresh {positional[0]}: not on Charmhub; refresh with "
-                                "--path to the .charm you built")
+            if positional and positional[0] in apps and not local and not _upstream(options):
+                problems.append(f"juju refresh {positional[0]}: Charmhub's {CHARM} is the upstream "
+                                "charm; refresh with --path to the .charm you built")
         for app, resource in re.findall(r"\bjuju attach-resource (\S+) (\S+=\S+)", s):
             if (app, resource) in given:
                 problems.append(f"juju attach-resource {app} {resource}: given at deploy already")
@@ -712,6 +726,7 @@ DEB = "nvidia-vgpu-software=./nvidia-vgpu-ubuntu-570_570.158.02_amd64.deb"
 @pytest.mark.parametrize("text,problem", [
     ("```\njuju deploy nova-compute-nvidia-vgpu vgpu-v100\n```", "juju deploy nova-compute-nvidia-vgpu:"),
     ("`juju deploy ch:nova-compute-nvidia-vgpu --channel latest/edge`", "juju deploy ch:nova"),
+    ("`juju refresh nova-compute-nvidia-vgpu --switch ch:nova-compute-nvidia-vgpu`", "upstream"),
     ("`juju refresh nova-compute-nvidia-vgpu`", "juju refresh nova-compute-nvidia-vgpu:"),
     (f"```\n{DEPLOYED} gpu-a \\\n    --resource {DEB}\njuju refresh gpu-a --channel x\n```",
      "juju refresh gpu-a:"),
@@ -728,7 +743,8 @@ def test_local_deploys_and_refreshes_pass_the_deploy_check():
             "juju refresh gpu-a --path ./nova-compute-nvidia-vgpu_ubuntu@24.04-amd64.charm\n"
             "juju refresh nova-compute-nvidia-vgpu --switch ./nova-compute-nvidia-vgpu.charm\n"
             "juju attach-resource gpu-a nvidia-vgpu-software=./nvidia-vgpu-ubuntu-570_570.172.08_amd64.deb\n"
-            "juju deploy nova-compute --channel 2024.1/stable\njuju refresh nova-compute\n```")
+            "juju deploy nova-compute --channel 2024.1/stable\njuju refresh nova-compute\n"
+            "juju refresh gpu-a --switch ch:nova-compute-nvidia-vgpu --channel 2024.1/stable\n```")
     assert deploy_problems(text) == []
 
 
