@@ -1,5 +1,5 @@
 # make demo   the charm on a bundled sample GPU host, without Juju
-# make test   the unit tests (what CI runs)
+# make test   the unit tests (what CI runs), in parallel (TEST_JOBS=0: in one process)
 # make nova-functional   Nova's own functional harness judges what the charm publishes (NOVA_VERSION=31.0.0 for 2025.1)
 # make lint   ruff and mypy; make bench   hook costs next to a bare ops charm (ARGS=--quick, ARGS=--profile)
 # make mutation   mutmut over src/ (hours; MODULE=src/vgpu/releases.py for one module, SAMPLE=8 for one in eight, JOBS=1 to spare the CPUs)
@@ -21,8 +21,12 @@ demo: $(VENV)/.ready
 	$(PY) tools/demo.py $(ARGS)
 
 # The tests marked nova need Nova itself, which .venv has not: make nova-functional runs them.
+# In parallel (pytest-xdist): one worker per CPU, TEST_JOBS=0 for one process; the charm is
+# built once for all workers (unit_tests/packing.py, shared). ARGS go to pytest last (ARGS=-x,
+# ARGS="-k dispatch", ARGS="-n 4").
+TEST_JOBS ?= auto
 test: $(VENV)/.ready
-	$(PY) -m pytest unit_tests -m 'not nova' $(ARGS)
+	$(PY) -m pytest unit_tests -m 'not nova' -n $(TEST_JOBS) $(ARGS)
 
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check src unit_tests tools tests nova_functional

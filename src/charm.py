@@ -417,10 +417,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         options = {"mdev_class": bool(self.config.get(MDEV_CLASS)),
                    "pci_in_placement": bool(self.config.get(PCI_IN_PLACEMENT)),
                    "live_migration": bool(self.config.get(LIVE_MIGRATION))}
+        # What nova-compute has now: published types that share a resource class are flagged.
+        published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
         event.set_results(table.fit({
-            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held, **options),
-            "table": report.types_table(host, offered, whole_gb=whole, held=held, **options),
+            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
+                                       published=published, **options),
+            "table": report.types_table(host, offered, whole_gb=whole, held=held,
+                                        published=published, **options),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod

@@ -18,6 +18,7 @@ charmhelpers, as nova-compute reads it).
     make demo ARGS="--nova 2:21.2.4-0ubuntu2"      # ussuri spelling
     make demo ARGS="--host l40s --config pci-in-placement=true"   # any other option
     make demo ARGS="--host l40s --reboot-upgrade"   # driver branch 550 -> 570 and a reboot
+    make demo ARGS="--host l40s --guest"            # then a guest holds a vGPU: vgpu-usage
 
 systemctl and update-initramfs are stand-ins that record their calls, so
 nothing on this machine is touched.
@@ -59,7 +60,7 @@ OLD_BRANCH, NEW_BRANCH = "550", "570"  # --reboot-upgrade: L40S-12Q is nvidia-11
 L40S_ADDRESS = "0000:81:00.0"
 
 
-def main(argv=None) -> int:
+def arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", choices=sorted(DEFAULT_MAPPINGS), default="v100",
                         help="sample host: two V100s (mdev), an SR-IOV A100 (mdev on VFs), "
@@ -74,10 +75,20 @@ def main(argv=None) -> int:
                         help="--host l40s only: start on driver branch 550, then upgrade to "
                              "570 (other L40S type ids) and reboot; the boot step and a hook "
                              "restore the VF types by name")
+    parser.add_argument("--guest", action="store_true",
+                        help="then a running guest holds the first published vGPU, as after "
+                             "openstack server create: the status and vgpu-usage")
     parser.add_argument("--keep", action="store_true", help="keep the sample host tree")
     args = parser.parse_args(argv)
     if args.reboot_upgrade and args.host != "l40s":
         parser.error("--reboot-upgrade needs --host l40s (the host with two driver branches)")
+    if args.guest and args.reboot_upgrade:
+        parser.error("--guest and --reboot-upgrade: one at a time")
+    return args
+
+
+def main(argv=None) -> int:
+    args = arguments(argv)
     mappings = args.mappings if args.mappings is not None else DEFAULT_MAPPINGS[args.host]
     config = {"vgpu-device-mappings": mappings, **options(args.config)}
 
@@ -138,10 +149,60 @@ def main(argv=None) -> int:
         print()
         print("Flavors for what is published (from list-vgpu-types):")
         print("\n".join(flavors))
+    if args.guest:
+        state = boot_guest(ctx, state, host, config)
+        status = state.unit_status
     if not args.keep:
         import shutil
         shutil.rmtree(work)
     return 0 if status.name == "active" else 1
+
+
+GUEST = ("instance-0000002a", "3d9f1c52-8b1e-4c3a-9f6d-2a7e5b0c4d11")  # libvirt's and Nova's names
+GUEST_MDEV = "5f4b8a3e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+
+
+def boot_guest(ctx, state, host, config: dict):
+    """A running guest takes the first published vGPU (as Nova would); update-status, vgpu-usage."""
+    from unit_tests.libvirt import running_guest
+
+    root = host.root
+    context = principal.nova_context(state.get_relations("nova-vgpu")[0].local_unit_data)
+    specs = device_specs(state)
+    sections = context.get("sections", {}) if context else {}
+    if specs:  # vendor-specific VFIO: a VF holding its type, taken whole
+        vf = json.loads(specs[0])["address"]
+        running_guest(root, *GUEST, pci_address=vf)
+        what = f"VF {vf} ({held_types(root)[vf]})"
+    elif sections.get("devices"):  # mediated devices: Nova creates one on a parent the type lists
+        vgpu_type = sections["devices"][0][1].split(",")[0]
+        parent = dict(sections.get(f"mdev_{vgpu_type}") or [])["device_addresses"].split(",")[0]
+        host.add_mdev(parent, vgpu_type, GUEST_MDEV)
+        # As the driver counts then: one fewer of that type, none of the others (one per GPU).
+        for offered in (root / "sys/bus/pci/devices" / parent / "mdev_supported_types").iterdir():
+            left = int((offered / "available_instances").read_text()) - 1
+            (offered / "available_instances").write_text(
+                f"{left if offered.name == vgpu_type else 0}\n")
+        running_guest(root, *GUEST, mdev_uuid=GUEST_MDEV)
+        what = f"an {vgpu_type} mdev on {parent}"
+    else:
+        print("\n(nothing published: no guest can take a vGPU)")
+        return state
+    print()
+    print("$ openstack server create --flavor <flavor> ... vm-1")
+    print(f"  (simulated: {GUEST[0]}, instance {GUEST[1]}, runs here holding {what})")
+    state = ctx.run(ctx.on.update_status(), testing.State(
+        config=config, relations=state.relations, stored_states=state.stored_states,
+        resources=state.resources))
+    width = len(UNIT)
+    print()
+    print(f"{'Unit':<{width}}  {'Workload':<8}  Message")
+    print(f"{UNIT:<{width}}  {state.unit_status.name:<8}  {state.unit_status.message}")
+    print()
+    print(f"$ juju run {UNIT} vgpu-usage")
+    ctx.run(ctx.on.action("vgpu-usage"), state)
+    print(ctx.action_results["table"])
+    return state
 
 
 def print_vfs(root: Path) -> None:
@@ -187,7 +248,8 @@ def reboot_upgrade(ctx, state, host, work: Path, config: dict):
     boot.main([f"/{sriov.DATA_FILE}"])
     types_booted = vf_types(root)
     print()
-    print("$ juju exec --unit nova-compute-nvidia-vgpu/0 hooks/update-status   # the next hook")
+    print("$ juju exec --unit nova-compute-nvidia-vgpu/0 -- JUJU_DISPATCH_PATH=hooks/update-status "
+          "./dispatch   # the next hook")
     state = ctx.run(ctx.on.update_status(), testing.State(
         config=config, relations=state.relations, stored_states=state.stored_states,
         resources=state.resources))
@@ -270,6 +332,8 @@ def held_types(root: Path):
 def flavor_lines(gpus: dict, context: dict, held: dict):
     """The flavor property of every type the relation publishes, then the aliases they need.
 
+    A type whose resource class another published type has points to list-vgpu-types' note.
+
     mdev types are published by id in ``[devices]``; VFIO types as one
     ``[pci] device_spec`` per VF, whose address ``held`` maps to its type.
     """
@@ -286,8 +350,9 @@ def flavor_lines(gpus: dict, context: dict, held: dict):
         for type_id, entry in types.items():
             if type_id in published and entry["name"] not in seen:
                 seen.add(entry["name"])
+                shared = "   (shared: see the note above)" if "flavor-note" in entry else ""
                 lines.append(f"  {entry['name']}: openstack flavor set <flavor> --property "
-                             f"{entry['flavor-property']}")
+                             f"{entry['flavor-property']}{shared}")
                 if "pci-alias" in entry:
                     aliases.append(entry["pci-alias"])
     if aliases:

@@ -7,6 +7,9 @@ dpkg-deb are the real ones.
 
 import importlib.util
 import os
+import platform
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -130,7 +133,8 @@ def packages(tmp_path_factory) -> dict:
 def made_charms(tmp_path_factory) -> dict:
     """``make charm``'s artefacts (tools/build_charm.py), one per platform, built once a session.
 
-    ``{target: path of the .charm}``; wheels come from PyPI through pip's cache.
+    ``{target: path of the .charm}``; wheels come from PyPI through pip's cache. Under
+    pytest-xdist the first worker that needs them builds them, the others wait and reuse them.
     """
     import yaml
 
@@ -139,7 +143,50 @@ def made_charms(tmp_path_factory) -> dict:
 
     if not packing.in_git_checkout():
         pytest.skip("not a git checkout: the charm is built from what git stores")
-    out = tmp_path_factory.mktemp("made-charms")
     config = yaml.safe_load((build_charm.REPO / "charmcraft.yaml").read_text(encoding="utf-8"))
-    return {target: build_charm.build(target, out, out / "work" / target.platform.replace(":", "-"))
-            for target in build_charm.targets(config)}
+    with packing.shared(tmp_path_factory, "made-charms") as out:
+        return {target: _built_once(out, target) for target in build_charm.targets(config)}
+
+
+def _built_once(out: Path, target) -> Path:
+    """``target``'s charm in ``out``, built unless a worker built it already (its ``.done`` file)."""
+    import yaml
+
+    from tools import build_charm
+
+    name = yaml.safe_load((build_charm.REPO / "metadata.yaml").read_text(encoding="utf-8"))["name"]
+    charm_file = out / target.file_name(name)
+    done = out / f"{charm_file.name}.done"
+    if not done.exists():
+        build_charm.build(target, out, out / "work" / target.platform.replace(":", "-"))
+        done.touch()
+    return charm_file
+
+
+@pytest.fixture(scope="session")
+def made_charm(request, tmp_path_factory) -> Path:
+    """``make charm``'s artefact whose base runs this machine's Python (the one ./dispatch can run).
+
+    Else the very same build for this Python's version and glibc; or the file that
+    ``DISPATCH_CHARM`` names (``make charm`` then ``DISPATCH_CHARM=./nova-compute-nvidia-vgpu_
+    ubuntu@24.04-amd64.charm pytest unit_tests/test_dispatch.py`` on Ubuntu 24.04).
+    """
+    from tools import build_charm
+    from unit_tests import packing
+
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    given = os.environ.get("DISPATCH_CHARM")
+    if given:
+        charm_file = Path(given).resolve()
+        with zipfile.ZipFile(charm_file) as archive:
+            compiled = [n for n in archive.namelist() if n.startswith("venv/rpds/") and
+                        n.endswith(".so")]
+        if not all(f".cpython-{here.replace('.', '')}-" in n for n in compiled):
+            pytest.fail(f"DISPATCH_CHARM {charm_file.name} holds {compiled}: not for Python {here}")
+        return charm_file
+    made = request.getfixturevalue("made_charms")
+    for target, charm_file in made.items():
+        if target.python_version == here and target.machine == platform.machine():
+            return charm_file
+    with packing.shared(tmp_path_factory, "made-charm-this-python") as out:
+        return _built_once(out, build_charm.for_this_python(next(iter(made))))

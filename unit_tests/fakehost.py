@@ -82,7 +82,10 @@ A100_TYPES = {
     "nvidia-476": MdevType("GRID A100-40C", 40960, 1),
     "nvidia-699": MdevType("GRID A100-4-20C", 20480, 1),  # MIG-backed
 }
-# Vendor-specific VFIO: ids as creatable_vgpu_types lists them on a free GPU.
+# Vendor-specific VFIO: ids as creatable_vgpu_types lists them on a free GPU. The L40S's ids
+# here are inferred, not read from a host: no public transcript of the 570 branch's L40S
+# listing was found; the names are NVIDIA's (Ada profiles), the ids only differ from those of
+# the one public listing (L40S_TYPES_1153 below), as ids differ between branches.
 L40S_TYPES = {1134: "NVIDIA L40S-2B", 1136: "NVIDIA L40S-4Q", 1139: "NVIDIA L40S-12Q",
               1140: "NVIDIA L40S-16Q", 1141: "NVIDIA L40S-24Q", 1142: "NVIDIA L40S-48Q"}
 # H200X profiles are the H200 SXM's (the H200 NVL's are H200-*); these ids are the fixture's own.

@@ -544,6 +544,23 @@ class Unit:
                 env["JUJU_DEPARTING_UNIT"] = departing
         return self._run(f"hooks/{name}", env)
 
+    def exec(self, command: str) -> Dispatched:
+        """``juju exec --unit <unit> -- <command>``: ``command`` run by bash in the charm directory.
+
+        With the unit's hook context but no ``JUJU_DISPATCH_PATH``: Juju's uniter runs
+        ``juju exec`` commands with the context's variables in the charm directory, and sets
+        ``JUJU_DISPATCH_PATH`` only for hooks and actions (juju/juju
+        worker/uniter/runner/runner.go: ``runCommandsWithTimeout``, ``WorkingDir:
+        GetCharmDir()``; ``runCharmHookWithLocation`` appends ``JUJU_DISPATCH_PATH``).
+        """
+        env = self.environ("exec")
+        del env["JUJU_DISPATCH_PATH"]
+        calls_before, log_before = len(self.calls()), len(self.log())
+        done = subprocess.run(["/bin/bash", "-c", command], cwd=self.charm_dir, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        return Dispatched(command, done.returncode, done.stdout, done.stderr,
+                          self.calls()[calls_before:], self.log()[log_before:])
+
     def action_environ(self, name: str, **params) -> Dict[str, str]:
         """A new run of action ``name``: its environment. Its params get actions.yaml's defaults."""
         spec = yaml.safe_load((self.charm_dir / "actions.yaml").read_text())[name]

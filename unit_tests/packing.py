@@ -67,6 +67,21 @@ def in_git_checkout(repo: Path = REPO) -> bool:
     return Path(top).resolve() == repo.resolve()
 
 
+def why_not() -> str:
+    """Why the packed charm cannot be built here ('' when it can)."""
+    if "MUTANT_UNDER_TEST" in os.environ:
+        return "mutmut: a packed charm runs the unmutated checkout in its own process"
+    if not in_git_checkout():
+        return "not a git checkout: the charm is built from what git stores"
+    try:
+        import charmcraft  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        return "charmcraft is not installed: make test installs it (pyproject's unit extra)"
+    return ""
+
+
 def _clean_build_dir(build: Path) -> None:
     """Empty the part's build directory but for charm_builder's dependency cache."""
     build.mkdir(parents=True, exist_ok=True)
@@ -120,6 +135,21 @@ def unit_python(where: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--clear", str(where)],
                    check=True, capture_output=True)
     return where / "bin"
+
+
+@contextlib.contextmanager
+def shared(tmp_path_factory, name: str) -> Iterator[Path]:
+    """``name``, a directory of this test session that every pytest-xdist worker shares.
+
+    Held by one process at a time: a build done there once (a ``done`` file beside it says so)
+    serves every worker. Without xdist it is the session's own temporary directory.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the controller's basetemp, above each worker's popen-gwN
+    path = root / name
+    with _locked(path):
+        yield path
 
 
 @contextlib.contextmanager
@@ -182,6 +212,24 @@ def unpack(charm_file: Path, dest: Path) -> Path:
             if mode:
                 target.chmod(mode)
     return dest
+
+
+def juju_unit(charm_file: Path, python_bin: Path, where: Path, root: Path, tools,
+              name: str = "nova-compute-nvidia-vgpu/0", principal: str = "nova-compute/0"):
+    """One unit of ``charm_file``, unpacked under ``where``, on the host tree ``root``.
+
+    Juju's state of it goes to ``where/juju``; ``tools`` (unit_tests/faketools.py) stand in
+    for systemctl and the like, ahead of the bare interpreter ``python_bin`` on PATH.
+    """
+    from unit_tests.fakejuju import Unit
+
+    charm_dir = unpack(charm_file, where / "charm")
+    state = where / "juju"
+    state.mkdir()
+    env = {"VGPU_HOST_ROOT": str(root), "FAKE_LOG": str(tools.log), "FAKE_STATE": str(tools.state)}
+    path = [str(tools.bin), str(python_bin), "/usr/local/sbin", "/usr/local/bin",
+            "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+    return Unit(charm_dir, state, name, principal, env, path)
 
 
 def analyse(charm_file: Path) -> Dict[str, Tuple[str, str]]:

@@ -509,6 +509,24 @@ def test_list_vgpu_types(ctx, ready):
     assert len(lines) == 1 + 5  # mdev types need no [pci] alias: nothing under the table
 
 
+@pytest.mark.parametrize("per_profile", [False, True])
+def test_list_vgpu_types_says_when_published_types_share_one_resource_class(ctx, ready, per_profile):
+    config = {"vgpu-device-mappings": "{nvidia-108: [c1:00.0], nvidia-109: [e1:00.0]}",
+              "mdev-class-per-profile": per_profile}
+    published = ctx.run(ctx.on.config_changed(), state(config, resource=ready))
+    ctx.run(ctx.on.action("list-vgpu-types"), published)
+    types = ctx.action_results["gpus"]["gpu-0"]["types"]
+    table = ctx.action_results["table"]
+    if per_profile:  # CUSTOM_VGPU_V100_8Q and CUSTOM_VGPU_V100_16Q: Placement tells them apart
+        assert "flavor-note" not in types["nvidia-108"] and "shared" not in table
+        return
+    note = types["nvidia-108"]["flavor-note"]
+    assert note.startswith("nvidia-108, nvidia-109 are published with one resource class, VGPU")
+    assert types["nvidia-109"]["flavor-note"] == note and "flavor-note" not in types["nvidia-107"]
+    assert table.endswith(note)
+    assert table.splitlines()[-3].endswith("resources:VGPU=1 (shared: see below)")  # nvidia-109
+
+
 def test_list_vgpu_types_without_gpus(ctx, root, tools):
     empty_host(root)
     ctx.run(ctx.on.action("list-vgpu-types"), state())

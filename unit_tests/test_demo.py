@@ -1,6 +1,7 @@
 """tools/demo.py: the sample-host demo, run in this process as `make demo` runs it."""
 
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -32,6 +33,18 @@ def test_reboot_upgrade_restores_the_vf_types_by_name_and_publishes_the_same(env
     assert "[pci] device_spec published: 8, unchanged:" in out
 
 
+def test_two_mdev_types_of_the_default_demo_are_flagged_as_sharing_vgpu(environ, capsys):
+    assert demo.main([]) == 0  # nvidia-108 and nvidia-109, both VGPU in Placement
+    out = capsys.readouterr().out
+    assert "\nnvidia-108, nvidia-109 are published with one resource class, VGPU: " in out
+    assert ("  GRID V100-8Q: openstack flavor set <flavor> --property resources:VGPU=1   "
+            "(shared: see the note above)\n") in out
+    assert demo.main(["--config", "mdev-class-per-profile=true"]) == 0
+    out = capsys.readouterr().out
+    assert "shared" not in out
+    assert "  GRID V100-8Q: openstack flavor set <flavor> --property resources:CUSTOM_VGPU_V100_8Q=1\n" in out
+
+
 def test_reboot_upgrade_needs_the_host_with_two_driver_branches(environ, capsys):
     with pytest.raises(SystemExit):
         demo.main(["--host", "v100", "--reboot-upgrade"])
@@ -40,7 +53,8 @@ def test_reboot_upgrade_needs_the_host_with_two_driver_branches(environ, capsys)
 
 # -- the tutorial's demo transcripts are the demo's real output
 
-TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial" / "sample-host.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+TUTORIAL = DOCS / "tutorial" / "sample-host.md"
 
 
 def _demo_blocks(text):
@@ -87,20 +101,75 @@ def _shown_in_order(shown, out_lines):
     return None
 
 
-def test_the_tutorial_shows_demo_blocks():
+# Every page with `$ make demo` transcripts, and each of its transcripts.
+DEMO_PAGES = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")
+                    if _demo_blocks(p.read_text()))
+DEMO_BLOCKS = [(page, index) for page in DEMO_PAGES
+               for index in range(len(_demo_blocks((DOCS / page).read_text())))]
+
+
+def test_the_tutorials_show_demo_blocks():
     assert len(_demo_blocks(TUTORIAL.read_text())) >= 4
+    assert {"tutorial/sample-host.md", "tutorial/first-deployment.md"} <= set(DEMO_PAGES)
 
 
-@pytest.mark.parametrize("index", range(4))
-def test_each_demo_transcript_in_the_tutorial_is_what_the_demo_prints(environ, capsys, index):
-    args, shown = _demo_blocks(TUTORIAL.read_text())[index]
-    assert [line for line in shown if line.strip() not in ("", "...")], shown  # something to compare
+def _run_demo(args, capsys):
     try:
         demo.main(args)
     except SystemExit:
         pass  # an invalid mapping's demo exits non-zero, as the page says
-    out = capsys.readouterr().out.splitlines()
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("page,index", DEMO_BLOCKS, ids=[f"{p}:{i}" for p, i in DEMO_BLOCKS])
+def test_each_demo_transcript_in_the_documentation_is_what_the_demo_prints(environ, capsys, page,
+                                                                           index):
+    args, shown = _demo_blocks((DOCS / page).read_text())[index]
+    assert [line for line in shown if line.strip() not in ("", "...")], shown  # something to compare
+    out = _run_demo(args, capsys)
     assert _shown_in_order(shown, out) is None, "\n".join(out)
+
+
+# `juju status` lines of this charm's units: workload, agent, [machine,] address, message.
+STATUS_LINE = re.compile(r"^\s*nova-compute-nvidia-vgpu/\d+\*?\s+(active|blocked|waiting|maintenance)"
+                         r"\s+\S+\s+(?:\d+\s+)?\d+\.\d+\.\d+\.\d+\s+(\S.*)$", re.M)
+DEMO_STATUS = re.compile(r"^nova-compute-nvidia-vgpu/0\s+(\w+)\s+(\S.*)$")
+
+
+def unit_statuses(text):
+    """``(workload, message)`` of each unit of this charm in the page's ``juju status`` output."""
+    return STATUS_LINE.findall(text)
+
+
+STATUS_PAGES = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")
+                      if unit_statuses(p.read_text()))
+
+
+def test_the_tutorial_of_a_deployment_shows_juju_status():
+    assert "tutorial/first-deployment.md" in STATUS_PAGES
+
+
+@pytest.mark.parametrize("page", STATUS_PAGES)
+def test_each_unit_status_a_page_shows_is_one_its_demo_transcripts_print(environ, capsys, page):
+    """A page shows one host: its `juju status` lines are what the charm said on that host.
+
+    So a page that shows the charm's status in `juju status` shows the demo transcript of the
+    same host too (`$ make demo ...`), and what one says the other says.
+    """
+    text = (DOCS / page).read_text()
+    assert _demo_blocks(text), f"{page} shows juju status but no demo transcript of its host"
+    printed = set()
+    for args, _ in _demo_blocks(text):
+        for line in _run_demo(args, capsys):
+            printed.update(DEMO_STATUS.findall(line))
+    assert set(unit_statuses(text)) <= printed, printed
+
+
+def test_juju_status_lines_are_read_by_column():
+    text = ("nova-compute/0*                active    idle   1        10.5.0.21              Unit is ready\n"
+            "  nova-compute-nvidia-vgpu/0*  active    idle            10.5.0.21              2 GPUs (a), b\n"
+            "  nova-compute-nvidia-vgpu/1   blocked   idle   3        10.5.0.22              x: y\n")
+    assert unit_statuses(text) == [("active", "2 GPUs (a), b"), ("blocked", "x: y")]
 
 
 def test_a_transcript_line_the_demo_does_not_print_is_found():

@@ -23,11 +23,7 @@ the wheels of that Python, not charmcraft's pip install).
 """
 
 import os
-import platform
 import subprocess
-import sys
-import zipfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -55,75 +51,33 @@ PAUSED = ("maintenance",
           f"paused: vGPU services stopped; juju run {UNIT} resume to start them")
 
 
-def _why_not() -> str:
-    """Why the packed charm cannot be built here ('' when it can)."""
-    if "MUTANT_UNDER_TEST" in os.environ:
-        return "mutmut: a packed charm runs the unmutated checkout in its own process"
-    if not packing.in_git_checkout():
-        return "not a git checkout: the charm is built from what git stores"
-    try:
-        import charmcraft  # noqa: F401
-    except ImportError:
-        if os.environ.get("CI"):
-            raise
-        return "charmcraft is not installed: make test installs it (pyproject's unit extra)"
-    return ""
-
-
 @pytest.fixture(scope="session", params=["charm-plugin", "make-charm"])
 def packed(request, tmp_path_factory):
     """The packed charm, analysed as charmcraft analyse does; every test here runs on both builds.
 
     ``charm-plugin``: built by charmcraft's charm plugin (as ``charmcraft pack``) and packed
-    here. ``make-charm``: ``make charm``'s artefact (tools/build_charm.py) whose base runs
-    this machine's Python, else the same build for this Python; or the file that
-    ``DISPATCH_CHARM`` names (``make charm`` then ``DISPATCH_CHARM=./nova-compute-nvidia-vgpu_
-    ubuntu@24.04-amd64.charm pytest unit_tests/test_dispatch.py`` on Ubuntu 24.04).
+    here. ``make-charm``: ``make charm``'s artefact (tools/build_charm.py) for this machine's
+    Python, or the file ``DISPATCH_CHARM`` names (the ``made_charm`` fixture, unit_tests/conftest.py).
     """
-    why = _why_not()
+    why = packing.why_not()
     if why:
         pytest.skip(why)
     work = tmp_path_factory.mktemp("packed")
     python_bin = packing.unit_python(work / "unit-python")
     if request.param == "charm-plugin":
-        prime = packing.build(python_bin, work / "build.log")
-        charm_file = packing.pack(prime, work / "nova-compute-nvidia-vgpu.charm")
+        with packing.shared(tmp_path_factory, "charm-plugin") as shared:  # one build, every worker
+            charm_file = shared / "nova-compute-nvidia-vgpu.charm"
+            if not (shared / "done").exists():
+                packing.pack(packing.build(python_bin, shared / "build.log"), charm_file)
+                (shared / "done").touch()
     else:
-        charm_file = _made_for_this_python(request, work)
+        charm_file = request.getfixturevalue("made_charm")
     return SimpleNamespace(file=charm_file, python_bin=python_bin,
                            analysis=packing.analyse(charm_file))
 
 
-def _made_for_this_python(request, work: Path) -> Path:
-    """``make charm``'s artefact for the Python running the tests (see ``packed``)."""
-    from tools import build_charm
-
-    here = f"{sys.version_info.major}.{sys.version_info.minor}"
-    given = os.environ.get("DISPATCH_CHARM")
-    if given:
-        charm_file = Path(given).resolve()
-        with zipfile.ZipFile(charm_file) as archive:
-            compiled = [n for n in archive.namelist() if n.startswith("venv/rpds/") and
-                        n.endswith(".so")]
-        if not all(f".cpython-{here.replace('.', '')}-" in n for n in compiled):
-            pytest.fail(f"DISPATCH_CHARM {charm_file.name} holds {compiled}: not for Python {here}")
-        return charm_file
-    made = request.getfixturevalue("made_charms")
-    for target, charm_file in made.items():
-        if target.python_version == here and target.machine == platform.machine():
-            return charm_file
-    # No base runs this Python: the very same build, for this Python's version and glibc.
-    return build_charm.build(build_charm.for_this_python(next(iter(made))), work, work / "build")
-
-
 def _unit(packed, tmp_path, root, tools) -> Unit:
-    charm_dir = packing.unpack(packed.file, tmp_path / "charm")
-    state = tmp_path / "juju"
-    state.mkdir()
-    env = {"VGPU_HOST_ROOT": str(root), "FAKE_LOG": str(tools.log), "FAKE_STATE": str(tools.state)}
-    path = [str(tools.bin), str(packed.python_bin), "/usr/local/sbin", "/usr/local/bin",
-            "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-    return Unit(charm_dir, state, UNIT, PRINCIPAL, env, path)
+    return packing.juju_unit(packed.file, packed.python_bin, tmp_path, root, tools, UNIT, PRINCIPAL)
 
 
 @pytest.fixture
@@ -584,3 +538,23 @@ def test_a_unit_the_upstream_charm_paused_stays_paused_through_the_switch(unit, 
     assert tools.enabled(MGR) == "enabled"
     status, message = ok(unit.hook("update-status")).statuses()[-1]
     assert status == "active", message
+
+
+def test_a_shared_build_directory_is_one_per_session_and_held_by_one_worker_at_a_time(
+        tmp_path, monkeypatch):
+    import fcntl
+
+    worker = tmp_path / "pytest-7" / "popen-gw1"  # what xdist makes each worker's basetemp
+    worker.mkdir(parents=True)
+    factory = SimpleNamespace(getbasetemp=lambda: worker)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    with packing.shared(factory, "made-charms") as path:
+        assert path == tmp_path / "pytest-7" / "made-charms"  # beside every worker's own
+        with open(path / ".lock") as other:  # another worker's try: refused while held
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(path / ".lock") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    with packing.shared(factory, "made-charms") as path:
+        assert path == worker / "made-charms"  # one process: the session's own directory

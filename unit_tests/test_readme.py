@@ -34,6 +34,7 @@ a target of the Makefile, and every relative link resolves, anchors included.
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import jsonschema
@@ -453,6 +454,52 @@ def link_problems(page, text, root=REPO):
     return problems
 
 
+# A section of another page named in prose: **Term** in [Page](page.md), or "Title" section.
+BOLD_REF = re.compile(r"\*\*([^*]+?)\*\*\s+(?:in|under)\s+(?:the\s+)?"
+                      r"(?:\[[^\]]*\]\(([^)\s]+)\)|([A-Z][\w-]*(?:\s+[A-Z][\w-]*)*))")
+_PAGE = r"(?:\[[^\]]*\]\(([^)\s]+)\)|(README))"  # a link, or the README by name
+QUOTED_REF = re.compile(rf"(?:{_PAGE}'s\s+)?[\"“]([^\"”\n]{{1,80}})[\"”]\s+section\b"
+                        rf"(?:\s+(?:of|in)\s+(?:the\s+)?{_PAGE})?")
+
+
+def section_names(text):
+    """What a page's sections are called: its headings and its bold lead-ins (**Term.**)."""
+    prose = FENCE.sub("", text)
+    names = {h.strip() for h in re.findall(r"^#+ (.*)$", prose, re.M)}
+    names |= {b.strip().rstrip(".:,").strip() for b in re.findall(r"\*\*([^*]+?)\*\*", prose)}
+    return {name.lower() for name in names}
+
+
+def section_ref_problems(page, text, root=REPO):
+    """Sections of other pages that ``page`` names but that page does not have.
+
+    ``**Term** in [Page](link)`` needs a heading or bold lead-in ``Term`` on the linked page;
+    a bold term ``in``/``under`` a page named without a link, and a ``"Title" section``
+    whose page is neither linked just before it nor the README, name no page to check.
+    """
+    prose = FENCE.sub("", text)
+    problems = []
+    for term, target, unlinked in BOLD_REF.findall(prose):
+        if unlinked:
+            problems.append(f"{page}: **{term}** under {unlinked}: link the page that has it")
+            continue
+        if re.match(r"[a-z]+:", target):
+            continue
+        dest = (root / page).parent / target.partition("#")[0]
+        if dest.is_file() and term.strip().lower() not in section_names(dest.read_text()):
+            problems.append(f"{page}: **{term}**: no such section in {target}")
+    for link, readme, title, link_after, readme_after in QUOTED_REF.findall(prose):
+        target = (link or link_after).partition("#")[0]
+        dest = ((root / page).parent / target if target
+                else root / "README.md" if readme or readme_after else None)
+        if dest is None:
+            problems.append(f"{page}: \"{title}\" section: link the page that has it")
+        elif not dest.is_file() or title.strip().lower() not in section_names(dest.read_text()):
+            problems.append(f"{page}: \"{title}\" section: no such section in "
+                            f"{target or 'README.md'}")
+    return problems
+
+
 def _charm_actions():
     return {name: set((spec or {}).get("params", {})) for name, spec in _yaml("actions.yaml").items()}
 
@@ -516,6 +563,26 @@ def test_the_link_check_finds_missing_files_and_headings(tmp_path):
                         "docs/p.md: #not-a-heading: no such heading"], problems
 
 
+@pytest.mark.parametrize("page", PAGES)
+def test_every_section_of_another_page_the_documentation_names_exists(page):
+    assert section_ref_problems(page, (REPO / page).read_text()) == []
+
+
+def test_the_section_check_finds_sections_that_are_not_there(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# R\n\n## Removal\n")
+    (tmp_path / "docs" / "t.md").write_text("# T\n\n**IOMMU off.** Text.\n\n- **GPUs vanish.** x\n")
+    page = ("See **IOMMU off** in [Troubleshoot](t.md) and **GPUs vanish** under\n[T](t.md#t),\n"
+            "**GPUs gone** in [Troubleshoot](t.md), **GPUs vanish** under Troubleshooting,\n"
+            "the README's \"Removal\" section, the README's \"Pack\" section, the \"X\" section.\n"
+            "```\n**Nowhere** in [T](t.md)\n```\n")
+    assert section_ref_problems("docs/p.md", page, root=tmp_path) == [
+        "docs/p.md: **GPUs gone**: no such section in t.md",
+        "docs/p.md: **GPUs vanish** under Troubleshooting: link the page that has it",
+        "docs/p.md: \"Pack\" section: no such section in README.md",
+        "docs/p.md: \"X\" section: link the page that has it"]
+
+
 def test_makefile_targets_are_read_from_rules_and_phony():
     text = ".PHONY: demo charm\nVENV ?= .venv\n$(VENV)/.ready: x\ntest: $(VENV)/.ready\nX := 1\n"
     assert makefile_targets(text) == {"demo", "charm", "test"}
@@ -561,3 +628,645 @@ def test_every_code_block_of_the_documentation_is_closed(page):
 def test_make_as_a_package_name_is_no_target():
     assert command_problems("```\nsudo apt install git make python3-venv\n```", {}, set(), {"test"}) == []
     assert command_problems("`blocked: mdevctl is missing; make it installable`", {}, set(), {"test"}) == []
+
+
+# -- Where the charm comes from: juju deploy, juju refresh ----------------------------------------
+
+CHARM = "nova-compute-nvidia-vgpu"  # metadata.yaml's name (checked below)
+# juju deploy's and juju refresh's options that take a value (Juju 3's --help); the rest are flags.
+JUJU_VALUED = {"--channel", "--config", "--constraints", "--resource", "--to", "-n", "--num-units",
+               "--base", "--series", "--bind", "--storage", "--device", "--revision", "-m",
+               "--model", "--overlay", "--attach-storage", "--path", "--switch"}
+
+
+def _juju_words(segment, command):
+    """``(positional words, {option: [values]})`` of each ``juju <command>`` in a code segment."""
+    found = []
+    for match in re.finditer(rf"\bjuju {command} (.+)", segment):
+        try:
+            words = shlex.split(match.group(1).rstrip("\\"), comments=True)
+        except ValueError:
+            continue
+        positional, options = [], {}
+        while words:
+            word = words.pop(0)
+            if word.startswith("-"):
+                name, _, value = word.partition("=")
+                if name in JUJU_VALUED and not value and words:
+                    value = words.pop(0)
+                options.setdefault(name, []).append(value)
+            else:
+                positional.append(word)
+        found.append((positional, options))
+    return found
+
+
+def _local(path):
+    return path.startswith(("./", "../", "/", "~")) or path.endswith((".charm", ".yaml"))
+
+
+def _upstream(options):
+    """Whether a Charmhub deploy or refresh names one of the upstream charm's channels.
+
+    Charmhub's nova-compute-nvidia-vgpu is the upstream charm (openstack/charm-nova-compute-
+    nvidia-vgpu), one track per OpenStack release (``2024.1/stable``): going back to it on
+    purpose names that track (docs/how-to/switch-from-upstream.md); no channel, or ``latest``,
+    is this charm asked for in the wrong place.
+    """
+    return any(re.fullmatch(r"(?!latest/)[a-z0-9.]+/(stable|candidate|beta|edge)", channel)
+               for channel in options.get("--channel", []))
+
+
+def deploy_problems(text):
+    """What is wrong with the deploys, refreshes and resources of this charm in ``text``.
+
+    A deploy not from a local ``.charm``, a refresh of its applications not to one, and a
+    resource given twice to one application (``--resource``, then ``attach-resource``). This
+    charm is not published on Charmhub, where the name is the upstream charm's: every deploy
+    names the file ``make charm`` or ``charmcraft pack`` built (docs/how-to/build-the-charm.md),
+    and only a deliberate return to the upstream charm names its channel (:func:`_upstream`).
+    """
+    segments = code_segments(text)
+    deploys = [found for s in segments for found in _juju_words(s, "deploy")]
+    apps, given, problems = {CHARM}, set(), []
+    for positional, options in deploys:
+        charm = positional[0] if positional else ""
+        if charm.removeprefix("ch:") == CHARM and not _upstream(options):
+            problems.append(f"juju deploy {charm}: Charmhub's {CHARM} is the upstream charm; "
+                            "deploy the .charm you built")
+        if _local(charm) and CHARM in charm:
+            app = positional[1] if len(positional) > 1 else CHARM
+            apps.add(app)
+            given.update((app, r) for r in options.get("--resource", []))
+    for s in segments:
+        for positional, options in _juju_words(s, "refresh"):
+            local = [v for v in options.get("--path", []) + options.get("--switch", []) if _local(v)]
+            if positional and positional[0] in apps and not local and not _upstream(options):
+                problems.append(f"juju refresh {positional[0]}: Charmhub's {CHARM} is the upstream "
+                                "charm; refresh with --path to the .charm you built")
+        for app, resource in re.findall(r"\bjuju attach-resource (\S+) (\S+=\S+)", s):
+            if (app, resource) in given:
+                problems.append(f"juju attach-resource {app} {resource}: given at deploy already")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_deploy_of_the_charm_is_of_a_local_charm_with_its_resource_once(page):
+    assert deploy_problems((REPO / page).read_text()) == []
+
+
+def test_the_charm_is_the_one_metadata_names():
+    assert _yaml("metadata.yaml")["name"] == CHARM
+
+
+DEPLOYED = "juju deploy ./nova-compute-nvidia-vgpu_ubuntu@24.04-amd64.charm"
+DEB = "nvidia-vgpu-software=./nvidia-vgpu-ubuntu-570_570.158.02_amd64.deb"
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("```\njuju deploy nova-compute-nvidia-vgpu vgpu-v100\n```", "juju deploy nova-compute-nvidia-vgpu:"),
+    ("`juju deploy ch:nova-compute-nvidia-vgpu --channel latest/edge`", "juju deploy ch:nova"),
+    ("`juju refresh nova-compute-nvidia-vgpu --switch ch:nova-compute-nvidia-vgpu`", "upstream"),
+    ("`juju refresh nova-compute-nvidia-vgpu`", "juju refresh nova-compute-nvidia-vgpu:"),
+    (f"```\n{DEPLOYED} gpu-a \\\n    --resource {DEB}\njuju refresh gpu-a --channel x\n```",
+     "juju refresh gpu-a:"),
+    (f"```\n{DEPLOYED} --resource {DEB}\njuju attach-resource nova-compute-nvidia-vgpu {DEB}\n```",
+     "given at deploy already"),
+])
+def test_the_deploy_check_finds_charmhub_deploys_and_resources_given_twice(text, problem):
+    found = deploy_problems(text)
+    assert len(found) == 1 and problem in found[0], found
+
+
+def test_local_deploys_and_refreshes_pass_the_deploy_check():
+    text = (f"```\n{DEPLOYED} gpu-a --resource {DEB}\n"
+            "juju refresh gpu-a --path ./nova-compute-nvidia-vgpu_ubuntu@24.04-amd64.charm\n"
+            "juju refresh nova-compute-nvidia-vgpu --switch ./nova-compute-nvidia-vgpu.charm\n"
+            "juju attach-resource gpu-a nvidia-vgpu-software=./nvidia-vgpu-ubuntu-570_570.172.08_amd64.deb\n"
+            "juju deploy nova-compute --channel 2024.1/stable\njuju refresh nova-compute\n"
+            "juju refresh gpu-a --switch ch:nova-compute-nvidia-vgpu --channel 2024.1/stable\n```")
+    assert deploy_problems(text) == []
+
+
+# -- osc-placement: the microversion each command and option needs ------------------------------
+
+# From openstack/osc-placement's own checks (osc_placement/resources/: resource_provider.py
+# ListResourceProvider and CreateResourceProvider at e52fa969f9ee, trait.py at dbd50cbf974a,
+# allocation_candidate.py at 3986993cd46b): "This param requires at least
+# --os-placement-api-version N". Without the option, osc-placement asks for 1.0 and refuses.
+PLACEMENT_NEEDS = {
+    ("resource provider list", "--aggregate-uuid"): (1, 3),
+    ("resource provider list", "--resource"): (1, 4),
+    ("resource provider list", "--in-tree"): (1, 14),
+    ("resource provider list", "--required"): (1, 18),
+    ("resource provider list", "--forbidden"): (1, 22),
+    ("resource provider create", "--parent-provider"): (1, 14),
+    ("trait list", None): (1, 6), ("trait show", None): (1, 6), ("trait create", None): (1, 6),
+    ("trait delete", None): (1, 6), ("resource provider trait list", None): (1, 6),
+    ("resource provider trait set", None): (1, 6), ("resource provider trait delete", None): (1, 6),
+    ("allocation candidate list", None): (1, 10),
+    ("allocation candidate list", "--limit"): (1, 16),
+    ("allocation candidate list", "--required"): (1, 17),
+    ("allocation candidate list", "--aggregate-uuid"): (1, 21),
+    ("allocation candidate list", "--forbidden"): (1, 22),
+}
+
+
+def placement_problems(text):
+    """``openstack`` Placement commands that ask for less than the microversion they need.
+
+    The version is the command's ``--os-placement-api-version``, else the
+    ``OS_PLACEMENT_API_VERSION`` given before it on its line or exported on an earlier line of
+    the page's code (as in one shell session), else 1.0, osc-placement's default.
+    """
+    problems, exported = [], "1.0"
+    for segment in code_segments(text):
+        export = re.match(r"\s*(?:\$\s+)?export\s+OS_PLACEMENT_API_VERSION=(\S+)", segment)
+        exported = export.group(1) if export else exported
+        for match in re.finditer(r"\b(?:OS_PLACEMENT_API_VERSION=(\S+)\s+)?openstack\s+(.+)", segment):
+            words = match.group(2).split()
+            version = match.group(1) or exported
+            if "--os-placement-api-version" in words[:-1]:
+                at = words.index("--os-placement-api-version")
+                version = words[at + 1]
+                del words[at:at + 2]
+            have = tuple(int(n) for n in version.split("."))
+            command = " ".join(w for w in words if not w.startswith("-"))
+            for (name, option), need in PLACEMENT_NEEDS.items():
+                if (command + " ").startswith(name + " ") and (option is None or option in words) \
+                        and have < need:
+                    problems.append(f"openstack {name}{' ' + option if option else ''} needs "
+                                    f"--os-placement-api-version {need[0]}.{need[1]}, not {version}")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_placement_command_asks_for_the_microversion_it_needs(page):
+    assert placement_problems((REPO / page).read_text()) == []
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("`openstack resource provider list --resource VGPU=1`",
+     "openstack resource provider list --resource needs --os-placement-api-version 1.4, not 1.0"),
+    ("```\nopenstack --os-placement-api-version 1.10 allocation candidate list --resource VGPU=1 "
+     "--limit 5\n```", "allocation candidate list --limit needs --os-placement-api-version 1.16"),
+    ("`openstack resource provider trait set --trait CUSTOM_A <rp>`", "trait set needs"),
+])
+def test_the_placement_check_finds_a_microversion_too_low(text, problem):
+    found = placement_problems(text)
+    assert len(found) == 1 and problem in found[0], found
+
+
+def test_commands_with_their_microversion_pass_the_placement_check():
+    assert placement_problems(
+        "```\nopenstack --os-placement-api-version 1.4 resource provider list --resource VGPU=1\n"
+        "openstack resource provider list --name compute-1_pci_0000_c1_00_0\n"
+        "OS_PLACEMENT_API_VERSION=1.16 openstack allocation candidate list --resource VGPU=1 --limit 5\n"
+        "openstack resource provider usage show <rp>\nopenstack flavor set x --property a=b\n"
+        "export OS_PLACEMENT_API_VERSION=1.6\nopenstack resource provider trait list <rp>\n```") == []
+
+
+# -- Hooks run by hand: juju exec against the packed charm --------------------------------------
+
+# juju exec's options that take a value (Juju 3's `juju exec --help`); the rest are flags.
+JUJU_EXEC_VALUED = {"-u", "--unit", "-m", "--model", "-a", "--app", "--application", "--machine",
+                    "-o", "--output", "--wait", "--format", "--execution-group"}
+
+
+def juju_exec_commands(segment):
+    """``(unit, command)`` of each ``juju exec`` in a code segment, as juju exec parses it.
+
+    Options come first (``--unit X``, ``--unit=X``, ``-u X``); ``--`` or the first other word
+    starts the command, whose words juju exec joins with spaces for the unit's shell.
+    """
+    found = []
+    for match in re.finditer(r"\bjuju exec (.+)", segment):
+        try:
+            words = shlex.split(match.group(1), comments=True)
+        except ValueError:  # an unclosed quote
+            found.append((None, match.group(1)))
+            continue
+        unit = None
+        while words and words[0].startswith("-") and words[0] != "--":
+            name, _, value = words.pop(0).partition("=")
+            if name in JUJU_EXEC_VALUED and not value and words:
+                value = words.pop(0)
+            if name in ("-u", "--unit"):
+                unit = value
+        found.append((unit, " ".join(words[1:] if words[:1] == ["--"] else words)))
+    return found
+
+
+def runs_a_hook(command):
+    """Whether a juju exec command runs the charm: it names ``hooks/...`` or ``dispatch``."""
+    return re.search(r"(?:^|[\s=/])(?:hooks/|\.?/?dispatch\b)", command) is not None
+
+
+def documented_hook_runs():
+    """``[(page, command)]``: every ``juju exec`` in the documentation that runs the charm.
+
+    A command with a placeholder (``hooks/<name>``) is a form, not one to run.
+    """
+    return [(page, command) for page in PAGES for segment in code_segments((REPO / page).read_text())
+            for _, command in juju_exec_commands(segment) if runs_a_hook(command) and "<" not in command]
+
+
+def hook_run_problem(unit, command):
+    """What is wrong when ``command`` runs as ``juju exec`` runs it on ``unit`` (None: nothing).
+
+    It must name one hook (``hooks/<name>``), exit 0, and ops must have dispatched that hook's
+    event (its log says ``Emitting Juju event <name>.``): ``./dispatch`` without the hook's
+    name in ``JUJU_DISPATCH_PATH`` exits 0 too, having run no event.
+    """
+    named = re.findall(r"\bhooks/([a-z][\w-]*)", command)
+    if len(named) != 1:
+        return f"{command}: names no hook (hooks/<name>) for the charm to run"
+    done = unit.exec(command)
+    if done.returncode != 0:
+        return f"{command}: exit status {done.returncode}: {done.stderr.strip()[-300:]}"
+    event = named[0].replace("-", "_")
+    if not any(entry["message"] == f"Emitting Juju event {event}." for entry in done.log):
+        return f"{command}: the charm did not run hooks/{named[0]}"
+    return None
+
+
+HOOK_RUNS = documented_hook_runs()
+
+
+def test_the_documentation_runs_a_hook_by_hand_somewhere():
+    pages = {page for page, _ in HOOK_RUNS}
+    assert {"docs/how-to/pause-and-maintenance.md", "docs/tutorial/sample-host.md"} <= pages, pages
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("juju exec --unit nova-compute-nvidia-vgpu/0 -- JUJU_DISPATCH_PATH=hooks/update-status ./dispatch"
+     "   # the next hook",
+     [("nova-compute-nvidia-vgpu/0", "JUJU_DISPATCH_PATH=hooks/update-status ./dispatch")]),
+    ("juju exec -m cloud --unit=app/1 hooks/update-status", [("app/1", "hooks/update-status")]),
+    ("$ juju exec -u app/N -- 'sudo ls' /x", [("app/N", "sudo ls /x")]),
+    ("juju exec --unit app/0 -- echo 'unclosed", [(None, "--unit app/0 -- echo 'unclosed")]),
+])
+def test_juju_exec_commands_are_read_as_juju_exec_parses_them(text, expected):
+    assert juju_exec_commands(text) == expected
+
+
+def test_only_commands_that_run_the_charm_are_hook_runs():
+    assert runs_a_hook("JUJU_DISPATCH_PATH=hooks/update-status ./dispatch")
+    assert runs_a_hook("hooks/update-status") and runs_a_hook("/var/lib/juju/agents/unit-a-0/charm/dispatch")
+    assert not runs_a_hook("sudo cat /var/lib/nova-compute-nvidia-vgpu/mdevs.json")
+
+
+@pytest.fixture
+def exec_unit(made_charm, tmp_path, root, tools):
+    """A unit of ``make charm``'s artefact on a host without GPUs, as ``juju exec`` reaches it."""
+    from unit_tests import packing
+
+    why = packing.why_not()
+    if why:
+        pytest.skip(why)
+    return packing.juju_unit(made_charm, packing.unit_python(tmp_path / "unit-python"), tmp_path,
+                             root, tools)
+
+
+def test_every_hook_the_documentation_runs_by_hand_runs_on_the_packed_charm(exec_unit):
+    problems = [f"{page}: {problem}" for page, command in dict.fromkeys(HOOK_RUNS)
+                if (problem := hook_run_problem(exec_unit, command))]
+    assert problems == []
+    # The unit went on: update-status on a host without GPUs says so.
+    assert exec_unit.status() == ("active", "no NVIDIA GPU on this host: nothing to do")
+
+
+def test_the_hook_run_check_finds_a_hook_the_packed_charm_does_not_have(exec_unit):
+    # charmcraft writes hooks/install, start and upgrade-charm only: Juju runs ./dispatch.
+    problem = hook_run_problem(exec_unit, "hooks/update-status")
+    assert problem.startswith("hooks/update-status: exit status 127: "), problem
+    # ./dispatch without the hook's name exits 0 having run no hook.
+    assert hook_run_problem(exec_unit, "./dispatch") == (
+        "./dispatch: names no hook (hooks/<name>) for the charm to run")
+    assert hook_run_problem(exec_unit, "JUJU_DISPATCH_PATH=hooks/update-status true") == (
+        "JUJU_DISPATCH_PATH=hooks/update-status true: the charm did not run hooks/update-status")
+    assert hook_run_problem(exec_unit, "JUJU_DISPATCH_PATH=hooks/update-status ./dispatch") is None
+
+
+# -- The status reference against the charm's code ---------------------------------------------
+
+KINDS = ("blocked", "waiting", "maintenance", "active")
+WILD = "\x00"  # a part of a message left open: a value in the code, a placeholder in the text
+_KIND_NAMES = {"BLOCKED": "blocked", "WAITING": "waiting", "MAINTENANCE": "maintenance",
+               "ACTIVE": "active", "BlockedStatus": "blocked", "WaitingStatus": "waiting",
+               "MaintenanceStatus": "maintenance", "ActiveStatus": "active"}
+
+
+def _template(node, known=None):
+    """A string expression as text with WILD for each part only known at run time.
+
+    ``known``: module constants by name (``OPTION``, ``principalconf.NOVA_CONF``), whose text
+    an f-string's ``{OPTION}`` gets.
+    """
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return re.sub(r"%[-\d.]*[sdrf]|\{[^{}]*\}", WILD, node.value)  # "%s" and "{}" filled later
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else
+                       (known or {}).get(_name(v.value)) or WILD for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _template(node.left, known), _template(node.right, known)
+        return (left or WILD) + (right or WILD) if left is not None or right is not None else None
+    return None
+
+
+def _name(node):
+    import ast
+
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) \
+        else None
+
+
+def code_messages(sources):
+    """``{template: {kinds}}`` of every string the charm's code builds, by the status it reaches.
+
+    ``sources``: ``{module name: source}``. A string is ``waiting``, ``maintenance`` or
+    ``active`` where the code says so: in a ``(KIND, ...)`` pair (vgpu.status), in
+    ``ops.<Kind>Status(...)``, appended to a hook's ``waits`` (waiting) or ``show``n while
+    installing (maintenance), or in a function or module constant used there; every other
+    string reaches the status, if at all, as a blocked problem (``problems``, errors).
+    """
+    import ast
+
+    code = _Code([ast.parse(text) for text in sources.values()])
+    for node in code.nodes():
+        kind = _kind_given(node)
+        if kind:
+            for expr in (node.elts[1:] if isinstance(node, ast.Tuple) else node.args):
+                code.mark(expr, kind)
+    return code.templates()
+
+
+def _kind_given(node):
+    """The status kind other than blocked that ``node`` gives the strings in it, if any."""
+    import ast
+
+    if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+        kind = _KIND_NAMES.get(_name(node.elts[0]))
+        return kind if kind in KINDS[1:] else None
+    if not isinstance(node, ast.Call):
+        return None
+    called = _name(node.func)
+    owner = _name(node.func.value) if isinstance(node.func, ast.Attribute) else None
+    if called and called.endswith("Status"):  # ops.WaitingStatus(...)
+        kind = _KIND_NAMES.get(called)
+        return kind if kind in KINDS[1:] else None
+    return "waiting" if (called, owner) == ("append", "waits") else \
+        "maintenance" if called == "show" else None
+
+
+class _Code:
+    """The charm's modules: their functions, module constants, and the kinds marked so far."""
+
+    def __init__(self, trees):
+        import ast
+
+        self.trees = trees
+        self.functions, self.constants, self.kinds = {}, {}, {}  # kinds: id(node) -> {kind}
+        for node in self.nodes():
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions.setdefault(node.name, []).append(node)
+        for tree in trees:
+            for node in tree.body:  # module constants: BUSY = (...)
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                        and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper():
+                    self.constants.setdefault(node.targets[0].id, []).append(node.value)
+
+    def nodes(self):
+        import ast
+
+        for tree in self.trees:
+            yield from ast.walk(tree)
+
+    def mark(self, expr, kind, depth=0):
+        """Give ``kind`` to the strings of ``expr``, of the functions it calls and names it uses."""
+        import ast
+
+        for node in ast.walk(expr):
+            if _template(node) is not None:
+                self.kinds.setdefault(id(node), set()).add(kind)
+            if depth == 0 and isinstance(node, ast.Call):  # one call deep: serving_message(...)
+                for function in self.functions.get(_name(node.func), []):
+                    self.mark(function, kind, depth + 1)
+            if depth == 0 and isinstance(node, ast.Name):  # BUSY
+                for value in self.constants.get(node.id, []):
+                    self.mark(value, kind, depth + 1)
+
+    def templates(self):
+        """``{template: {kinds}}``: each whole string once (an f-string, not its pieces)."""
+        import ast
+
+        known = {}  # constants every module that defines them gives one plain text: OPTION
+        for name, values in self.constants.items():
+            texts = {v.value for v in values if isinstance(v, ast.Constant)}
+            if len(texts) == 1 and all(isinstance(v, ast.Constant) for v in values):
+                text = texts.pop()
+                if isinstance(text, str):
+                    known[name] = text
+        out, parts = {}, set()  # parts: pieces of a larger string (an f-string's text, a + b)
+        for node in self.nodes():
+            text = None if id(node) in parts else _template(node, known)
+            if text is None:
+                continue
+            parts.update(id(child) for child in ast.walk(node) if child is not node)
+            if text.strip(WILD).strip():
+                out.setdefault(text, set()).update(self.kinds.get(id(node), {"blocked"}))
+        return out
+
+
+def _charm_sources():
+    return {str(p.relative_to(REPO)): p.read_text() for p in sorted((REPO / "src").rglob("*.py"))}
+
+
+def globs_meet(p, q):
+    """Whether some text matches both ``p`` and ``q``, where WILD stands for any text.
+
+    Bit-parallel over ``q``'s positions (bit j: ``q[:j]`` can be matched against ``p[:i]``).
+    """
+    m, full = len(q), (1 << (len(q) + 1)) - 1
+    stars = sum(1 << j for j, c in enumerate(q) if c == WILD)
+    same = {}
+    for j, c in enumerate(q):
+        same[c] = same.get(c, 0) | (1 << j)
+
+    def close(bits):  # q's WILD may match nothing
+        while True:
+            more = bits | ((bits & stars) << 1)
+            if more == bits:
+                return bits
+            bits = more
+
+    row = close(1)
+    for c in p:
+        if c == WILD:  # p's WILD takes any of q's characters
+            low = row & -row
+            row = close(full & ~(low - 1)) if row else 0
+            continue
+        row = close((((row & same.get(c, 0)) << 1) | (row & stars)) & full)
+        if not row:
+            return False
+    return bool(row >> m & 1)
+
+
+def _doc_glob(message):
+    """A message as the documentation writes it: ``<...>``, ``…`` and ``...`` left open."""
+    return re.sub(r"<[^<>]*>|…|\.\.\.", WILD, message)
+
+
+def _longest(text):
+    return max(text.split(WILD), key=len)
+
+
+def matching_kinds(message, templates):
+    """The kinds of the code's most specific templates that can say ``message`` (empty: none).
+
+    A template may begin a longer message (``reboot required: {reason}``); of those that can
+    say it, the ones with the most fixed text decide (``no NVIDIA GPU on this host`` alone is
+    another message than ``no NVIDIA GPU on this host: nothing to do``).
+    """
+    doc = _doc_glob(message)
+    pieces = [piece for piece in doc.split(WILD) if len(piece) >= 6] or [_longest(doc)]
+    found, best = set(), 0
+    for template, kinds in templates.items():
+        if not (any(piece in template for piece in pieces)
+                or any(len(part) >= 8 and part in doc for part in template.split(WILD))):
+            continue  # cheap: they share no long piece
+        fixed = len(template.replace(WILD, ""))
+        if fixed >= best and globs_meet(doc, template + WILD):
+            found, best = (found | kinds if fixed == best else set(kinds)), fixed
+    return found
+
+
+def status_rows(text):
+    """``(messages, kind)`` per row of the status tables (first column Status or Message).
+
+    The messages are the first column's code spans; the kind is the ``Kind`` column ('' where
+    the table has none).
+    """
+    rows = []
+    for table in re.findall(r"(?:^\|.*\|[ \t]*\n)+", FENCE.sub("", text), re.M):
+        lines = table.splitlines()
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        if header[0] not in ("Status", "Message"):
+            continue
+        for line in lines[2:]:
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+            kind = cells[header.index("Kind")] if "Kind" in header else ""
+            rows.append((re.findall(r"`([^`]+)`", cells[0]), kind))
+    return rows
+
+
+def status_table_problems(text, templates):
+    """What is wrong with the status tables of ``text``, against the code's ``templates``.
+
+    A row without a kind, a message no code says, one of a kind the code does not give it,
+    and a message that another row has already (placeholders aside).
+    """
+    problems, seen, repeated = [], {}, set()  # the messages with their placeholders as …
+    for messages, kind in status_rows(text):
+        if kind not in KINDS:
+            problems.append(f"{messages[:1]}: Kind {kind!r} is none of {', '.join(KINDS)}")
+        for message in messages:
+            kinds = matching_kinds(message, templates)
+            if not kinds:
+                problems.append(f"{message}: the charm's code never says this")
+            elif kind in KINDS and kind not in kinds:
+                problems.append(f"{message}: the code makes it {'/'.join(sorted(kinds))}, not {kind}")
+            same = " ".join(re.sub(r"<[^<>]*>|…|\.\.\.", "…", message).split())
+            if seen.setdefault(same, message) != message or same in repeated:
+                problems.append(f"{message}: a row for it already")
+            repeated.add(same)
+    return problems
+
+
+STATUS_PAGES = [page for page in PAGES if status_rows((REPO / page).read_text())]
+
+
+@pytest.fixture(scope="module")
+def charm_messages():
+    return code_messages(_charm_sources())
+
+
+def test_the_status_reference_is_a_status_table():
+    assert "docs/reference/status-messages.md" in STATUS_PAGES
+
+
+@pytest.mark.parametrize("page", STATUS_PAGES)
+def test_every_status_message_of_the_documentation_is_the_codes_with_its_kind(page, charm_messages):
+    assert status_table_problems((REPO / page).read_text(), charm_messages) == []
+
+
+TOY_CHARM = {"toy.py": """
+BLOCKED, WAITING, MAINTENANCE, ACTIVE = "blocked", "waiting", "maintenance", "active"
+BUSY = "waiting for the boot step to finish"
+OPTION = "vgpu-device-mappings"
+
+
+def statuses(principal, count):
+    out = [(WAITING, f"waiting for {principal} to install nova-common")]
+    out.append((BLOCKED, f"reboot required: {reason()}"))
+    out.append((ACTIVE, serving(count)))
+    return out
+
+
+def reason():
+    return "nouveau is loaded"
+
+
+def serving(count):
+    return f"{count} GPUs, no vGPU type mapped: set {OPTION}"
+
+
+def hook(out, show, path, error):
+    out.waits.append(BUSY)
+    show(f"installing {path}")
+    out.problems.append(f"cannot read {path}: {error}")
+    unit.status = ops.MaintenanceStatus("removing: the files are deleted")
+"""}
+
+
+def test_the_code_gives_each_message_its_kind():
+    messages = code_messages(TOY_CHARM)
+    assert messages["waiting for \x00 to install nova-common"] == {"waiting"}
+    assert messages["waiting for the boot step to finish"] == {"waiting"}  # through BUSY
+    assert messages["\x00 GPUs, no vGPU type mapped: set vgpu-device-mappings"] == {"active"}
+    assert messages["reboot required: \x00"] == messages["nouveau is loaded"] == {"blocked"}
+    assert messages["installing \x00"] == messages["removing: the files are deleted"] == {"maintenance"}
+    assert messages["cannot read \x00: \x00"] == {"blocked"}
+    assert "waiting for " not in messages  # an f-string's pieces are not messages of their own
+
+
+def test_the_status_check_finds_wrong_kinds_unknown_and_repeated_messages():
+    table = ("| Status | Kind | Meaning |\n| --- | --- | --- |\n"
+             "| `waiting for nova-compute to install nova-common` | blocked | x |\n"
+             "| `reboot required: nouveau is loaded` / `waiting for the boot step to finish` | "
+             "blocked | x |\n"
+             "| `…, no vGPU type mapped: set vgpu-device-mappings` | active | x |\n"
+             "| `installing nvidia-vgpu-ubuntu-570 570.158.02` | maintenance | x |\n"
+             "| `reboot required:  nouveau is loaded` | blocked | x |\n"
+             "| `cannot read /<path>: <reason>` |  | x |\n"
+             "| `no such message anywhere` | blocked | x |\n")
+    assert status_table_problems(table, code_messages(TOY_CHARM)) == [
+        "waiting for nova-compute to install nova-common: the code makes it waiting, not blocked",
+        "waiting for the boot step to finish: the code makes it waiting, not blocked",
+        "reboot required:  nouveau is loaded: a row for it already",  # spaces aside
+        "['cannot read /<path>: <reason>']: Kind '' is none of blocked, waiting, maintenance, active",
+        "no such message anywhere: the charm's code never says this"]
+
+
+@pytest.mark.parametrize("p,q,meet", [
+    ("reboot required: nouveau", "reboot required: \x00", True),
+    ("reboot required: \x00", "reboot required: nouveau", True),
+    ("\x00, no type: set x", "\x00 GPUs, no type: set x", True),
+    ("relate to a: juju integrat0 b", "relate to \x00: juju integrate \x00", False),
+    ("a\x00c", "ab", False),
+    ("", "\x00", True),
+])
+def test_two_texts_with_open_parts_meet_where_one_text_can_match_both(p, q, meet):
+    assert globs_meet(p, q) is meet and globs_meet(q, p) is meet

@@ -198,3 +198,70 @@ def test_an_unreadable_mdev_count_is_not_guessed_below_what_the_vfs_list(root):
     bus.write_text("")  # the mdev bus cannot be listed: which mdevs exist is unknown
     entry = report.gpu_results(pci.with_available(pci.discover()))["gpu-0"]["types"]["nvidia-475"]
     assert entry["available-instances"] == "2"  # what the type fits, not less, not the 4 VFs
+
+
+# -- several mdev types behind one resource class ----------------------------------------------
+
+V100_TWO = {"nvidia-108": ("0000:c1:00.0",), "nvidia-109": ("0000:e1:00.0",)}
+
+
+def _v100(root):
+    from unit_tests.fakehost import v100_host
+
+    v100_host(root)
+    return pci.with_available(pci.discover())
+
+
+def _published(mapping, major=29, mdev_class=False):
+    from vgpu import novaconf, releases
+
+    out = novaconf.sections(mapping, releases.from_major(major))
+    if mdev_class:
+        for vgpu_type, name in (("nvidia-108", "GRID V100-8Q"), ("nvidia-109", "GRID V100-16Q")):
+            if vgpu_type in mapping:
+                out[f"mdev_{vgpu_type}"].append(["mdev_class", novaconf.resource_class(name)])
+    return out
+
+
+def _row(text, type_id):
+    return next(line for line in text.splitlines() if f" {type_id} " in line)
+
+
+def test_two_mdev_types_published_as_vgpu_are_flagged_where_their_flavor_is_printed(root):
+    host = _v100(root)
+    published = _published(V100_TWO)
+    text = report.types_table(host, published=published)
+    # The hint alone would let Placement hand either type to the flavor: the row says so...
+    for type_id in ("nvidia-108", "nvidia-109"):
+        assert _row(text, type_id).endswith("  resources:VGPU=1 (shared: see below)")
+    assert _row(text, "nvidia-107").endswith("  resources:VGPU=1")  # not published: no flavor yet
+    # ...and under the table, what to do about it.
+    note = ("nvidia-108, nvidia-109 are published with one resource class, VGPU: a flavor "
+            "with resources:VGPU=1 may get either. Give each type's resource providers a trait "
+            "and require it in the flavor (trait:CUSTOM_<NAME>=required), or set "
+            "mdev-class-per-profile=true and ask for resources:CUSTOM_VGPU_<PROFILE>=1")
+    assert text.endswith("\n\n" + note)
+    types = report.gpu_results(host, published=published)["gpu-0"]["types"]
+    assert types["nvidia-108"]["flavor-note"] == types["nvidia-109"]["flavor-note"] == note
+    assert "flavor-note" not in types["nvidia-107"]
+
+
+@pytest.mark.parametrize("published", [
+    _published(V100_TWO, mdev_class=True),  # a class per profile: Placement tells them apart
+    _published({"nvidia-108": V100_TWO["nvidia-108"]}),  # one type
+    {},  # nothing published yet
+], ids=["mdev-class-per-profile", "one-type", "none"])
+def test_types_with_classes_of_their_own_need_no_note(root, published):
+    host = _v100(root)
+    text = report.types_table(host, published=published)
+    assert "shared" not in text and "trait" not in text
+    assert all("flavor-note" not in entry
+               for entry in report.gpu_results(host, published=published)["gpu-0"]["types"].values())
+
+
+def test_before_xena_every_published_type_is_vgpu(root):
+    host = _v100(root)
+    ussuri = _published(V100_TWO, major=21)  # enabled_vgpu_types, [vgpu_<type>]: no mdev_class
+    assert "enabled_vgpu_types" in json.dumps(ussuri)
+    assert _row(report.types_table(host, published=ussuri), "nvidia-109").endswith(
+        "(shared: see below)")

@@ -273,6 +273,17 @@ def mapping_from_sections(config_sections: Sections) -> Dict[str, Tuple[str, ...
     return out
 
 
+def mdev_classes(config_sections: Sections) -> Dict[str, str]:
+    """``{type: resource class}`` of each published mdev type: its ``mdev_class``, else ``VGPU``.
+
+    ``VGPU`` is Nova's default, and the only class before Xena (``[vgpu_<type>]``).
+    """
+    option = _types_option(config_sections)
+    types = dict(config_sections.get("devices", [])).get(option, "") if option else ""
+    return {vgpu_type: dict(config_sections.get(f"mdev_{vgpu_type}") or []).get("mdev_class", "VGPU")
+            for vgpu_type in _items(types)}
+
+
 def _items(value: str) -> Tuple[str, ...]:
     """A list option's items as oslo.config reads them: split at commas, stripped, none empty."""
     return tuple(item for item in (part.strip() for part in value.split(",")) if item)

@@ -3,7 +3,10 @@
 Each type says how a flavor asks for it, which depends on the framework:
 
 * mediated devices (mdev): ``resources:VGPU=1``, or with
-  ``mdev-class-per-profile`` ``resources:CUSTOM_VGPU_<PROFILE>=1``;
+  ``mdev-class-per-profile`` ``resources:CUSTOM_VGPU_<PROFILE>=1``. Where
+  several published types share one class (``VGPU`` unless that option is on),
+  Placement cannot tell them apart: those rows, and each such type's
+  ``flavor-note``, say so and what to add (a trait, or the option);
 * vendor-specific VFIO: ``pci_passthrough:alias=<alias>:1``, with the
   ``[pci] alias`` that nova-cloud-controller and nova-compute need. A
   ``resources:`` property creates no PCI request, so on a VFIO host the guest
@@ -21,18 +24,41 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from . import capacity, novaconf, table
+from . import capacity, novaconf, table, text
 from .pci import VFIO, Gpu, Host, VgpuType, mig_profile
 
 ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
 ALIAS_WHERE = "nova-cloud-controller and nova-compute pci-alias"
+SHARED_MARK = " (shared: see below)"  # after the FLAVOR of a type whose resource class others have
+
+
+def shared_class_notes(published: Optional[novaconf.Sections]) -> Dict[str, str]:
+    """``{type: note}`` for each published mdev type whose resource class another one has.
+
+    Placement then offers either type to a flavor that asks for the class: the
+    note says so and how to tell them apart (``docs/how-to/flavors.md``).
+    """
+    by_class: Dict[str, List[str]] = {}
+    for vgpu_type, rc in novaconf.mdev_classes(published or {}).items():
+        by_class.setdefault(rc, []).append(vgpu_type)
+    notes: Dict[str, str] = {}
+    for rc, types in by_class.items():
+        if len(types) < 2:
+            continue
+        note = (f"{text.listing(types)} are published with one resource class, {rc}: a flavor "
+                f"with resources:{rc}=1 may get either. Give each type's resource providers a "
+                "trait and require it in the flavor (trait:CUSTOM_<NAME>=required), or set "
+                "mdev-class-per-profile=true and ask for resources:CUSTOM_VGPU_<PROFILE>=1")
+        notes.update((vgpu_type, note) for vgpu_type in types)
+    return notes
 
 
 def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None,
                 mdev_class: bool = False, pci_in_placement: bool = False,
                 live_migration: bool = False,
                 whole_gb: Optional[Mapping[str, int]] = None,
-                held: Optional[capacity.Held] = None) -> Dict[str, dict]:
+                held: Optional[capacity.Held] = None,
+                published: Optional[novaconf.Sections] = None) -> Dict[str, dict]:
     """Per group of GPUs that offer the same (keys gpu-0, gpu-1, ...): addresses, model, types.
 
     GPUs of one model that offer the same types with the same counts are one
@@ -54,14 +80,19 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     which counts a time-sliced profile on a partly used GPU. ``max-instances`` and
     ``available-instances`` are :func:`vgpu.capacity.count`'s, as the status line and
     the exporter count them (``held``: :func:`vgpu.capacity.held`, read here when not given).
+    ``published``: the sections nova-compute has now; a type whose resource class another
+    published type shares gets a ``flavor-note`` (:func:`shared_class_notes`).
     """
     out: Dict[str, dict] = {}
+    notes = shared_class_notes(published)
     for index, group in enumerate(_groups(host, offered, whole_gb, held)):
         gpu, rows = group[0]
         types: Dict[str, dict] = {}
         for vgpu_type, most, available in rows:
             entry = _type_entry(gpu, vgpu_type, mdev_class, pci_in_placement, live_migration)
             entry.update(_mig_entry(gpu, vgpu_type))
+            if vgpu_type.id in notes and "flavor-property" in entry:
+                entry["flavor-note"] = notes[vgpu_type.id]
             for key, value in (("framebuffer-mb", vgpu_type.framebuffer_mb),
                                ("max-instances", most), ("available-instances", available)):
                 if value is not None:
@@ -135,14 +166,16 @@ def _product_id(gpu) -> str:
 def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None, *,
                 mdev_class: bool = False, pci_in_placement: bool = False,
                 live_migration: bool = False, whole_gb: Optional[Mapping[str, int]] = None,
-                held: Optional[capacity.Held] = None) -> str:
+                held: Optional[capacity.Held] = None,
+                published: Optional[novaconf.Sections] = None) -> str:
     """A fixed-width table, one row per group of like GPUs and type, bounded.
 
     GPUS names every GPU of the group (as :func:`gpu_results` groups them);
     FLAVOR is the flavor property that asks for one vGPU of the type (none
     for a type the mapping refuses); the keyword arguments are as for
     :func:`gpu_results`. Under the table, the ``[pci] alias`` of each VFIO
-    type (at most ``ALIASES_SHOWN``; every one is in the nested results).
+    type (at most ``ALIASES_SHOWN``; every one is in the nested results), then
+    the note on types that share a resource class (their FLAVOR points to it).
     """
     from .plan import alias_name, flavor_property, refused
 
@@ -151,6 +184,7 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     rows: List[List[str]] = [["GPUS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",
                               "FLAVOR"]]
     aliases: Dict[str, str] = {}
+    notes = shared_class_notes(published)
     for group in _groups(host, offered, whole_gb, held):
         gpu, types = group[0]
         addresses = ",".join(member.address for member, _ in group)
@@ -160,7 +194,8 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
         for vgpu_type, most, available in types:
             fb = vgpu_type.framebuffer_mb
             flavor = ("none (the mapping refuses it)" if refused(gpu, vgpu_type)
-                      else flavor_property(vgpu_type, gpu.framework, mdev_class))
+                      else flavor_property(vgpu_type, gpu.framework, mdev_class)
+                      + (SHARED_MARK if vgpu_type.id in notes else ""))
             rows.append([
                 addresses, gpu.model, vgpu_type.id, vgpu_type.name,
                 f"{fb} MiB" if fb is not None else "-", _text(most), _text(available), flavor,
@@ -170,7 +205,8 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                 aliases.setdefault(name, json.dumps(novaconf.alias(
                     vgpu_type.name, _product_id(gpu), pci_in_placement=pci_in_placement,
                     live_migratable=live_migration), sort_keys=True))
-    footer = _alias_lines(list(aliases.values()))
+    footer = _alias_lines(list(aliases.values())) + "".join(
+        f"\n\n{note}" for note in dict.fromkeys(notes.values()))
     body = table.render(rows[0], rows[1:], what="types",
                         max_bytes=table.MAX_TABLE_BYTES - len(footer.encode()))
     return body + footer
