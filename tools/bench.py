@@ -58,8 +58,10 @@ import benchhosts  # noqa: E402
 from unit_tests import debs  # noqa: E402
 from unit_tests.faketools import Tools  # noqa: E402
 
-TARGETS = {"update-status": 1.15, "update-status, cos-agent": 1.15,
-           "config-changed, unchanged": 1.15}
+# The developer guide's bound for a steady hook on the 8-GPU hosts; the floor is about 1.2x
+# (docs/explanation/boot-and-hooks.md, "Why about 1.2x is the floor").
+TARGETS = {"update-status": 1.3, "update-status, cos-agent": 1.3,
+           "config-changed, unchanged": 1.3}
 BOOT_TARGET = 1.3  # the boot step on 8 GPUs against 1 GPU
 BOOT_DELAYS = (8.0, 2.0)  # seconds: sriov-manage -e per GPU; nvidia-smi -mig 1 and -cgi each
 CASES = (  # label, event, state
