@@ -401,6 +401,18 @@ def test_a_catalogue_nested_too_deep_for_python_is_relearnt(ctx, vfio, root, deb
     ctx.run(ctx.on.update_status(), again(out))
 
 
+def test_a_catalogue_edited_by_hand_with_digits_python_cannot_count_is_no_crash(ctx, vfio, root,
+                                                                               deb):
+    """``²`` passes str.isdigit but not int(): every hook and scrape would raise ValueError."""
+    path = root / catalogue.FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"0x26b9 570.158.02": {"\u00b2": "NVIDIA L40S-1Q"},
+                                "0x26b9 whole GPU": {catalogue.FRAMEBUFFER: "\u00b2"}}))
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    assert types_of(root, L40S, 4) == [1139] * 4
+
+
 def test_remove_logs_each_step_it_could_not_undo_and_goes_on(ctx, vfio, root, tools, deb):
     from unit_tests.faketools import stand_in
     from vgpu import kernel
