@@ -363,6 +363,18 @@ def test_remove_leaves_nothing_behind_even_with_types_still_to_learn(ctx, vfio, 
         "removing: the charm's files are deleted; the vGPU host driver stays installed")
 
 
+def test_remove_leaves_nothing_behind_after_the_boot_step_ran(ctx, vfio, root, deb):
+    """The boot step's result (boot-result.json, for the exporter) goes with its data."""
+    from vgpu import boot, bootresult
+
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert boot.run(f"/{sriov.DATA_FILE}") == 0  # as systemd runs it at the next boot
+    assert (root / bootresult.RESULT_FILE).is_file()
+    ctx.run(ctx.on.remove(), again(first))
+    assert not (root / bootresult.RESULT_FILE).exists()
+    assert not (root / catalogue.STATE_DIR).exists()
+
+
 def test_a_linked_state_directory_is_not_written_through(ctx, vfio, root, deb):
     ssh = root / "etc/ssh"
     ssh.mkdir(parents=True)

@@ -260,13 +260,17 @@ def remove_unit() -> bool:
     """Stop, disable and delete the unit and its data (charm removal); True when there was one.
 
     A masked unit is the operator's: it is left as it is. The boot step's mark
-    in /run goes too (see :mod:`vgpu.bootfile`).
+    in /run goes too (see :mod:`vgpu.bootfile`), and its last result (see
+    :mod:`vgpu.bootresult`).
     """
+    from . import bootresult
+
     try:
         data_path().unlink()
     except FileNotFoundError:
         pass
     bootfile.forget()
+    bootresult.forget()
     target = unit_path()
     if unit_masked() or not target.exists():
         return False
