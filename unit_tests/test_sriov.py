@@ -83,6 +83,18 @@ def test_all_selects_sriov_gpus_bound_to_nvidia_and_addresses_select_their_gpu(r
     assert sriov.selected({"L40S-12Q": ("0000:a1:00.1",)}, pci.discover()).wanted == ("0000:a1:00.1",)
 
 
+def test_the_unit_says_what_the_boot_step_does_and_advises_no_gpu_reset():
+    """What an operator reads in /etc/systemd/system: VFs first, MIG mode on, no reset.
+
+    A GPU reset is refused once sriov-manage turned persistence mode on
+    (NVIDIA/NVSentinel issue 1690): the boot step never runs one (vgpu.mig.at_boot).
+    """
+    comments = " ".join(line.lstrip("# ") for line in sriov.render_unit().splitlines()
+                        if line.startswith("#"))
+    assert "nvidia-smi -r" not in comments and "reset" not in comments
+    assert comments.index("enables the VFs") < comments.index("MIG mode")
+
+
 def test_the_unit_is_written_and_enabled_only_when_it_changes(root, tools):
     assert sriov.ensure_unit("[Unit]\n") is True
     assert sriov.ensure_unit("[Unit]\n") is False
