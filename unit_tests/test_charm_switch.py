@@ -171,6 +171,21 @@ def test_the_old_unit_stays_while_the_mdevs_guests_hold_cannot_be_recorded(ctx, 
     assert out.unit_status.message.endswith(REMOVED)
 
 
+def test_the_old_unit_stays_while_ours_cannot_be_enabled(ctx, old_host, root, tools):
+    """Ours written but not enabled would not run at boot: it is not in place yet."""
+    tools.fail("enable", sriov.UNIT)
+    out = ctx.run(ctx.on.upgrade_charm(), switched())
+    assert len(leftovers.found()) == 4
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith(f"{sriov.UNIT}: systemctl enable {sriov.UNIT} failed")
+    (tools.state / f"{sriov.UNIT}.fail-enable").unlink()  # fixed: the next hook enables ours
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), out)
+    assert f"systemctl enable {sriov.UNIT}" in tools.calls()[calls:]
+    assert leftovers.found() == []
+    assert out.unit_status.message.endswith(REMOVED)
+
+
 def test_a_failed_disable_leaves_the_old_unit_whole_and_blocks(ctx, old_host, root, tools):
     tools.fail("disable", "systemd-mdev-workaround.service")
     out = ctx.run(ctx.on.upgrade_charm(), switched())

@@ -208,7 +208,18 @@ def test_a_hanging_systemctl_fails_the_unit_install_saying_so(root, tools, monke
     with pytest.raises(SriovError) as error:
         sriov.ensure_unit("[Unit]\n")
     assert str(error.value) == "systemctl daemon-reload timed out after 1s and was stopped"
-    assert os.path.exists(sriov.unit_path())
+    assert not os.path.exists(sriov.unit_path())  # as it was: the next hook tries it all again
+
+
+def test_a_unit_systemctl_would_not_enable_is_put_back_as_it_was(root, tools):
+    assert sriov.ensure_unit("[Unit]\n# before\n")
+    tools.fail("enable", sriov.UNIT)
+    with pytest.raises(SriovError, match=f"systemctl enable {sriov.UNIT} failed"):
+        sriov.ensure_unit("[Unit]\n# after\n")
+    assert sriov.unit_path().read_text() == "[Unit]\n# before\n"
+    (tools.state / f"{sriov.UNIT}.fail-enable").unlink()
+    assert sriov.ensure_unit("[Unit]\n# after\n")  # not skipped as written already
+    assert tools.calls()[-1] == f"systemctl enable {sriov.UNIT}"
 
 
 def test_one_gpu_whose_sriov_manage_hangs_does_not_stop_the_next(root, tools, tmp_path, monkeypatch):

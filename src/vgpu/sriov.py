@@ -231,7 +231,11 @@ def unit_path() -> Path:
 def ensure_unit(content: str) -> bool:
     """Install and enable the unit when its text changed; True when it did.
 
-    A masked unit is never written over nor enabled (False).
+    A masked unit is never written over nor enabled (False). When systemctl
+    fails, the file is put back as it was (removed if there was none): a unit
+    written but not enabled would not run at boot, yet look in place (the
+    upstream charm's unit is retired once ours is, :mod:`vgpu.upstream`), and
+    the next hook would find its text right and enable nothing.
     """
     if unit_masked():
         return False
@@ -251,6 +255,13 @@ def ensure_unit(content: str) -> bool:
         services.reload_units()
         services.enable(UNIT)
     except ServiceError as error:
+        try:
+            if previous is None:
+                files.remove(target)
+            else:
+                files.write_atomic(target, previous)
+        except OSError as undo:
+            log.warning("cannot put /%s back: %s", UNIT_FILE, undo.strerror or undo)
         raise SriovError(str(error)) from None
     log.info("installed and enabled %s", UNIT)
     return True
