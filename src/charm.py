@@ -289,8 +289,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
         related = (not isinstance(event, ops.RelationBrokenEvent)
                    and bool(self.model.relations[COS_AGENT]))
+        failed = bool(self._stored.exporter.get("problem"))  # systemctl's part is done again
         problem = exporter.sync(related, self.config.get(exporter.OPTION),
-                                restart=isinstance(event, ops.UpgradeCharmEvent))
+                                restart=isinstance(event, ops.UpgradeCharmEvent) or failed)
         if self._stored.exporter.get("problem", "") != problem:
             self._stored.exporter = {"problem": problem} if problem else {}
 

@@ -82,3 +82,16 @@ def test_forget_removes_the_file_and_the_state_directory(root, vfio):
     assert not (root / catalogue.STATE_DIR).exists()
     assert (root / "var/lib").is_dir()
     catalogue.forget()  # nothing left: nothing to do
+
+
+def test_digits_python_cannot_read_as_a_number_name_nothing(root, vfio):
+    """A hand edit: ``²`` is a digit to str.isdigit, yet int() refuses it (ValueError)."""
+    host = pci.discover()
+    (root / catalogue.STATE_DIR).mkdir(parents=True)
+    (root / catalogue.FILE).write_text(json.dumps({
+        KEY: {"\u00b2": "NVIDIA L40S-1Q", "1139": "NVIDIA L40S-12Q"},
+        catalogue.whole_key(host.gpus[0]): {catalogue.FRAMEBUFFER: "\u00b2"}}))
+    table = catalogue.load()
+    offered = catalogue.offered(host, DRIVER, table)
+    assert "NVIDIA L40S-12Q" in {t.name for t in offered["0000:81:00.0"]}
+    assert catalogue.whole_gpus(host, table)["0000:81:00.0"] == 48  # what its free VFs list

@@ -147,3 +147,22 @@ def test_remove_removes_the_exporter(ctx, v100, root, tools, packages):
     first = joined(ctx, packages)
     ctx.run(ctx.on.remove(), again(first))
     assert not (root / exporter.UNIT_FILE).exists()
+
+
+def test_an_exporter_that_could_not_be_enabled_is_enabled_and_started_by_a_later_hook(
+        ctx, v100, root, tools, packages):
+    """Its unit file was written before systemctl failed, and is right the next time.
+
+    That is no reason to leave it disabled and stopped while the status says nothing any more.
+    """
+    tools.fail("enable", exporter.UNIT)
+    first = joined(ctx, packages)
+    assert first.unit_status.name == "blocked"
+    assert first.unit_status.message.startswith("the metrics exporter did not start: ")
+    (tools.state / f"{exporter.UNIT}.fail-enable").unlink()  # the operator fixed systemd
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.config_changed(), again(first))
+    done = tools.calls()[calls:]
+    assert f"systemctl enable {exporter.UNIT}" in done
+    assert f"systemctl restart {exporter.UNIT}" in done
+    assert out.unit_status.name == "active", out.unit_status

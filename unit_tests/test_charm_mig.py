@@ -315,6 +315,30 @@ def test_when_the_boot_step_could_not_take_the_lock_the_next_hook_does_its_work(
     assert [c for c in tools.calls()[before:] if "-mig 1" in c or "-cgi" in c] == []
 
 
+def test_while_paused_no_hook_does_the_boot_steps_work_then_resume_does(
+        ctx, root, tools, deb, monkeypatch):
+    """Paused, the vGPU manager is stopped: the work waits (its mark too) until resume."""
+    from unit_tests.faketools import host_lock_held
+    from vgpu import boot, hostlock
+
+    host = ready(h200_sxm_host(root, vfs=4, mig="Enabled"), root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{H200X-2-35C: ['18:00.0']}"}, resource=deb))
+    paused = ctx.run(ctx.on.action("pause"), again(out))
+    host.reboot()
+    monkeypatch.setattr(hostlock, "BOOT_WAIT", 0.2)
+    with host_lock_held(root / hostlock.FILE):
+        assert boot.main([f"/{boot.DATA_FILE}"]) == 1
+    before = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), paused)
+    assert [c for c in tools.calls()[before:] if "-mig 1" in c or "-cgi" in c] == []
+    assert not (root / "run/nova-compute-nvidia-vgpu/restored").exists()
+    out = ctx.run(ctx.on.action("resume"), out)
+    out = ctx.run(ctx.on.update_status(), out)
+    assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
+    assert (root / "run/nova-compute-nvidia-vgpu/restored").read_text() == "a hook: 0\n"
+
+
 def test_list_vgpu_types_and_vgpu_usage_show_slices_and_gpu_instances(ctx, root, tools, deb):
     rtx(root, tools, deb)
     out = ctx.run(ctx.on.config_changed(),

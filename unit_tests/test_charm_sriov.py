@@ -363,6 +363,18 @@ def test_remove_leaves_nothing_behind_even_with_types_still_to_learn(ctx, vfio, 
         "removing: the charm's files are deleted; the vGPU host driver stays installed")
 
 
+def test_remove_leaves_nothing_behind_after_the_boot_step_ran(ctx, vfio, root, deb):
+    """The boot step's result (boot-result.json, for the exporter) goes with its data."""
+    from vgpu import boot, bootresult
+
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert boot.run(f"/{sriov.DATA_FILE}") == 0  # as systemd runs it at the next boot
+    assert (root / bootresult.RESULT_FILE).is_file()
+    ctx.run(ctx.on.remove(), again(first))
+    assert not (root / bootresult.RESULT_FILE).exists()
+    assert not (root / catalogue.STATE_DIR).exists()
+
+
 def test_a_linked_state_directory_is_not_written_through(ctx, vfio, root, deb):
     ssh = root / "etc/ssh"
     ssh.mkdir(parents=True)
@@ -399,6 +411,18 @@ def test_a_catalogue_nested_too_deep_for_python_is_relearnt(ctx, vfio, root, deb
     assert out.unit_status.name == "active"
     assert json.loads(path.read_text())["0x26b9 570.158.02"]["1139"] == "NVIDIA L40S-12Q"
     ctx.run(ctx.on.update_status(), again(out))
+
+
+def test_a_catalogue_edited_by_hand_with_digits_python_cannot_count_is_no_crash(ctx, vfio, root,
+                                                                               deb):
+    """``²`` passes str.isdigit but not int(): every hook and scrape would raise ValueError."""
+    path = root / catalogue.FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"0x26b9 570.158.02": {"\u00b2": "NVIDIA L40S-1Q"},
+                                "0x26b9 whole GPU": {catalogue.FRAMEBUFFER: "\u00b2"}}))
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    assert types_of(root, L40S, 4) == [1139] * 4
 
 
 def test_remove_logs_each_step_it_could_not_undo_and_goes_on(ctx, vfio, root, tools, deb):

@@ -147,6 +147,45 @@ def test_the_old_unit_stays_while_it_is_the_only_restorer(ctx, root, tools, pack
     assert out.unit_status.message.endswith(REMOVED)
 
 
+def test_the_old_unit_stays_while_the_mdevs_guests_hold_cannot_be_recorded(ctx, old_host, root,
+                                                                           tmp_path):
+    """V100s (no SR-IOV) on Nova 29: only a record of the guest's mdev brings this charm's unit.
+
+    While the record cannot be written, the old unit is the one thing that creates the
+    guest's mdev again at the next boot: it is not removed on the guess that nothing needs it.
+    """
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "var/lib").mkdir(parents=True, exist_ok=True)
+    (root / mdevs.FILE).parent.symlink_to(elsewhere)  # the record cannot be written
+    out = ctx.run(ctx.on.upgrade_charm(), switched())
+    assert not mdevs.kept() and not sriov.unit_path().exists()
+    assert sorted(leftovers.found()) == sorted([leftovers.UNIT_FILE, leftovers.WANTS,
+                                                *leftovers.SCRIPTS])
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith(f"cannot write /{mdevs.FILE}: ")
+    (root / mdevs.FILE).parent.unlink()  # fixed: the next hook records, writes ours, retires theirs
+    out = ctx.run(ctx.on.update_status(), out)
+    assert mdevs.kept() and sriov.unit_path().is_file()
+    assert leftovers.found() == []
+    assert out.unit_status.message.endswith(REMOVED)
+
+
+def test_the_old_unit_stays_while_ours_cannot_be_enabled(ctx, old_host, root, tools):
+    """Ours written but not enabled would not run at boot: it is not in place yet."""
+    tools.fail("enable", sriov.UNIT)
+    out = ctx.run(ctx.on.upgrade_charm(), switched())
+    assert len(leftovers.found()) == 4
+    assert out.unit_status.name == "blocked"
+    assert out.unit_status.message.startswith(f"{sriov.UNIT}: systemctl enable {sriov.UNIT} failed")
+    (tools.state / f"{sriov.UNIT}.fail-enable").unlink()  # fixed: the next hook enables ours
+    calls = len(tools.calls())
+    out = ctx.run(ctx.on.update_status(), out)
+    assert f"systemctl enable {sriov.UNIT}" in tools.calls()[calls:]
+    assert leftovers.found() == []
+    assert out.unit_status.message.endswith(REMOVED)
+
+
 def test_a_failed_disable_leaves_the_old_unit_whole_and_blocks(ctx, old_host, root, tools):
     tools.fail("disable", "systemd-mdev-workaround.service")
     out = ctx.run(ctx.on.upgrade_charm(), switched())

@@ -226,7 +226,8 @@ def test_ensure_installs_enables_and_starts_the_unit_once(root, tools):
     assert not exporter.ensure(exporter.DEFAULT_PORT)  # nothing changed: nothing done
     assert len(tools.calls()) == 3
     assert exporter.ensure(exporter.DEFAULT_PORT, restart=True)  # the charm's code changed
-    assert tools.calls()[3:] == [f"systemctl restart {exporter.UNIT}"]
+    assert tools.calls()[3:] == [f"systemctl enable {exporter.UNIT}",
+                                 f"systemctl restart {exporter.UNIT}"]
     assert exporter.installed_port() == exporter.DEFAULT_PORT
 
 

@@ -4,6 +4,7 @@ Capacity equal to list-vgpu-types and vgpu-usage: test_capacity.py. The exporter
 process and its unit: test_exporter.py. Prometheus scraping it: test_prometheus.py.
 """
 
+import json
 import re
 
 import pytest
@@ -174,6 +175,15 @@ def test_boot_data_or_result_that_cannot_be_used(mapped, root, content):
     assert sources(samples)["boot_data"] == 0 and sources(samples)["boot_result"] == 0
     assert not by_series(samples, "nvidia_vgpu_mapping_applied")
     assert by_series(samples, "nvidia_vgpu_type_used_instances")  # the rest is there
+
+
+def test_a_learnt_table_edited_by_hand_is_no_failed_scrape(mapped, root):
+    """A type id of digits int() refuses (``²``, a hand edit): the scrape goes on without it."""
+    from vgpu import catalogue
+
+    (root / catalogue.FILE).write_text(json.dumps({"0x26b9 570.158.02": {"\u00b2": "x"}}))
+    samples = metrics.collect()
+    assert by_series(samples, "nvidia_vgpu_type_used_instances")[(L40S, "nvidia-1139")] == 1
 
 
 def test_nvml_failing_in_any_way_is_a_sample(mapped):

@@ -15,7 +15,6 @@ import json
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -30,6 +29,7 @@ from ops import testing
 from unit_tests.fakehost import l40s_host
 from unit_tests.libvirt import running_guest
 from unit_tests.test_charm import install_driver, state
+from unit_tests.test_exporter import free_port
 from vgpu import bootresult, exporter, metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,12 +44,6 @@ def tool(name: str) -> str:
     if found is None:
         pytest.fail(f"{name} is not installed: {NEEDED}")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def api(port: int, path: str, **params) -> dict:

@@ -83,6 +83,18 @@ def test_all_selects_sriov_gpus_bound_to_nvidia_and_addresses_select_their_gpu(r
     assert sriov.selected({"L40S-12Q": ("0000:a1:00.1",)}, pci.discover()).wanted == ("0000:a1:00.1",)
 
 
+def test_the_unit_says_what_the_boot_step_does_and_advises_no_gpu_reset():
+    """What an operator reads in /etc/systemd/system: VFs first, MIG mode on, no reset.
+
+    A GPU reset is refused once sriov-manage turned persistence mode on
+    (NVIDIA/NVSentinel issue 1690): the boot step never runs one (vgpu.mig.at_boot).
+    """
+    comments = " ".join(line.lstrip("# ") for line in sriov.render_unit().splitlines()
+                        if line.startswith("#"))
+    assert "nvidia-smi -r" not in comments and "reset" not in comments
+    assert comments.index("enables the VFs") < comments.index("MIG mode")
+
+
 def test_the_unit_is_written_and_enabled_only_when_it_changes(root, tools):
     assert sriov.ensure_unit("[Unit]\n") is True
     assert sriov.ensure_unit("[Unit]\n") is False
@@ -196,7 +208,18 @@ def test_a_hanging_systemctl_fails_the_unit_install_saying_so(root, tools, monke
     with pytest.raises(SriovError) as error:
         sriov.ensure_unit("[Unit]\n")
     assert str(error.value) == "systemctl daemon-reload timed out after 1s and was stopped"
-    assert os.path.exists(sriov.unit_path())
+    assert not os.path.exists(sriov.unit_path())  # as it was: the next hook tries it all again
+
+
+def test_a_unit_systemctl_would_not_enable_is_put_back_as_it_was(root, tools):
+    assert sriov.ensure_unit("[Unit]\n# before\n")
+    tools.fail("enable", sriov.UNIT)
+    with pytest.raises(SriovError, match=f"systemctl enable {sriov.UNIT} failed"):
+        sriov.ensure_unit("[Unit]\n# after\n")
+    assert sriov.unit_path().read_text() == "[Unit]\n# before\n"
+    (tools.state / f"{sriov.UNIT}.fail-enable").unlink()
+    assert sriov.ensure_unit("[Unit]\n# after\n")  # not skipped as written already
+    assert tools.calls()[-1] == f"systemctl enable {sriov.UNIT}"
 
 
 def test_one_gpu_whose_sriov_manage_hangs_does_not_stop_the_next(root, tools, tmp_path, monkeypatch):

@@ -66,6 +66,11 @@ def save(result: Result) -> bool:
     return True
 
 
+def forget() -> bool:
+    """Delete the result (charm removal); False when there was none. OSError if it cannot be."""
+    return files.remove(hostroot.path(RESULT_FILE))
+
+
 def gpu_results(outcome: Iterable[Tuple[str, str, float]]) -> Tuple[GpuResult, ...]:
     """``(address, result, seconds)`` triples as GpuResults, in address order."""
     return tuple(sorted(GpuResult(a, r, round(max(0.0, s), 3)) for a, r, s in outcome))

@@ -115,6 +115,14 @@ def listed_whole(gpu: pci.Gpu) -> Optional[int]:
     return max(sizes) if sizes else None
 
 
+def _number(value: str) -> bool:
+    """Whether ``value`` (from the table, which a hand may have edited) is a number int() reads.
+
+    str.isdigit alone also takes digits int() refuses (``²``): ASCII digits only.
+    """
+    return value.isascii() and value.isdigit()
+
+
 def whole_gpus(host: pci.Host, table: Table) -> Dict[str, int]:
     """Per VFIO GPU address, its whole framebuffer in GB when known.
 
@@ -127,7 +135,7 @@ def whole_gpus(host: pci.Host, table: Table) -> Dict[str, int]:
         if gpu.framework != pci.VFIO:
             continue
         recorded = table.get(whole_key(gpu), {}).get(FRAMEBUFFER, "")
-        size = (listed_whole(gpu) or (int(recorded) if recorded.isdigit() else None)
+        size = (listed_whole(gpu) or (int(recorded) if _number(recorded) else None)
                 or WHOLE_GPU_GB.get(gpu.device_id))
         if size:
             out[gpu.address] = size
@@ -169,7 +177,7 @@ def offered(host: pci.Host, driver_version: Optional[str],
             out[gpu.address] = gpu.offered_types()
             continue
         seen = {n: pci.VgpuType(number=int(n), name=name, framework=pci.VFIO)
-                for n, name in table.get(key(gpu, driver_version), {}).items() if n.isdigit()}
+                for n, name in table.get(key(gpu, driver_version), {}).items() if _number(n)}
         for vgpu_type in gpu.offered_types():
             seen[str(vgpu_type.number)] = vgpu_type
         for vf in gpu.vfs:  # a type a VF holds is one the GPU offers, named or not

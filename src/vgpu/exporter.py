@@ -121,7 +121,9 @@ def listening() -> Set[int]:
 def ensure(number: int, restart: bool = False) -> bool:
     """Install (or rewrite) the unit for port ``number`` and start it; True when anything changed.
 
-    ``restart``: restart it even when its text is the same (the charm's code changed).
+    ``restart``: enable and restart it even when its text is the same (the charm's code
+    changed, or an earlier attempt failed after the text was written: systemctl's part is
+    done again, not skipped because the file is already right).
     A port another process listens on is refused (ExporterError) and nothing is changed;
     so is a unit the operator masked (``systemctl mask --runtime``): left stopped.
     """
@@ -143,8 +145,8 @@ def ensure(number: int, restart: bool = False) -> bool:
         if changed:
             files.write_atomic(target, content)
             services.reload_units()
-            services.enable(UNIT)
         if changed or restart:
+            services.enable(UNIT)
             services.restart(UNIT)
     except OSError as error:
         raise ExporterError(f"cannot write /{UNIT_FILE}: {error.strerror or error}") from None

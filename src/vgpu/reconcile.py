@@ -325,6 +325,7 @@ class _Hook:
         self.waits = self.out.waits
         self.mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
         self.vfs_enabled = False  # _ensure_vfs ran sriov-manage -e (it may wipe MIG state)
+        self.mdevs_unrecorded = False  # _record_mdevs could not record the mdevs guests hold
 
     def facts(self) -> facts.Facts:
         return self.host.facts()
@@ -893,6 +894,7 @@ def _record_mdevs(hook: _Hook) -> bool:
                              "the last record stays")
     except OSError as error:
         hook.problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
+    hook.mdevs_unrecorded = True
     return mdevs.kept()
 
 
@@ -901,9 +903,10 @@ def _record_mdevs(hook: _Hook) -> bool:
 def _take_over_upstream(hook: _Hook) -> None:
     """The upstream charm's boot unit retired once this charm's restores (see :mod:`vgpu.upstream`).
 
-    Kept while the host needs restoring at boot (an SR-IOV GPU, or mdevs
-    recorded) and this charm's unit is not in place yet: the old one is then
-    the only restorer. What changed is said once, as notes of this hook.
+    Kept while the host needs restoring at boot (an SR-IOV GPU, mdevs
+    recorded, or mdevs instances hold that could not be recorded) and this
+    charm's unit is not in place yet: the old one is then the only restorer.
+    What changed is said once, as notes of this hook.
     """
     notes = hook.out.notes
     for relation, changed in zip(hook.given.relations(), hook.out.relation_data):
@@ -915,7 +918,7 @@ def _take_over_upstream(hook: _Hook) -> None:
         return
     here = hook.facts()
     ours = sriov.unit_masked() or sriov.unit_path().is_file()
-    needed = mdevs.kept() or any(gpu.sriov for gpu in here.pci.gpus)
+    needed = mdevs.kept() or hook.mdevs_unrecorded or any(gpu.sriov for gpu in here.pci.gpus)
     if needed and not ours:
         logger.warning("keeping the upstream charm's %s until %s is in place: it is the only "
                        "unit that restores VFs and mdevs at boot", upstream.UNIT, sriov.UNIT)

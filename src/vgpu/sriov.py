@@ -231,7 +231,11 @@ def unit_path() -> Path:
 def ensure_unit(content: str) -> bool:
     """Install and enable the unit when its text changed; True when it did.
 
-    A masked unit is never written over nor enabled (False).
+    A masked unit is never written over nor enabled (False). When systemctl
+    fails, the file is put back as it was (removed if there was none): a unit
+    written but not enabled would not run at boot, yet look in place (the
+    upstream charm's unit is retired once ours is, :mod:`vgpu.upstream`), and
+    the next hook would find its text right and enable nothing.
     """
     if unit_masked():
         return False
@@ -251,6 +255,13 @@ def ensure_unit(content: str) -> bool:
         services.reload_units()
         services.enable(UNIT)
     except ServiceError as error:
+        try:
+            if previous is None:
+                files.remove(target)
+            else:
+                files.write_atomic(target, previous)
+        except OSError as undo:
+            log.warning("cannot put /%s back: %s", UNIT_FILE, undo.strerror or undo)
         raise SriovError(str(error)) from None
     log.info("installed and enabled %s", UNIT)
     return True
@@ -260,13 +271,17 @@ def remove_unit() -> bool:
     """Stop, disable and delete the unit and its data (charm removal); True when there was one.
 
     A masked unit is the operator's: it is left as it is. The boot step's mark
-    in /run goes too (see :mod:`vgpu.bootfile`).
+    in /run goes too (see :mod:`vgpu.bootfile`), and its last result (see
+    :mod:`vgpu.bootresult`).
     """
+    from . import bootresult
+
     try:
         data_path().unlink()
     except FileNotFoundError:
         pass
     bootfile.forget()
+    bootresult.forget()
     target = unit_path()
     if unit_masked() or not target.exists():
         return False
