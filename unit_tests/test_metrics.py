@@ -112,17 +112,22 @@ def test_without_a_mapping_there_is_nothing_to_apply(root):
     assert not by_series(samples, "nvidia_vgpu_mapping_applied")
 
 
-def test_the_boot_steps_last_result_per_gpu(root):
+@pytest.mark.parametrize("run_by", ["boot_step", "hook"])
+def test_the_boot_steps_last_result_per_gpu_and_who_ran_it(root, run_by):
+    """A hook that did the boot step's work is named as such on every boot series."""
     l40s_host(root)
     bootresult.save(bootresult.Result(1767225600.0, 42.5, 1, bootresult.gpu_results([
-        (L40S, "not restored", 40.0), (H200, "restored", 2.5), ("0000:e1:00.0", "left alone", 0)])))
+        (L40S, "not restored", 40.0), (H200, "restored", 2.5), ("0000:e1:00.0", "left alone", 0)]),
+        run_by=run_by))
     samples = metrics.collect()
     assert by_series(samples, "nvidia_vgpu_boot_gpu_result") == {
-        (L40S, "not_restored"): 1, (H200, "restored"): 1, ("0000:e1:00.0", "left_alone"): 1}
-    assert by_series(samples, "nvidia_vgpu_boot_gpu_duration_seconds")[(L40S,)] == 40.0
-    assert by_series(samples, "nvidia_vgpu_boot_last_run_timestamp_seconds") == {(): 1767225600.0}
-    assert by_series(samples, "nvidia_vgpu_boot_duration_seconds") == {(): 42.5}
-    assert by_series(samples, "nvidia_vgpu_boot_exit_code") == {(): 1}
+        (L40S, "not_restored", run_by): 1, (H200, "restored", run_by): 1,
+        ("0000:e1:00.0", "left_alone", run_by): 1}
+    assert by_series(samples, "nvidia_vgpu_boot_gpu_duration_seconds")[(L40S, run_by)] == 40.0
+    assert by_series(samples, "nvidia_vgpu_boot_last_run_timestamp_seconds") == {
+        (run_by,): 1767225600.0}
+    assert by_series(samples, "nvidia_vgpu_boot_duration_seconds") == {(run_by,): 42.5}
+    assert by_series(samples, "nvidia_vgpu_boot_exit_code") == {(run_by,): 1}
 
 
 def test_nvml_figures_per_vgpu_where_the_driver_is(mapped):

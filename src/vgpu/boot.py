@@ -192,7 +192,7 @@ def _run(where: str, by: str, limits: Optional[Limits] = None) -> int:
         log.warning("cannot leave the mark /%s: %s", bootfile.MARK, error.strerror or error)
     if data is not None or not hook:  # a hook with nothing mapped restored nothing: no result
         bootresult.save(bootresult.Result(time.time(), round(time.monotonic() - started, 3), status,
-                                          bootresult.gpu_results(outcome)))
+                                          bootresult.gpu_results(outcome), bootresult.RUN_BY[by]))
     return status
 
 

@@ -13,7 +13,9 @@ available instances and the vGPUs ``vgpu-usage`` lists.
 docs/reference/metrics.md is checked against it, and the exporter emits
 nothing else. Every name has the one prefix ``nvidia_vgpu_``; all are gauges
 (an ``_info`` gauge is 1 and carries its facts in labels). A value that
-cannot be told is left out (no series), never guessed.
+cannot be told is left out (no series), never guessed. The ``nvidia_vgpu_boot_*``
+series describe the last restore after a boot, and ``run_by`` says who ran it:
+the boot step, or a hook that did its work (:func:`vgpu.boot.catch_up`).
 
 A source that cannot be read is a sample, never a failed scrape:
 ``nvidia_vgpu_exporter_source_up{source}`` is 0 for it and what depends on
@@ -80,17 +82,20 @@ METRICS: Tuple[Metric, ...] = (
            ("instance_uuid", "project_id", "project_name", "type", "profile", "gpu", "device",
             "state")),
     Metric("nvidia_vgpu_boot_last_run_timestamp_seconds",
-           "When the boot step (nvidia-vgpu-vfs.service) last finished, in seconds since the "
-           "epoch; absent before its first run"),
-    Metric("nvidia_vgpu_boot_duration_seconds", "How long the boot step's last run took"),
+           "When the restore after a boot last finished, in seconds since the epoch, and who ran "
+           "it: boot_step (nvidia-vgpu-vfs.service) or hook (a hook did the boot step's work); "
+           "absent before its first run", ("run_by",)),
+    Metric("nvidia_vgpu_boot_duration_seconds",
+           "How long the last restore after a boot took, and who ran it", ("run_by",)),
     Metric("nvidia_vgpu_boot_exit_code",
-           "The boot step's last exit status: 0 all restored, 1 something not, 2 its data "
-           "could not be read"),
+           "The last restore's exit status: 0 all restored, 1 something not, 2 its data "
+           "could not be read; and who ran it", ("run_by",)),
     Metric("nvidia_vgpu_boot_gpu_result",
-           "Each GPU at the boot step's last run, 1, with its result: restored, left_alone "
-           "(bound to another driver) or not_restored", ("gpu", "result")),
+           "Each GPU at the last restore after a boot, 1, with its result: restored, left_alone "
+           "(bound to another driver) or not_restored; and who ran it", ("gpu", "result", "run_by")),
     Metric("nvidia_vgpu_boot_gpu_duration_seconds",
-           "How long the boot step took for the GPU at its last run", ("gpu",)),
+           "How long the last restore after a boot took for the GPU, and who ran it",
+           ("gpu", "run_by")),
     Metric("nvidia_vgpu_mapping_applied",
            "1 when the host holds what vgpu-device-mappings puts on the GPU (its VFs enabled, "
            "each published VF holding its type), 0 otherwise; SR-IOV GPUs the mapping selects",
@@ -273,13 +278,14 @@ def _boot(out: _Out) -> None:
     result = _guarded(out, "boot_result", bootresult.load)  # None: none yet, or unreadable
     if result is None:
         return
-    out.add("nvidia_vgpu_boot_last_run_timestamp_seconds", result.finished)
-    out.add("nvidia_vgpu_boot_duration_seconds", result.seconds)
-    out.add("nvidia_vgpu_boot_exit_code", result.status)
+    by = result.run_by  # "" (the label absent) in a result written before it was recorded
+    out.add("nvidia_vgpu_boot_last_run_timestamp_seconds", result.finished, run_by=by)
+    out.add("nvidia_vgpu_boot_duration_seconds", result.seconds, run_by=by)
+    out.add("nvidia_vgpu_boot_exit_code", result.status, run_by=by)
     for gpu in result.gpus:
         out.add("nvidia_vgpu_boot_gpu_result", 1, gpu=gpu.address,
-                result=BOOT_RESULTS[gpu.result])
-        out.add("nvidia_vgpu_boot_gpu_duration_seconds", gpu.seconds, gpu=gpu.address)
+                result=BOOT_RESULTS[gpu.result], run_by=by)
+        out.add("nvidia_vgpu_boot_gpu_duration_seconds", gpu.seconds, gpu=gpu.address, run_by=by)
 
 
 def _nvml(out: _Out, session):
