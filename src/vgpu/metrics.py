@@ -47,7 +47,8 @@ class Metric(NamedTuple):
 METRICS: Tuple[Metric, ...] = (
     Metric("nvidia_vgpu_exporter_source_up",
            "1 when the source was read at this scrape, 0 when it could not be (the exporter's "
-           "log says why); nvml only where the driver is", ("source",)),
+           "log says why): pci, guests, boot_data, boot_result, nvml (only where the driver is), "
+           "and capacity and mapping (the series worked out from them)", ("source",)),
     Metric("nvidia_vgpu_exporter_scrape_duration_seconds",
            "How long reading the host took at this scrape"),
     Metric("nvidia_vgpu_driver_info",
@@ -118,7 +119,10 @@ METRICS: Tuple[Metric, ...] = (
            "0 to 1", ("gpu", "vgpu_uuid", "instance_uuid", "type", "engine")),
 )
 BY_NAME = {metric.name: metric for metric in METRICS}
-SOURCES = ("pci", "guests", "boot_data", "boot_result", "nvml")
+# Where a scrape reads, or what it works out, each up or down on its own: capacity (the
+# nvidia_vgpu_type_* and guest series) and mapping (whether the host holds the boot data's
+# types) are worked out from pci, guests, the learnt types and boot_data.
+SOURCES = ("pci", "guests", "capacity", "boot_data", "mapping", "boot_result", "nvml")
 BOOT_RESULTS = {"restored": "restored", "left alone": "left_alone", "not restored": "not_restored"}
 
 
@@ -163,8 +167,10 @@ def collect(nvml_session=None, clock: Callable[[], float] = time.monotonic) -> L
         if found is not None:
             domains = found
             out.up("guests", not unread)
-            _capacity(out, host, driver_version, domains, unread)
-        _mapping(out, host, driver_version)
+            _part(out, "capacity", _capacity, host, driver_version, domains, unread)
+        plans = _guarded(out, "boot_data", _plans)
+        if plans is not None:
+            _part(out, "mapping", _mapping, host, driver_version, plans)
     _boot(out)
     reading = _nvml(out, nvml_session)
     version = driver_version or (reading.driver_version if reading is not None else "")
@@ -188,6 +194,18 @@ def _guarded(out: _Out, source: str, read: Callable, report: bool = True):
     if report:
         out.up(source, True)
     return value
+
+
+def _part(out: _Out, source: str, fill: Callable[..., None], *args) -> None:
+    """``fill(part, *args)``; its samples join ``out`` only whole, with ``source`` up or down."""
+    part = _Out()
+
+    def whole() -> bool:
+        fill(part, *args)
+        return True
+
+    if _guarded(out, source, whole):
+        out.samples.extend(part.samples)
 
 
 def _gpus(out: _Out, host: pci.Host) -> None:
@@ -229,20 +247,22 @@ def _capacity(out: _Out, host: pci.Host, driver_version: Optional[str],
                 state=use.state)
 
 
-def _mapping(out: _Out, host: pci.Host, driver_version: Optional[str]) -> None:
-    """Whether each GPU the boot data names holds what was published (see METRICS)."""
+def _plans() -> list:
+    """The GPUs the boot data names (:mod:`vgpu.bootdata`); none while no mapping is in force."""
     from . import bootdata
 
-    def plans():
-        try:
-            return bootdata.parse(bootdata.load(f"/{bootfile.DATA_FILE}"))[0]
-        except bootdata.DataError as error:
-            if "does not exist" in str(error):  # no mapping in force yet: nothing to say
-                return []
-            raise ValueError(f"/{bootfile.DATA_FILE} {error}") from None
+    try:
+        return bootdata.parse(bootdata.load(f"/{bootfile.DATA_FILE}"))[0]
+    except bootdata.DataError as error:
+        if "does not exist" in str(error):  # no mapping in force yet: nothing to say
+            return []
+        raise ValueError(f"/{bootfile.DATA_FILE} {error}") from None
 
+
+def _mapping(out: _Out, host: pci.Host, driver_version: Optional[str], plans: Sequence) -> None:
+    """Whether each GPU the boot data names holds what was published (see METRICS)."""
     learnt: Optional[catalogue.Table] = None
-    for plan in _guarded(out, "boot_data", plans) or ():
+    for plan in plans:
         gpu = host.gpu(plan.address)
         if gpu is None or gpu.address != plan.address:
             out.add("nvidia_vgpu_mapping_applied", 0, gpu=plan.address)
