@@ -202,7 +202,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             relations=self._relations, unit=self.unit.name, paused=bool(self._stored.paused),
             new_revision=new_revision, show=self._show_installing,
             reported=self._published_reporting(), backoff=backoff,
-            mdevctl_failed=mdevctl.from_record(self._stored.mdevctl_failed))
+            mdevctl_failed=mdevctl.from_record(self._stored.mdevctl_failed),
+            upstream_ran=self._upstream_ran)
+
+    def _upstream_ran(self) -> bool:
+        """Whether the upstream charm ran on this unit (its StoredState keys, unit or scripts)."""
+        return upstream.ran(lambda key: hasattr(self._stored, key))
 
     def _relations(self) -> List[reconcile.Published]:
         return [reconcile.Published(r.app.name if r.app else reconcile.PRINCIPAL, r.data[self.unit])
@@ -655,12 +660,13 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _on_remove(self, _event: ops.RemoveEvent) -> None:
         """Undo what the charm changed; the driver package stays installed."""
         self._removing = True
+        upstream_ran = self._upstream_ran()  # before its unit and scripts go
         try:
             upstream.retire("this charm is removed too", {})
         except (VgpuError, OSError) as error:
             logger.warning("could not remove the upstream charm's %s: %s", upstream.UNIT, error)
         try:
-            if kernel.remove_blacklist():
+            if kernel.remove_blacklist(upstream_ran):
                 logger.info("removed /%s; initramfs refreshed", kernel.BLACKLIST)
         except VgpuError as error:
             logger.warning("could not remove the nouveau blacklist: %s", error)
