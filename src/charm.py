@@ -10,17 +10,18 @@ runs the steps in :mod:`vgpu.reconcile` and applies what they return
 (relation data, problems, the paused flag). Status is computed in one
 collect-unit-status handler; actions and remove have their own handlers (a
 subordinate has nothing to do on stop). What the host is and does lives in
-the ``vgpu`` package, which never imports ops.
+the ``vgpu`` package, which never imports ops; the metrics exporter and the
+cos-agent relation are wired in ``monitoring.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Dict, List, Mapping, Union
 
 import ops
 
+from monitoring import Monitoring
 from vgpu import (
     LIVE_MIGRATION,
     OPTION,
@@ -58,7 +59,6 @@ from vgpu.errors import (
 logger = logging.getLogger(__name__)
 
 MDEV_CLASS = reconcile.MDEV_CLASS
-COS_AGENT = "cos-agent"  # the endpoint to the collector (opentelemetry-collector)
 
 
 class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
@@ -111,10 +111,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.upgrade_action, self._on_upgrade)
         framework.observe(on.enable_mig_action, self._on_enable_mig)
         framework.observe(on.remove, self._on_remove)
-        for event in (on.config_changed, on.upgrade_charm, on[COS_AGENT].relation_joined,
-                      on[COS_AGENT].relation_changed, on[COS_AGENT].relation_broken):
-            framework.observe(event, self._on_exporter)
-        self._cos_agent = self._cos_agent_provider()
+        self._monitoring = Monitoring(self, self._stored)  # the exporter, cos-agent
 
     def _pause_of_upstream(self) -> None:
         """A unit the upstream charm paused (pre-series-upgrade) stays paused until resume.
@@ -202,7 +199,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             relations=self._relations, unit=self.unit.name, paused=bool(self._stored.paused),
             new_revision=new_revision, show=self._show_installing,
             reported=self._published_reporting(), backoff=backoff,
-            mdevctl_failed=mdevctl.from_record(self._stored.mdevctl_failed))
+            mdevctl_failed=mdevctl.from_record(self._stored.mdevctl_failed),
+            upstream_ran=self._upstream_ran)
+
+    def _upstream_ran(self) -> bool:
+        """Whether the upstream charm ran on this unit (its StoredState keys, unit or scripts)."""
+        return upstream.ran(lambda key: hasattr(self._stored, key))
 
     def _relations(self) -> List[reconcile.Published]:
         return [reconcile.Published(r.app.name if r.app else reconcile.PRINCIPAL, r.data[self.unit])
@@ -254,47 +256,6 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             self._stored.reported = True
         return bool(self._stored.reported)
 
-    # -- monitoring (cos-agent) -------------------------------------------------
-    def _cos_agent_provider(self):
-        """The cos_agent library's provider, on the hooks where it has work; else None.
-
-        cos-agent's own relation hooks, and config-changed and upgrade-charm
-        while related (new rules and dashboards, another port). Importing it
-        (pydantic, cosl) costs about a quarter of a second, which no other hook pays.
-        """
-        hook = os.environ.get("JUJU_DISPATCH_PATH", "")
-        if not (hook.startswith(f"hooks/{COS_AGENT}-relation-") or (
-                hook in ("hooks/config-changed", "hooks/upgrade-charm")
-                and self.model.relations[COS_AGENT])):
-            return None
-        from charms.grafana_agent.v0.cos_agent import COSAgentProvider
-
-        # Rules in the library's default src/prometheus_alert_rules and src/loki_alert_rules;
-        # all three relative to the charm's directory, where Juju runs each hook.
-        return COSAgentProvider(
-            self, relation_name=COS_AGENT, scrape_configs=self._scrape_configs,
-            dashboard_dirs=["./src/grafana_dashboards"],
-            refresh_events=[self.on.config_changed, self.on.upgrade_charm])
-
-    def _scrape_configs(self) -> List[dict]:
-        import socket
-
-        from vgpu import exporter
-
-        return exporter.scrape_configs(socket.getfqdn())
-
-    def _on_exporter(self, event: ops.EventBase) -> None:
-        """The metrics exporter runs while cos-agent is related (vgpu.exporter); else it is removed."""
-        from vgpu import exporter
-
-        related = (not isinstance(event, ops.RelationBrokenEvent)
-                   and bool(self.model.relations[COS_AGENT]))
-        failed = bool(self._stored.exporter.get("problem"))  # systemctl's part is done again
-        problem = exporter.sync(related, self.config.get(exporter.OPTION),
-                                restart=isinstance(event, ops.UpgradeCharmEvent) or failed)
-        if self._stored.exporter.get("problem", "") != problem:
-            self._stored.exporter = {"problem": problem} if problem else {}
-
     # -- status -------------------------------------------------------------
     _KINDS = {status.BLOCKED: ops.BlockedStatus, status.MAINTENANCE: ops.MaintenanceStatus,
               status.WAITING: ops.WaitingStatus, status.ACTIVE: ops.ActiveStatus}
@@ -316,8 +277,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.add_status(self._KINDS[kind](message))
         for message in self._waits:
             event.add_status(ops.WaitingStatus(message))
-        if self._stored.exporter.get("problem"):  # recorded when the exporter was last set up
-            event.add_status(ops.BlockedStatus(self._stored.exporter["problem"]))
+        if self._monitoring.problem():  # recorded when the exporter was last set up
+            event.add_status(ops.BlockedStatus(self._monitoring.problem()))
 
     def _status_inputs(self) -> status.Inputs:
         """Read what the status depends on; the mapping, driver and services only when it matters."""
@@ -655,12 +616,13 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _on_remove(self, _event: ops.RemoveEvent) -> None:
         """Undo what the charm changed; the driver package stays installed."""
         self._removing = True
+        upstream_ran = self._upstream_ran()  # before its unit and scripts go
         try:
             upstream.retire("this charm is removed too", {})
         except (VgpuError, OSError) as error:
             logger.warning("could not remove the upstream charm's %s: %s", upstream.UNIT, error)
         try:
-            if kernel.remove_blacklist():
+            if kernel.remove_blacklist(upstream_ran):
                 logger.info("removed /%s; initramfs refreshed", kernel.BLACKLIST)
         except VgpuError as error:
             logger.warning("could not remove the nouveau blacklist: %s", error)
@@ -668,9 +630,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             sriov.remove_unit()
         except (VgpuError, OSError) as error:
             logger.warning("could not remove %s: %s", sriov.UNIT, error)
-        from vgpu import exporter
-
-        exporter.sync(related=False)  # a problem is logged
+        self._monitoring.remove()  # a problem is logged
         try:
             mdevs.forget()
             catalogue.forget()

@@ -192,7 +192,7 @@ def monitored(root, framework: str, gpus: int, nvml: Path, vgpus_per_gpu: int) -
                 running_guest(root, f"instance-{n:08x}", uuid, pci_address=_vf(g, i))
             n += 1
     bootresult.save(bootresult.Result(time.time(), 12.5, 0, bootresult.gpu_results(
-        [(_pf(g), "restored", 1.5) for g in range(gpus)])))
+        [(_pf(g), "restored", 1.5) for g in range(gpus)]), run_by="boot_step"))
     def vgpu(g: int, v: int) -> dict:
         vm = g * per_gpu + v
         return {"id": g * 100 + v, "uuid": f"vgpu-{g}-{v}", "vm": f"{vm:08x}-0000-4000-8000-{vm:012x}",

@@ -687,6 +687,31 @@ def test_the_boot_step_restores_once_under_the_lock_whatever_the_restore_raises(
         pass
 
 
+@pytest.mark.parametrize("mark, rc", [(None, 1), (("a hook", 0), 0), (("a hook", 1), 1)])
+def test_a_boot_step_that_cannot_take_the_lock_exits_0_once_a_hook_did_its_work(
+        rebooted, root, tools, capsys, monkeypatch, mark, rc):
+    """The unit shows failed only when something is left to do: a hook's mark says it is done."""
+    from unit_tests.faketools import host_lock_held
+    from vgpu import bootfile, hostlock
+
+    sriov.write_boot_data(data(gpu(L40S, ["NVIDIA L40S-12Q"] * 2)))
+    if mark is not None:
+        bootfile.write(*mark, [])  # what the hook holding the lock left once it did the work
+    monkeypatch.setattr(hostlock, "BOOT_WAIT", 0.2)
+    with host_lock_held(root / hostlock.FILE):  # that hook still holds the lock
+        assert boot.main([f"/{boot.DATA_FILE}"]) == rc
+    out = capsys.readouterr().out
+    assert sriov_calls(tools) == []  # the boot step itself did nothing either way
+    if rc == 0:
+        assert ("a hook did this step's work since this boot (VFs, MIG mode, GPU instances, "
+                "types and mdevs): nothing left to do here") in out
+    elif mark is None:
+        assert "nothing restored here: that hook, or the next, does this step's work" in out
+    else:
+        assert ("a hook did this step's work since this boot but could not restore everything: "
+                "the unit's status names what is missing") in out
+
+
 def test_the_mark_says_whether_a_hook_still_has_the_boot_steps_work_to_do(root):
     """No mark, or the boot step's own incomplete run: a hook does the work (vgpu.boot.catch_up)."""
     from vgpu import bootfile

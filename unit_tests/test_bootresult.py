@@ -27,6 +27,23 @@ def test_each_gpu_of_the_data_gets_its_result_and_time(rebooted, root, tools):
     assert again.finished >= found.finished
 
 
+def test_the_result_says_whether_the_boot_step_or_a_hook_restored(rebooted, root, tools):
+    """A hook doing the boot step's work (boot.catch_up) writes the result too: it says so."""
+    sriov.write_boot_data(data(gpu(H200, ["H200X-35C"])))
+    assert boot.main([f"/{boot.DATA_FILE}"]) == 0
+    assert bootresult.load().run_by == "boot_step"
+    boot.catch_up(again=True)  # a hook that enabled VFs itself does the work again
+    found = bootresult.load()
+    assert (found.run_by, found.status, [g.address for g in found.gpus]) == ("hook", 0, [H200])
+
+
+def test_a_result_written_before_it_said_who_ran_names_nobody(root):
+    path = hostroot.path(bootresult.RESULT_FILE)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 1, "finished": 1, "seconds": 1, "status": 0, "gpus": []}))
+    assert bootresult.load().run_by == ""  # the exporter's run_by label is then absent
+
+
 def test_data_that_cannot_be_read_leaves_a_result_without_gpus(root, tools):
     path = root / boot.DATA_FILE
     path.parent.mkdir(parents=True)
@@ -61,6 +78,7 @@ def test_no_file_is_no_result_yet(root):
     '{"version": 1, "finished": 1, "seconds": 1, "status": 0, "gpus": [{"address": "../x"}]}',
     '{"version": 1, "finished": -1, "seconds": 1, "status": 0, "gpus": []}',
     '{"version": 1, "finished": 1, "seconds": 1, "status": true, "gpus": []}',
+    '{"version": 1, "finished": 1, "seconds": 1, "status": 0, "gpus": [], "run_by": "cron"}',
     '{"version": 1, "finished": 1, "seconds": 1, "status": 0, "gpus": [{"address": "0000:81:00.0",'
     ' "result": "fine", "seconds": 1}]}',
 ])

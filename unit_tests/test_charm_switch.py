@@ -254,6 +254,33 @@ def test_one_nouveau_blacklist_and_no_initramfs_rebuild(ctx, old_host, root, too
     assert "update-initramfs -u" not in tools.calls()
 
 
+def test_an_operators_own_disable_nouveau_conf_stays_where_the_upstream_charm_never_ran(
+        ctx, v100, root, tools, packages):
+    """Same name and lines as upstream's, but no StoredState, unit or script of it: not ours."""
+    from unit_tests.test_charm import state
+
+    theirs = upstream.leave_blacklist(root)  # the operator's, before this charm came
+    out = ctx.run(ctx.on.install(), state(resource=packages["old"]))
+    assert theirs.read_text() == upstream.BLACKLIST_TEXT
+    assert kernel.blacklist_path().read_text().count("blacklist nouveau") == 1
+    assert "update-initramfs -u" not in tools.calls()  # the two say the same: nothing changed
+    ctx.run(ctx.on.remove(), out)
+    assert theirs.read_text() == upstream.BLACKLIST_TEXT
+    assert not kernel.blacklist_path().exists()
+    assert "update-initramfs -u" not in tools.calls()  # theirs still says it all
+
+
+def test_the_upstream_blacklist_is_taken_over_on_its_stored_state_alone(ctx, v100, root, tools,
+                                                                        packages):
+    """Its unit and scripts gone (retired, or never started), its StoredState says it ran here."""
+    theirs = upstream.leave_blacklist(root)
+    DEB[:] = [packages["old"]]
+    ctx.run(ctx.on.upgrade_charm(), switched())
+    assert not theirs.exists()
+    assert kernel.blacklist_path().read_text().count("blacklist nouveau") == 1
+    assert "update-initramfs -u" not in tools.calls()
+
+
 def test_remove_takes_what_the_upstream_charm_left_too(ctx, old_host, root, tools):
     """Removed before any hook could retire it: the application's removal takes it all."""
     out = ctx.run(ctx.on.remove(), switched())

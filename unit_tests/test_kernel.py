@@ -469,6 +469,8 @@ def test_an_enrolled_key_without_refusals_is_left_to_the_reboot(root, tools):
 
 
 # -- the upstream charm's blacklist (vgpu.upstream.BLACKLIST), after a switch --------------------
+# Taken over only where the upstream charm ran (upstream_ran: its StoredState, unit or scripts);
+# elsewhere a file of that name is the operator's own.
 
 def upstream_blacklist(root, content=upstream_fixture.BLACKLIST_TEXT):
     return upstream_fixture.leave_blacklist(root, content)
@@ -478,21 +480,21 @@ def test_the_upstream_blacklist_is_replaced_by_ours_without_an_initramfs_rebuild
                                                                                  caplog):
     theirs = upstream_blacklist(root)
     caplog.set_level("INFO", logger="vgpu.kernel")
-    assert kernel.ensure_nouveau_blacklisted() is False  # modprobe is told nothing new
+    assert kernel.ensure_nouveau_blacklisted(upstream_ran=True) is False  # modprobe is told nothing new
     assert not theirs.exists()
     assert (root / TARGET).read_text() == kernel.render_blacklist()
     assert initramfs() == []
     assert caplog.messages == [
         "took over /etc/modprobe.d/disable-nouveau.conf of the upstream charm: "
         f"/{TARGET} says the same; the initramfs has it already, not rebuilt"]
-    assert kernel.ensure_nouveau_blacklisted() is False  # steady: one file, nothing to do
+    assert kernel.ensure_nouveau_blacklisted(upstream_ran=True) is False  # steady: one file, nothing to do
     assert os.listdir(root / "etc/modprobe.d") == ["nvidia-vgpu-blacklist-nouveau.conf"]
 
 
 def test_an_upstream_blacklist_that_said_less_is_replaced_and_the_initramfs_rebuilt(root,
                                                                                     initramfs):
     theirs = upstream_blacklist(root, "blacklist nouveau\n")
-    assert kernel.ensure_nouveau_blacklisted() is True  # modeset=0 is new
+    assert kernel.ensure_nouveau_blacklisted(upstream_ran=True) is True  # modeset=0 is new
     assert not theirs.exists()
     assert initramfs() == ["-u"]
 
@@ -500,7 +502,7 @@ def test_an_upstream_blacklist_that_said_less_is_replaced_and_the_initramfs_rebu
 def test_an_upstream_blacklist_edited_to_say_more_is_left_as_it_is(root, initramfs):
     edited = upstream_fixture.BLACKLIST_TEXT + "\noptions nouveau debug=1\n"
     theirs = upstream_blacklist(root, edited)
-    assert kernel.ensure_nouveau_blacklisted() is False  # ours tells modprobe nothing new
+    assert kernel.ensure_nouveau_blacklisted(upstream_ran=True) is False  # ours tells modprobe nothing new
     assert theirs.read_text() == edited
     assert (root / TARGET).is_file()
     assert initramfs() == []
@@ -510,7 +512,7 @@ def test_both_blacklists_come_back_when_the_rebuild_fails(root, initramfs):
     theirs = upstream_blacklist(root, "blacklist nouveau")
     initramfs.fail.touch()
     with pytest.raises(InstallError):
-        kernel.ensure_nouveau_blacklisted()
+        kernel.ensure_nouveau_blacklisted(upstream_ran=True)
     assert theirs.read_text() == "blacklist nouveau"
     assert stat.S_IMODE(theirs.stat().st_mode) == 0o444
     assert not (root / TARGET).exists()
@@ -518,11 +520,11 @@ def test_both_blacklists_come_back_when_the_rebuild_fails(root, initramfs):
 
 def test_removal_takes_the_upstream_blacklist_too_with_one_rebuild(root, initramfs):
     theirs = upstream_blacklist(root)
-    assert kernel.remove_blacklist() is True  # never taken over (no GPU hook ran): both go
+    assert kernel.remove_blacklist(upstream_ran=True) is True  # never taken over (no GPU hook ran): both go
     assert not theirs.exists()
     assert initramfs() == ["-u"]
     edited = upstream_blacklist(root, "blacklist nouveau\nblacklist lbm-nouveau\n")
-    assert kernel.remove_blacklist() is False  # says more than ours: not ours to remove
+    assert kernel.remove_blacklist(upstream_ran=True) is False  # says more than ours: not ours to remove
     assert edited.exists()
 
 
@@ -531,6 +533,30 @@ def test_an_upstream_blacklist_behind_a_link_is_left_alone(root, initramfs, tmp_
     elsewhere.write_text(upstream_fixture.BLACKLIST_TEXT)
     (root / "etc/modprobe.d").mkdir(parents=True)
     (root / "etc/modprobe.d/disable-nouveau.conf").symlink_to(elsewhere)
-    assert kernel.ensure_nouveau_blacklisted() is True  # ours is new to modprobe's view here
+    assert kernel.ensure_nouveau_blacklisted(upstream_ran=True) is True  # ours is new to modprobe's view here
     assert os.path.islink(root / "etc/modprobe.d/disable-nouveau.conf")
     assert elsewhere.read_text() == upstream_fixture.BLACKLIST_TEXT
+
+
+def test_an_operators_file_of_that_name_is_left_alone_and_nothing_rebuilt(root, initramfs):
+    """No upstream charm here: the same lines in two files harm nothing; neither goes."""
+    theirs = upstream_blacklist(root)
+    assert kernel.ensure_nouveau_blacklisted(upstream_ran=False) is False  # nothing new
+    assert theirs.read_text() == upstream_fixture.BLACKLIST_TEXT
+    assert (root / TARGET).read_text() == kernel.render_blacklist()
+    assert initramfs() == []
+    assert kernel.ensure_nouveau_blacklisted(upstream_ran=False) is False
+    assert kernel.remove_blacklist(upstream_ran=False) is False  # theirs still says it all
+    assert theirs.read_text() == upstream_fixture.BLACKLIST_TEXT
+    assert not (root / TARGET).exists()
+    assert initramfs() == []
+
+
+def test_an_operators_file_that_says_less_is_kept_and_the_initramfs_rebuilt(root, initramfs):
+    theirs = upstream_blacklist(root, "blacklist nouveau\n")
+    assert kernel.ensure_nouveau_blacklisted(upstream_ran=False) is True  # modeset=0 is new
+    assert theirs.read_text() == "blacklist nouveau\n"
+    assert initramfs() == ["-u"]
+    assert kernel.remove_blacklist(upstream_ran=False) is True  # modeset=0 goes
+    assert theirs.read_text() == "blacklist nouveau\n"
+    assert initramfs() == ["-u", "-u"]

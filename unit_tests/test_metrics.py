@@ -66,7 +66,8 @@ def test_a_mapped_host_reads_as_samples_each_as_its_metric_declares(mapped):
     samples = metrics.collect()
     for sample in samples:
         assert len(sample.labels) == len(metrics.BY_NAME[sample.name].labels)
-    assert sources(samples) == {"pci": 1, "guests": 1, "boot_data": 1, "boot_result": 1}
+    assert sources(samples) == {"pci": 1, "guests": 1, "capacity": 1, "boot_data": 1,
+                                "mapping": 1, "boot_result": 1}
     assert by_series(samples, "nvidia_vgpu_driver_info") == {("570.158.02",): 1}
     assert by_series(samples, "nvidia_vgpu_gpu_info")[(L40S, "L40S", "0x26b9", "vfio", "nvidia")] == 1
     assert by_series(samples, "nvidia_vgpu_gpu_virtual_functions")[(L40S,)] == 16
@@ -112,17 +113,22 @@ def test_without_a_mapping_there_is_nothing_to_apply(root):
     assert not by_series(samples, "nvidia_vgpu_mapping_applied")
 
 
-def test_the_boot_steps_last_result_per_gpu(root):
+@pytest.mark.parametrize("run_by", ["boot_step", "hook"])
+def test_the_boot_steps_last_result_per_gpu_and_who_ran_it(root, run_by):
+    """A hook that did the boot step's work is named as such on every boot series."""
     l40s_host(root)
     bootresult.save(bootresult.Result(1767225600.0, 42.5, 1, bootresult.gpu_results([
-        (L40S, "not restored", 40.0), (H200, "restored", 2.5), ("0000:e1:00.0", "left alone", 0)])))
+        (L40S, "not restored", 40.0), (H200, "restored", 2.5), ("0000:e1:00.0", "left alone", 0)]),
+        run_by=run_by))
     samples = metrics.collect()
     assert by_series(samples, "nvidia_vgpu_boot_gpu_result") == {
-        (L40S, "not_restored"): 1, (H200, "restored"): 1, ("0000:e1:00.0", "left_alone"): 1}
-    assert by_series(samples, "nvidia_vgpu_boot_gpu_duration_seconds")[(L40S,)] == 40.0
-    assert by_series(samples, "nvidia_vgpu_boot_last_run_timestamp_seconds") == {(): 1767225600.0}
-    assert by_series(samples, "nvidia_vgpu_boot_duration_seconds") == {(): 42.5}
-    assert by_series(samples, "nvidia_vgpu_boot_exit_code") == {(): 1}
+        (L40S, "not_restored", run_by): 1, (H200, "restored", run_by): 1,
+        ("0000:e1:00.0", "left_alone", run_by): 1}
+    assert by_series(samples, "nvidia_vgpu_boot_gpu_duration_seconds")[(L40S, run_by)] == 40.0
+    assert by_series(samples, "nvidia_vgpu_boot_last_run_timestamp_seconds") == {
+        (run_by,): 1767225600.0}
+    assert by_series(samples, "nvidia_vgpu_boot_duration_seconds") == {(run_by,): 42.5}
+    assert by_series(samples, "nvidia_vgpu_boot_exit_code") == {(run_by,): 1}
 
 
 def test_nvml_figures_per_vgpu_where_the_driver_is(mapped):
@@ -206,6 +212,47 @@ def test_anything_discovery_raises_is_a_sample(root, monkeypatch):
     samples = metrics.collect()
     assert sources(samples) == {"pci": 0, "boot_result": 1}  # what does not need PCI is read
     assert by_series(samples, "nvidia_vgpu_exporter_scrape_duration_seconds")
+
+
+def scrape() -> str:
+    """What a scrape of the exporter answers (its registry, as the unit serves it)."""
+    from prometheus_client import generate_latest
+
+    import vgpu_exporter
+
+    return generate_latest(vgpu_exporter.registry()).decode()
+
+
+def raising(*args, **kwargs):
+    raise RuntimeError("an unforeseen fault")
+
+
+@pytest.mark.parametrize("source, module, name", [
+    ("capacity", "capacity", "count"),  # the counts per GPU and type
+    ("capacity", "usage", "in_use"),  # the vGPUs guests hold
+    ("capacity", "catalogue", "whole_gpus"),
+    ("mapping", "metrics", "_holds"),  # whether a published VF holds its type
+])
+def test_anything_the_capacity_or_mapping_part_raises_is_a_source_down(mapped, monkeypatch,
+                                                                      source, module, name):
+    """The scrape still answers: that part's series are left out whole, the rest is there."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(f"vgpu.{module}"), name, raising)
+    text = scrape()
+    assert f'nvidia_vgpu_exporter_source_up{{source="{source}"}} 0.0' in text
+    assert 'nvidia_vgpu_exporter_source_up{source="pci"} 1.0' in text
+    assert 'nvidia_vgpu_gpu_info{' in text  # what does not depend on it is there
+    samples = metrics.collect()
+    if source == "capacity":
+        assert not [s for s in samples if s.name.startswith(("nvidia_vgpu_type_",
+                                                               "nvidia_vgpu_guest_"))]
+        assert by_series(samples, "nvidia_vgpu_mapping_applied") == {(L40S,): 1}
+    else:
+        assert not by_series(samples, "nvidia_vgpu_published_vf_holds_type")
+        assert not by_series(samples, "nvidia_vgpu_mapping_applied")
+        assert by_series(samples, "nvidia_vgpu_type_used_instances")
+    assert sources(samples)[source] == 0
 
 
 def test_a_sample_outside_its_metrics_labels_is_refused():

@@ -6,8 +6,8 @@ fixture host, NVML answered by the pynvml stand-in (unit_tests/fake_pynvml). Pro
 (Debian's ``prometheus`` package, which .ci/run installs) is given the published scrape job
 and alert rules as they are; then every query of the published dashboard and every alert
 expression is evaluated against what it scraped. The host is set up so that each has
-something to show: a boot step that failed on one GPU, a published VF without its type, a
-type exhausted, a vGPU past its licensing grace period.
+something to show: a restore after boot (a hook's) that failed on one GPU, a published VF
+without its type, a type exhausted, a vGPU past its licensing grace period.
 """
 
 import contextlib
@@ -101,7 +101,7 @@ def scene(ctx, root, tools, packages, tmp_path, monkeypatch):
     host.vfio_model(L40S).frozen = True  # one published VF lost its type (a reboot, no boot step)
     (root / "sys/bus/pci/devices/0000:81:00.6/nvidia/current_vgpu_type").write_text("0\n")
     bootresult.save(bootresult.Result(time.time() - 600, 31.5, 1, bootresult.gpu_results(
-        [(L40S, "not restored", 30.0), (H200, "restored", 1.5)])))
+        [(L40S, "not restored", 30.0), (H200, "restored", 1.5)]), run_by="hook"))
     cos = testing.Relation("cos-agent", remote_app_name="opentelemetry-collector")
     joined = ctx.run(ctx.on.relation_joined(cos), testing.State(
         config=dict(out.config), relations=[*out.relations, cos], resources=out.resources,
@@ -200,5 +200,9 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         firing = {a["labels"]["alertname"]: a["labels"] for a in api(web, "alerts")["data"]["alerts"]
                   if a["state"] == "firing"}
         assert firing["NvidiaVgpuBootStepFailed"]["gpu"] == L40S  # no "for": at once
+        assert firing["NvidiaVgpuBootStepFailed"]["run_by"] == "hook"  # who restored, said
+        (summary,) = [a["annotations"]["summary"] for a in api(web, "alerts")["data"]["alerts"]
+                      if a["labels"]["alertname"] == "NvidiaVgpuBootStepFailed"]
+        assert summary.startswith("A hook doing the boot step's work did not restore GPU "), summary
         assert server.poll() is None
     assert {m.name for m in metrics.METRICS} <= scraped  # every metric reached Prometheus

@@ -27,6 +27,18 @@ def test_what_the_upstream_charm_leaves_is_found(left):
     assert upstream.found() == [upstream.UNIT_FILE, upstream.WANTS, *upstream.SCRIPTS]
 
 
+def test_the_upstream_charm_ran_here_by_its_stored_state_or_its_files_not_its_blacklist(root):
+    """What the nouveau blacklist's takeover asks (vgpu.kernel): a file of its name proves nothing."""
+    stored = fixture.stored_state()
+    blacklist = fixture.leave_blacklist(root)  # an operator may have written one of that name
+    assert not upstream.ran(lambda key: False)
+    assert upstream.ran(stored.__contains__)  # its StoredState, carried over by the switch
+    assert set(stored) == set(upstream.STORED_KEYS)
+    blacklist.unlink()  # leave_files writes it again
+    fixture.leave_files(root, {"nvidia-108": ["0000:c1:00.0"]})
+    assert upstream.ran(lambda key: False)  # its unit and scripts, not yet retired
+
+
 def test_retire_disables_the_unit_before_anything_goes_then_reloads(left, tools, caplog):
     caplog.set_level(logging.INFO, logger="vgpu.upstream")
     notes = upstream.retire(RESTORER, {"nvidia-108": ("0000:c1:00.0",)})

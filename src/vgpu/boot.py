@@ -41,8 +41,9 @@ VF, goes to stdout, which systemd keeps in the journal (``journalctl -u
 nvidia-vgpu-vfs``). Then it leaves its mark (:mod:`vgpu.bootfile`): when it
 could not run (a hook held the host lock longer than it waits) or left
 something undone, the next hook does the work (:func:`catch_up`). Exit status:
-0 all restored, 1 something was not (the unit shows failed), 2 the data or the
-mdev record could not be read (nothing done from it; the other is still used).
+0 all restored (by it, or by the hook that held the lock: the mark says so),
+1 something was not (the unit shows failed), 2 the data or the mdev record
+could not be read (nothing done from it; the other is still used).
 """
 
 from __future__ import annotations
@@ -115,19 +116,36 @@ def run(where: str) -> int:
     meanwhile waits, or leaves its work to the next hook. When the lock cannot
     be had, nothing is done and no mark is left: the hook holding it, or the
     next one, does the work (:func:`catch_up`); the two never wait on each other.
+    The exit status is then 0 only when the mark shows that work done since
+    this boot with everything restored (:func:`_busy`).
     """
     with contextlib.ExitStack() as lock:
         try:
             lock.enter_context(hostlock.held(hostlock.BOOT_WAIT))
         except HostBusyError as error:
-            log.error("%s: a hook of the charm is changing the host; nothing restored here: that "
-                      "hook, or the next, does this step's work (VFs, MIG mode, GPU instances, "
-                      "types and mdevs)", error)
-            return 1
+            return _busy(error)
         except OSError as error:  # no lock file (a link on the way): restoring matters more
             log.warning("cannot take the host lock /%s: %s; restoring without it", hostlock.FILE,
                         error.strerror or error)
         return _run(where, bootfile.BY_BOOT)  # once, whatever it raises: never again outside the lock
+
+
+def _busy(error: HostBusyError) -> int:
+    """The exit status when the lock could not be had: 0 once the mark says the work is done."""
+    done = bootfile.mark()
+    if done is None:
+        log.error("%s: a hook of the charm is changing the host; nothing restored here: that "
+                  "hook, or the next, does this step's work (VFs, MIG mode, GPU instances, "
+                  "types and mdevs)", error)
+        return 1
+    by, status = done
+    if status:
+        log.error("%s: %s did this step's work since this boot but could not restore everything: "
+                  "the unit's status names what is missing", error, by)
+        return 1
+    log.info("%s: %s did this step's work since this boot (VFs, MIG mode, GPU instances, types "
+             "and mdevs): nothing left to do here", error, by)
+    return 0
 
 
 def catch_up(again: bool = False) -> None:
@@ -174,7 +192,7 @@ def _run(where: str, by: str, limits: Optional[Limits] = None) -> int:
         log.warning("cannot leave the mark /%s: %s", bootfile.MARK, error.strerror or error)
     if data is not None or not hook:  # a hook with nothing mapped restored nothing: no result
         bootresult.save(bootresult.Result(time.time(), round(time.monotonic() - started, 3), status,
-                                          bootresult.gpu_results(outcome)))
+                                          bootresult.gpu_results(outcome), bootresult.RUN_BY[by]))
     return status
 
 

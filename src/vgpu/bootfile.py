@@ -16,7 +16,7 @@ A steady hook only looks whether the two files exist: it opens neither.
 
 import json
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from . import files, hostroot, text
 
@@ -34,6 +34,21 @@ _MDEV_DEVICES = "sys/bus/mdev/devices"  # vgpu.mdevs.MDEV_DEVICES
 def done() -> bool:
     """Whether the boot step's work was done since this boot (its mark is there)."""
     return os.path.lexists(hostroot.text_path(MARK))
+
+
+def mark() -> Optional[Tuple[str, int]]:
+    """Who did the boot step's work since this boot, and its exit status; None when no mark says.
+
+    A mark that cannot be read as :func:`write` leaves it counts as none.
+    """
+    try:
+        raw = files.read(hostroot.path(MARK), 256)
+    except OSError:
+        return None
+    by, _, status = (raw or b"").decode("utf-8", errors="replace").strip().rpartition(": ")
+    if by not in (BY_BOOT, BY_HOOK) or not status.isdigit():
+        return None
+    return by, int(status)
 
 
 def write(by: str, status: int, mdevs: List[dict]) -> None:

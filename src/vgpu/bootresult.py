@@ -1,9 +1,12 @@
 """What the boot step did at the last boot, GPU by GPU: written by it, read by the exporter.
 
 The boot step (:mod:`vgpu.boot`) writes :data:`RESULT_FILE` beside its data
-file when it ends: when it finished, how long it took, its exit status and,
-per GPU of the data, ``restored``, ``left alone`` or ``not restored`` with the
-seconds that GPU took. A result that cannot be written is logged and changes
+file when it ends: when it finished, how long it took, its exit status, who
+ran it (``run_by``: ``boot_step``, or ``hook`` when a hook did the boot step's
+work because the boot step could not, :func:`vgpu.boot.catch_up`) and, per GPU
+of the data, ``restored``, ``left alone`` or ``not restored`` with the
+seconds that GPU took. A result written before ``run_by`` existed names
+nobody (``""``). A result that cannot be written is logged and changes
 nothing else (the journal keeps the whole story). The exporter
 (:mod:`vgpu.metrics`) reads it on each scrape, bounded as every file the
 charm reads; a file that is absent (the boot step never ran since the charm
@@ -20,7 +23,7 @@ import re
 from typing import Iterable, Optional, Tuple
 
 from . import PCI_ADDRESS, files, hostroot
-from .bootfile import DATA_FILE
+from .bootfile import BY_BOOT, BY_HOOK, DATA_FILE
 from .record import NamedTuple
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,7 @@ RESULT_FILE = DATA_FILE.rsplit("/", 1)[0] + "/boot-result.json"
 VERSION = 1
 LIMIT = 1 << 20  # bytes: a few dozen per GPU
 RESULTS = ("restored", "left alone", "not restored")  # vgpu.boot's RESTORED, LEFT_ALONE, FAILED
+RUN_BY = {BY_BOOT: "boot_step", BY_HOOK: "hook"}  # who ran it (vgpu.bootfile's words): its value
 _ADDRESS = PCI_ADDRESS + r"\Z"
 
 
@@ -51,13 +55,15 @@ class Result(NamedTuple):
     seconds: float  # how long the whole step took
     status: int  # its exit status: 0 all restored, 1 something not, 2 its data unreadable
     gpus: Tuple[GpuResult, ...] = ()
+    run_by: str = ""  # a value of RUN_BY; "" in a result written before it was recorded
 
 
 def save(result: Result) -> bool:
     """Write ``result`` over the last one; False (logged) when it cannot be written."""
     content = json.dumps({"version": VERSION, "finished": result.finished,
                           "seconds": result.seconds, "status": result.status,
-                          "gpus": [g._asdict() for g in result.gpus]}, indent=1, sort_keys=True)
+                          "gpus": [g._asdict() for g in result.gpus], "run_by": result.run_by},
+                         indent=1, sort_keys=True)
     try:
         files.write_atomic(hostroot.path(RESULT_FILE), content + "\n")
     except OSError as error:
@@ -93,8 +99,11 @@ def load() -> Optional[Result]:
     gpus = data.get("gpus")
     if not isinstance(gpus, list):
         raise ResultError(f"/{RESULT_FILE}: gpus is not a list")
+    run_by = data.get("run_by", "")
+    if run_by not in ("", *RUN_BY.values()):
+        raise ResultError(f"/{RESULT_FILE}: run_by names neither the boot step nor a hook")
     return Result(_seconds(data.get("finished")), _seconds(data.get("seconds")),
-                  _status(data.get("status")), tuple(_gpu(entry) for entry in gpus))
+                  _status(data.get("status")), tuple(_gpu(entry) for entry in gpus), run_by)
 
 
 def _gpu(entry) -> GpuResult:

@@ -8,11 +8,15 @@ charm and written to ``<root>/etc/modprobe.d/``; every change is followed by
 away is part of preparing the host for the driver.
 
 The upstream charm's blacklist (``/etc/modprobe.d/disable-nouveau.conf``,
-see :mod:`vgpu.upstream`) is taken over: once this charm's is written it is
-deleted, if it tells modprobe nothing this charm's does not. The initramfs
-is rebuilt only when what the two files tell modprobe together changed:
-after a switch from the upstream charm it already holds the same lines, so
-it is not rebuilt. A file that says more (edited by hand) is left alone.
+see :mod:`vgpu.upstream`) is taken over where the upstream charm ran
+(``upstream_ran``: its StoredState, unit or scripts, :func:`vgpu.upstream.ran`):
+once this charm's is written it is deleted, if it tells modprobe nothing this
+charm's does not, and remove deletes it with this charm's. Elsewhere a file
+of that name is the operator's own and is never touched: two files saying
+the same harm nothing. Either way the initramfs is rebuilt only when what
+the files tell modprobe together changed: after a switch from the upstream
+charm it already holds the same lines, so it is not rebuilt. A file that
+says more (edited by hand) is left alone.
 """
 
 from __future__ import annotations
@@ -48,31 +52,34 @@ def render_blacklist() -> str:
     return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(charm=APP)
 
 
-def ensure_nouveau_blacklisted() -> bool:
+def ensure_nouveau_blacklisted(upstream_ran: bool = False) -> bool:
     """Write the blacklist if its content differs, then refresh the initramfs.
 
-    Returns True when the file changed (a reboot is then needed for it to
-    take effect if nouveau is loaded). Raises InstallError when the file
-    cannot be written or the initramfs refreshed; the file is then left as
-    it was.
+    Returns True when what modprobe is told changed (a reboot is then needed
+    for it to take effect if nouveau is loaded). ``upstream_ran``: the
+    upstream charm's blacklist is taken over (module doc). Raises
+    InstallError when the file cannot be written or the initramfs refreshed;
+    the file is then left as it was.
     """
     try:
-        return _ensure_blacklisted()
+        return _ensure_blacklisted(upstream_ran)
     except HostReadError as error:
         raise InstallError(str(error)) from None
     except OSError as error:
         raise InstallError(f"cannot write /{BLACKLIST}: {error.strerror or error}") from None
 
 
-def _ensure_blacklisted() -> bool:
+def _ensure_blacklisted(upstream_ran: bool) -> bool:
     target = blacklist_path()
     content = render_blacklist().encode("utf-8")
     previous = hostroot.read_bytes(target)  # put back byte for byte should the refresh fail
+    if previous == content and not (upstream_ran and _upstream_there()):
+        return False  # steady: nothing else is opened
     theirs = _upstream_blacklist()
     if previous == content and theirs is None:
         return False
     before = directives(previous) | directives(theirs)
-    drop = theirs is not None and directives(theirs) <= directives(content)
+    drop = upstream_ran and theirs is not None and directives(theirs) <= directives(content)
     after = directives(content) | (set() if drop else directives(theirs))
     if previous != content:
         files.write_atomic(target, content)
@@ -89,6 +96,10 @@ def _ensure_blacklisted() -> bool:
     if drop:
         log.info("took over /%s of the upstream charm: /%s says the same%s", upstream.BLACKLIST,
                  BLACKLIST, "" if before != after else "; the initramfs has it already, not rebuilt")
+    elif theirs is not None and not upstream_ran and previous != content:
+        log.info("left /%s as it is: the upstream charm never ran here, so it is the operator's%s",
+                 upstream.BLACKLIST, "" if before != after else
+                 f"; /{BLACKLIST} says nothing more, the initramfs is not rebuilt")
     return before != after
 
 
@@ -98,13 +109,18 @@ def _upstream_blacklist() -> Optional[bytes]:
     One that cannot be read as a plain file (a link, too large) is not the
     upstream charm's as it wrote it: it is left alone, as if absent.
     """
-    if not os.path.lexists(hostroot.text_path(upstream.BLACKLIST)):
-        return None  # every hook asks: an lstat, nothing opened
+    if not _upstream_there():
+        return None
     try:
         return files.read(hostroot.path(upstream.BLACKLIST), BLACKLIST_LIMIT)
     except OSError as error:
         log.warning("leaving /%s alone: %s", upstream.BLACKLIST, error.strerror or error)
         return None
+
+
+def _upstream_there() -> bool:
+    """Whether a file is at vgpu.upstream.BLACKLIST: an lstat, nothing opened."""
+    return os.path.lexists(hostroot.text_path(upstream.BLACKLIST))
 
 
 def directives(content: Optional[bytes]) -> FrozenSet[str]:
@@ -121,35 +137,47 @@ def _put_back(target: Path, previous: Optional[bytes]) -> None:
         files.write_atomic(target, previous)
 
 
-def remove_blacklist() -> bool:
-    """Delete the blacklist (charm removal); refresh the initramfs if it existed."""
+def remove_blacklist(upstream_ran: bool = False) -> bool:
+    """Delete the blacklist (charm removal); True when the initramfs was refreshed.
+
+    ``upstream_ran``: the upstream charm's goes too (module doc). The
+    initramfs is refreshed only when what modprobe is told changed: not
+    while the operator's own file of the upstream charm's name says it all.
+    """
     try:
-        return _remove_blacklist()
+        return _remove_blacklist(upstream_ran)
     except HostReadError as error:
         raise InstallError(str(error)) from None
     except OSError as error:
         raise InstallError(f"cannot remove /{BLACKLIST}: {error.strerror or error}") from None
 
 
-def _remove_blacklist() -> bool:
+def _remove_blacklist(upstream_ran: bool) -> bool:
     target = blacklist_path()
     previous = hostroot.read_bytes(target)
     theirs = _upstream_blacklist()
     # The upstream charm's, taken over: it goes too, unless it says more than ours (edited).
-    drop = theirs is not None and directives(theirs) <= directives(render_blacklist().encode())
+    drop = upstream_ran and theirs is not None and \
+        directives(theirs) <= directives(render_blacklist().encode())
     if previous is None and not drop:
         return False
+    before = directives(previous) | directives(theirs)
+    after = frozenset() if drop else directives(theirs)
     files.remove(target)
     if drop:
         files.remove(hostroot.path(upstream.BLACKLIST))
     try:
-        update_initramfs()
+        if before != after:
+            update_initramfs()
     except InstallError:
         _put_back(target, previous)
         if theirs is not None and drop:
             files.write_atomic(hostroot.path(upstream.BLACKLIST), theirs, mode=0o444)
         raise
-    return True
+    if before == after:
+        log.info("removed /%s; /%s says the same: the initramfs is not rebuilt", BLACKLIST,
+                 upstream.BLACKLIST)
+    return before != after
 
 
 def update_initramfs() -> None:

@@ -13,7 +13,9 @@ available instances and the vGPUs ``vgpu-usage`` lists.
 docs/reference/metrics.md is checked against it, and the exporter emits
 nothing else. Every name has the one prefix ``nvidia_vgpu_``; all are gauges
 (an ``_info`` gauge is 1 and carries its facts in labels). A value that
-cannot be told is left out (no series), never guessed.
+cannot be told is left out (no series), never guessed. The ``nvidia_vgpu_boot_*``
+series describe the last restore after a boot, and ``run_by`` says who ran it:
+the boot step, or a hook that did its work (:func:`vgpu.boot.catch_up`).
 
 A source that cannot be read is a sample, never a failed scrape:
 ``nvidia_vgpu_exporter_source_up{source}`` is 0 for it and what depends on
@@ -45,7 +47,8 @@ class Metric(NamedTuple):
 METRICS: Tuple[Metric, ...] = (
     Metric("nvidia_vgpu_exporter_source_up",
            "1 when the source was read at this scrape, 0 when it could not be (the exporter's "
-           "log says why); nvml only where the driver is", ("source",)),
+           "log says why): pci, guests, boot_data, boot_result, nvml (only where the driver is), "
+           "and capacity and mapping (the series worked out from them)", ("source",)),
     Metric("nvidia_vgpu_exporter_scrape_duration_seconds",
            "How long reading the host took at this scrape"),
     Metric("nvidia_vgpu_driver_info",
@@ -80,17 +83,20 @@ METRICS: Tuple[Metric, ...] = (
            ("instance_uuid", "project_id", "project_name", "type", "profile", "gpu", "device",
             "state")),
     Metric("nvidia_vgpu_boot_last_run_timestamp_seconds",
-           "When the boot step (nvidia-vgpu-vfs.service) last finished, in seconds since the "
-           "epoch; absent before its first run"),
-    Metric("nvidia_vgpu_boot_duration_seconds", "How long the boot step's last run took"),
+           "When the restore after a boot last finished, in seconds since the epoch, and who ran "
+           "it: boot_step (nvidia-vgpu-vfs.service) or hook (a hook did the boot step's work); "
+           "absent before its first run", ("run_by",)),
+    Metric("nvidia_vgpu_boot_duration_seconds",
+           "How long the last restore after a boot took, and who ran it", ("run_by",)),
     Metric("nvidia_vgpu_boot_exit_code",
-           "The boot step's last exit status: 0 all restored, 1 something not, 2 its data "
-           "could not be read"),
+           "The last restore's exit status: 0 all restored, 1 something not, 2 its data "
+           "could not be read; and who ran it", ("run_by",)),
     Metric("nvidia_vgpu_boot_gpu_result",
-           "Each GPU at the boot step's last run, 1, with its result: restored, left_alone "
-           "(bound to another driver) or not_restored", ("gpu", "result")),
+           "Each GPU at the last restore after a boot, 1, with its result: restored, left_alone "
+           "(bound to another driver) or not_restored; and who ran it", ("gpu", "result", "run_by")),
     Metric("nvidia_vgpu_boot_gpu_duration_seconds",
-           "How long the boot step took for the GPU at its last run", ("gpu",)),
+           "How long the last restore after a boot took for the GPU, and who ran it",
+           ("gpu", "run_by")),
     Metric("nvidia_vgpu_mapping_applied",
            "1 when the host holds what vgpu-device-mappings puts on the GPU (its VFs enabled, "
            "each published VF holding its type), 0 otherwise; SR-IOV GPUs the mapping selects",
@@ -113,7 +119,10 @@ METRICS: Tuple[Metric, ...] = (
            "0 to 1", ("gpu", "vgpu_uuid", "instance_uuid", "type", "engine")),
 )
 BY_NAME = {metric.name: metric for metric in METRICS}
-SOURCES = ("pci", "guests", "boot_data", "boot_result", "nvml")
+# Where a scrape reads, or what it works out, each up or down on its own: capacity (the
+# nvidia_vgpu_type_* and guest series) and mapping (whether the host holds the boot data's
+# types) are worked out from pci, guests, the learnt types and boot_data.
+SOURCES = ("pci", "guests", "capacity", "boot_data", "mapping", "boot_result", "nvml")
 BOOT_RESULTS = {"restored": "restored", "left alone": "left_alone", "not restored": "not_restored"}
 
 
@@ -158,8 +167,10 @@ def collect(nvml_session=None, clock: Callable[[], float] = time.monotonic) -> L
         if found is not None:
             domains = found
             out.up("guests", not unread)
-            _capacity(out, host, driver_version, domains, unread)
-        _mapping(out, host, driver_version)
+            _part(out, "capacity", _capacity, host, driver_version, domains, unread)
+        plans = _guarded(out, "boot_data", _plans)
+        if plans is not None:
+            _part(out, "mapping", _mapping, host, driver_version, plans)
     _boot(out)
     reading = _nvml(out, nvml_session)
     version = driver_version or (reading.driver_version if reading is not None else "")
@@ -183,6 +194,18 @@ def _guarded(out: _Out, source: str, read: Callable, report: bool = True):
     if report:
         out.up(source, True)
     return value
+
+
+def _part(out: _Out, source: str, fill: Callable[..., None], *args) -> None:
+    """``fill(part, *args)``; its samples join ``out`` only whole, with ``source`` up or down."""
+    part = _Out()
+
+    def whole() -> bool:
+        fill(part, *args)
+        return True
+
+    if _guarded(out, source, whole):
+        out.samples.extend(part.samples)
 
 
 def _gpus(out: _Out, host: pci.Host) -> None:
@@ -224,20 +247,22 @@ def _capacity(out: _Out, host: pci.Host, driver_version: Optional[str],
                 state=use.state)
 
 
-def _mapping(out: _Out, host: pci.Host, driver_version: Optional[str]) -> None:
-    """Whether each GPU the boot data names holds what was published (see METRICS)."""
+def _plans() -> list:
+    """The GPUs the boot data names (:mod:`vgpu.bootdata`); none while no mapping is in force."""
     from . import bootdata
 
-    def plans():
-        try:
-            return bootdata.parse(bootdata.load(f"/{bootfile.DATA_FILE}"))[0]
-        except bootdata.DataError as error:
-            if "does not exist" in str(error):  # no mapping in force yet: nothing to say
-                return []
-            raise ValueError(f"/{bootfile.DATA_FILE} {error}") from None
+    try:
+        return bootdata.parse(bootdata.load(f"/{bootfile.DATA_FILE}"))[0]
+    except bootdata.DataError as error:
+        if "does not exist" in str(error):  # no mapping in force yet: nothing to say
+            return []
+        raise ValueError(f"/{bootfile.DATA_FILE} {error}") from None
 
+
+def _mapping(out: _Out, host: pci.Host, driver_version: Optional[str], plans: Sequence) -> None:
+    """Whether each GPU the boot data names holds what was published (see METRICS)."""
     learnt: Optional[catalogue.Table] = None
-    for plan in _guarded(out, "boot_data", plans) or ():
+    for plan in plans:
         gpu = host.gpu(plan.address)
         if gpu is None or gpu.address != plan.address:
             out.add("nvidia_vgpu_mapping_applied", 0, gpu=plan.address)
@@ -273,13 +298,14 @@ def _boot(out: _Out) -> None:
     result = _guarded(out, "boot_result", bootresult.load)  # None: none yet, or unreadable
     if result is None:
         return
-    out.add("nvidia_vgpu_boot_last_run_timestamp_seconds", result.finished)
-    out.add("nvidia_vgpu_boot_duration_seconds", result.seconds)
-    out.add("nvidia_vgpu_boot_exit_code", result.status)
+    by = result.run_by  # "" (the label absent) in a result written before it was recorded
+    out.add("nvidia_vgpu_boot_last_run_timestamp_seconds", result.finished, run_by=by)
+    out.add("nvidia_vgpu_boot_duration_seconds", result.seconds, run_by=by)
+    out.add("nvidia_vgpu_boot_exit_code", result.status, run_by=by)
     for gpu in result.gpus:
         out.add("nvidia_vgpu_boot_gpu_result", 1, gpu=gpu.address,
-                result=BOOT_RESULTS[gpu.result])
-        out.add("nvidia_vgpu_boot_gpu_duration_seconds", gpu.seconds, gpu=gpu.address)
+                result=BOOT_RESULTS[gpu.result], run_by=by)
+        out.add("nvidia_vgpu_boot_gpu_duration_seconds", gpu.seconds, gpu=gpu.address, run_by=by)
 
 
 def _nvml(out: _Out, session):

@@ -185,6 +185,8 @@ class Inputs(NamedTuple):
     # mdevctl_failed (every other hook and the actions try at once).
     backoff: bool = False
     mdevctl_failed: Optional[mdevctl.Failure] = None  # the last failed install (the unit's memory)
+    # Whether the upstream charm ran on this unit (vgpu.upstream.ran): its blacklist is taken over.
+    upstream_ran: Callable[[], bool] = lambda: False
 
 
 class Outcome:
@@ -416,7 +418,7 @@ def _ensure_driver(hook: _Hook) -> None:
             hook.problems.append(f"{error}; retrying on the next hook")
         hook.refresh()
     try:
-        if kernel.ensure_nouveau_blacklisted():
+        if kernel.ensure_nouveau_blacklisted(hook.given.upstream_ran()):
             logger.info("nouveau blacklisted in /%s; initramfs refreshed", kernel.BLACKLIST)
     except VgpuError as error:
         hook.problems.append(f"blacklisting nouveau failed: {error}")

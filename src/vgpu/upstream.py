@@ -16,7 +16,8 @@ Its last revision (c87c8bf, 2025-07; ``src/charm_utils.py``
   frozen into the script when it was written), and replaces the trait list of
   each local provider of an ``nvidia-610`` GPU with :data:`TRAIT`;
 - :data:`BLACKLIST`, its nouveau blacklist (``blacklist nouveau``,
-  ``options nouveau modeset=0``; :mod:`vgpu.kernel` takes it over);
+  ``options nouveau modeset=0``; :mod:`vgpu.kernel` takes it over where
+  :func:`ran` says the upstream charm ran, and leaves it alone elsewhere);
 - its StoredState under this charm's own handle: ops keeps a charm's
   StoredState at ``<charm class>/StoredStateData[<attribute>]``, and both
   charms name their class ``NovaComputeNvidiaVgpuCharm`` and the attribute
@@ -41,7 +42,7 @@ import json
 import logging
 import os
 import re
-from typing import List, Mapping, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence
 
 from . import files, hostroot, services, text
 
@@ -57,6 +58,8 @@ BLACKLIST = "etc/modprobe.d/disable-nouveau.conf"
 TRAIT = "CUSTOM_VGPU_PLACEMENT"
 TRAIT_TYPE = "nvidia-610"  # the one type whose providers the old script gave TRAIT
 PAUSED_KEY = "is_paused"  # ops_openstack OSBaseCharm's StoredState key
+# Its StoredState keys (ops_openstack OSBaseCharm's, then the charm's own), none of them this charm's.
+STORED_KEYS = ("is_started", PAUSED_KEY, "series_upgrade", "last_installed_resource_hash")
 PAUSED_SERVICES = ("nvidia-vgpu-mgr",)  # the upstream charm's RESTART_MAP services
 SCRIPT_LIMIT = 1 << 20  # bytes read of the old script (about 10 KiB as written)
 DOCS = "docs/how-to/switch-from-upstream.md"
@@ -69,6 +72,18 @@ def found() -> List[str]:
     """
     return [where for where in (UNIT_FILE, WANTS, *SCRIPTS)
             if os.path.lexists(hostroot.text_path(where))]
+
+
+def ran(stored: Callable[[str], bool]) -> bool:
+    """Whether the upstream charm ran on this unit: what it left in Juju or on the host.
+
+    ``stored``: whether this charm's StoredState holds a key (ops keeps both
+    charms' under one handle, so upstream's :data:`STORED_KEYS` stay there
+    after the switch); else its unit or scripts on the host (:func:`found`).
+    Its nouveau blacklist alone is no evidence: an operator may have written
+    a file of that name (:mod:`vgpu.kernel` leaves it alone then).
+    """
+    return any(stored(key) for key in STORED_KEYS) or bool(found())
 
 
 def retire(restorer: str, published: Mapping[str, Sequence[str]]) -> List[str]:
