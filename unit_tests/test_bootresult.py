@@ -5,6 +5,7 @@ import json
 import pytest
 
 from unit_tests import test_boot
+from unit_tests.faketools import stand_in
 from unit_tests.test_boot import H200, L40S, data, gpu
 from vgpu import boot, bootresult, hostroot, sriov
 
@@ -25,6 +26,18 @@ def test_each_gpu_of_the_data_gets_its_result_and_time(rebooted, root, tools):
     again = bootresult.load()
     assert (again.status, [g.address for g in again.gpus]) == (0, [H200])
     assert again.finished >= found.finished
+
+
+def test_each_gpus_time_is_the_time_its_own_steps_took(rebooted, root, tools):
+    """GPUs are restored side by side: a GPU's seconds are its own steps', not zero, not the sum."""
+    real = root / "usr/lib/nvidia/sriov-manage"
+    real.rename(real.with_name("sriov-manage.real"))
+    stand_in(real, f'#!/bin/sh\ncase "$*" in *{L40S}*) sleep 0.5 ;; esac\n'
+                   f'exec "{real.with_name("sriov-manage.real")}" "$@"\n')
+    sriov.write_boot_data(data(gpu(L40S, ["NVIDIA L40S-12Q"] * 2), gpu(H200, ["H200X-35C"])))
+    assert boot.main([f"/{boot.DATA_FILE}"]) == 0
+    found = {g.address: g.seconds for g in bootresult.load().gpus}
+    assert found[L40S] >= 0.5  # its sriov-manage alone slept that long
 
 
 def test_the_result_says_whether_the_boot_step_or_a_hook_restored(rebooted, root, tools):
