@@ -173,11 +173,9 @@ def _run(where: str, by: str, limits: Optional[Limits] = None) -> int:
         data = load(where)
         _, wait_for, given = parse(data)
     except DataError as error:
-        if hook and not os.path.lexists(hostroot.path(where)):
-            data, wait_for, given = None, [], Limits()  # nothing mapped yet: nothing to restore
-        else:
+        if not hook or os.path.lexists(hostroot.path(where)):  # a hook without it: nothing mapped yet
             log.error("%s: %s; nothing restored from it", where, error)
-            data, wait_for, given = None, [], Limits()
+        data, wait_for, given = None, [], Limits()
     bounds = limits or given
     status = 0 if data is None else restore(data, bounds, enable_vfs=not hook, done=outcome)
     if data is None and not hook:
