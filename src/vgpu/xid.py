@@ -178,12 +178,13 @@ def command(cursor: Optional[str]) -> List[str]:
     return cmd
 
 
-def read(cursor: Optional[str], limit: int = READ_BYTES,
-         seconds: float = READ_SECONDS) -> Chunk:
+def read(cursor: Optional[str], limit: int = READ_BYTES, seconds: float = READ_SECONDS,
+         running: Optional[Set[subprocess.Popen]] = None) -> Chunk:
     """The kernel's messages after ``cursor``, at most ``limit`` bytes and ``seconds``.
 
     JournalError when journalctl cannot run, fails, or runs out of time having read
-    nothing whole; what was read whole before a failure is returned.
+    nothing whole; what was read whole before a failure is returned. ``running``
+    holds journalctl's process while it runs (for :meth:`Watch.close`).
     """
     program = shutil.which("journalctl")
     if program is None:
@@ -194,12 +195,15 @@ def read(cursor: Optional[str], limit: int = READ_BYTES,
                                 env=dict(os.environ, LC_ALL="C"), start_new_session=True)
     except OSError as error:
         raise JournalError(f"journalctl could not run: {error.strerror or error}") from None
+    running = set() if running is None else running
+    running.add(proc)
     try:
         data, ended, timed_out = _bounded(proc, limit, seconds)
         status = proc.wait(timeout=seconds) if ended else None
         why = proc.stderr.read(4096).decode("utf-8", "replace").strip() if ended else ""
     finally:
         _stop(proc)
+        running.discard(proc)
     entries = _entries(data)
     if timed_out and not entries:
         raise JournalError(f"journalctl gave nothing within {seconds:g}s")
@@ -284,12 +288,13 @@ class Sample(NamedTuple):
 class Watch:
     """What the kernel said this boot, read from the journal; one per exporter process.
 
-    ``read``: a function like :func:`read` (the tests give another).
+    ``reader``: a function like :func:`read` (the tests give another).
     """
 
-    def __init__(self, reader=read) -> None:
+    def __init__(self, reader=None) -> None:
         """Nothing read yet: the first read starts at the boot's first kernel message."""
-        self._read = reader
+        self._running: Set[subprocess.Popen] = set()
+        self._read = reader or (lambda cursor: read(cursor, running=self._running))
         self._lock = threading.Lock()
         self._parser = Parser()
         self._cursor: Optional[str] = None
@@ -329,6 +334,11 @@ class Watch:
                 complete = True
             if complete:
                 stop.wait(pause)
+
+    def close(self) -> None:
+        """End a journalctl still running (the exporter stops)."""
+        for proc in list(self._running):
+            _stop(proc)
 
     def _add(self, event: Event) -> None:
         if event.gpu not in self._named and len(self._named) >= MAX_GPUS:
