@@ -5,7 +5,8 @@ see :mod:`vgpu.exporter`) calls :func:`collect` on each scrape. It reads what
 the actions read, the same way: PCI discovery, libvirt's domain files, the
 types learnt while VFs were free (:mod:`vgpu.catalogue`), the boot step's data
 and result (:mod:`vgpu.bootdata`, :mod:`vgpu.bootresult`) and, where the
-driver is, NVML (:mod:`vgpu.nvml`). Capacity is :func:`vgpu.capacity.count`,
+driver is, NVML (:mod:`vgpu.nvml`); and what the exporter's
+:class:`vgpu.xid.Watch` last read of the kernel's Xid lines. Capacity is :func:`vgpu.capacity.count`,
 so the ``nvidia_vgpu_type_*`` series equal ``list-vgpu-types``' max and
 available instances and the vGPUs ``vgpu-usage`` lists.
 
