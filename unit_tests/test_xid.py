@@ -9,8 +9,16 @@ import time
 
 import pytest
 
-from unit_tests.fakejournal import (FALLEN_NO_XID, FALLEN_SPLIT, OTHERS, XID_31, XID_63, XID_79,
-                                    XID_119, Journal)
+from unit_tests.fakejournal import (
+    FALLEN_NO_XID,
+    FALLEN_SPLIT,
+    OTHERS,
+    XID_31,
+    XID_63,
+    XID_79,
+    XID_119,
+    Journal,
+)
 from vgpu import xid
 
 T0 = 1_764_000_000.0

@@ -4,10 +4,11 @@ NVIDIA's driver reports each GPU error as a kernel line, an "Xid" (NVIDIA's
 "Xid Errors" reference and its Xid catalogue, docs.nvidia.com/deploy/xid-errors)::
 
     NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.
-    NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.
+    NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu
+    to activate.
 
-(the first from NVIDIA/open-gpu-kernel-modules#1151, the second from
-stas00/ml-engineering's "Troubleshooting NVIDIA GPUs"): ``PCI:`` names the
+(the first from NVIDIA/open-gpu-kernel-modules#1151, the second, one line in
+the log, from stas00/ml-engineering's "Troubleshooting NVIDIA GPUs"): ``PCI:`` names the
 GPU by domain, bus and device, without the function. Newer drivers also say a
 lost GPU without an Xid, over three lines (NVIDIA/NVSentinel#155, 570.158.01;
 leptonai/gpud#1209)::
@@ -199,8 +200,8 @@ def read(cursor: Optional[str], limit: int = READ_BYTES, seconds: float = READ_S
     running.add(proc)
     try:
         data, ended, timed_out = _bounded(proc, limit, seconds)
-        status = proc.wait(timeout=seconds) if ended else None
-        why = proc.stderr.read(4096).decode("utf-8", "replace").strip() if ended else ""
+        status, why = _ended(proc, seconds) if ended else (None, "")
+        ended = status is not None
     finally:
         _stop(proc)
         running.discard(proc)
@@ -234,6 +235,15 @@ def _bounded(proc: subprocess.Popen, limit: int, seconds: float) -> Tuple[bytes,
         parts.append(part)
         size += len(part)
     return b"".join(parts), False, False
+
+
+def _ended(proc: subprocess.Popen, seconds: float) -> Tuple[Optional[int], str]:
+    """journalctl's exit status (None: it closed its output but did not end) and its stderr."""
+    try:
+        status = proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None, ""
+    return status, proc.stderr.read(4096).decode("utf-8", "replace").strip() if proc.stderr else ""
 
 
 def _stop(proc: subprocess.Popen) -> None:
