@@ -77,6 +77,21 @@ def test_promtool_notices_a_rule_that_no_longer_fires(tmp_path):
     assert done.returncode != 0 and "NvidiaVgpuBootDataUnreadable" in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("broken, instead, fails", [
+    ('xid="79"', 'xid="78"', "NvidiaGpuFallenOffTheBus"),  # an Xid 79 served at 1 after a restart
+    ("< 900", "< 0", "NvidiaGpuXidError"),  # an Xid the runbook does not name: its time says it
+])
+def test_promtool_notices_an_xid_rule_that_no_longer_fires(tmp_path, broken, instead, fails):
+    rules = REPO / "src/prometheus_alert_rules/nvidia-gpu-xid.rules"
+    test = REPO / "unit_tests/prometheus/nvidia-gpu-xid-rules-test.yaml"
+    (tmp_path / rules.name).write_text(rules.read_text().replace(broken, instead))
+    (tmp_path / test.name).write_text(test.read_text().replace(f"../../{rules.relative_to(REPO)}",
+                                                               rules.name))
+    done = subprocess.run([tool("promtool"), "test", "rules", test.name], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode != 0 and f"alertname: {fails}," in done.stdout + done.stderr
+
+
 def test_alerts_read_only_the_exporters_metrics_and_up():
     known = {m.name for m in metrics.METRICS} | {"up"}
     for rule in alerts(PROMETHEUS_RULES):
