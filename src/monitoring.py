@@ -72,7 +72,10 @@ class Monitoring(ops.Object):
             return None
         from charms.grafana_agent.v0.cos_agent import COSAgentProvider
 
-        # Rules in the library's default src/prometheus_alert_rules and src/loki_alert_rules.
+        # Rules in the library's default src/prometheus_alert_rules. Its src/loki_alert_rules
+        # is left absent: a Loki rule over the kernel log never fires (cosl's Rules inject this
+        # charm's juju_application; the collector labels /var/log with its own): Xid errors
+        # are the exporter's metrics (vgpu.xid).
         return COSAgentProvider(
             charm, relation_name=COS_AGENT, scrape_configs=self._scrape_configs,
             dashboard_dirs=[DASHBOARDS], refresh_events=[charm.on.config_changed,

@@ -7,8 +7,11 @@ Serves the metrics of :mod:`vgpu.metrics` in Prometheus' text format on
 ``http://127.0.0.1:<port>/metrics`` (127.0.0.1 only: the collector on the
 same machine scrapes it), with prometheus-client from the charm's own venv
 (the unit puts it on ``PYTHONPATH``), until SIGTERM. Each scrape reads the
-host afresh; one NVML session lives as long as the process. Run as a script,
-its own directory (the charm's ``src/``) comes first on ``sys.path``.
+host afresh; one NVML session lives as long as the process. So does one
+:class:`vgpu.xid.Watch`, which a thread of its own feeds from the journal
+(the kernel's Xid lines): a scrape takes what it last read and never waits on
+journalctl. Run as a script, its own directory (the charm's ``src/``) comes
+first on ``sys.path``.
 """
 
 import argparse
@@ -20,7 +23,7 @@ import threading
 ADDRESS = "127.0.0.1"
 
 
-def registry(session=None):
+def registry(session=None, watch=None):
     """A registry holding the vGPU collector (and the process' own metrics: memory, CPU)."""
     from prometheus_client import CollectorRegistry, ProcessCollector
     from prometheus_client.core import GaugeMetricFamily
@@ -35,7 +38,7 @@ def registry(session=None):
 
         def collect(self):
             with self._lock:
-                samples = metrics.collect(session)
+                samples = metrics.collect(session, xid_watch=watch)
             for name, group in metrics.families(samples).items():
                 metric = metrics.BY_NAME[name]
                 family = GaugeMetricFamily(name, metric.help, labels=list(metric.labels))
@@ -58,20 +61,24 @@ def main(argv) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     from prometheus_client import start_wsgi_server
 
-    from vgpu import nvml
+    from vgpu import nvml, xid
 
     session = nvml.Session()
+    watch = xid.Watch()
     try:
-        server, _thread = start_wsgi_server(args.port, addr=ADDRESS, registry=registry(session))
+        server, _thread = start_wsgi_server(args.port, addr=ADDRESS,
+                                            registry=registry(session, watch))
     except OSError as error:
         logging.error("cannot listen on %s:%d: %s", ADDRESS, args.port, error.strerror or error)
         return 2
     stop = threading.Event()
+    threading.Thread(target=watch.run, args=(stop,), name="journal", daemon=True).start()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     logging.getLogger("vgpu").warning("serving http://%s:%d/metrics", ADDRESS, args.port)
     stop.wait()
     server.shutdown()
+    watch.close()
     session.close()
     return 0
 

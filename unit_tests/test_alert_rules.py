@@ -1,4 +1,4 @@
-"""Alert rules the charm gives COS: promtool checks and tests each one, Loki's match the kernel.
+"""Alert rules the charm gives COS: promtool checks and tests each one.
 
 Prometheus evaluating them on a scraped host: test_prometheus.py.
 """
@@ -16,7 +16,6 @@ from vgpu import metrics
 
 REPO = Path(__file__).resolve().parents[1]
 PROMETHEUS_RULES = sorted((REPO / "src/prometheus_alert_rules").glob("*.rules"))
-LOKI_RULES = sorted((REPO / "src/loki_alert_rules").glob("*.rules"))
 RULE_TESTS = sorted((REPO / "unit_tests/prometheus").glob("*-test.yaml"))
 REFERENCE = REPO / "docs/reference/metrics.md"
 
@@ -28,16 +27,29 @@ def alerts(paths):
 
 def test_the_rule_directories_hold_rules_only():
     """cosl reads every .rule, .rules, .yml and .yaml file there as rules: tests live elsewhere."""
-    for directory in ("prometheus_alert_rules", "loki_alert_rules"):
-        names = [p.name for p in (REPO / "src" / directory).iterdir()]
-        assert names and all(n.endswith(".rules") for n in names), names
+    names = [p.name for p in (REPO / "src/prometheus_alert_rules").iterdir()]
+    assert names and all(n.endswith(".rules") for n in names), names
+
+
+def test_no_loki_rule_ships():
+    """A Loki rule over the kernel's lines never fires (cosl injects this charm's application).
+
+    cosl's ``Rules`` (1.11.3, ``rules.py``) gives every rule this charm's topology labels and
+    injects ``juju_model``, ``juju_model_uuid`` and ``juju_application`` matchers into its
+    expression, LogQL included (the cos_agent library's ``_log_alert_rules``, LIBPATCH 26);
+    the collector ships /var/log with its own application's labels
+    (canonical/opentelemetry-collector-operator ``src/charm.py``, ``filelog/var-log``).
+    Xid errors are metrics instead (vgpu.xid).
+    """
+    assert not (REPO / "src/loki_alert_rules").exists()
 
 
 def test_promtool_checks_the_rules():
     done = subprocess.run([tool("promtool"), "check", "rules", *map(str, PROMETHEUS_RULES)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"SUCCESS: {len(alerts(PROMETHEUS_RULES))} rules found" in done.stdout
+    for path in PROMETHEUS_RULES:  # promtool counts per file
+        assert f"{path}\n  SUCCESS: {len(alerts([path]))} rules found" in done.stdout
 
 
 def test_promtool_tests_every_alert():
@@ -65,6 +77,21 @@ def test_promtool_notices_a_rule_that_no_longer_fires(tmp_path):
     assert done.returncode != 0 and "NvidiaVgpuBootDataUnreadable" in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("broken, instead, fails", [
+    ('xid="79"', 'xid="78"', "NvidiaGpuFallenOffTheBus"),  # an Xid 79 served at 1 after a restart
+    ("< 900", "< 0", "NvidiaGpuXidError"),  # an Xid the runbook does not name: its time says it
+])
+def test_promtool_notices_an_xid_rule_that_no_longer_fires(tmp_path, broken, instead, fails):
+    rules = REPO / "src/prometheus_alert_rules/nvidia-gpu-xid.rules"
+    test = REPO / "unit_tests/prometheus/nvidia-gpu-xid-rules-test.yaml"
+    (tmp_path / rules.name).write_text(rules.read_text().replace(broken, instead))
+    (tmp_path / test.name).write_text(test.read_text().replace(f"../../{rules.relative_to(REPO)}",
+                                                               rules.name))
+    done = subprocess.run([tool("promtool"), "test", "rules", test.name], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode != 0 and f"alertname: {fails}," in done.stdout + done.stderr
+
+
 def test_alerts_read_only_the_exporters_metrics_and_up():
     known = {m.name for m in metrics.METRICS} | {"up"}
     for rule in alerts(PROMETHEUS_RULES):
@@ -72,7 +99,7 @@ def test_alerts_read_only_the_exporters_metrics_and_up():
         assert names and names <= known, (rule["alert"], names - known)
 
 
-@pytest.mark.parametrize("rule", alerts(PROMETHEUS_RULES) + alerts(LOKI_RULES),
+@pytest.mark.parametrize("rule", alerts(PROMETHEUS_RULES),
                          ids=lambda rule: rule["alert"])
 def test_each_alert_says_what_and_where_its_runbook_line_is(rule):
     assert rule["labels"]["severity"] in ("warning", "critical")
@@ -86,42 +113,25 @@ def test_each_alert_says_what_and_where_its_runbook_line_is(rule):
 
 def test_the_reference_describes_exactly_the_alerts_of_the_rules():
     headings = set(re.findall(r"^### (\w+)$", REFERENCE.read_text(), re.MULTILINE))
-    assert headings == {rule["alert"] for rule in alerts(PROMETHEUS_RULES) + alerts(LOKI_RULES)}
+    assert headings == {rule["alert"] for rule in alerts(PROMETHEUS_RULES)}
 
 
-# -- Loki: the kernel's NVRM lines --------------------------------------------------------------
+# -- Xid errors: the rules and vgpu.xid's runbook agree ----------------------------------------
 
-# Real lines, as their sources print them.
-XID_79 = "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus"  # NVIDIA/NVSentinel#155
-FALLEN = "NVRM: fallen off the bus and is not responding to commands."  # same issue, 570.158.01
-XID_31 = ("NVRM: Xid (PCI:0000:03:00): 31, pid=1234, name=python3, Ch 00000010, intr 00000000. "
-          "MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f5a_1b000000")  # NVIDIA's Xid docs' form
-UNRELATED = ("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.158.01  Release Build",
-             "mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link ACTIVE")
+def xid_sets(expr: str):
+    """The Xid numbers each ``xid=~`` and ``xid!~`` matcher of an expression names."""
+    return [(op, set(map(int, numbers.split("|"))))
+            for op, numbers in re.findall(r'xid(=~|!~)"([0-9|]+)"', expr)]
 
 
-def line_filters(expr: str):
-    """Each ``|= "text"`` and ``|~ "regex"`` of a LogQL expression, as a Python predicate."""
-    found = []
-    for operator, quoted in re.findall(r'\|([=~])\s*("(?:[^"\\]|\\.)*")', expr):
-        text = yaml.safe_load(quoted)  # a double-quoted YAML scalar unescapes as LogQL does
-        found.append((lambda line, t=text: t in line) if operator == "=" else
-                     (lambda line, r=re.compile(text): r.search(line) is not None))
-    return found
+def test_the_xid_alerts_split_the_runbooks_numbers_as_vgpu_xid_does():
+    from vgpu import xid
 
-
-def loki(name: str) -> str:
-    (rule,) = [r for r in alerts(LOKI_RULES) if r["alert"] == name]
-    return rule["expr"]
-
-
-@pytest.mark.parametrize("name, matches, not_matches", [
-    ("NvidiaGpuXidError", (XID_79, XID_31), (FALLEN, *UNRELATED)),
-    ("NvidiaGpuFallenOffTheBus", (XID_79, FALLEN), (XID_31, *UNRELATED)),
-])
-def test_loki_rules_match_the_kernels_nvrm_lines(name, matches, not_matches):
-    expr = loki(name)
-    assert re.search(r'count_over_time\(\{[a-z_]+=~"\.\+"\}', expr)  # a selector Loki accepts
-    (match,) = line_filters(expr)
-    assert all(match(line) for line in matches)
-    assert not any(match(line) for line in not_matches)
+    rules = {r["alert"]: r["expr"] for r in alerts(PROMETHEUS_RULES)}
+    reset = set(xid.numbers(xid.RESET)) - {xid.FALLEN_XID}
+    assert xid_sets(rules["NvidiaGpuXidNeedsReset"]) == [("=~", reset)] * 2
+    assert xid_sets(rules["NvidiaGpuXidError"]) == [("!~", reset | {xid.FALLEN_XID})] * 2
+    assert 'nvidia_vgpu_xid_errors{xid="79"}' in rules["NvidiaGpuFallenOffTheBus"]
+    section = REFERENCE.read_text().split("\n### Xid numbers\n", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| ([0-9]+) \| [^|]+ \| ([a-z]+) \|", section, re.MULTILINE))
+    assert {int(k): v for k, v in rows.items()} == {x.number: x.action for x in xid.RUNBOOK}

@@ -140,6 +140,63 @@ def test_nvml_figures_reach_the_scrape(host, root, tmp_path):
         assert sources["nvml"] == 0 and sources["pci"] == 1
 
 
+def xid_series(text: str) -> dict:
+    found = families(text).get("nvidia_vgpu_xid_errors")
+    return {(s.labels["gpu"], s.labels["xid"]): s.value for s in found.samples} if found else {}
+
+
+def wait_for_series(port: int, check, seconds: float = 20):
+    deadline = time.monotonic() + seconds
+    while True:
+        text = get(port)
+        if check(text):
+            return text
+        assert time.monotonic() < deadline, text
+        time.sleep(0.1)
+
+
+def test_the_exporter_reads_the_kernels_xid_lines_from_the_journal(host, root, bindir):
+    """Off the scrape path: a thread reads the journal, each scrape serves what it left."""
+    from unit_tests.fakejournal import XID_79, Journal
+
+    journal = Journal(root, bindir)
+    journal.kernel(["NVRM: Xid (PCI:0000:81:00): 31, pid=1234, name=qemu-system-x86, MMU Fault"],
+                   1_764_000_000.0)
+    port = free_port()
+    with serving([sys.executable, str(REPO / "src/vgpu_exporter.py"), "--port", str(port)],
+                 exporter_env(root), port):
+        text = wait_for_series(port, lambda t: "nvidia_vgpu_xid_errors{" in t)
+        counts = xid_series(text)
+        assert counts[("0000:81:00.0", "31")] == 1 and counts[("0000:81:00.0", "79")] == 0
+        journal.kernel([line.replace("2b:00", "81:00") for line in XID_79], 1_764_000_060.0)
+        text = wait_for_series(port, lambda t: xid_series(t).get(("0000:81:00.0", "79")) == 1)
+        assert 'nvidia_vgpu_xid_gpu_lost{gpu="0000:81:00.0",source="kernel"} 1.0' in text
+        assert 'nvidia_vgpu_exporter_source_up{source="journal"} 1.0' in text
+    runs = journal.runs()
+    assert "--after-cursor" not in runs[0] and all("--after-cursor=" in r for r in runs[1:])
+
+
+def test_a_journal_that_hangs_never_stalls_a_scrape(host, root, bindir):
+    from unit_tests.fakejournal import Journal
+    from unit_tests.faketools import running
+
+    journal = Journal(root, bindir)
+    journal.hang()
+    port = free_port()
+    with serving([sys.executable, str(REPO / "src/vgpu_exporter.py"), "--port", str(port)],
+                 exporter_env(root), port) as process:
+        started = time.monotonic()
+        text = get(port)
+        assert time.monotonic() - started < 5
+        assert "nvidia_vgpu_gpu_info{" in text and "nvidia_vgpu_xid_errors{" not in text
+        assert 'nvidia_vgpu_xid_gpu_lost{gpu="0000:81:00.0",source="pci"} 0.0' in text
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert children  # journalctl, hanging
+    assert process.returncode == 0  # SIGTERM while journalctl hangs: still a clean stop
+    time.sleep(0.5)
+    assert not [c.pid for c in children if running(c.pid)]  # and it was ended
+
+
 def test_a_port_that_is_taken_stops_the_exporter_with_a_reason(root):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -22,7 +22,7 @@ VM_1 = "11111111-1111-4111-8111-111111111111"
 # application prefix, base units with their suffix, _info for info gauges, no _total on gauges.
 NAME = re.compile(r"nvidia_vgpu_[a-z][a-z0-9_]*\Z")
 UNITS = ("_seconds", "_bytes", "_ratio", "_info", "_instances", "_up", "_code", "_functions",
-         "_result", "_applied", "_type", "_licensed", "_state")
+         "_result", "_applied", "_type", "_licensed", "_state", "_errors", "_lost")
 
 
 def by_series(samples, name):
@@ -270,3 +270,46 @@ def test_the_reference_lists_exactly_the_metrics_with_their_labels():
     documented = {name: (tuple(re.findall(r"`([a-z_]+)`", labels)), meaning.strip())
                   for name, labels, meaning in rows}
     assert documented == {m.name: (m.labels, m.help) for m in metrics.METRICS}
+
+
+# -- Xid errors and lost GPUs (vgpu.xid) --------------------------------------------------------
+
+def test_xid_errors_and_lost_gpus_are_series_of_the_scrape(mapped, root, bindir):
+    from unit_tests.fakejournal import Journal
+    from vgpu import xid
+
+    journal = Journal(root, bindir)
+    journal.kernel(["NVRM: Xid (PCI:0000:81:00): 31, pid=1234, name=qemu-system-x86, Ch 00000010, "
+                    "intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f5a_1b000000"],
+                   1_764_000_000.0)
+    watch = xid.Watch()
+    assert watch.poll()
+    fake.configure({"driver": "570.158.02", "gpus": [{"bus_id": "00000000:81:00.0", "lost": True}]})
+    samples = metrics.collect(nvml.Session(module=fake), xid_watch=watch)
+    assert by_series(samples, "nvidia_vgpu_xid_errors")[(L40S, "31")] == 1
+    assert by_series(samples, "nvidia_vgpu_xid_errors")[(L40S, "79")] == 0
+    assert by_series(samples, "nvidia_vgpu_xid_last_seen_timestamp_seconds") == {
+        (L40S, "31"): 1_764_000_000.0}
+    assert by_series(samples, "nvidia_vgpu_xid_gpu_lost") == {
+        (L40S, "kernel"): 0, (L40S, "nvml"): 1, (L40S, "pci"): 0,
+        (H200, "kernel"): 0, (H200, "nvml"): 0, (H200, "pci"): 0}
+    assert sources(samples)["journal"] == 1 and sources(samples)["nvml"] == 1
+
+
+def test_a_journal_that_cannot_be_read_is_a_source_down(mapped, root, bindir):
+    from unit_tests.fakejournal import Journal
+    from vgpu import xid
+
+    Journal(root, bindir).fail()
+    watch = xid.Watch()
+    watch.poll()
+    samples = metrics.collect(xid_watch=watch)
+    assert sources(samples)["journal"] == 0
+    assert not by_series(samples, "nvidia_vgpu_xid_errors")
+    assert by_series(samples, "nvidia_vgpu_xid_gpu_lost") == {(L40S, "pci"): 0, (H200, "pci"): 0}
+
+
+def test_without_a_watch_nothing_of_the_journal_is_said(mapped):
+    samples = metrics.collect()
+    assert "journal" not in sources(samples)
+    assert not [s for s in samples if "_xid_" in s.name]

@@ -127,3 +127,32 @@ def test_the_stand_in_only_offers_what_the_real_pynvml_has():
                 if isinstance(target, ast.Name) and target.id.startswith("NVML_"):
                     assert target.id in names, target.id
     assert "NVMLError" in names
+
+
+# -- a GPU lost (issue 33, item 4) --------------------------------------------------------------
+
+def test_a_gpu_nvml_says_is_lost_is_named_by_the_address_sysfs_gives():
+    """The handle by index says only "GPU is lost": the GPU is found by its PCI address."""
+    session = host()
+    fake._STATE["state"]["gpus"][1]["lost"] = True
+    reading = session.read(addresses=["0000:81:00.0", "0001:c8:00.0"])
+    assert reading.present and reading.lost == ("0001:c8:00.0",)
+    assert len(reading.vgpus) == 2 and not reading.errors  # the other GPU is read
+    assert "nvmlDeviceGetHandleByPciBusId" in fake.calls()
+
+
+def test_a_gpu_lost_while_nvml_held_its_handle_is_lost_too():
+    session = host()
+    session.read()
+    fake._STATE["state"]["gpus"][0]["lost"] = "after_handle"
+    reading = session.read(addresses=["0000:81:00.0", "0001:c8:00.0"])
+    assert reading.lost == ("0000:81:00.0",) and not reading.vgpus and not reading.errors
+
+
+def test_a_lost_gpu_no_address_names_is_an_error():
+    session = host()
+    fake._STATE["state"]["gpus"][1]["lost"] = True
+    reading = session.read()
+    assert reading.lost == () and reading.errors == (
+        "NVML: GPU is lost, for 1 GPU whose PCI address it does not give",)
+    assert len(reading.vgpus) == 2

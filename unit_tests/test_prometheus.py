@@ -7,7 +7,9 @@ fixture host, NVML answered by the pynvml stand-in (unit_tests/fake_pynvml). Pro
 and alert rules as they are; then every query of the published dashboard and every alert
 expression is evaluated against what it scraped. The host is set up so that each has
 something to show: a restore after boot (a hook's) that failed on one GPU, a published VF
-without its type, a type exhausted, a vGPU past its licensing grace period.
+without its type, a type exhausted, a vGPU past its licensing grace period, and in the
+journal (unit_tests/fakejournal.py, real kernel lines) a guest's Xid 31 and an Xid 48 on the
+L40S and a third GPU that fell off the bus (Xid 79) and is gone from sysfs.
 """
 
 import contextlib
@@ -27,6 +29,7 @@ from cosl import LZMABase64
 from ops import testing
 
 from unit_tests.fakehost import l40s_host
+from unit_tests.fakejournal import XID_31, XID_79, Journal
 from unit_tests.libvirt import running_guest
 from unit_tests.test_charm import install_driver, state
 from unit_tests.test_exporter import free_port
@@ -35,6 +38,9 @@ from vgpu import bootresult, exporter, metrics
 REPO = Path(__file__).resolve().parents[1]
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
 H200_VFS = ("0000:c1:00.4", "0000:c1:00.5", "0000:c1:00.6", "0000:c1:00.7")
+# A double-bit ECC error as NVIDIA's Xid reference words Xid 48 (on the fixture's L40S).
+XID_48 = (f"NVRM: Xid (PCI:{L40S[:-2]}): 48, An uncorrectable double bit error (DBE) has been "
+          "detected on GPU in the framebuffer at partition 0, subpartition 0.")
 NEEDED = "install Debian's prometheus package (it ships promtool), as .ci/run does"
 
 
@@ -84,7 +90,7 @@ def running(argv, env=None, cwd=None):
 
 
 @pytest.fixture
-def scene(ctx, root, tools, packages, tmp_path, monkeypatch):
+def scene(ctx, root, tools, packages, tmp_path, monkeypatch, bindir):
     """The host, the charm related to cos-agent, and what the collector would be given."""
     monkeypatch.chdir(REPO)  # where Juju runs hooks: the library reads rules and dashboards there
     host = l40s_host(root)
@@ -116,8 +122,11 @@ def scene(ctx, root, tools, packages, tmp_path, monkeypatch):
             {"id": 2, "uuid": "vgpu-licensed", "vm": "55555551-5555-4555-8555-555555555555",
              "type": 1282, "licensed": 1, "state": 5, "fb": 9 << 30,
              "util": {"sm": 90, "memory": 70, "encoder": 0, "decoder": 0}}]}]}))
+    journal = Journal(root, bindir)
+    recent = time.time() - 120  # read from the boot's journal: the series first appear at 1
+    journal.kernel((XID_31.replace("03:00", "81:00"), XID_48) + XID_79, recent)
     return {"root": root, "port": port, "published": published, "nvml": nvml_state,
-            "work": tmp_path}
+            "work": tmp_path, "bindir": bindir}
 
 
 def exporter_process(scene):
@@ -126,7 +135,8 @@ def exporter_process(scene):
     lines = dict(line.split("=", 1) for line in unit.splitlines()
                  if line.startswith(("ExecStart=", "Environment=")))
     env = dict(word.split("=", 1) for word in shlex.split(lines["Environment"]))
-    env.update(VGPU_HOST_ROOT=str(scene["root"]), FAKE_NVML=str(scene["nvml"]), PATH="/usr/bin:/bin")
+    env.update(VGPU_HOST_ROOT=str(scene["root"]), FAKE_NVML=str(scene["nvml"]),
+               PATH=f"{scene['bindir']}:/usr/bin:/bin")  # journalctl: the stand-in
     env["PYTHONPATH"] = f"{REPO / 'unit_tests/fake_pynvml'}:{env['PYTHONPATH']}"
     return running(shlex.split(lines["ExecStart"]), env=env)
 
@@ -186,9 +196,9 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         # Every alert expression of ours runs on what was scraped and reads only metrics it finds.
         rules = [r for g in api(web, "rules")["data"]["groups"] for r in g["rules"]
                  if r["name"].startswith("Nvidia")]
-        assert {r["name"] for r in rules} == {r["alert"] for g in yaml.safe_load(
-            (REPO / "src/prometheus_alert_rules/nvidia-vgpu.rules").read_text())["groups"]
-            for r in g["rules"]}
+        assert {r["name"] for r in rules} == {
+            r["alert"] for path in (REPO / "src/prometheus_alert_rules").glob("*.rules")
+            for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]}
         for rule in rules:
             assert rule["health"] == "ok" and not rule.get("lastError"), rule
             assert api(web, "query", query=rule["query"])["status"] == "success"
@@ -196,7 +206,8 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         active = {r["name"] for r in rules if r["state"] in ("pending", "firing")}
         assert active == {"NvidiaVgpuTypeCapacityExhausted", "NvidiaVgpuBootStepFailed",
                           "NvidiaVgpuPublishedVfWithoutType", "NvidiaVgpuMappingNotApplied",
-                          "NvidiaVgpuUnlicensedPastGracePeriod", "NvidiaVgpuUnlicensed"}
+                          "NvidiaVgpuUnlicensedPastGracePeriod", "NvidiaVgpuUnlicensed",
+                          "NvidiaGpuFallenOffTheBus", "NvidiaGpuXidNeedsReset", "NvidiaGpuXidError"}
         firing = {a["labels"]["alertname"]: a["labels"] for a in api(web, "alerts")["data"]["alerts"]
                   if a["state"] == "firing"}
         assert firing["NvidiaVgpuBootStepFailed"]["gpu"] == L40S  # no "for": at once
@@ -204,5 +215,11 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         (summary,) = [a["annotations"]["summary"] for a in api(web, "alerts")["data"]["alerts"]
                       if a["labels"]["alertname"] == "NvidiaVgpuBootStepFailed"]
         assert summary.startswith("A hook doing the boot step's work did not restore GPU "), summary
+        assert firing["NvidiaGpuFallenOffTheBus"]["gpu"] == "0000:2b:00.0"  # gone from sysfs
+        assert (firing["NvidiaGpuXidNeedsReset"]["gpu"], firing["NvidiaGpuXidNeedsReset"]["xid"]) \
+            == (L40S, "48")
+        assert (firing["NvidiaGpuXidError"]["gpu"], firing["NvidiaGpuXidError"]["xid"]) == (L40S, "31")
+        zero = api(web, "query", query=f'nvidia_vgpu_xid_errors{{gpu="{H200}",xid="79"}}')
+        assert [r["value"][1] for r in zero["data"]["result"]] == ["0"]  # there from the start
         assert server.poll() is None
     assert {m.name for m in metrics.METRICS} <= scraped  # every metric reached Prometheus

@@ -5,7 +5,8 @@ see :mod:`vgpu.exporter`) calls :func:`collect` on each scrape. It reads what
 the actions read, the same way: PCI discovery, libvirt's domain files, the
 types learnt while VFs were free (:mod:`vgpu.catalogue`), the boot step's data
 and result (:mod:`vgpu.bootdata`, :mod:`vgpu.bootresult`) and, where the
-driver is, NVML (:mod:`vgpu.nvml`). Capacity is :func:`vgpu.capacity.count`,
+driver is, NVML (:mod:`vgpu.nvml`); and what the exporter's
+:class:`vgpu.xid.Watch` last read of the kernel's Xid lines. Capacity is :func:`vgpu.capacity.count`,
 so the ``nvidia_vgpu_type_*`` series equal ``list-vgpu-types``' max and
 available instances and the vGPUs ``vgpu-usage`` lists.
 
@@ -48,7 +49,8 @@ METRICS: Tuple[Metric, ...] = (
     Metric("nvidia_vgpu_exporter_source_up",
            "1 when the source was read at this scrape, 0 when it could not be (the exporter's "
            "log says why): pci, guests, boot_data, boot_result, nvml (only where the driver is), "
-           "and capacity and mapping (the series worked out from them)", ("source",)),
+           "journal (the kernel's messages), and capacity and mapping (the series worked out "
+           "from them)", ("source",)),
     Metric("nvidia_vgpu_exporter_scrape_duration_seconds",
            "How long reading the host took at this scrape"),
     Metric("nvidia_vgpu_driver_info",
@@ -117,12 +119,21 @@ METRICS: Tuple[Metric, ...] = (
     Metric("nvidia_vgpu_vgpu_utilization_ratio",
            "NVML: the vGPU's latest utilisation sample per engine (sm, memory, encoder, decoder), "
            "0 to 1", ("gpu", "vgpu_uuid", "instance_uuid", "type", "engine")),
+    Metric("nvidia_vgpu_xid_errors",
+           "Xid errors the kernel logged for the GPU this boot (NVRM: Xid lines in the journal); "
+           "0 from the start for each Xid number the runbook names", ("gpu", "xid")),
+    Metric("nvidia_vgpu_xid_last_seen_timestamp_seconds",
+           "When the kernel last logged the Xid for the GPU this boot, in seconds since the "
+           "epoch; absent while it has not", ("gpu", "xid")),
+    Metric("nvidia_vgpu_xid_gpu_lost",
+           "1 when the GPU is lost as the source says: kernel (Xid 79 or fallen off the bus), "
+           "nvml (GPU is lost) or pci (gone from sysfs); 0 otherwise", ("gpu", "source")),
 )
 BY_NAME = {metric.name: metric for metric in METRICS}
 # Where a scrape reads, or what it works out, each up or down on its own: capacity (the
 # nvidia_vgpu_type_* and guest series) and mapping (whether the host holds the boot data's
 # types) are worked out from pci, guests, the learnt types and boot_data.
-SOURCES = ("pci", "guests", "capacity", "boot_data", "mapping", "boot_result", "nvml")
+SOURCES = ("pci", "guests", "capacity", "boot_data", "mapping", "boot_result", "nvml", "journal")
 BOOT_RESULTS = {"restored": "restored", "left alone": "left_alone", "not restored": "not_restored"}
 
 
@@ -150,10 +161,12 @@ class _Out:
         self.add("nvidia_vgpu_exporter_source_up", 1 if ok else 0, source=source)
 
 
-def collect(nvml_session=None, clock: Callable[[], float] = time.monotonic) -> List[Sample]:
+def collect(nvml_session=None, clock: Callable[[], float] = time.monotonic,
+            xid_watch=None) -> List[Sample]:
     """One reading of the host as samples; never raises (module doc).
 
-    ``nvml_session``: a :class:`vgpu.nvml.Session` kept by the exporter (None: NVML not read).
+    ``nvml_session``: a :class:`vgpu.nvml.Session` kept by the exporter (None: NVML not read);
+    ``xid_watch``: its :class:`vgpu.xid.Watch` (None: no Xid series).
     """
     started = clock()
     out = _Out()
@@ -161,6 +174,7 @@ def collect(nvml_session=None, clock: Callable[[], float] = time.monotonic) -> L
     host = _guarded(out, "pci", pci.discover)
     domains: List[guests.Domain] = []
     unread: List[str] = []
+    plans = None
     if host is not None:
         _gpus(out, host)
         found = _guarded(out, "guests", lambda: guests.domains(unread), report=False)
@@ -172,7 +186,9 @@ def collect(nvml_session=None, clock: Callable[[], float] = time.monotonic) -> L
         if plans is not None:
             _part(out, "mapping", _mapping, host, driver_version, plans)
     _boot(out)
-    reading = _nvml(out, nvml_session)
+    reading = _nvml(out, nvml_session, [g.address for g in host.gpus] if host else [])
+    if xid_watch is not None:
+        _xid(out, xid_watch, host, reading, plans)
     version = driver_version or (reading.driver_version if reading is not None else "")
     if version:
         out.add("nvidia_vgpu_driver_info", 1, version=version)
@@ -308,12 +324,12 @@ def _boot(out: _Out) -> None:
         out.add("nvidia_vgpu_boot_gpu_duration_seconds", gpu.seconds, gpu=gpu.address, run_by=by)
 
 
-def _nvml(out: _Out, session):
+def _nvml(out: _Out, session, addresses: Sequence[str]):
     """NVML's per-vGPU figures; nothing (not even the source) where the driver is absent."""
     if session is None:
         return None
     try:
-        reading = session.read()
+        reading = session.read(addresses)
     except Exception as error:  # never a failed scrape
         log.warning("nvml: %s", error)
         out.up("nvml", False)
@@ -335,6 +351,17 @@ def _nvml(out: _Out, session):
         for engine, ratio in vgpu.utilization:
             out.add("nvidia_vgpu_vgpu_utilization_ratio", ratio, engine=engine, **labels)
     return reading
+
+
+def _xid(out: _Out, watch, host: Optional[pci.Host], reading, plans) -> None:
+    """Xid errors and lost GPUs (:mod:`vgpu.xid`): what the watch's last read of the journal left."""
+    up = watch.journal_up()  # None while its first pass runs: said neither way
+    if up is not None:
+        out.up("journal", up)
+    lost = reading.lost if reading is not None and reading.present else None
+    for sample in watch.samples(None if host is None else [g.address for g in host.gpus],
+                                mapped=[plan.address for plan in plans or ()], nvml_lost=lost):
+        out.add(sample.name, sample.value, **dict(sample.labels))
 
 
 def families(samples: Iterable[Sample]) -> Dict[str, List[Sample]]:

@@ -15,6 +15,11 @@ no error: :attr:`Reading.present` is False and nothing is read. Every other
 failure is caught, said in :attr:`Reading.errors`, and what could be read is
 kept: nothing here raises to the exporter.
 
+A GPU that fell off the bus answers ``NVML_ERROR_GPU_IS_LOST`` ("GPU is
+lost"; NVML's reference, ``nvmlDeviceGetHandleByIndex``): :attr:`Reading.lost`
+names it by the PCI address sysfs gives (the read's ``addresses``, asked of
+``nvmlDeviceGetHandleByPciBusId``), and the other GPUs are read as before.
+
 nvidia-ml-py 13.615's ``nvmlVgpuInstanceGetFbUsage`` hands NVML a 32-bit
 buffer where ``nvml.h`` declares ``unsigned long long *fbUsage``: the value
 above 4 GiB is cut. The framebuffer is read through the same library
@@ -24,7 +29,7 @@ function with a 64-bit buffer.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .record import NamedTuple
 
@@ -34,6 +39,7 @@ ENGINES = (("sm", "smUtil"), ("memory", "memUtil"), ("encoder", "encUtil"),
 LICENSE_STATES = {0: "unknown", 1: "uninitialized", 2: "unlicensed, unrestricted (grace period)",
                   3: "unlicensed, restricted", 4: "unlicensed", 5: "licensed"}
 _ABSENT = (9, 12)  # NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND: no driver here
+GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST: fallen off the bus, or otherwise inaccessible
 
 
 class Vgpu(NamedTuple):
@@ -56,6 +62,7 @@ class Reading(NamedTuple):
     vgpus: Tuple[Vgpu, ...] = ()
     driver_version: str = ""
     errors: Tuple[str, ...] = ()  # each read that failed, said once
+    lost: Tuple[str, ...] = ()  # GPUs NVML says are lost, by PCI address
 
 
 class Session:
@@ -66,8 +73,11 @@ class Session:
         self._module = module
         self._ready = False
 
-    def read(self) -> Reading:
-        """Every active vGPU of every GPU; never raises (see the module doc)."""
+    def read(self, addresses: Sequence[str] = ()) -> Reading:
+        """Every active vGPU of every GPU; never raises (see the module doc).
+
+        ``addresses``: the GPUs sysfs lists, to name one NVML says is lost.
+        """
         nvml = self._load()
         if nvml is None:
             return Reading(present=False)
@@ -83,7 +93,7 @@ class Session:
             self._ready = True
         errors: List[str] = []
         try:
-            reading = _read(nvml, errors)
+            reading = _read(nvml, errors, addresses)
         except nvml.NVMLError as error:  # the device list itself: start again next time
             self.close()
             return Reading(present=True, errors=(f"{error}",))
@@ -108,20 +118,55 @@ class Session:
         return self._module
 
 
-def _read(nvml: Any, errors: List[str]) -> Reading:
+def _read(nvml: Any, errors: List[str], addresses: Sequence[str]) -> Reading:
     version = _try(errors, "driver version", nvml.nvmlSystemGetDriverVersion) or ""
     vgpus: List[Vgpu] = []
+    seen: List[str] = []
+    lost: List[str] = []
+    unnamed = 0  # GPUs lost before NVML gave their address
     for index in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        address = bus_address(nvml.nvmlDeviceGetPciInfo(handle).busId)
-        instances = _try(errors, f"GPU {address}: active vGPUs", nvml.nvmlDeviceGetActiveVgpus,
-                         handle)
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            address = bus_address(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        except nvml.NVMLError as error:
+            if _code(error) != GPU_IS_LOST:
+                raise
+            unnamed += 1
+            continue
+        seen.append(address)
+        try:
+            instances = nvml.nvmlDeviceGetActiveVgpus(handle)
+        except nvml.NVMLError as error:
+            if _code(error) == GPU_IS_LOST:
+                lost.append(address)
+            else:
+                errors.append(f"GPU {address}: active vGPUs: {error}")
+            continue
         if not instances:
             continue
         usage = _utilization(nvml, handle, address, errors)
         for instance in instances:
             vgpus.append(_vgpu(nvml, instance, address, usage.get(_key(instance), ()), errors))
-    return Reading(present=True, vgpus=tuple(vgpus), driver_version=_text(version))
+    if unnamed:
+        named = _lost(nvml, [a for a in addresses if a not in seen and a not in lost])
+        lost.extend(named)
+        if len(named) < unnamed:
+            errors.append(f"NVML: GPU is lost, for {unnamed - len(named)} GPU whose PCI address "
+                          "it does not give")
+    return Reading(present=True, vgpus=tuple(vgpus), driver_version=_text(version),
+                   lost=tuple(lost))
+
+
+def _lost(nvml: Any, addresses: Sequence[str]) -> List[str]:
+    """Those of ``addresses`` NVML answers "GPU is lost" for, when asked by PCI address."""
+    out = []
+    for address in addresses:
+        try:
+            nvml.nvmlDeviceGetHandleByPciBusId(address)
+        except nvml.NVMLError as error:
+            if _code(error) == GPU_IS_LOST:
+                out.append(address)
+    return out
 
 
 def _vgpu(nvml: Any, instance: Any, address: str, usage: Tuple[Tuple[str, float], ...],

@@ -15,10 +15,18 @@ What the host holds comes from :func:`configure`, or from the JSON file
 
     {"driver": "570.158.02",            # null: no driver (libnvidia-ml missing)
      "fail": {"nvmlVgpuInstanceGetLicenseInfo_v2": 3},   # calls that fail, NVML code
-     "gpus": [{"bus_id": "00000000:81:00.0",
+     "gpus": [{"bus_id": "00000000:81:00.0",   # "lost": true: fallen off the bus
                "vgpus": [{"id": 7, "uuid": "...", "vm": "<instance uuid>", "type": 1139,
                           "licensed": 1, "state": 5, "fb": 2147483648,
                           "util": {"sm": 35, "memory": 20, "encoder": 0, "decoder": 0}}]}]}
+
+A GPU that fell off the bus (``"lost": true``) answers ``NVML_ERROR_GPU_IS_LOST`` ("GPU is
+lost") to ``nvmlDeviceGetHandleByIndex`` and ``nvmlDeviceGetHandleByPciBusId``, as NVML's
+reference says of both ("if the target GPU has fallen off the bus or is otherwise
+inaccessible"), and nvidia-smi shows it ("Unable to determine the device handle for GPU
+0000:b3:00.0: GPU is lost. Reboot the system to recover this GPU"); with
+``"lost": "after_handle"`` it fell while NVML was initialised: its handle is still given and
+every call on it answers the same error, its PCI information included.
 """
 
 import ctypes
@@ -30,7 +38,9 @@ NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 NVML_VGPU_VM_ID_DOMAIN_ID = 0
 NVML_VGPU_VM_ID_UUID = 1
@@ -46,8 +56,9 @@ class NVMLError(Exception):
         self.value = value
 
     def __str__(self):
-        return {1: "Uninitialized", 3: "Not Supported", 9: "Driver Not Loaded",
-                12: "NVML Shared Library Not Found", 13: "Function Not Found"}.get(
+        return {1: "Uninitialized", 3: "Not Supported", 6: "Not Found", 9: "Driver Not Loaded",
+                12: "NVML Shared Library Not Found", 13: "Function Not Found",
+                15: "GPU is lost"}.get(
                     self.value, "Unknown Error")
 
 
@@ -123,18 +134,40 @@ def nvmlDeviceGetCount():
     return len(_call("nvmlDeviceGetCount").get("gpus", []))
 
 
+def _gpu(name, handle):
+    gpu = _call(name)["gpus"][handle]
+    if gpu.get("lost"):
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    return gpu
+
+
 def nvmlDeviceGetHandleByIndex(index):
-    _call("nvmlDeviceGetHandleByIndex")
+    gpu = _call("nvmlDeviceGetHandleByIndex")["gpus"][index]
+    if gpu.get("lost") is True:
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
     return index
 
 
+def nvmlDeviceGetHandleByPciBusId(pciBusId):
+    def key(bus_id):
+        domain, _, rest = str(bus_id).lower().partition(":")
+        return int(domain, 16), rest
+
+    for index, gpu in enumerate(_call("nvmlDeviceGetHandleByPciBusId")["gpus"]):
+        if key(gpu["bus_id"]) == key(pciBusId):
+            if gpu.get("lost"):
+                raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+            return index
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+
 def nvmlDeviceGetPciInfo(handle):
-    gpu = _call("nvmlDeviceGetPciInfo")["gpus"][handle]
+    gpu = _gpu("nvmlDeviceGetPciInfo", handle)  # "after_handle": lost for this call too
     return _Struct(busId=gpu["bus_id"].encode("ascii"))
 
 
 def nvmlDeviceGetActiveVgpus(handle):
-    gpu = _call("nvmlDeviceGetActiveVgpus")["gpus"][handle]
+    gpu = _gpu("nvmlDeviceGetActiveVgpus", handle)
     return [ctypes.c_uint(vgpu["id"]) for vgpu in gpu.get("vgpus", [])]
 
 
