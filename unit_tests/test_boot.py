@@ -737,3 +737,29 @@ def test_the_mark_says_whether_a_hook_still_has_the_boot_steps_work_to_do(root):
     assert bootfile.left_behind(bootfile.left()) == []
     bootfile.write(bootfile.BY_HOOK, 0, [])
     assert bootfile.left() is None
+
+
+@pytest.mark.parametrize("step", ["_prepare", "_give_types"])
+def test_any_exception_in_one_gpus_steps_fails_that_gpu_alone_and_the_mark_is_left(
+        rebooted, root, tools, capsys, monkeypatch, step):
+    """Issue 34.4: not only VgpuError and OSError; the traceback is logged, the rest goes on."""
+    from vgpu import bootfile, bootresult
+
+    real = getattr(boot, step)
+
+    def broken(gpu, *args):
+        if gpu.address == L40S:
+            raise KeyError("surprise")
+        return real(gpu, *args)
+
+    monkeypatch.setattr(boot, step, broken)
+    assert boot_main(root, gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"])) == 1
+    assert types_of(root, H200, 2) == [1282, 0]  # the other GPU finished
+    out = capsys.readouterr().out
+    assert f"GPU {L40S}: unexpected error: KeyError: 'surprise'" in out
+    assert "Traceback (most recent call last):" in out
+    assert f"restored 1 of 2 GPUs; not restored: {L40S}" in out
+    assert bootfile.left() == {"by": bootfile.BY_BOOT, "status": 1, "mdevs": []}  # the next hook
+    result = bootresult.load()
+    assert result is not None and result.status == 1
+    assert {g.address: g.result for g in result.gpus} == {L40S: boot.FAILED, H200: boot.RESTORED}

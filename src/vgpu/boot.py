@@ -251,13 +251,20 @@ def _mig_needs(data: Mapping) -> Dict[str, "mig.Need"]:
 def _timed(took: Dict[str, float], gpu: GpuPlan, step, *args) -> str:
     """``step(*args)``, what it raised logged as the GPU's failure: the others still get their turn.
 
-    The time it took is added to the GPU's in ``took`` (the boot result's seconds).
+    Any exception, not only the expected ones (issue 34.4): one GPU's surprise
+    fails that GPU alone, its traceback in the journal, and the other GPUs, the
+    mark and the boot result still come. The time it took is added to the GPU's
+    in ``took`` (the boot result's seconds).
     """
     began = time.monotonic()
     try:
         return step(*args)
     except (VgpuError, OSError) as error:
         log.error("GPU %s: %s", gpu.address, error)
+        return FAILED
+    except Exception as error:  # noqa: BLE001 -- a defect of ours: this GPU fails, not the boot
+        log.exception("GPU %s: unexpected error: %s: %s", gpu.address, type(error).__name__,
+                      error)
         return FAILED
     finally:
         took[gpu.address] = took.get(gpu.address, 0.0) + time.monotonic() - began
