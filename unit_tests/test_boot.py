@@ -98,7 +98,7 @@ def test_the_first_gpus_sriov_manage_failing_does_not_stop_the_second(rebooted, 
     assert rc == 1  # the unit shows failed: not everything was restored
     assert not (root / f"sys/bus/pci/devices/{L40S}/virtfn0").exists()
     assert types_of(root, H200, 5) == [1282] * 4 + [0]
-    # Retried (bounded); the other GPU, side by side, once.
+    # Retried (bounded); the other GPU, after it, once.
     assert sorted(sriov_calls(tools)) == [f"sriov-manage -e {L40S}"] * 3 + [f"sriov-manage -e {H200}"]
     lines = said(journal)
     assert (f"GPU {L40S}: sriov-manage -e attempt 1 of 3 failed: sriov-manage -e {L40S} failed: "
@@ -194,8 +194,8 @@ def test_the_total_time_is_bounded_however_the_tools_hang(rebooted, root, tools,
     took = time.monotonic() - started
     assert rc == 1
     assert took < 4.5, took
-    # Side by side: the first one's hang did not starve the second.
-    assert sorted(tried.read_text().split()) == [L40S, H200]
+    # One at a time, each an even share of the time left: the first's hang did not starve the second.
+    assert tried.read_text().split() == [L40S, H200]  # one after the other, each its share
     lines = said(journal)
     assert any(line.startswith(f"{MGR} not active after ") for line in lines)
     assert any(line.startswith(f"GPU {L40S}: sriov-manage -e attempt 1 of 3 failed: ")
@@ -426,21 +426,67 @@ def test_a_gpu_whose_gpu_instances_cannot_be_created_is_not_waited_for(root, too
     assert not [line for line in lines if "lists nothing creatable" in line]
 
 
-def test_gpus_are_restored_side_by_side(rebooted, root, tools, journal, tmp_path):
-    """Each GPU's sriov-manage waits until the other's has started: one after the other, never."""
-    real = root / sriov.SRIOV_MANAGE
-    real.rename(real.with_name("sriov-manage.real"))
-    marks = tmp_path / "started"
+def test_sriov_manage_runs_one_gpu_at_a_time_then_mig_steps_side_by_side(root, tools, journal,
+                                                                        tmp_path):
+    """Issue 33.1: never two sriov-manage runs at once; every GPU's before any MIG step.
+
+    The stand-in sriov-manage fails when another run is inside and leaves its GPU on
+    pci-pf-stub (see FakeHost._raced); each run stays inside 0.3 s. Each GPU's -mig 1
+    waits until the other's has started: the MIG steps run side by side, each naming its GPU.
+    """
+    host = mig_host(root, tools, vfs=2)
+    host.sriov_manage_takes(0.3)
+    real = root / "usr/bin/nvidia-smi"
+    real.rename(real.with_name("nvidia-smi.real"))
+    marks = tmp_path / "mig"
     marks.mkdir()
-    stand_in(real, f'#!/bin/sh\ntouch "{marks}/$2"\nn=0\n'
-                   f'while [ "$(ls {marks} | wc -l)" -lt 2 ]; do\n'
-                   '  n=$((n + 1)); [ $n -gt 100 ] && { echo "alone: not side by side" >&2; exit 1; }\n'
-                   '  sleep 0.1\ndone\n'
-                   f'exec {real.with_name("sriov-manage.real")} "$@"\n')
-    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]),
+    stand_in(real, f'#!/bin/sh\ncase "$*" in *"-mig 1"*) touch "{marks}/$2"; n=0\n'
+                   f'  while [ "$(ls {marks} | wc -l)" -lt 2 ]; do\n'
+                   '    n=$((n + 1)); [ $n -gt 100 ] && { echo "alone: not side by side" >&2; exit 1; }\n'
+                   '    sleep 0.1; done ;; esac\n'
+                   f'exec {real.with_name("nvidia-smi.real")} "$@"\n')
+    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2),
+                             mig_gpu(H200_B, "H200X-1-18C", "1g.18gb", 2, 2),
                              limits={"attempts": 1})) == 0
-    assert types_of(root, L40S, 2) == [1139, 0] and types_of(root, H200, 2) == [1282, 0]
-    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), limits={"parallel": 1})) == 0  # bounded
+    assert types_of(root, H200_A, 2) == [1414, 1414] and types_of(root, H200_B, 2) == [1414, 1414]
+    calls = [c for c in tools.calls() if c.startswith(("sriov-manage", "nvidia-smi"))]
+    assert calls[:2] == [f"sriov-manage -e {H200_A}", f"sriov-manage -e {H200_B}"]
+    assert not [c for c in calls[2:] if c.startswith("sriov-manage")]
+    # Every nvidia-smi call names its GPU, but the one query of every GPU's mode.
+    assert all(" -i 0000" in c or c.startswith("nvidia-smi --query-gpu=") for c in calls[2:])
+
+
+@pytest.mark.parametrize("left", ["pci-pf-stub", "no driver"])
+def test_a_gpu_a_failed_run_left_unbound_is_bound_to_nvidia_again_and_retried(
+        rebooted, root, tools, journal, left):
+    from unit_tests.fakehost import _stub_ids
+
+    journal.set_level(logging.INFO, logger="vgpu.sriov")
+    rebooted.left_on_stub(L40S)
+    if left == "no driver":
+        (root / "sys/bus/pci/drivers/pci-pf-stub/unbind").write_text(L40S)
+        os.listdir(root / "sys/bus/pci/drivers/pci-pf-stub")  # the kernel acts on the write
+        assert sriov.driver_of(L40S) is None
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]))) == 0
+    assert sriov.driver_of(L40S) == "nvidia" and _stub_ids(root) == []
+    assert types_of(root, L40S, 2) == [1139, 0]
+    assert (f"GPU {L40S}: left on {left} by a failed sriov-manage run: bound to nvidia again"
+            in [r.getMessage() for r in journal.records])
+
+
+def test_a_gpu_that_stays_unbound_fails_alone_and_names_the_commands(rebooted, root, tools,
+                                                                       journal):
+    rebooted.left_on_stub(L40S)
+    (root / "sys/bus/pci/drivers/nvidia/bind").unlink()  # the nvidia driver refuses it
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]))) == 1
+    assert types_of(root, H200, 2) == [1282, 0]
+    assert sriov_calls(tools) == [f"sriov-manage -e {H200}"]  # never run on an unbound GPU
+    assert (f"GPU {L40S}: it is left on pci-pf-stub by a failed sriov-manage run and binding it "
+            "to nvidia failed: /sys/bus/pci/drivers/nvidia/bind: No such file or directory; "
+            "recover it with: echo '10de 26b9' > /sys/bus/pci/drivers/pci-pf-stub/remove_id; "
+            f"echo {L40S} > /sys/bus/pci/drivers/pci-pf-stub/unbind; echo {L40S} > "
+            f"/sys/bus/pci/drivers/nvidia/bind; /usr/lib/nvidia/sriov-manage -e {L40S}; "
+            "not restored") in said(journal)
 
 
 def test_a_mig_entry_the_charm_did_not_write_is_skipped_and_said(root, tools, journal):

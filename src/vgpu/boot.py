@@ -218,11 +218,18 @@ def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = T
         _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager), limits.poll)
     needs = _mig_needs(data)  # MIG-backed GPUs: mode and GPU instances after their VFs
     took: Dict[str, float] = {}  # seconds per GPU; each thread adds to its own GPU's only
+    # sriov-manage one GPU at a time, every GPU's before any MIG step: it races another run on
+    # pci-pf-stub's id table and runs nvidia-smi -pm 1 on every GPU (vgpu.sriov.enable_one).
+    prepared: Dict[str, str] = {}
+    for n, gpu in enumerate(gpus):
+        share = time.monotonic() + (deadline - time.monotonic()) / (len(gpus) - n)
+        prepared[gpu.address] = _timed(took, gpu, _prepare, gpu, share, limits, enable_vfs)
     with ThreadPoolExecutor(max_workers=min(len(gpus), limits.parallel),
                             thread_name_prefix="vgpu-boot") as pool:
-        prepared = dict(zip((g.address for g in gpus), pool.map(
-            lambda gpu: _timed(took, gpu, _prepare, gpu, needs.get(gpu.address), deadline, limits,
-                               enable_vfs), gpus)))
+        enabled = [gpu for gpu in gpus if prepared[gpu.address] == READY]
+        prepared.update(zip((g.address for g in enabled), pool.map(
+            lambda gpu: _timed(took, gpu, _mig_step, gpu, needs.get(gpu.address), deadline,
+                               limits), enabled)))
         ready = [gpu for gpu in gpus if prepared[gpu.address] == READY]
         if any(gpu.vfs for gpu in ready):
             _learn_names()  # once, while the VFs are free: before any type is written
@@ -292,25 +299,27 @@ def _wait_for(units: Sequence[str], until: float, poll: float) -> None:
         time.sleep(poll)
 
 
-def _prepare(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limits,
-             enable_vfs: bool) -> str:
-    """The GPU's VFs, then its MIG mode and GPU instances: READY, or why its VFs get no type."""
+def _prepare(gpu: GpuPlan, until: float, limits: Limits, enable_vfs: bool) -> str:
+    """The GPU's VFs (one GPU at a time): READY, or why its VFs get no type.
+
+    A GPU left unbound (no driver, or pci-pf-stub) by a failed sriov-manage run
+    is bound to nvidia again first (:func:`vgpu.sriov.rebind`); one bound to
+    another driver (vfio-pci: whole-GPU passthrough) is left alone.
+    """
     entry = hostroot.text_path(pci.PCI_DEVICES, gpu.address)
     if not os.path.exists(entry):
         log.error("GPU %s: not found on this host", gpu.address)
         return FAILED
-    try:
-        driver: Optional[str] = os.path.basename(os.readlink(os.path.join(entry, "driver")))
-    except OSError:
-        driver = None
-    if driver is None:
-        log.error("GPU %s: bound to no driver (is the nvidia module loaded?): not restored",
-                  gpu.address)
-        return FAILED
-    if driver != sriov.NVIDIA_DRIVER:
+    driver = sriov.driver_of(gpu.address)
+    if not sriov.ours(driver):
         log.warning("GPU %s: bound to %s, not nvidia: left alone (whole-GPU passthrough?)",
                     gpu.address, driver)
         return LEFT_ALONE
+    if sriov.unbound(driver):
+        why = sriov.rebind(gpu.address)
+        if why:
+            log.error("GPU %s: %s; not restored", gpu.address, why)
+            return FAILED
     present = _vf_count(entry)
     if present:
         log.info("GPU %s: %d virtual functions there already", gpu.address, present)
@@ -320,6 +329,11 @@ def _prepare(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limit
         return FAILED
     elif not _enable(gpu.address, entry, until, limits):
         return FAILED
+    return READY
+
+
+def _mig_step(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limits) -> str:
+    """Once every GPU's VFs are there, side by side: its MIG mode and GPU instances."""
     if need is not None and not _mig_at_boot(need, until, limits):
         log.error("GPU %s: its VFs get no MIG-backed type now: %s needs MIG mode and %d x %s GPU "
                   "instances (nvidia-smi mig -i %s -lgi)", gpu.address, need.profile, need.gis,
