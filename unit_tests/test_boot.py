@@ -809,3 +809,29 @@ def test_any_exception_in_one_gpus_steps_fails_that_gpu_alone_and_the_mark_is_le
     result = bootresult.load()
     assert result is not None and result.status == 1
     assert {g.address: g.result for g in result.gpus} == {L40S: boot.FAILED, H200: boot.RESTORED}
+
+
+def test_a_failed_vgpu_manager_ends_the_boot_step_within_its_minute_and_says_so(
+        rebooted, root, tools, journal, monkeypatch):
+    """Issue 33.5: systemd says nvidia-vgpu-mgr failed (not starting): no waiting out the budget.
+
+    Without the manager the VFs have no nvidia/ files (the driver's vGPU part is not up),
+    so nothing would ever be listed: the boot step used to wait its whole budget.
+    """
+    real = root / sriov.SRIOV_MANAGE
+    real.rename(real.with_name("sriov-manage.real"))
+    stand_in(real, f'#!/bin/sh\n{real.with_name("sriov-manage.real")} "$@" || exit $?\n'
+                   f'for vf in {root}/sys/bus/pci/devices/$2/virtfn*; do rm -rf "$vf/nvidia"; done\n')
+    tools.set_state(MGR, "failed")
+    monkeypatch.setattr(boot, "MANAGER_FAILED_BUDGET", 1.0)
+    started = time.monotonic()
+    rc = boot.restore(data(gpu(L40S, ["L40S-12Q"]), limits={"total": 20, "manager": 10}))
+    assert rc == 1
+    assert time.monotonic() - started < 5  # not manager (10 s), nor total (20 s)
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"]  # what it could do, it did
+    lines = said(journal)
+    assert (f"{MGR} failed (systemd says so): no VF can take a vGPU type until it runs; "
+            f"journalctl -u {MGR} says why; doing what can be done within 1 s, then failing"
+            ) in lines
+    assert lines[-1] == (f"restored 0 of 1 GPUs; not restored: {L40S}; the vGPU manager "
+                         f"{MGR} failed: journalctl -u {MGR} says why")

@@ -89,6 +89,10 @@ MDEV_DEVICES = mdevs.MDEV_DEVICES
 # no waiting for the vGPU manager (the hook's status names a daemon that is down), one
 # sriov-manage run (the hook's own step enabled the VFs just before, see vgpu.reconcile).
 HOOK_LIMITS = Limits(total=120, manager=0, call=60, attempts=1, delay=1, poll=1)
+# When systemd says the vGPU manager failed (not merely still starting), the boot step does what
+# it can within this many seconds, then fails: the unit runs Before= libvirtd and nova-compute,
+# and no guest can use a vGPU while the manager is down anyway (issue 33.5).
+MANAGER_FAILED_BUDGET = 60.0
 
 
 def main(argv: Sequence[str]) -> int:
@@ -214,8 +218,10 @@ def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = T
                   "(see the charm's status)")
         done.extend((gpu.address, FAILED, 0.0) for gpu in gpus)
         return 1
-    if limits.manager:
-        _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager), limits.poll)
+    failed = _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager),
+                       limits.poll) if limits.manager else []
+    if failed:
+        deadline = min(deadline, time.monotonic() + MANAGER_FAILED_BUDGET)
     needs = _mig_needs(data)  # MIG-backed GPUs: mode and GPU instances after their VFs
     took: Dict[str, float] = {}  # seconds per GPU; each thread adds to its own GPU's only
     # sriov-manage one GPU at a time, every GPU's before any MIG step: it races another run on
@@ -242,8 +248,11 @@ def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = T
         named = [a for a, o in outcome.items() if o == kind]
         if named:
             summary += f"; {kind}: {', '.join(named)}"
-    log.info("%s", summary)
-    return 1 if FAILED in outcome.values() else 0
+    if failed:
+        summary += (f"; the vGPU manager {', '.join(failed)} failed: "
+                    f"journalctl -u {' -u '.join(failed)} says why")
+    (log.error if failed else log.info)("%s", summary)
+    return 1 if FAILED in outcome.values() or failed else 0
 
 
 def _mig_needs(data: Mapping) -> Dict[str, "mig.Need"]:
@@ -277,25 +286,35 @@ def _timed(took: Dict[str, float], gpu: GpuPlan, step, *args) -> str:
         took[gpu.address] = took.get(gpu.address, 0.0) + time.monotonic() - began
 
 
-def _wait_for(units: Sequence[str], until: float, poll: float) -> None:
-    """Wait until every unit is active, or ``until``; either way the boot step goes on."""
+def _wait_for(units: Sequence[str], until: float, poll: float) -> List[str]:
+    """Wait until every unit is active, or ``until``; either way the boot step goes on.
+
+    A unit systemd calls ``failed`` (not ``activating``: still starting) ends the
+    wait at once: the units that failed are returned, and said with how to see why.
+    """
     if not units:
-        return
+        return []
     started = time.monotonic()
     names = ", ".join(units)
     while True:
         try:
-            up = services.active(units)
+            states = services.states(units)
         except (ServiceError, ValueError) as error:
             log.warning("cannot ask systemd about %s: %s", names, error)
-            up = {}
-        if up and all(up.values()):
+            states = {}
+        failed = [unit for unit, state in states.items() if state == "failed"]
+        if failed:
+            log.error("%s failed (systemd says so): no VF can take a vGPU type until it runs; "
+                      "journalctl -u %s says why; doing what can be done within %g s, then "
+                      "failing", ", ".join(failed), " -u ".join(failed), MANAGER_FAILED_BUDGET)
+            return failed
+        if states and all(state in ("active", "reloading") for state in states.values()):
             log.info("%s is active after %.1f s", names, time.monotonic() - started)
-            return
+            return []
         if time.monotonic() + poll > until:
             log.warning("%s not active after %.1f s: going on; sriov-manage may fail until it is",
                         names, time.monotonic() - started)
-            return
+            return []
         time.sleep(poll)
 
 
@@ -510,8 +529,8 @@ def restore_mdevs(where: str, wait_for: Sequence[str], until: float,
         return 2
     limits = limits or Limits()
     missing = [m for m in record if not os.path.lexists(_mdev_device(m.uuid))]
-    if missing:
-        _wait_for(wait_for, min(until, time.monotonic() + limits.manager), limits.poll)
+    if missing and _wait_for(wait_for, min(until, time.monotonic() + limits.manager), limits.poll):
+        until = min(until, time.monotonic() + MANAGER_FAILED_BUDGET)  # no types will come
     outcome: Dict[str, str] = {}
     for mdev in sorted(record, key=lambda m: (m.parent, m.uuid)):
         try:
