@@ -835,3 +835,19 @@ def test_a_failed_vgpu_manager_ends_the_boot_step_within_its_minute_and_says_so(
             ) in lines
     assert lines[-1] == (f"restored 0 of 1 GPUs; not restored: {L40S}; the vGPU manager "
                          f"{MGR} failed: journalctl -u {MGR} says why")
+
+
+@pytest.mark.parametrize("held", ["pending", "applies"])
+def test_the_charms_exporter_is_stopped_while_the_boot_step_turns_mig_on(root, tools, journal,
+                                                                         held):
+    """systemctl restart nvidia-vgpu-vfs while the exporter runs (at boot it starts after)."""
+    host = mig_host(root, tools, vfs=2)
+    host.set_mig(H200_A, held=held)
+    tools.set_active("nvidia-vgpu-exporter.service")
+    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2))) == 0
+    assert host.mig_mode(H200_A)["current"] == "Enabled"
+    calls = [c for c in tools.calls() if c.startswith(("systemctl stop", "systemctl --no-block",
+                                                       "nvidia-smi -i"))]
+    assert calls == ["systemctl stop nvidia-vgpu-exporter.service",
+                     "nvidia-smi -i 00000000:18:00.0 -mig 1",
+                     "systemctl --no-block start nvidia-vgpu-exporter.service"]

@@ -233,9 +233,10 @@ def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = T
     with ThreadPoolExecutor(max_workers=min(len(gpus), limits.parallel),
                             thread_name_prefix="vgpu-boot") as pool:
         enabled = [gpu for gpu in gpus if prepared[gpu.address] == READY]
-        prepared.update(zip((g.address for g in enabled), pool.map(
-            lambda gpu: _timed(took, gpu, _mig_step, gpu, needs.get(gpu.address), deadline,
-                               limits), enabled)))
+        with _clients_stopped([needs[g.address].gpu for g in enabled if g.address in needs]):
+            prepared.update(zip((g.address for g in enabled), pool.map(
+                lambda gpu: _timed(took, gpu, _mig_step, gpu, needs.get(gpu.address), deadline,
+                                   limits), enabled)))
         ready = [gpu for gpu in gpus if prepared[gpu.address] == READY]
         if any(gpu.vfs for gpu in ready):
             _learn_names()  # once, while the VFs are free: before any type is written
@@ -359,6 +360,26 @@ def _mig_step(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limi
                   need.instance, _smi_address(gpu.address))
         return FAILED
     return READY
+
+
+def _clients_stopped(addresses: Sequence[str]):
+    """The charm's exporter stopped while MIG modes change (it holds the GPUs through NVML).
+
+    Only when a GPU given a MIG-backed profile is out of MIG mode (one query of
+    every GPU, no ``-i``), or that cannot be told; once for all GPUs, whose MIG
+    steps then run side by side. Started again with ``--no-block``: its unit is
+    ordered after this one (:mod:`vgpu.gpuclients`).
+    """
+    if not addresses:
+        return contextlib.nullcontext()
+    from . import gpuclients, mig
+
+    try:
+        if all(mode.enabled for mode in mig.modes(addresses).values()):
+            return contextlib.nullcontext()
+    except VgpuError:
+        pass  # at_boot says why for each GPU; the exporter is stopped all the same
+    return gpuclients.ours_stopped(wait=False)
 
 
 def _mig_at_boot(need: "mig.Need", until: float, limits: Limits) -> bool:

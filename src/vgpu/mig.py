@@ -327,6 +327,18 @@ def by_gpu(assignments: Sequence) -> Dict[str, List[str]]:
     return out
 
 
+def _clients_said(gpu: str, unit: str = "") -> str:
+    """``; <advice>`` naming the neighbours' NVML clients that are active; '' when none is known."""
+    from . import gpuclients
+    from .errors import ServiceError
+
+    try:
+        clients = gpuclients.active()
+    except (ServiceError, ValueError):
+        return ""
+    return f"; {gpuclients.advice(gpu, clients, unit)}" if clients else ""
+
+
 def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "",
                   found: Optional[Mapping[str, Mode]] = None) -> List[str]:
     """Why the MIG-backed profiles ``wanted`` (``{GPU: [profile names]}``) cannot be given now.
@@ -356,7 +368,8 @@ def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "",
                 f"({OPTION}) need")
         if mode.enable_pending:
             out.append(f"{head}: enabling it is pending; "
-                       + PENDING_STEPS.format(run=f"{run_it} gpu={address}"))
+                       + PENDING_STEPS.format(run=f"{run_it} gpu={address}")
+                       + _clients_said(address, unit))
         else:
             out.append(f"{head}: {run_it} gpu={address} (it runs {enable_command(address)})")
     return out
@@ -791,8 +804,9 @@ def at_boot(need: Need, until: float, attempts: int = 3, pause: float = 5) -> bo
             if runs == attempts or time.monotonic() >= until:
                 log.error("GPU %s: MIG mode is still pending after %d run%s of %s: another client "
                           "uses the GPU; stop it, then run the charm's enable-mig action (or "
-                          "systemctl restart %s); its GPU instances are not created", gpu, runs,
-                          "" if runs == 1 else "s", enable_command(gpu), "nvidia-vgpu-vfs.service")
+                          "systemctl restart %s); its GPU instances are not created%s", gpu, runs,
+                          "" if runs == 1 else "s", enable_command(gpu), "nvidia-vgpu-vfs.service",
+                          _clients_said(gpu))
                 return False
             if runs:
                 time.sleep(max(0.0, min(pause * 2 ** (runs - 1), until - time.monotonic())))
