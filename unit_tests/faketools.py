@@ -375,8 +375,15 @@ def holders():
 def option(flag):
     return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else None
 
+named = (sysfs(option("-i")) if args[:1] == ["-i"] and len(args) > 2
+         and args[2].startswith("--query-gpu=") else None)
+if named is not None:
+    del args[:2]
 if args[:1] and args[0].startswith("--query-gpu=pci.bus_id,mig.mode.current"):
-    for address in sorted(state):
+    if named is not None and named not in state:
+        print("No devices were found")
+        sys.exit(6)
+    for address in sorted(state) if named is None else [named]:
         print("%s, %s, %s" % (smi(address), state[address]["current"], state[address]["pending"]))
     sys.exit(0)
 if len(args) == 4 and args[0] == "-i" and args[2] == "-mig" and args[3] == "1":

@@ -452,8 +452,10 @@ def test_sriov_manage_runs_one_gpu_at_a_time_then_mig_steps_side_by_side(root, t
     calls = [c for c in tools.calls() if c.startswith(("sriov-manage", "nvidia-smi"))]
     assert calls[:2] == [f"sriov-manage -e {H200_A}", f"sriov-manage -e {H200_B}"]
     assert not [c for c in calls[2:] if c.startswith("sriov-manage")]
-    # Every nvidia-smi call names its GPU, but the one query of every GPU's mode.
-    assert all(" -i 0000" in c or c.startswith("nvidia-smi --query-gpu=") for c in calls[2:])
+    # One query of every GPU's mode before any changes; then every call names its GPU (-i): a
+    # call without -i opens every GPU, a client of the one whose mode another thread changes.
+    assert calls[2].startswith("nvidia-smi --query-gpu=") and " -i " not in calls[2]
+    assert [c for c in calls[3:] if " -i 0000" not in c] == []
 
 
 @pytest.mark.parametrize("left", ["pci-pf-stub", "no driver"])
@@ -846,8 +848,8 @@ def test_the_charms_exporter_is_stopped_while_the_boot_step_turns_mig_on(root, t
     tools.set_active("nvidia-vgpu-exporter.service")
     assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2))) == 0
     assert host.mig_mode(H200_A)["current"] == "Enabled"
-    calls = [c for c in tools.calls() if c.startswith(("systemctl stop", "systemctl --no-block",
-                                                       "nvidia-smi -i"))]
+    calls = [c for c in tools.calls() if c.startswith(("systemctl stop", "systemctl --no-block"))
+             or "-mig 1" in c]
     assert calls == ["systemctl stop nvidia-vgpu-exporter.service",
                      "nvidia-smi -i 00000000:18:00.0 -mig 1",
                      "systemctl --no-block start nvidia-vgpu-exporter.service"]
