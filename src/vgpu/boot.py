@@ -3,25 +3,32 @@
 systemd runs ``<the charm's python3> <charm>/src/vgpu_boot.py
 /var/lib/nova-compute-nvidia-vgpu/boot.json`` after nvidia-vgpu-mgr and before
 nova-compute and libvirt (see :mod:`vgpu.sriov`, which writes that file on
-hooks). GPUs are independent: they are restored side by side, at most
-``parallel`` at once, each in a thread of its own, so that one that fails or
-hangs never stops or delays another, and a host of 8 GPUs takes about as long
-as its slowest. Per GPU, in this order (every working implementation enables
-the VFs first: ``sriov-manage -e`` rebinds the GPU and may wipe its MIG state,
-Harvester's MIG-backed vGPU design note and StackHPC's vgpu role; gpu-operator
-PR 2603 resets only GPUs without VFs):
+hooks). In this order (every working implementation enables the VFs first:
+``sriov-manage -e`` rebinds the GPU and may wipe its MIG state, Harvester's
+MIG-backed vGPU design note and StackHPC's vgpu role; gpu-operator PR 2603
+resets only GPUs without VFs):
 
 1. the units in ``wait_for`` (the vGPU manager) are waited for first, at most
-   ``manager`` seconds, then the step goes on regardless;
-2. a GPU not bound to the ``nvidia`` driver is left alone; one without VFs
-   gets ``sriov-manage -e``, retried ``attempts`` times with a growing pause;
-3. a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.mig.at_boot`)
+   ``manager`` seconds, then the step goes on regardless; one systemd calls
+   ``failed`` ends the wait, and the step does what it can within
+   :data:`MANAGER_FAILED_BUDGET`, then fails saying so;
+2. one GPU at a time (two ``sriov-manage`` runs at once race on pci-pf-stub's
+   id table and leave a GPU unbound: StackHPC's nvidia-sriov.service.j2 orders
+   each GPU's unit after the previous one; :func:`vgpu.sriov.enable_one`): a
+   GPU bound to another driver than ``nvidia`` is left alone; one a failed run
+   left unbound is bound to nvidia again (:func:`vgpu.sriov.rebind`); one
+   without VFs gets ``sriov-manage -e``, retried ``attempts`` times with a
+   growing pause, within an even share of the time left;
+3. then GPUs side by side, at most ``parallel`` at once, each in a thread of
+   its own, so that one that fails or hangs never stops or delays another:
+   a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.mig.at_boot`)
    gets its MIG mode turned on, whatever it was (Hopper and Blackwell lose it at
    every reboot with the vGPU host driver; Ampere keeps it), and its GPU
    instances created again (they never survive a reboot). Never a GPU reset:
-   one is refused once sriov-manage turned persistence mode on. When either
-   fails, the GPU's VFs get no type now: that is known at once, nothing is
-   waited for;
+   one is refused once sriov-manage turned persistence mode on. Each nvidia-smi
+   call names its GPU (``-i``), and the charm's exporter (an NVML client) is
+   stopped meanwhile (:mod:`vgpu.gpuclients`). When either fails, the GPU's VFs
+   get no type now: that is known at once, nothing is waited for;
 4. once every GPU is through 2 and 3, each VF gets its profile by name: its id
    is looked up in the VF's ``nvidia/creatable_vgpu_types`` read right before
    the write (the list shrinks as siblings take types, and ids change between
@@ -43,7 +50,8 @@ could not run (a hook held the host lock longer than it waits) or left
 something undone, the next hook does the work (:func:`catch_up`). Exit status:
 0 all restored (by it, or by the hook that held the lock: the mark says so),
 1 something was not (the unit shows failed), 2 the data or the mdev record
-could not be read (nothing done from it; the other is still used).
+could not be read (nothing done from it; the other is still used). Whatever
+one GPU's steps raise fails that GPU alone, its traceback logged (:func:`_timed`).
 """
 
 from __future__ import annotations
