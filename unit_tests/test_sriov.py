@@ -342,3 +342,16 @@ def test_two_runs_at_once_leave_the_second_gpu_on_the_stub_and_the_retry_recover
     assert sriov.driver_of("0000:c1:00.0") == "pci-pf-stub"
     assert sriov.enable(["0000:c1:00.0"]) == {}  # through the lock: bound again, then run
     assert sriov.driver_of("0000:c1:00.0") == "nvidia"
+
+
+def test_an_unbound_gpu_without_the_nvidia_driver_loaded_says_so_and_runs_nothing(root, tools):
+    import shutil
+
+    host = a100_host(root, enabled=False)
+    host.install_sriov_manage()
+    (root / "sys/bus/pci/devices/0000:41:00.0/driver").unlink()
+    shutil.rmtree(root / "sys/bus/pci/drivers/nvidia")
+    assert sriov.enable(["0000:41:00.0"]) == {"0000:41:00.0": (
+        "it is left unbound and the nvidia driver is not loaded (is the vGPU host driver "
+        "installed, and the host rebooted since?)")}
+    assert tools.calls() == []

@@ -221,23 +221,25 @@ def rebind(address: str) -> str:
                         ).strip().removeprefix("0x") for name in ("vendor", "device"))
     except (HostReadError, OSError) as error:
         return f"it is left unbound and its ids cannot be read: {error}"
-    was = driver_of(address) or "no driver"
+    was = f"left on {STUB_DRIVER}" if driver_of(address) == STUB_DRIVER else "left unbound"
+    nvidia = hostroot.text_path(DRIVERS, NVIDIA_DRIVER)
+    if not os.path.isdir(nvidia):
+        return (f"it is {was} and the nvidia driver is not loaded (is the vGPU host driver "
+                "installed, and the host rebooted since?)")
     stub = hostroot.text_path(DRIVERS, STUB_DRIVER)
     if os.path.isdir(stub):
         _control(os.path.join(stub, "remove_id"), ids)  # ENODEV: not registered, as wanted
         if driver_of(address) == STUB_DRIVER:
             _control(os.path.join(stub, "unbind"), address)
-    nvidia = hostroot.text_path(DRIVERS, NVIDIA_DRIVER)
     failed = _control(os.path.join(nvidia, "bind"), address)
     try:
         bound = address in os.listdir(nvidia) and os.path.exists(device)
     except OSError as error:
         bound, failed = False, failed or (error.strerror or str(error))
     if bound:
-        log.info("GPU %s: left on %s by a failed sriov-manage run: bound to nvidia again", address,
-                 was)
+        log.info("GPU %s: %s by a failed sriov-manage run: bound to nvidia again", address, was)
         return ""
-    return (f"it is left on {was} by a failed sriov-manage run and binding it to nvidia failed"
+    return (f"it is {was} by a failed sriov-manage run and binding it to nvidia failed"
             f"{': ' + failed if failed else ''}; recover it with: {recover_commands(address, ids)}")
 
 
