@@ -355,3 +355,15 @@ def test_an_unbound_gpu_without_the_nvidia_driver_loaded_says_so_and_runs_nothin
         "it is left unbound and the nvidia driver is not loaded (is the vGPU host driver "
         "installed, and the host rebooted since?)")}
     assert tools.calls() == []
+
+
+def test_a_hostile_device_id_of_an_unbound_gpu_is_never_written_nor_said_raw(root, tools):
+    host = l40s_host(root, enabled=False)
+    host.install_sriov_manage()
+    host.left_on_stub("0000:c1:00.0")
+    (root / "sys/bus/pci/devices/0000:c1:00.0/device").write_text("0x2335\n]x=1\n")
+    why = sriov.enable(["0000:c1:00.0"])["0000:c1:00.0"]
+    assert why.startswith('it is left unbound and its ids read "10de 2335\\n]x=1", not a vendor')
+    assert "\n" not in why
+    assert (root / "sys/bus/pci/drivers/pci-pf-stub/remove_id").read_text() == ""
+    assert tools.calls() == []

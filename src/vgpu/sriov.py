@@ -221,6 +221,9 @@ def rebind(address: str) -> str:
                         ).strip().removeprefix("0x") for name in ("vendor", "device"))
     except (HostReadError, OSError) as error:
         return f"it is left unbound and its ids cannot be read: {error}"
+    if not re.fullmatch(r"[0-9a-f]{4} [0-9a-f]{4}", ids):  # sysfs's own words only, never text
+        return (f"it is left unbound and its ids read {text.quote(ids, 40)}, not a vendor and "
+                f"device id; recover it with: {recover_commands(address)}")
     was = f"left on {STUB_DRIVER}" if driver_of(address) == STUB_DRIVER else "left unbound"
     nvidia = hostroot.text_path(DRIVERS, NVIDIA_DRIVER)
     if not os.path.isdir(nvidia):
