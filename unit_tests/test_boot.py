@@ -854,3 +854,18 @@ def test_the_charms_exporter_is_stopped_while_the_boot_step_turns_mig_on(root, t
     assert calls == ["systemctl stop nvidia-vgpu-exporter.service",
                      "nvidia-smi -i 00000000:18:00.0 -mig 1",
                      "systemctl --no-block start nvidia-vgpu-exporter.service"]
+
+
+def test_an_unexpected_error_outside_the_gpus_steps_still_leaves_the_result(rebooted, root, capsys,
+                                                                          monkeypatch):
+    from vgpu import bootfile, bootresult
+
+    def broken(*args):
+        raise ValueError("a defect")
+
+    monkeypatch.setattr(boot, "_mig_needs", broken)
+    assert boot_main(root, gpu(L40S, ["L40S-12Q"])) == 1
+    assert "the boot step's restore stopped on an unexpected error" in capsys.readouterr().out
+    assert bootfile.left() == {"by": bootfile.BY_BOOT, "status": 1, "mdevs": []}
+    result = bootresult.load()
+    assert result is not None and result.status == 1
