@@ -579,7 +579,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     def _on_enable_mig(self, event: ops.ActionEvent) -> None:
         """Turn MIG mode on for one GPU with nvidia-smi; refused while a guest holds its vGPUs."""
-        from vgpu import guests, mig
+        from vgpu import gpuclients, guests, mig
         from vgpu.errors import MigError
 
         try:
@@ -594,10 +594,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs
                                                     if vf.current_type)], defined=True)
             before = mig.modes([address])[address]
-            done = None
+            done, clients = None, gpuclients.Stopped()
             if not before.enabled:
                 with hostlock.held(hostlock.HOOK_WAIT):  # not while the boot step restores
-                    done = mig.enable(address)
+                    done, clients = gpuclients.around(
+                        lambda: mig.enable(address), address,
+                        bool(event.params.get(gpuclients.STOP_PARAM)))
         except (ValueError, VgpuError) as error:
             event.fail(f"MIG mode not enabled: {error}")
             return
@@ -605,7 +607,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(f"MIG mode not enabled: cannot take the host lock /{hostlock.FILE}: "
                        f"{error.strerror or error}")
             return
-        event.set_results(mig.enable_results(address, done))
+        event.set_results({**mig.enable_results(address, done), "gpu-clients": clients.said()})
         self._refresh()
         try:
             self._publish()  # a mapping that waited for MIG mode applies now

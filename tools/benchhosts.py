@@ -152,12 +152,18 @@ def rebooted_mig_host(root, gpus: int, sriov_s: float, smi_s: float) -> Tuple[Fa
     host.iommu_groups(gpus * 9)
     host.loaded_driver("580.159.01")
     host.reboot()  # Hopper: MIG mode goes with the GPU instances
-    for name, delay in (("usr/lib/nvidia/sriov-manage", f"sleep {sriov_s}"),
-                        ("usr/bin/nvidia-smi",
-                         f'case "$*" in *"-mig 1"*|*-cgi*) sleep {smi_s} ;; esac')):
+    # Each sriov-manage run records when it started and ended (sriov-times: address start end):
+    # the boot step runs them one GPU at a time, and the bench adds them up.
+    times = Path(root).parent / f"{Path(root).name}.fake" / "sriov-times"
+    for name, delay, after in (
+            ("usr/lib/nvidia/sriov-manage", f"s=$(date +%s.%N); sleep {sriov_s}",
+             f'rc=$?; echo "$2 $s $(date +%s.%N)" >> "{times}"; exit $rc'),
+            ("usr/bin/nvidia-smi", f'case "$*" in *"-mig 1"*|*-cgi*) sleep {smi_s} ;; esac', "")):
         real = Path(root) / name
         real.rename(real.with_name(real.name + ".real"))
-        stand_in(real, f'#!/bin/sh\n{delay}\nexec "{real.with_name(real.name + ".real")}" "$@"\n')
+        run = f'"{real.with_name(real.name + ".real")}" "$@"'
+        stand_in(real, f'#!/bin/sh\n{delay}\n{run}\n{after}\n' if after
+                 else f'#!/bin/sh\n{delay}\nexec {run}\n')
     data = {"version": 1, "wait_for": [], "limits": {"poll": 0.1},
             "gpus": [{"address": a, "model": "H200 SXM 141GB",
                       "vfs": [{"index": n, "name": MIG_PROFILE} for n in range(MIG_VFS)],

@@ -478,6 +478,100 @@ def _settle_vf_counts(pf: Path) -> None:
             (entry / "available_instances").write_text("1\n" if room else "0\n")
 
 
+# -- drivers: bind, unbind, new_id and remove_id, as the kernel answers them ----------------
+
+STUB = "pci-pf-stub"
+_CONTROLS = ("bind", "unbind", "new_id", "remove_id")
+
+
+def _driver_dir(root: Path, name: str) -> Path:
+    """``sys/bus/pci/drivers/<name>`` with its control files (the driver's module loaded)."""
+    directory = Path(root) / "sys/bus/pci/drivers" / name
+    directory.mkdir(parents=True, exist_ok=True)
+    for control in _CONTROLS:
+        (directory / control).touch()
+    if not getattr(sys, "_fake_driver_kernel", False):
+        sys.addaudithook(_driver_kernel)
+        sys._fake_driver_kernel = True
+    return directory
+
+
+def _driver_of(device: Path) -> Optional[str]:
+    try:
+        return os.path.basename(os.readlink(device / "driver"))
+    except OSError:
+        return None
+
+
+def _bind(device: Path, driver: Path) -> None:
+    """The device's ``driver`` link, and the driver's link to the device (as sysfs lists it)."""
+    device, driver = Path(os.path.realpath(device)), Path(os.path.realpath(driver))
+    (device / "driver").symlink_to(os.path.relpath(driver, device))
+    if not os.path.lexists(driver / device.name):
+        (driver / device.name).symlink_to(os.path.relpath(device, driver))
+
+
+def _unbind(device: Path) -> None:
+    device = Path(os.path.realpath(device))
+    link = device / "driver"
+    if os.path.lexists(link):
+        driver = Path(os.path.realpath(link))
+        link.unlink()
+        if os.path.lexists(driver / device.name):
+            (driver / device.name).unlink()
+
+
+def _ids(device: Path) -> str:
+    """``10de 2335``: what new_id and remove_id take."""
+    return " ".join((Path(device) / name).read_text().strip().removeprefix("0x")
+                    for name in ("vendor", "device"))
+
+
+def _stub_ids(root: Path, add: str = "", remove: str = "") -> List[str]:
+    """pci-pf-stub's dynamic id table (kept beside the fake host: sysfs cannot show it)."""
+    path = Path(root).parent / f"{Path(root).name}.fake" / "pci-pf-stub-ids.json"
+    ids = json.loads(path.read_text()) if path.exists() else []
+    if add or remove:
+        ids = [i for i in ids if i != remove] + ([add] if add and add not in ids else [])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(ids))
+    return ids
+
+
+def _driver_kernel(event, args):
+    """Audit hook: what was written to a driver's control files is done when its directory is listed.
+
+    As the kernel does at the write: ``remove_id`` drops an id from the driver's
+    table (ENODEV in the kernel for one not there: nothing here), ``unbind`` lets
+    the device go, ``bind`` binds it (refused while another driver has it).
+    """
+    if event != "os.listdir" or getattr(_HOOK, "busy", False):
+        return
+    path = args[0]
+    if not isinstance(path, str) or "/sys/bus/pci/drivers/" not in path:
+        return
+    _HOOK.busy = True
+    try:
+        root = Path(path[:path.index("/sys/bus/pci/drivers/")])
+        drivers = root / "sys/bus/pci/drivers"
+        for control, driver in [(c, d) for c in ("remove_id", "new_id", "unbind", "bind")
+                                for d in sorted(drivers.iterdir())]:  # in the charm's order
+            written = driver / control
+            value = written.read_text().strip() if written.is_file() else ""
+            if not value:
+                continue
+            written.write_text("")
+            device = root / "sys/bus/pci/devices" / value
+            if control == "remove_id" and driver.name == STUB:
+                _stub_ids(root, remove=value)
+            elif control == "unbind" and _driver_of(device) == driver.name:
+                _unbind(device)
+            elif control == "bind" and os.path.exists(device) and _driver_of(device) is None:
+                _bind(device, driver)
+    finally:
+        _HOOK.busy = False
+
+
 def _install_kernel_model() -> None:
     if not getattr(sys, "_fake_vfio_kernel", False):
         sys.addaudithook(_vfio_kernel)
@@ -519,9 +613,7 @@ class FakeHost:
         if not os.path.lexists(link):
             link.symlink_to(os.path.relpath(directory, self.bus))
         if driver:
-            drivers = self.root / "sys/bus/pci/drivers" / driver
-            drivers.mkdir(parents=True, exist_ok=True)
-            (directory / "driver").symlink_to(os.path.relpath(drivers, directory))
+            _bind(directory, _driver_dir(self.root, driver))
         if mdev_types:
             self._mdev_types(directory, mdev_types)
         return directory
@@ -610,18 +702,80 @@ class FakeHost:
         if len(args) != 2 or args[0] != "-e":
             print("usage: sriov-manage -e <address>|ALL", file=sys.stderr)
             return 2
+        import fcntl
+        import time
+
         recipes = self._recipes()
         wanted = sorted(recipes) if args[1] == "ALL" else [args[1]]
-        for address in wanted:
-            recipe = recipes.get(address)
-            if recipe is None or os.path.exists(self.bus / address / "virtfn0"):
-                continue
-            if recipe.get("fails"):
-                print(f"Enabling VFs on {address} failed: Input/output error", file=sys.stderr)
-                return 1
-            self._create_vfs(address, recipe)
-            self._sriov_on_mig(address, recipe.get("wipes_mig", True))
+        with open(self.recipes.with_name("sriov-manage.lock"), "a") as inside:
+            try:  # NVIDIA's script takes no lock of its own: a second run races the first
+                fcntl.flock(inside, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self._raced(wanted)
+            for address in wanted:
+                recipe = recipes.get(address)
+                if recipe is None or os.path.exists(self.bus / address / "virtfn0"):
+                    continue
+                why = self._unbound(address)
+                if why:
+                    print(why, file=sys.stderr)
+                    return 1
+                if recipe.get("fails"):
+                    print(f"Enabling VFs on {address} failed: Input/output error", file=sys.stderr)
+                    return 1
+                time.sleep(recipe.get("takes", 0))  # inside: the PF off nvidia, the stub's id set
+                self._create_vfs(address, recipe)
+                self._sriov_on_mig(address, recipe.get("wipes_mig", True))
         return 0
+
+    def _raced(self, wanted: Sequence[str]) -> int:
+        """A run started while another is inside: its GPU is left on pci-pf-stub, its id registered.
+
+        NVIDIA's sriov-manage unbinds the PF from nvidia, writes its ``vendor device`` to
+        pci-pf-stub's ``new_id`` (a table shared by every run), binds the stub, writes
+        ``sriov_numvfs``, unbinds, writes ``remove_id`` and binds nvidia again. Two runs at
+        once race on that table and the unbind; a run that fails part way leaves its GPU
+        unbound, and every later run fails until it is bound to nvidia again (StackHPC,
+        stackhpc/ansible-collection-linux ``roles/vgpu/templates/nvidia-sriov.service.j2``:
+        each GPU's unit ordered after the previous one, the address written to
+        ``/sys/bus/pci/drivers/nvidia/bind`` before every run).
+        """
+        for address in wanted:
+            pf = self.bus / address
+            if not os.path.exists(pf / "virtfn0") and _driver_of(pf) == "nvidia":
+                _unbind(pf.resolve())
+                stub = _driver_dir(self.root, STUB)
+                _bind(pf.resolve(), stub)
+                _stub_ids(self.root, add=_ids(pf))
+            print(f"Enabling VFs on {address} failed: echo: write error: Device or resource busy "
+                  "(another sriov-manage is running)", file=sys.stderr)
+        return 1
+
+    def _unbound(self, address: str) -> str:
+        """Why sriov-manage -e fails on a GPU it cannot take: '' when it can."""
+        pf = self.bus / address
+        driver = _driver_of(pf)
+        if driver != "nvidia":
+            return (f"Cannot enable VFs on {address}: it is not bound to the nvidia driver "
+                    f"({driver or 'no driver'})")
+        if _ids(pf) in _stub_ids(self.root):  # its VFs would be claimed by the stub too
+            return f"Enabling VFs on {address} failed: its VFs were claimed by pci-pf-stub"
+        return ""
+
+    def sriov_manage_takes(self, seconds: float, address: str = "") -> None:
+        """Each stand-in sriov-manage -e run stays inside this long (every GPU's, or one's)."""
+        recipes = self._recipes()
+        for gpu, recipe in recipes.items():
+            if not address or gpu == address:
+                recipe["takes"] = seconds
+        self.recipes.write_text(json.dumps(recipes))
+
+    def left_on_stub(self, address: str) -> None:
+        """What a failed sriov-manage run leaves: the GPU on pci-pf-stub, its id in the stub's table."""
+        pf = self.bus / address
+        _unbind(pf.resolve())
+        _bind(pf.resolve(), _driver_dir(self.root, STUB))
+        _stub_ids(self.root, add=_ids(pf))
 
     def _sriov_on_mig(self, address: str, wipes: bool) -> None:
         """What ``sriov-manage -e`` does to a MIG-capable GPU: persistence mode on, MIG state.
@@ -770,6 +924,7 @@ class FakeHost:
             for name in sorted(os.listdir(pf)):
                 if name.startswith("virtfn"):
                     vf = (pf / name).resolve()
+                    _unbind(vf)
                     for link in (self.bus / vf.name, self.root / "sys/class/mdev_bus" / vf.name):
                         if os.path.lexists(link):
                             link.unlink()

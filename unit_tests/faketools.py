@@ -26,6 +26,7 @@ echo "systemctl $*" >> "$FAKE_LOG"
 if [ -e "$FAKE_STATE/no-bus" ]; then
   echo "Failed to connect to bus: No such file or directory" >&2; exit 1
 fi
+[ "$1" = --no-block ] && shift  # queued, not waited for: the same state here
 verb="$1"; shift
 for unit in "$@"; do
   if [ -e "$FAKE_STATE/$unit.fail-$verb" ]; then
@@ -281,11 +282,19 @@ of the GPU holds a vGPU type in it (``nvidia/gpu_instance_id`` beside a non-zero
 mode is on or the GPU has VFs (NVIDIA/NVSentinel issue 1690, NVIDIA/gpu-operator issue 118).
 Every run holds a lock on the state and replaces it whole, so that the boot step's
 per-GPU threads and sriov-manage never lose each other's changes.
+NVML clients: while a unit of HOLDERS is active (the fake systemctl's state), it holds every
+GPU. Whether a held GPU leaves ``-mig 1`` pending on Hopper and Blackwell is not settled
+(NVIDIA's MIG-backed vGPU guide and MIG user guide: yes; gpu-operator issue 2600 and PR 2603:
+no reset is needed there): a GPU's ``held`` says which reading it follows, ``pending``
+(the default) or ``applies``.
 \"\"\"
 import fcntl, json, os, re, sys
 STATE = {state!r}
 TABLES = {tables!r}
 DEVICES = {devices!r}
+HOLDERS = ("nvidia-vgpu-exporter.service", "snap.dcgm.nv-hostengine.service",
+           "snap.dcgm.dcgm-exporter.service", "nvidia-dcgm.service", "dcgm-exporter.service",
+           "nvsm.service")
 args = sys.argv[1:]
 log = os.environ.get("FAKE_LOG")
 if log:
@@ -351,19 +360,39 @@ def in_use(address, gi_id):
             return True
     return False
 
+def holders():
+    units = os.environ.get("FAKE_STATE", "")
+    out = []
+    for unit in HOLDERS:
+        try:
+            with open(os.path.join(units, unit)) as handle:
+                if units and handle.read().strip() == "active":
+                    out.append(unit)
+        except OSError:
+            pass
+    return out
+
 def option(flag):
     return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else None
 
+named = (sysfs(option("-i")) if args[:1] == ["-i"] and len(args) > 2
+         and args[2].startswith("--query-gpu=") else None)
+if named is not None:
+    del args[:2]
 if args[:1] and args[0].startswith("--query-gpu=pci.bus_id,mig.mode.current"):
-    for address in sorted(state):
+    if named is not None and named not in state:
+        print("No devices were found")
+        sys.exit(6)
+    for address in sorted(state) if named is None else [named]:
         print("%s, %s, %s" % (smi(address), state[address]["current"], state[address]["pending"]))
     sys.exit(0)
 if len(args) == 4 and args[0] == "-i" and args[2] == "-mig" and args[3] == "1":
     address, gpu = gpu_of(args[1])
     gpu["pending"] = "Enabled"
-    if gpu.get("hold") or gpu.get("busy"):
+    held = holders() and gpu.get("held", "pending") == "pending"
+    if gpu.get("hold") or gpu.get("busy") or held:
         # NVIDIA's MIG user guide, "Enable MIG Mode": the pending-state warning.
-        why = ":In use by another client" if gpu.get("busy") else ""
+        why = ":In use by another client" if gpu.get("busy") or held else ""
         print("Warning: MIG mode is in pending enable state for GPU %s%s" % (smi(address), why))
         print("%s is currently being used by one or more other processes (e.g. CUDA application "
               "or a monitoring application such as another instance of nvidia-smi). Please first "

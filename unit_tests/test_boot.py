@@ -98,7 +98,7 @@ def test_the_first_gpus_sriov_manage_failing_does_not_stop_the_second(rebooted, 
     assert rc == 1  # the unit shows failed: not everything was restored
     assert not (root / f"sys/bus/pci/devices/{L40S}/virtfn0").exists()
     assert types_of(root, H200, 5) == [1282] * 4 + [0]
-    # Retried (bounded); the other GPU, side by side, once.
+    # Retried (bounded); the other GPU, after it, once.
     assert sorted(sriov_calls(tools)) == [f"sriov-manage -e {L40S}"] * 3 + [f"sriov-manage -e {H200}"]
     lines = said(journal)
     assert (f"GPU {L40S}: sriov-manage -e attempt 1 of 3 failed: sriov-manage -e {L40S} failed: "
@@ -194,8 +194,8 @@ def test_the_total_time_is_bounded_however_the_tools_hang(rebooted, root, tools,
     took = time.monotonic() - started
     assert rc == 1
     assert took < 4.5, took
-    # Side by side: the first one's hang did not starve the second.
-    assert sorted(tried.read_text().split()) == [L40S, H200]
+    # One at a time, each an even share of the time left: the first's hang did not starve the second.
+    assert tried.read_text().split() == [L40S, H200]  # one after the other, each its share
     lines = said(journal)
     assert any(line.startswith(f"{MGR} not active after ") for line in lines)
     assert any(line.startswith(f"GPU {L40S}: sriov-manage -e attempt 1 of 3 failed: ")
@@ -426,21 +426,70 @@ def test_a_gpu_whose_gpu_instances_cannot_be_created_is_not_waited_for(root, too
     assert not [line for line in lines if "lists nothing creatable" in line]
 
 
-def test_gpus_are_restored_side_by_side(rebooted, root, tools, journal, tmp_path):
-    """Each GPU's sriov-manage waits until the other's has started: one after the other, never."""
-    real = root / sriov.SRIOV_MANAGE
-    real.rename(real.with_name("sriov-manage.real"))
-    marks = tmp_path / "started"
+def test_sriov_manage_runs_one_gpu_at_a_time_then_mig_steps_side_by_side(root, tools, journal,
+                                                                        tmp_path):
+    """Issue 33.1: never two sriov-manage runs at once; every GPU's before any MIG step.
+
+    The stand-in sriov-manage fails when another run is inside and leaves its GPU on
+    pci-pf-stub (see FakeHost._raced); each run stays inside 0.3 s. Each GPU's -mig 1
+    waits until the other's has started: the MIG steps run side by side, each naming its GPU.
+    """
+    host = mig_host(root, tools, vfs=2)
+    host.sriov_manage_takes(0.3)
+    real = root / "usr/bin/nvidia-smi"
+    real.rename(real.with_name("nvidia-smi.real"))
+    marks = tmp_path / "mig"
     marks.mkdir()
-    stand_in(real, f'#!/bin/sh\ntouch "{marks}/$2"\nn=0\n'
-                   f'while [ "$(ls {marks} | wc -l)" -lt 2 ]; do\n'
-                   '  n=$((n + 1)); [ $n -gt 100 ] && { echo "alone: not side by side" >&2; exit 1; }\n'
-                   '  sleep 0.1\ndone\n'
-                   f'exec {real.with_name("sriov-manage.real")} "$@"\n')
-    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]),
+    stand_in(real, f'#!/bin/sh\ncase "$*" in *"-mig 1"*) touch "{marks}/$2"; n=0\n'
+                   f'  while [ "$(ls {marks} | wc -l)" -lt 2 ]; do\n'
+                   '    n=$((n + 1)); [ $n -gt 100 ] && { echo "alone: not side by side" >&2; exit 1; }\n'
+                   '    sleep 0.1; done ;; esac\n'
+                   f'exec {real.with_name("nvidia-smi.real")} "$@"\n')
+    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2),
+                             mig_gpu(H200_B, "H200X-1-18C", "1g.18gb", 2, 2),
                              limits={"attempts": 1})) == 0
-    assert types_of(root, L40S, 2) == [1139, 0] and types_of(root, H200, 2) == [1282, 0]
-    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), limits={"parallel": 1})) == 0  # bounded
+    assert types_of(root, H200_A, 2) == [1414, 1414] and types_of(root, H200_B, 2) == [1414, 1414]
+    calls = [c for c in tools.calls() if c.startswith(("sriov-manage", "nvidia-smi"))]
+    assert calls[:2] == [f"sriov-manage -e {H200_A}", f"sriov-manage -e {H200_B}"]
+    assert not [c for c in calls[2:] if c.startswith("sriov-manage")]
+    # One query of every GPU's mode before any changes; then every call names its GPU (-i): a
+    # call without -i opens every GPU, a client of the one whose mode another thread changes.
+    assert calls[2].startswith("nvidia-smi --query-gpu=") and " -i " not in calls[2]
+    assert [c for c in calls[3:] if " -i 0000" not in c] == []
+
+
+@pytest.mark.parametrize("left", ["pci-pf-stub", "no driver"])
+def test_a_gpu_a_failed_run_left_unbound_is_bound_to_nvidia_again_and_retried(
+        rebooted, root, tools, journal, left):
+    from unit_tests.fakehost import _stub_ids
+
+    journal.set_level(logging.INFO, logger="vgpu.sriov")
+    rebooted.left_on_stub(L40S)
+    if left == "no driver":
+        (root / "sys/bus/pci/drivers/pci-pf-stub/unbind").write_text(L40S)
+        os.listdir(root / "sys/bus/pci/drivers/pci-pf-stub")  # the kernel acts on the write
+        assert sriov.driver_of(L40S) is None
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]))) == 0
+    assert sriov.driver_of(L40S) == "nvidia" and _stub_ids(root) == []
+    assert types_of(root, L40S, 2) == [1139, 0]
+    was = "left on pci-pf-stub" if left == "pci-pf-stub" else "left unbound"
+    assert (f"GPU {L40S}: {was} by a failed sriov-manage run: bound to nvidia again"
+            in [r.getMessage() for r in journal.records])
+
+
+def test_a_gpu_that_stays_unbound_fails_alone_and_names_the_commands(rebooted, root, tools,
+                                                                       journal):
+    rebooted.left_on_stub(L40S)
+    (root / "sys/bus/pci/drivers/nvidia/bind").unlink()  # the nvidia driver refuses it
+    assert boot.restore(data(gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"]))) == 1
+    assert types_of(root, H200, 2) == [1282, 0]
+    assert sriov_calls(tools) == [f"sriov-manage -e {H200}"]  # never run on an unbound GPU
+    assert (f"GPU {L40S}: it is left on pci-pf-stub by a failed sriov-manage run and binding it "
+            "to nvidia failed: /sys/bus/pci/drivers/nvidia/bind: No such file or directory; "
+            "recover it with: echo '10de 26b9' > /sys/bus/pci/drivers/pci-pf-stub/remove_id; "
+            f"echo {L40S} > /sys/bus/pci/drivers/pci-pf-stub/unbind; echo {L40S} > "
+            f"/sys/bus/pci/drivers/nvidia/bind; /usr/lib/nvidia/sriov-manage -e {L40S}; "
+            "not restored") in said(journal)
 
 
 def test_a_mig_entry_the_charm_did_not_write_is_skipped_and_said(root, tools, journal):
@@ -737,3 +786,86 @@ def test_the_mark_says_whether_a_hook_still_has_the_boot_steps_work_to_do(root):
     assert bootfile.left_behind(bootfile.left()) == []
     bootfile.write(bootfile.BY_HOOK, 0, [])
     assert bootfile.left() is None
+
+
+@pytest.mark.parametrize("step", ["_prepare", "_give_types"])
+def test_any_exception_in_one_gpus_steps_fails_that_gpu_alone_and_the_mark_is_left(
+        rebooted, root, tools, capsys, monkeypatch, step):
+    """Issue 34.4: not only VgpuError and OSError; the traceback is logged, the rest goes on."""
+    from vgpu import bootfile, bootresult
+
+    real = getattr(boot, step)
+
+    def broken(gpu, *args):
+        if gpu.address == L40S:
+            raise KeyError("surprise")
+        return real(gpu, *args)
+
+    monkeypatch.setattr(boot, step, broken)
+    assert boot_main(root, gpu(L40S, ["L40S-12Q"]), gpu(H200, ["H200X-35C"])) == 1
+    assert types_of(root, H200, 2) == [1282, 0]  # the other GPU finished
+    out = capsys.readouterr().out
+    assert f"GPU {L40S}: unexpected error: KeyError: 'surprise'" in out
+    assert "Traceback (most recent call last):" in out
+    assert f"restored 1 of 2 GPUs; not restored: {L40S}" in out
+    assert bootfile.left() == {"by": bootfile.BY_BOOT, "status": 1, "mdevs": []}  # the next hook
+    result = bootresult.load()
+    assert result is not None and result.status == 1
+    assert {g.address: g.result for g in result.gpus} == {L40S: boot.FAILED, H200: boot.RESTORED}
+
+
+def test_a_failed_vgpu_manager_ends_the_boot_step_within_its_minute_and_says_so(
+        rebooted, root, tools, journal, monkeypatch):
+    """Issue 33.5: systemd says nvidia-vgpu-mgr failed (not starting): no waiting out the budget.
+
+    Without the manager the VFs have no nvidia/ files (the driver's vGPU part is not up),
+    so nothing would ever be listed: the boot step used to wait its whole budget.
+    """
+    real = root / sriov.SRIOV_MANAGE
+    real.rename(real.with_name("sriov-manage.real"))
+    stand_in(real, f'#!/bin/sh\n{real.with_name("sriov-manage.real")} "$@" || exit $?\n'
+                   f'for vf in {root}/sys/bus/pci/devices/$2/virtfn*; do rm -rf "$vf/nvidia"; done\n')
+    tools.set_state(MGR, "failed")
+    monkeypatch.setattr(boot, "MANAGER_FAILED_BUDGET", 1.0)
+    started = time.monotonic()
+    rc = boot.restore(data(gpu(L40S, ["L40S-12Q"]), limits={"total": 20, "manager": 10}))
+    assert rc == 1
+    assert time.monotonic() - started < 5  # not manager (10 s), nor total (20 s)
+    assert sriov_calls(tools) == [f"sriov-manage -e {L40S}"]  # what it could do, it did
+    lines = said(journal)
+    assert (f"{MGR} failed (systemd says so): no VF can take a vGPU type until it runs; "
+            f"journalctl -u {MGR} says why; doing what can be done within 1 s, then failing"
+            ) in lines
+    assert lines[-1] == (f"restored 0 of 1 GPUs; not restored: {L40S}; the vGPU manager "
+                         f"{MGR} failed: journalctl -u {MGR} says why")
+
+
+@pytest.mark.parametrize("held", ["pending", "applies"])
+def test_the_charms_exporter_is_stopped_while_the_boot_step_turns_mig_on(root, tools, journal,
+                                                                         held):
+    """systemctl restart nvidia-vgpu-vfs while the exporter runs (at boot it starts after)."""
+    host = mig_host(root, tools, vfs=2)
+    host.set_mig(H200_A, held=held)
+    tools.set_active("nvidia-vgpu-exporter.service")
+    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 2, 2))) == 0
+    assert host.mig_mode(H200_A)["current"] == "Enabled"
+    calls = [c for c in tools.calls() if c.startswith(("systemctl stop", "systemctl --no-block"))
+             or "-mig 1" in c]
+    assert calls == ["systemctl stop nvidia-vgpu-exporter.service",
+                     "nvidia-smi -i 00000000:18:00.0 -mig 1",
+                     "systemctl --no-block start nvidia-vgpu-exporter.service"]
+
+
+def test_an_unexpected_error_outside_the_gpus_steps_still_leaves_the_result(rebooted, root, capsys,
+                                                                          monkeypatch):
+    from vgpu import bootfile, bootresult
+
+    def broken(*args):
+        raise ValueError("a defect")
+
+    monkeypatch.setattr(boot, "_mig_needs", broken)
+    assert boot_main(root, gpu(L40S, ["L40S-12Q"])) == 1
+    assert "the boot step's restore stopped on an unexpected error" in capsys.readouterr().out
+    assert bootfile.left() == {"by": bootfile.BY_BOOT, "status": 1, "mdevs": []}
+    result = bootresult.load()
+    assert result is not None and result.status == 1

@@ -153,7 +153,7 @@ def test_enable_mig_turns_the_mode_on_and_the_waiting_mapping_applies(ctx, root,
         "gpu": GPU, "command": "nvidia-smi -i 00000000:42:00.0 -mig 1",
         "output": "Enabled MIG Mode for GPU 00000000:42:00.0\nAll done.",
         "pending": "no", "message": "MIG mode enabled on GPU 0000:42:00.0",
-        "at-boot": AT_BOOT}
+        "at-boot": AT_BOOT, "gpu-clients": "none stopped"}
     assert host.mig_mode(GPU)["current"] == "Enabled" and host.mig_mode(OTHER)["current"] == "Disabled"
     assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:4]] == ["2033"] * 4
     assert out.unit_status.name == "active"
@@ -429,10 +429,114 @@ def test_a_hook_that_enables_vfs_turns_mig_mode_on_again_after_them(ctx, root, t
     bootfile.write(bootfile.BY_BOOT, 0, [])
     assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
     out = ctx.run(ctx.on.update_status(), again(out))
-    calls = [c for c in tools.calls() if c.startswith(("sriov-manage -e 0000:18", "nvidia-smi -i"))]
+    calls = [c for c in tools.calls() if c.startswith(("sriov-manage -e 0000:18", "nvidia-smi -i"))
+             and "--query-gpu" not in c]
     assert calls[:2] == ["sriov-manage -e 0000:18:00.0", "nvidia-smi -i 00000000:18:00.0 -mig 1"]
     assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
     assert host.gpu_instances("0000:18:00.0") == ["1:2g.35gb@0", "2:2g.35gb@2", "3:2g.35gb@4"]
     vfs = ["0000:18:00.4", "0000:18:00.5", "0000:18:00.6"]
     assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
     assert out.unit_status.name == "active", out.unit_status
+
+
+# -- NVML clients around a MIG mode change (issue 33.2) ------------------------------------
+
+DCGM = ("snap.dcgm.nv-hostengine.service", "snap.dcgm.dcgm-exporter.service")
+EXPORTER = "nvidia-vgpu-exporter.service"
+
+
+def systemctl(tools, verbs=("stop", "start", "--no-block")):
+    return [c for c in tools.calls() if c.startswith(tuple(f"systemctl {v}" for v in verbs))]
+
+
+@pytest.mark.parametrize("held", ["pending", "applies"])
+def test_enable_mig_names_active_dcgm_and_refuses_stopping_nothing(ctx, root, tools, deb, held):
+    """Never a neighbour's service stopped unasked (hardware-observer's dcgm snap)."""
+    host = rtx(root, tools, deb, mode="Disabled")
+    host.set_mig(GPU, held=held)
+    for unit in DCGM:
+        tools.set_active(unit)
+    with pytest.raises(testing.ActionFailed, match=(
+            "MIG mode not enabled: NVML clients that hold GPU 0000:42:00.0 are active: "
+            "snap.dcgm.nv-hostengine.service, snap.dcgm.dcgm-exporter.service; .*run again with "
+            "stop-gpu-clients=true")):
+        ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
+    assert [c for c in smi_calls(tools) if "-mig" in c] == []
+    assert systemctl(tools) == []
+    assert host.mig_mode(GPU)["current"] == "Disabled"
+
+
+@pytest.mark.parametrize("held", ["pending", "applies"])
+def test_stop_gpu_clients_stops_them_changes_the_mode_and_starts_them_again(ctx, root, tools, deb,
+                                                                            held):
+    """Right under both readings of whether a held GPU leaves -mig 1 pending (Hopper, Blackwell)."""
+    host = rtx(root, tools, deb, mode="Disabled")
+    host.set_mig(GPU, held=held)
+    for unit in (*DCGM, EXPORTER):
+        tools.set_active(unit)
+    ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU, "stop-gpu-clients": True}),
+            state(resource=deb))
+    assert host.mig_mode(GPU)["current"] == "Enabled"
+    assert ctx.action_results["pending"] == "no"
+    assert ctx.action_results["gpu-clients"] == (
+        "stopped snap.dcgm.nv-hostengine.service, snap.dcgm.dcgm-exporter.service around the "
+        "change; started again: snap.dcgm.nv-hostengine.service, snap.dcgm.dcgm-exporter.service")
+    calls = [c for c in tools.calls() if c.startswith(("systemctl stop", "systemctl start"))
+             or "-mig 1" in c]
+    assert calls == [f"systemctl stop {EXPORTER}", *(f"systemctl stop {u}" for u in DCGM),
+                     "nvidia-smi -i 00000000:42:00.0 -mig 1",
+                     *(f"systemctl start {u}" for u in reversed(DCGM)), f"systemctl start {EXPORTER}"]
+    assert all(tools.enabled(u) == "enabled" for u in DCGM)
+    assert all((tools.state / u).read_text().strip() == "active" for u in (*DCGM, EXPORTER))
+
+
+def test_the_clients_are_started_again_when_the_mode_change_fails(ctx, root, tools, deb):
+    host = rtx(root, tools, deb, mode="Disabled")
+    tools.set_active(DCGM[1])
+    smi = root / "usr/bin/nvidia-smi"
+    smi.rename(smi.with_name("nvidia-smi.real"))
+    from unit_tests.faketools import stand_in
+
+    stand_in(smi, '#!/bin/sh\ncase "$*" in *"-mig 1"*) echo "nvidia-smi $*" >> "$FAKE_LOG"; '
+                  'echo "Unable to enable MIG Mode: Unknown Error" >&2; exit 3;; esac\n'
+                  f'exec {smi.with_name("nvidia-smi.real")} "$@"\n')
+    with pytest.raises(testing.ActionFailed, match="Unable to enable MIG Mode"):
+        ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU, "stop-gpu-clients": True}),
+                state(resource=deb))
+    assert systemctl(tools) == [f"systemctl stop {DCGM[1]}", f"systemctl start {DCGM[1]}"]
+    assert (tools.state / DCGM[1]).read_text().strip() == "active"
+    assert host.mig_mode(GPU)["current"] == "Disabled"
+
+
+@pytest.mark.parametrize("held", ["pending", "applies"])
+def test_the_charms_own_exporter_is_stopped_around_enable_mig_unasked(ctx, root, tools, deb, held):
+    host = rtx(root, tools, deb, mode="Disabled")
+    host.set_mig(GPU, held=held)
+    tools.set_active(EXPORTER)
+    ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
+    assert host.mig_mode(GPU)["current"] == "Enabled" and ctx.action_results["pending"] == "no"
+    assert systemctl(tools) == [f"systemctl stop {EXPORTER}", f"systemctl start {EXPORTER}"]
+
+
+@pytest.mark.parametrize("held", ["pending", "applies"])
+def test_a_hook_that_must_turn_mig_on_names_the_clients_and_the_action(ctx, root, tools, deb,
+                                                                       held):
+    """The boot step's work done by a hook after a failed boot: DCGM runs by then."""
+    host = ready(h200_sxm_host(root, vfs=2, mig="Enabled"), root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{H200X-1-18C: ['18:00.0']}"}, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    host.reboot()  # Hopper: the mode goes; the boot step did not run (no mark)
+    host.set_mig("0000:18:00.0", held=held)
+    tools.set_active(DCGM[0])
+    out = ctx.run(ctx.on.update_status(), again(out))
+    assert [c for c in systemctl(tools) if DCGM[0] in c] == []  # never stopped by a hook
+    if held == "applies":
+        assert host.mig_mode("0000:18:00.0")["current"] == "Enabled"
+        assert out.unit_status.name == "active", out.unit_status
+    else:
+        assert host.mig_mode("0000:18:00.0")["current"] == "Disabled"
+        assert out.unit_status.name == "blocked"
+        assert (f"NVML clients hold GPU 0000:18:00.0 while its MIG mode must change: {DCGM[0]}; "
+                f"juju run {UNIT} enable-mig gpu=0000:18:00.0 stop-gpu-clients=true stops them, "
+                "turns MIG mode on and starts them again") in out.unit_status.message

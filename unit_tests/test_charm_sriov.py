@@ -478,6 +478,29 @@ def test_a_gpu_whose_vfs_stay_missing_is_named_and_nothing_is_published(ctx, roo
     assert types_of(root, L40S, 4) == [0] * 4  # nothing half-applied
 
 
+def test_the_next_hook_recovers_a_gpu_a_failed_run_left_on_the_stub(ctx, root, tools, deb):
+    """Issue 33.1: no longer marked failed for good; one that stays unbound says how to recover."""
+    host = ready(l40s_host(root, enabled=False), root, tools, deb)
+    host.left_on_stub(H200)
+    out = ctx.run(ctx.on.start(), state({"vgpu-device-mappings": "{H200X-35C: ['c1:00.0']}"},
+                                        resource=deb))
+    assert out.unit_status.name == "active", out.unit_status
+    assert [c for c in tools.calls() if c.startswith("sriov-manage")] == [f"sriov-manage -e {H200}"]
+    assert (root / f"sys/bus/pci/devices/{H200}/driver").resolve().name == "nvidia"
+    host.reboot()
+    host.left_on_stub(H200)
+    (root / "sys/bus/pci/drivers/nvidia/bind").unlink()  # the nvidia driver refuses it now
+    out = ctx.run(ctx.on.start(), again(out))
+    assert out.unit_status == testing.BlockedStatus(
+        f"no virtual functions on SR-IOV GPU {H200} (H200 SXM 141GB) after sriov-manage -e: it is "
+        "left on pci-pf-stub by a failed sriov-manage run and binding it to nvidia failed: "
+        "/sys/bus/pci/drivers/nvidia/bind: No such file or directory; recover it with: "
+        "echo '10de 2335' > /sys/bus/pci/drivers/pci-pf-stub/remove_id; echo 0000:c1:00.0 > "
+        "/sys/bus/pci/drivers/pci-pf-stub/unbind; echo 0000:c1:00.0 > "
+        "/sys/bus/pci/drivers/nvidia/bind; /usr/lib/nvidia/sriov-manage -e 0000:c1:00.0; the boot "
+        "step's attempts: journalctl -u nvidia-vgpu-vfs.service")
+
+
 LOCK = "run/nova-compute-nvidia-vgpu/host.lock"
 
 

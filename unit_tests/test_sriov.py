@@ -71,11 +71,18 @@ def test_all_selects_sriov_gpus_bound_to_nvidia_and_addresses_select_their_gpu(r
     # Before the VFs exist, a VF address selects the GPU without VFs on its bus.
     assert sriov.selected({"L40S-12Q": ("0000:81:00.6",)}, found).wanted == ("0000:81:00.0",)
     assert sriov.selected({"L40S-12Q": ("0000:82:00.4", "0000:e1:00.0")}, found).wanted == ()
+    # Left unbound (a failed sriov-manage run): still ours, bound to nvidia again before its run.
     (root / "sys/bus/pci/devices/0000:c1:00.0/driver").unlink()
     found = pci.discover()
-    assert sriov.selected({"x": ("all",)}, found) == sriov.Selection(("0000:81:00.0",), {})
-    assert sriov.selected({"x": ("0000:c1:00.0",)}, found).refused == {
-        "0000:c1:00.0": "it is bound to no driver, not nvidia"}
+    assert sriov.selected({"x": ("all",)}, found) == sriov.Selection(
+        ("0000:81:00.0", "0000:c1:00.0"), {})
+    assert sriov.selected({"x": ("0000:c1:00.0",)}, found) == sriov.Selection(("0000:c1:00.0",))
+    # Given to vfio-pci on purpose (whole-GPU passthrough): left alone, by name or by all.
+    host.add_gpu("0000:d1:00.0", device="0x26b9", totalvfs=32, driver="vfio-pci")
+    found = pci.discover()
+    assert "0000:d1:00.0" not in sriov.selected({"x": ("all",)}, found).addresses
+    assert sriov.selected({"x": ("0000:d1:00.0",)}, found).refused == {
+        "0000:d1:00.0": "it is bound to vfio-pci, not nvidia"}
     # Two GPUs without VFs on one bus: a VF address there cannot tell which; neither.
     host.add_gpu("0000:a1:00.0", device="0x26b9", totalvfs=32)
     host.add_gpu("0000:a1:00.1", device="0x26b9", totalvfs=32)
@@ -293,3 +300,70 @@ def test_sriov_and_the_boot_step_share_the_data_files_module_not_each_other():
     assert "boot" not in _imports(sriov)
     assert "bootdata" in _imports(sriov) and "bootdata" in _imports(boot)
     assert not {"boot", "sriov"} & _imports(bootdata)
+
+
+def test_a_hook_binds_a_gpu_left_unbound_to_nvidia_again_before_its_run(root, tools):
+    """Issue 33.1: the next hook recovers it (remove_id, unbind, bind), then runs sriov-manage."""
+    from unit_tests.fakehost import _stub_ids
+
+    host = l40s_host(root, enabled=False)
+    host.install_sriov_manage()
+    host.left_on_stub("0000:81:00.0")
+    assert sriov.selected({"x": ("all",)}, pci.discover()).wanted == ("0000:81:00.0", "0000:c1:00.0")
+    assert sriov.enable(["0000:81:00.0"]) == {}
+    assert sriov.driver_of("0000:81:00.0") == "nvidia" and _stub_ids(root) == []
+    assert len(pci.discover().gpu("0000:81:00.0").vfs) == 16
+    # One that stays unbound: named, with the commands that recover it; sriov-manage not run.
+    host.left_on_stub("0000:c1:00.0")
+    (root / "sys/bus/pci/drivers/nvidia/bind").unlink()
+    why = sriov.enable(["0000:c1:00.0"])["0000:c1:00.0"]
+    assert why.startswith("it is left on pci-pf-stub by a failed sriov-manage run and binding it "
+                          "to nvidia failed: ")
+    assert why.endswith("recover it with: " + sriov.recover_commands("0000:c1:00.0", "10de 2335"))
+    assert tools.calls() == ["sriov-manage -e 0000:81:00.0"]
+
+
+def test_two_runs_at_once_leave_the_second_gpu_on_the_stub_and_the_retry_recovers_it(root, tools):
+    """The stand-in as the real script behaves (StackHPC's nvidia-sriov.service.j2): a race."""
+    import threading
+
+    host = l40s_host(root, enabled=False)
+    host.install_sriov_manage()
+    host.sriov_manage_takes(0.5, "0000:81:00.0")
+    first = threading.Thread(target=lambda: sriov._run_once(root / sriov.SRIOV_MANAGE,
+                                                            "0000:81:00.0", 10))
+    first.start()
+    time.sleep(0.2)
+    try:
+        assert "another sriov-manage is running" in sriov._run_once(
+            root / sriov.SRIOV_MANAGE, "0000:c1:00.0", 10)
+    finally:
+        first.join()
+    assert sriov.driver_of("0000:c1:00.0") == "pci-pf-stub"
+    assert sriov.enable(["0000:c1:00.0"]) == {}  # through the lock: bound again, then run
+    assert sriov.driver_of("0000:c1:00.0") == "nvidia"
+
+
+def test_an_unbound_gpu_without_the_nvidia_driver_loaded_says_so_and_runs_nothing(root, tools):
+    import shutil
+
+    host = a100_host(root, enabled=False)
+    host.install_sriov_manage()
+    (root / "sys/bus/pci/devices/0000:41:00.0/driver").unlink()
+    shutil.rmtree(root / "sys/bus/pci/drivers/nvidia")
+    assert sriov.enable(["0000:41:00.0"]) == {"0000:41:00.0": (
+        "it is left unbound and the nvidia driver is not loaded (is the vGPU host driver "
+        "installed, and the host rebooted since?)")}
+    assert tools.calls() == []
+
+
+def test_a_hostile_device_id_of_an_unbound_gpu_is_never_written_nor_said_raw(root, tools):
+    host = l40s_host(root, enabled=False)
+    host.install_sriov_manage()
+    host.left_on_stub("0000:c1:00.0")
+    (root / "sys/bus/pci/devices/0000:c1:00.0/device").write_text("0x2335\n]x=1\n")
+    why = sriov.enable(["0000:c1:00.0"])["0000:c1:00.0"]
+    assert why.startswith('it is left unbound and its ids read "10de 2335\\n]x=1", not a vendor')
+    assert "\n" not in why
+    assert (root / "sys/bus/pci/drivers/pci-pf-stub/remove_id").read_text() == ""
+    assert tools.calls() == []

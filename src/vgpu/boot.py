@@ -3,25 +3,32 @@
 systemd runs ``<the charm's python3> <charm>/src/vgpu_boot.py
 /var/lib/nova-compute-nvidia-vgpu/boot.json`` after nvidia-vgpu-mgr and before
 nova-compute and libvirt (see :mod:`vgpu.sriov`, which writes that file on
-hooks). GPUs are independent: they are restored side by side, at most
-``parallel`` at once, each in a thread of its own, so that one that fails or
-hangs never stops or delays another, and a host of 8 GPUs takes about as long
-as its slowest. Per GPU, in this order (every working implementation enables
-the VFs first: ``sriov-manage -e`` rebinds the GPU and may wipe its MIG state,
-Harvester's MIG-backed vGPU design note and StackHPC's vgpu role; gpu-operator
-PR 2603 resets only GPUs without VFs):
+hooks). In this order (every working implementation enables the VFs first:
+``sriov-manage -e`` rebinds the GPU and may wipe its MIG state, Harvester's
+MIG-backed vGPU design note and StackHPC's vgpu role; gpu-operator PR 2603
+resets only GPUs without VFs):
 
 1. the units in ``wait_for`` (the vGPU manager) are waited for first, at most
-   ``manager`` seconds, then the step goes on regardless;
-2. a GPU not bound to the ``nvidia`` driver is left alone; one without VFs
-   gets ``sriov-manage -e``, retried ``attempts`` times with a growing pause;
-3. a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.mig.at_boot`)
+   ``manager`` seconds, then the step goes on regardless; one systemd calls
+   ``failed`` ends the wait, and the step does what it can within
+   :data:`MANAGER_FAILED_BUDGET`, then fails saying so;
+2. one GPU at a time (two ``sriov-manage`` runs at once race on pci-pf-stub's
+   id table and leave a GPU unbound: StackHPC's nvidia-sriov.service.j2 orders
+   each GPU's unit after the previous one; :func:`vgpu.sriov.enable_one`): a
+   GPU bound to another driver than ``nvidia`` is left alone; one a failed run
+   left unbound is bound to nvidia again (:func:`vgpu.sriov.rebind`); one
+   without VFs gets ``sriov-manage -e``, retried ``attempts`` times with a
+   growing pause, within an even share of the time left;
+3. then GPUs side by side, at most ``parallel`` at once, each in a thread of
+   its own, so that one that fails or hangs never stops or delays another:
+   a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.mig.at_boot`)
    gets its MIG mode turned on, whatever it was (Hopper and Blackwell lose it at
    every reboot with the vGPU host driver; Ampere keeps it), and its GPU
    instances created again (they never survive a reboot). Never a GPU reset:
-   one is refused once sriov-manage turned persistence mode on. When either
-   fails, the GPU's VFs get no type now: that is known at once, nothing is
-   waited for;
+   one is refused once sriov-manage turned persistence mode on. Each nvidia-smi
+   call names its GPU (``-i``), and the charm's exporter (an NVML client) is
+   stopped meanwhile (:mod:`vgpu.gpuclients`). When either fails, the GPU's VFs
+   get no type now: that is known at once, nothing is waited for;
 4. once every GPU is through 2 and 3, each VF gets its profile by name: its id
    is looked up in the VF's ``nvidia/creatable_vgpu_types`` read right before
    the write (the list shrinks as siblings take types, and ids change between
@@ -43,7 +50,8 @@ could not run (a hook held the host lock longer than it waits) or left
 something undone, the next hook does the work (:func:`catch_up`). Exit status:
 0 all restored (by it, or by the hook that held the lock: the mark says so),
 1 something was not (the unit shows failed), 2 the data or the mdev record
-could not be read (nothing done from it; the other is still used).
+could not be read (nothing done from it; the other is still used). Whatever
+one GPU's steps raise fails that GPU alone, its traceback logged (:func:`_timed`).
 """
 
 from __future__ import annotations
@@ -89,6 +97,10 @@ MDEV_DEVICES = mdevs.MDEV_DEVICES
 # no waiting for the vGPU manager (the hook's status names a daemon that is down), one
 # sriov-manage run (the hook's own step enabled the VFs just before, see vgpu.reconcile).
 HOOK_LIMITS = Limits(total=120, manager=0, call=60, attempts=1, delay=1, poll=1)
+# When systemd says the vGPU manager failed (not merely still starting), the boot step does what
+# it can within this many seconds, then fails: the unit runs Before= libvirtd and nova-compute,
+# and no guest can use a vGPU while the manager is down anyway (issue 33.5).
+MANAGER_FAILED_BUDGET = 60.0
 
 
 def main(argv: Sequence[str]) -> int:
@@ -177,7 +189,11 @@ def _run(where: str, by: str, limits: Optional[Limits] = None) -> int:
             log.error("%s: %s; nothing restored from it", where, error)
         data, wait_for, given = None, [], Limits()
     bounds = limits or given
-    status = 0 if data is None else restore(data, bounds, enable_vfs=not hook, done=outcome)
+    try:
+        status = 0 if data is None else restore(data, bounds, enable_vfs=not hook, done=outcome)
+    except Exception:  # noqa: BLE001 -- a defect outside any GPU's steps: still the mark and result
+        log.exception("the boot step's restore stopped on an unexpected error")
+        status = 1
     if data is None and not hook:
         status = 2
     record = os.path.join(os.path.dirname(where), mdevs.NAME)
@@ -214,15 +230,25 @@ def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = T
                   "(see the charm's status)")
         done.extend((gpu.address, FAILED, 0.0) for gpu in gpus)
         return 1
-    if limits.manager:
-        _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager), limits.poll)
+    failed = _wait_for(wait_for, min(deadline, time.monotonic() + limits.manager),
+                       limits.poll) if limits.manager else []
+    if failed:
+        deadline = min(deadline, time.monotonic() + MANAGER_FAILED_BUDGET)
     needs = _mig_needs(data)  # MIG-backed GPUs: mode and GPU instances after their VFs
     took: Dict[str, float] = {}  # seconds per GPU; each thread adds to its own GPU's only
+    # sriov-manage one GPU at a time, every GPU's before any MIG step: it races another run on
+    # pci-pf-stub's id table and runs nvidia-smi -pm 1 on every GPU (vgpu.sriov.enable_one).
+    prepared: Dict[str, str] = {}
+    for n, gpu in enumerate(gpus):
+        share = time.monotonic() + (deadline - time.monotonic()) / (len(gpus) - n)
+        prepared[gpu.address] = _timed(took, gpu, _prepare, gpu, share, limits, enable_vfs)
     with ThreadPoolExecutor(max_workers=min(len(gpus), limits.parallel),
                             thread_name_prefix="vgpu-boot") as pool:
-        prepared = dict(zip((g.address for g in gpus), pool.map(
-            lambda gpu: _timed(took, gpu, _prepare, gpu, needs.get(gpu.address), deadline, limits,
-                               enable_vfs), gpus)))
+        enabled = [gpu for gpu in gpus if prepared[gpu.address] == READY]
+        with _clients_stopped([needs[g.address].gpu for g in enabled if g.address in needs]):
+            prepared.update(zip((g.address for g in enabled), pool.map(
+                lambda gpu: _timed(took, gpu, _mig_step, gpu, needs.get(gpu.address), deadline,
+                                   limits), enabled)))
         ready = [gpu for gpu in gpus if prepared[gpu.address] == READY]
         if any(gpu.vfs for gpu in ready):
             _learn_names()  # once, while the VFs are free: before any type is written
@@ -235,8 +261,11 @@ def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = T
         named = [a for a, o in outcome.items() if o == kind]
         if named:
             summary += f"; {kind}: {', '.join(named)}"
-    log.info("%s", summary)
-    return 1 if FAILED in outcome.values() else 0
+    if failed:
+        summary += (f"; the vGPU manager {', '.join(failed)} failed: "
+                    f"journalctl -u {' -u '.join(failed)} says why")
+    (log.error if failed else log.info)("%s", summary)
+    return 1 if FAILED in outcome.values() or failed else 0
 
 
 def _mig_needs(data: Mapping) -> Dict[str, "mig.Need"]:
@@ -251,7 +280,10 @@ def _mig_needs(data: Mapping) -> Dict[str, "mig.Need"]:
 def _timed(took: Dict[str, float], gpu: GpuPlan, step, *args) -> str:
     """``step(*args)``, what it raised logged as the GPU's failure: the others still get their turn.
 
-    The time it took is added to the GPU's in ``took`` (the boot result's seconds).
+    Any exception, not only the expected ones (issue 34.4): one GPU's surprise
+    fails that GPU alone, its traceback in the journal, and the other GPUs, the
+    mark and the boot result still come. The time it took is added to the GPU's
+    in ``took`` (the boot result's seconds).
     """
     began = time.monotonic()
     try:
@@ -259,51 +291,67 @@ def _timed(took: Dict[str, float], gpu: GpuPlan, step, *args) -> str:
     except (VgpuError, OSError) as error:
         log.error("GPU %s: %s", gpu.address, error)
         return FAILED
+    except Exception as error:  # noqa: BLE001 -- a defect of ours: this GPU fails, not the boot
+        log.exception("GPU %s: unexpected error: %s: %s", gpu.address, type(error).__name__,
+                      error)
+        return FAILED
     finally:
         took[gpu.address] = took.get(gpu.address, 0.0) + time.monotonic() - began
 
 
-def _wait_for(units: Sequence[str], until: float, poll: float) -> None:
-    """Wait until every unit is active, or ``until``; either way the boot step goes on."""
+def _wait_for(units: Sequence[str], until: float, poll: float) -> List[str]:
+    """Wait until every unit is active, or ``until``; either way the boot step goes on.
+
+    A unit systemd calls ``failed`` (not ``activating``: still starting) ends the
+    wait at once: the units that failed are returned, and said with how to see why.
+    """
     if not units:
-        return
+        return []
     started = time.monotonic()
     names = ", ".join(units)
     while True:
         try:
-            up = services.active(units)
+            states = services.states(units)
         except (ServiceError, ValueError) as error:
             log.warning("cannot ask systemd about %s: %s", names, error)
-            up = {}
-        if up and all(up.values()):
+            states = {}
+        failed = [unit for unit, state in states.items() if state == "failed"]
+        if failed:
+            log.error("%s failed (systemd says so): no VF can take a vGPU type until it runs; "
+                      "journalctl -u %s says why; doing what can be done within %g s, then "
+                      "failing", ", ".join(failed), " -u ".join(failed), MANAGER_FAILED_BUDGET)
+            return failed
+        if states and all(state in ("active", "reloading") for state in states.values()):
             log.info("%s is active after %.1f s", names, time.monotonic() - started)
-            return
+            return []
         if time.monotonic() + poll > until:
             log.warning("%s not active after %.1f s: going on; sriov-manage may fail until it is",
                         names, time.monotonic() - started)
-            return
+            return []
         time.sleep(poll)
 
 
-def _prepare(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limits,
-             enable_vfs: bool) -> str:
-    """The GPU's VFs, then its MIG mode and GPU instances: READY, or why its VFs get no type."""
+def _prepare(gpu: GpuPlan, until: float, limits: Limits, enable_vfs: bool) -> str:
+    """The GPU's VFs (one GPU at a time): READY, or why its VFs get no type.
+
+    A GPU left unbound (no driver, or pci-pf-stub) by a failed sriov-manage run
+    is bound to nvidia again first (:func:`vgpu.sriov.rebind`); one bound to
+    another driver (vfio-pci: whole-GPU passthrough) is left alone.
+    """
     entry = hostroot.text_path(pci.PCI_DEVICES, gpu.address)
     if not os.path.exists(entry):
         log.error("GPU %s: not found on this host", gpu.address)
         return FAILED
-    try:
-        driver: Optional[str] = os.path.basename(os.readlink(os.path.join(entry, "driver")))
-    except OSError:
-        driver = None
-    if driver is None:
-        log.error("GPU %s: bound to no driver (is the nvidia module loaded?): not restored",
-                  gpu.address)
-        return FAILED
-    if driver != sriov.NVIDIA_DRIVER:
+    driver = sriov.driver_of(gpu.address)
+    if not sriov.ours(driver):
         log.warning("GPU %s: bound to %s, not nvidia: left alone (whole-GPU passthrough?)",
                     gpu.address, driver)
         return LEFT_ALONE
+    if sriov.unbound(driver):
+        why = sriov.rebind(gpu.address)
+        if why:
+            log.error("GPU %s: %s; not restored", gpu.address, why)
+            return FAILED
     present = _vf_count(entry)
     if present:
         log.info("GPU %s: %d virtual functions there already", gpu.address, present)
@@ -313,12 +361,37 @@ def _prepare(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limit
         return FAILED
     elif not _enable(gpu.address, entry, until, limits):
         return FAILED
+    return READY
+
+
+def _mig_step(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limits) -> str:
+    """Once every GPU's VFs are there, side by side: its MIG mode and GPU instances."""
     if need is not None and not _mig_at_boot(need, until, limits):
         log.error("GPU %s: its VFs get no MIG-backed type now: %s needs MIG mode and %d x %s GPU "
                   "instances (nvidia-smi mig -i %s -lgi)", gpu.address, need.profile, need.gis,
                   need.instance, _smi_address(gpu.address))
         return FAILED
     return READY
+
+
+def _clients_stopped(addresses: Sequence[str]):
+    """The charm's exporter stopped while MIG modes change (it holds the GPUs through NVML).
+
+    Only when a GPU given a MIG-backed profile is out of MIG mode (one query of
+    every GPU, no ``-i``), or that cannot be told; once for all GPUs, whose MIG
+    steps then run side by side. Started again with ``--no-block``: its unit is
+    ordered after this one (:mod:`vgpu.gpuclients`).
+    """
+    if not addresses:
+        return contextlib.nullcontext()
+    from . import gpuclients, mig
+
+    try:
+        if all(mode.enabled for mode in mig.modes(addresses).values()):
+            return contextlib.nullcontext()
+    except VgpuError:
+        pass  # at_boot says why for each GPU; the exporter is stopped all the same
+    return gpuclients.ours_stopped(wait=False)
 
 
 def _mig_at_boot(need: "mig.Need", until: float, limits: Limits) -> bool:
@@ -365,7 +438,7 @@ def _learn_names() -> None:
     """
     try:
         catalogue.learn(pci.discover(), kernel.loaded_driver_version())
-    except (VgpuError, OSError) as error:  # a bonus: never in the way of restoring
+    except Exception as error:  # noqa: BLE001 -- a bonus: never in the way of restoring
         log.warning("the vGPU type names the VFs list were not noted: %s", error)
 
 
@@ -489,8 +562,8 @@ def restore_mdevs(where: str, wait_for: Sequence[str], until: float,
         return 2
     limits = limits or Limits()
     missing = [m for m in record if not os.path.lexists(_mdev_device(m.uuid))]
-    if missing:
-        _wait_for(wait_for, min(until, time.monotonic() + limits.manager), limits.poll)
+    if missing and _wait_for(wait_for, min(until, time.monotonic() + limits.manager), limits.poll):
+        until = min(until, time.monotonic() + MANAGER_FAILED_BUDGET)  # no types will come
     outcome: Dict[str, str] = {}
     for mdev in sorted(record, key=lambda m: (m.parent, m.uuid)):
         try:

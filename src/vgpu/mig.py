@@ -231,8 +231,13 @@ def tool() -> str:
     return str(path)
 
 
-def modes(addresses: Iterable[str], timeout: float = TIMEOUT) -> Dict[str, Mode]:
+def modes(addresses: Iterable[str], timeout: float = TIMEOUT, named: bool = False
+          ) -> Dict[str, Mode]:
     """The MIG mode of each GPU at ``addresses``, from one nvidia-smi run.
+
+    ``named`` (one GPU): the run names it (``-i``). Without ``-i`` nvidia-smi
+    opens every GPU, a client of any whose MIG mode another thread of the boot
+    step changes at that moment; a hook (holding the host lock) asks once for all.
 
     Why the mode is read this way: sysfs has no MIG-mode attribute, and
     ``/proc/driver/nvidia/capabilities/gpu<N>/mig/`` lists the access files of GPU
@@ -242,8 +247,10 @@ def modes(addresses: Iterable[str], timeout: float = TIMEOUT) -> Dict[str, Mode]
     run, times out, fails or does not name a GPU asked about.
     """
     wanted = list(addresses)
+    which = ["-i", smi_address(wanted[0])] if named and len(wanted) == 1 else []
     try:
-        result = run.run([tool(), *QUERY], timeout, what="nvidia-smi --query-gpu=mig.mode.current")
+        result = run.run([tool(), *which, *QUERY], timeout,
+                         what="nvidia-smi --query-gpu=mig.mode.current")
     except CommandError as error:
         raise MigError(str(error)) from None
     found = parse_modes(result.stdout)
@@ -283,7 +290,7 @@ def pending_warning(output: str) -> bool:
 
 
 def enable(address: str, timeout: float = TIMEOUT) -> Enabled:
-    """Run ``nvidia-smi -i <GPU> -mig 1`` and read the mode back; MigError when it fails."""
+    """Run ``nvidia-smi -i <GPU> -mig 1`` and read its mode back (``-i``); MigError when it fails."""
     command = [tool(), "-i", smi_address(address), "-mig", "1"]
     try:
         result = run.run(command, timeout, check=False, what=enable_command(address))
@@ -294,7 +301,7 @@ def enable(address: str, timeout: float = TIMEOUT) -> Enabled:
     if result.returncode != 0:
         why = text.cause(result.stderr or result.stdout) or f"exit status {result.returncode}"
         raise MigError(f"{enable_command(address)} failed: {why}")
-    mode = modes([address], timeout)[address]
+    mode = modes([address], timeout, named=True)[address]
     if pending_warning(said) and mode.enabled:
         mode = mode._replace(current="Disabled")  # nvidia-smi's word: not in force yet
     log.info("%s: %s", enable_command(address), bounded(said) or "no output")
@@ -327,6 +334,18 @@ def by_gpu(assignments: Sequence) -> Dict[str, List[str]]:
     return out
 
 
+def _clients_said(gpu: str, unit: str = "") -> str:
+    """``; <advice>`` naming the neighbours' NVML clients that are active; '' when none is known."""
+    from . import gpuclients
+    from .errors import ServiceError
+
+    try:
+        clients = gpuclients.active()
+    except (ServiceError, ValueError):
+        return ""
+    return f"; {gpuclients.advice(gpu, clients, unit)}" if clients else ""
+
+
 def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "",
                   found: Optional[Mapping[str, Mode]] = None) -> List[str]:
     """Why the MIG-backed profiles ``wanted`` (``{GPU: [profile names]}``) cannot be given now.
@@ -356,7 +375,8 @@ def mode_problems(wanted: Mapping[str, Sequence[str]], unit: str = "",
                 f"({OPTION}) need")
         if mode.enable_pending:
             out.append(f"{head}: enabling it is pending; "
-                       + PENDING_STEPS.format(run=f"{run_it} gpu={address}"))
+                       + PENDING_STEPS.format(run=f"{run_it} gpu={address}")
+                       + _clients_said(address, unit))
         else:
             out.append(f"{head}: {run_it} gpu={address} (it runs {enable_command(address)})")
     return out
@@ -785,14 +805,15 @@ def at_boot(need: Need, until: float, attempts: int = 3, pause: float = 5) -> bo
         return max(1.0, min(TIMEOUT, until - time.monotonic()))
 
     try:
-        mode = modes([gpu], left())[gpu]
+        mode = modes([gpu], left(), named=True)[gpu]  # other GPUs' modes may be changing now
         runs = 0
         while not mode.enabled:
             if runs == attempts or time.monotonic() >= until:
                 log.error("GPU %s: MIG mode is still pending after %d run%s of %s: another client "
                           "uses the GPU; stop it, then run the charm's enable-mig action (or "
-                          "systemctl restart %s); its GPU instances are not created", gpu, runs,
-                          "" if runs == 1 else "s", enable_command(gpu), "nvidia-vgpu-vfs.service")
+                          "systemctl restart %s); its GPU instances are not created%s", gpu, runs,
+                          "" if runs == 1 else "s", enable_command(gpu), "nvidia-vgpu-vfs.service",
+                          _clients_said(gpu))
                 return False
             if runs:
                 time.sleep(max(0.0, min(pause * 2 ** (runs - 1), until - time.monotonic())))

@@ -111,6 +111,20 @@ def restart(name: str) -> None:
     _change("restart", name)
 
 
+def stop(name: str) -> None:
+    """Stop one unit now (it stays enabled)."""
+    _change("stop", name)
+
+
+def start(name: str, wait: bool = True) -> None:
+    """Start one unit; ``wait`` False queues the start (``--no-block``) and returns at once.
+
+    The boot step starts units that are ordered after it that way: a blocking
+    start would wait for the boot step itself.
+    """
+    _change("start", name, block=wait)
+
+
 def stop_and_disable(name: str) -> None:
     """Stop one unit and keep it from starting at boot (what removing it needs first)."""
     for verb in ("stop", "disable"):
@@ -131,10 +145,11 @@ def _undo(done: List[Tuple[str, str]], was_active: Dict[str, bool]) -> List[str]
     return left
 
 
-def _change(verb: str, name: str = "") -> None:
-    """``systemctl <verb> [<name>]``; ServiceError saying what failed, cause first."""
+def _change(verb: str, name: str = "", block: bool = True) -> None:
+    """``systemctl [--no-block] <verb> [<name>]``; ServiceError saying what failed, cause first."""
     timeout = CHANGE_TIMEOUT if verb in ("stop", "start", "restart") else SWITCH_TIMEOUT
-    cmd = ["systemctl", verb, *_checked([name] if name else [])]
+    cmd = ["systemctl", *(() if block else ("--no-block",)), verb,
+           *_checked([name] if name else [])]
     what = " ".join(cmd)
     log.info("%s", what)
     try:

@@ -21,14 +21,15 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from string import Template
 from types import MappingProxyType
-from typing import Dict, Iterable, List, Mapping, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 from . import APP, bootfile, files, hostlock, hostroot, kernel, pci, run, services, text
-from .errors import CommandError, ServiceError, SriovError
+from .errors import CommandError, HostReadError, ServiceError, SriovError
 from .record import NamedTuple
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,15 @@ BOOT_SCRIPT = kernel.CHARM_ROOT / "src" / "vgpu_boot.py"
 DATA_FILE = bootfile.DATA_FILE
 DATA_VERSION = bootfile.DATA_VERSION
 NVIDIA_DRIVER = "nvidia"
+STUB_DRIVER = "pci-pf-stub"  # sriov-manage binds a GPU to it while it writes sriov_numvfs
+DRIVERS = "sys/bus/pci/drivers"
 TIMEOUT = 300  # one sriov-manage run
 HOOK_BUDGET = 480  # every sriov-manage run of one hook together
 MIN_CALL = 0.5  # a GPU with less time than this left is not tried in this hook
 _SYSTEMD_WORD = re.compile(r"[A-Za-z0-9/._+@:-]+")
+# One sriov-manage run at a time in this process (the boot step's threads); between processes
+# the host lock (vgpu.hostlock) is held by every caller: the boot step, hooks and actions.
+_ONE_AT_A_TIME = threading.Lock()
 
 
 class Selection(NamedTuple):
@@ -79,7 +85,7 @@ def selected(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Selection:
     owners = host.owners()  # as host.gpu(address), for every address
     for addresses in mapping.values():
         if tuple(addresses) == ("all",):
-            chosen.update((g.address, g) for g in gpus if g.driver == NVIDIA_DRIVER)
+            chosen.update((g.address, g) for g in gpus if ours(g.driver))
             continue
         for address in addresses:
             gpu = owners.get(address)
@@ -87,10 +93,24 @@ def selected(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Selection:
             if gpu is not None and gpu.sriov:
                 named[gpu.address] = gpu
     chosen.update(named)
-    wanted = tuple(a for a in sorted(chosen) if chosen[a].driver == NVIDIA_DRIVER)
-    refused = {a: f"it is bound to {chosen[a].driver or 'no driver'}, not {NVIDIA_DRIVER}"
-               for a in sorted(chosen) if chosen[a].driver != NVIDIA_DRIVER}
+    wanted = tuple(a for a in sorted(chosen) if ours(chosen[a].driver))
+    refused = {a: f"it is bound to {chosen[a].driver}, not {NVIDIA_DRIVER}"
+               for a in sorted(chosen) if not ours(chosen[a].driver)}
     return Selection(wanted, refused)
+
+
+def unbound(driver: Optional[str]) -> bool:
+    """A GPU that sriov-manage left unbound: no driver, or still on pci-pf-stub (see :func:`rebind`)."""
+    return driver is None or driver == STUB_DRIVER
+
+
+def ours(driver: Optional[str]) -> bool:
+    """Bound to nvidia, or left unbound by a failed sriov-manage run: the charm's to enable.
+
+    A GPU bound to any other driver (vfio-pci: whole-GPU passthrough) was given
+    to it on purpose and is left alone.
+    """
+    return driver == NVIDIA_DRIVER or unbound(driver)
 
 
 def _by_bus(address: str, gpus: Sequence[pci.Gpu]):
@@ -125,10 +145,33 @@ def enable(addresses: Iterable[str], budget: float = 0) -> Dict[str, str]:
 
 
 def enable_one(address: str, timeout: float) -> str:
-    """Run ``sriov-manage -e <address>`` once; '' when it succeeded, else why not (one line)."""
+    """Run ``sriov-manage -e <address>`` once; '' when it succeeded, else why not (one line).
+
+    Never two at once: NVIDIA's script unbinds the GPU from nvidia, registers its
+    ``vendor device`` in pci-pf-stub's ``new_id`` table (shared by every run),
+    binds the stub, writes ``sriov_numvfs``, removes the id and binds nvidia
+    again, then runs ``nvidia-smi -pm 1`` on every GPU; two runs race on the table
+    and the unbind (StackHPC orders each GPU's unit after the previous one:
+    stackhpc/ansible-collection-linux ``roles/vgpu/templates/nvidia-sriov.service.j2``).
+    A GPU that a failed run left unbound is bound to nvidia again first
+    (:func:`rebind`; StackHPC writes the address to ``nvidia/bind`` before every
+    run), since every later run fails on it.
+    """
     tool = hostroot.path(SRIOV_MANAGE)
     if not tool.exists():
         return f"/{SRIOV_MANAGE} not found (is the vGPU host driver installed?)"
+    with _ONE_AT_A_TIME:
+        if _present(address) and unbound(driver_of(address)):
+            why = rebind(address)
+            if why:
+                return why
+        why = _run_once(tool, address, timeout)
+        if why and _present(address) and unbound(driver_of(address)) and not rebind(address):
+            why += "; the GPU, left unbound, is bound to nvidia again"
+        return why
+
+
+def _run_once(tool: Path, address: str, timeout: float) -> str:
     what = f"sriov-manage -e {address}"
     try:
         out = run.run([str(tool), "-e", address], round(timeout, 1), check=False, what=what)
@@ -137,6 +180,82 @@ def enable_one(address: str, timeout: float) -> str:
     if out.returncode != 0:  # the script may say why on either stream
         why = text.cause(out.stderr or out.stdout) or f"exit status {out.returncode}"
         return f"{what} failed: {why}"
+    return ""
+
+
+def _present(address: str) -> bool:
+    return os.path.exists(hostroot.text_path(pci.PCI_DEVICES, address))
+
+
+def driver_of(address: str) -> Optional[str]:
+    """The driver the device at ``address`` is bound to now; None when none."""
+    try:
+        return os.path.basename(os.readlink(hostroot.text_path(pci.PCI_DEVICES, address,
+                                                                "driver")))
+    except OSError:
+        return None
+
+
+def recover_commands(address: str, ids: str = "10de <device id>") -> str:
+    """What an operator runs to bind a GPU a failed sriov-manage left unbound, then enable it."""
+    stub, nvidia = f"/{DRIVERS}/{STUB_DRIVER}", f"/{DRIVERS}/{NVIDIA_DRIVER}"
+    return (f"echo '{ids}' > {stub}/remove_id; echo {address} > {stub}/unbind; "
+            f"echo {address} > {nvidia}/bind; /{SRIOV_MANAGE} -e {address}")
+
+
+def rebind(address: str) -> str:
+    """Bind a GPU that a failed sriov-manage run left unbound to nvidia again; '' once it is.
+
+    As NVIDIA's sriov-manage ends a good run: its ``vendor device`` removed from
+    pci-pf-stub's ``new_id`` table (``remove_id``: else the VFs it makes next are
+    claimed by the stub too; the kernel answers ENODEV for an id not there), the
+    GPU let go by the stub (``unbind``), and its address written to
+    ``/sys/bus/pci/drivers/nvidia/bind`` (StackHPC's nvidia-sriov.service.j2 does
+    that before every run). Whether it worked is read from the driver's directory,
+    which lists each device bound to it. Else why not, with the commands that
+    recover it by hand.
+    """
+    device = hostroot.text_path(pci.PCI_DEVICES, address)
+    try:
+        ids = " ".join((hostroot.read_text(hostroot.path(pci.PCI_DEVICES, address, name)) or ""
+                        ).strip().removeprefix("0x") for name in ("vendor", "device"))
+    except (HostReadError, OSError) as error:
+        return f"it is left unbound and its ids cannot be read: {error}"
+    if not re.fullmatch(r"[0-9a-f]{4} [0-9a-f]{4}", ids):  # sysfs's own words only, never text
+        return (f"it is left unbound and its ids read {text.quote(ids, 40)}, not a vendor and "
+                f"device id; recover it with: {recover_commands(address)}")
+    was = f"left on {STUB_DRIVER}" if driver_of(address) == STUB_DRIVER else "left unbound"
+    nvidia = hostroot.text_path(DRIVERS, NVIDIA_DRIVER)
+    if not os.path.isdir(nvidia):
+        return (f"it is {was} and the nvidia driver is not loaded (is the vGPU host driver "
+                "installed, and the host rebooted since?)")
+    stub = hostroot.text_path(DRIVERS, STUB_DRIVER)
+    if os.path.isdir(stub):
+        _control(os.path.join(stub, "remove_id"), ids)  # ENODEV: not registered, as wanted
+        if driver_of(address) == STUB_DRIVER:
+            _control(os.path.join(stub, "unbind"), address)
+    failed = _control(os.path.join(nvidia, "bind"), address)
+    try:
+        bound = address in os.listdir(nvidia) and os.path.exists(device)
+    except OSError as error:
+        bound, failed = False, failed or (error.strerror or str(error))
+    if bound:
+        log.info("GPU %s: %s by a failed sriov-manage run: bound to nvidia again", address, was)
+        return ""
+    return (f"it is {was} by a failed sriov-manage run and binding it to nvidia failed"
+            f"{': ' + failed if failed else ''}; recover it with: {recover_commands(address, ids)}")
+
+
+def _control(path: str, value: str) -> str:
+    """Write ``value`` to a driver's control file (sysfs: one write); '' or why it failed."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, value.encode("ascii"))
+        finally:
+            os.close(fd)
+    except OSError as error:
+        return f"{hostroot.shown(path)}: {error.strerror or error}"
     return ""
 
 
