@@ -59,6 +59,12 @@ class Monitoring(ops.Object):
         """Why the exporter was last refused ("" when it was not): a blocked status."""
         return self._stored.exporter.get("problem", "")
 
+    def notes(self) -> tuple:
+        """What the active status adds: the operator masked the exporter (persistent or runtime)."""
+        from vgpu import exporter
+
+        return (exporter.MASKED,) if exporter.masked() else ()
+
     def remove(self) -> None:
         """Remove the exporter (charm removal); a problem is logged."""
         from vgpu import exporter
@@ -94,6 +100,7 @@ class Monitoring(ops.Object):
                    and bool(self.model.relations[COS_AGENT]))
         failed = bool(self.problem())  # systemctl's part is done again
         problem = exporter.sync(related, self.model.config.get(exporter.OPTION),
-                                restart=isinstance(event, ops.UpgradeCharmEvent) or failed)
+                                restart=isinstance(event, ops.UpgradeCharmEvent) or failed,
+                                tenants=self.model.config.get(exporter.TENANTS_OPTION))
         if self.problem() != problem:
             self._stored.exporter = {"problem": problem} if problem else {}

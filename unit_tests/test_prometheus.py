@@ -93,7 +93,7 @@ def scene(ctx, root, tools, packages, tmp_path, monkeypatch):
     tools.set_active("nvidia-vgpu-mgr")
     port = free_port()
     config = {"vgpu-device-mappings": "{L40S-12Q: all, 'NVIDIA H200X-35C': ['c1:00.0']}",
-              "metrics-port": port}
+              "metrics-port": port, "exporter-tenant-identities": True}  # Prometheus runs as root
     out = ctx.run(ctx.on.config_changed(), state(config, resource=packages["old"]))
     for n, vf in enumerate(H200_VFS):  # the H200's four H200X-35C all held: the type exhausted
         running_guest(root, f"instance-0000005{n}", f"5555555{n}-5555-4555-8555-555555555555",
@@ -115,7 +115,12 @@ def scene(ctx, root, tools, packages, tmp_path, monkeypatch):
              "util": {"sm": 40, "memory": 12, "encoder": 0, "decoder": 0}},
             {"id": 2, "uuid": "vgpu-licensed", "vm": "55555551-5555-4555-8555-555555555555",
              "type": 1282, "licensed": 1, "state": 5, "fb": 9 << 30,
-             "util": {"sm": 90, "memory": 70, "encoder": 0, "decoder": 0}}]}]}))
+             "util": {"sm": 90, "memory": 70, "encoder": 0, "decoder": 0}},
+            # Two vGPUs of one type NVML cannot identify (UUID and VM calls fail): issue 34 item 3.
+            *({"id": n, "uuid": "", "vm": "", "type": 1282, "licensed": 0, "state": 3,
+               "fb": 3 << 30, "util": {"sm": 5, "memory": 1, "encoder": 0, "decoder": 0},
+               "fail": {"nvmlVgpuInstanceGetUUID": 999, "nvmlVgpuInstanceGetVmID": 999}}
+              for n in (3, 4))]}]}))
     return {"root": root, "port": port, "published": published, "nvml": nvml_state,
             "work": tmp_path}
 
@@ -196,7 +201,8 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         active = {r["name"] for r in rules if r["state"] in ("pending", "firing")}
         assert active == {"NvidiaVgpuTypeCapacityExhausted", "NvidiaVgpuBootStepFailed",
                           "NvidiaVgpuPublishedVfWithoutType", "NvidiaVgpuMappingNotApplied",
-                          "NvidiaVgpuUnlicensedPastGracePeriod", "NvidiaVgpuUnlicensed"}
+                          "NvidiaVgpuUnlicensedPastGracePeriod", "NvidiaVgpuUnlicensed",
+                          "NvidiaVgpuExporterSourceUnreadable"}  # nvml: the failed calls
         firing = {a["labels"]["alertname"]: a["labels"] for a in api(web, "alerts")["data"]["alerts"]
                   if a["state"] == "firing"}
         assert firing["NvidiaVgpuBootStepFailed"]["gpu"] == L40S  # no "for": at once
@@ -204,5 +210,15 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         (summary,) = [a["annotations"]["summary"] for a in api(web, "alerts")["data"]["alerts"]
                       if a["labels"]["alertname"] == "NvidiaVgpuBootStepFailed"]
         assert summary.startswith("A hook doing the boot step's work did not restore GPU "), summary
+        # Both vGPUs NVML cannot identify kept their series (none replaced the other), counted.
+        restricted = api(web, "query", query=f'nvidia_vgpu_vgpu_license_state{{gpu="{H200}"}} == 3')
+        assert sorted(r["metric"]["vgpu_instance"] for r in restricted["data"]["result"]) == [
+            "1", "3", "4"]
+        (unidentified,) = api(web, "query", query="nvidia_vgpu_gpu_unidentified_vgpu_instances")[
+            "data"]["result"]
+        assert unidentified["value"][1] == "2" and unidentified["metric"]["gpu"] == H200
+        alerts = api(web, "query", query='ALERTS{alertname="NvidiaVgpuUnlicensedPastGracePeriod"}')
+        assert sorted(r["metric"]["vgpu_instance"] for r in alerts["data"]["result"]) == [
+            "1", "3", "4"]  # it can fire for each of them
         assert server.poll() is None
     assert {m.name for m in metrics.METRICS} <= scraped  # every metric reached Prometheus
