@@ -183,7 +183,7 @@ def remove() -> bool:
     return True
 
 
-def sync(related: bool, option=None, restart: bool = False, tenants: bool = False) -> str:
+def sync(related: bool, option=None, restart: bool = False, tenants: object = False) -> str:
     """The exporter for ``option`` (``metrics-port``) while ``related``, else none; why not, or "".
 
     ``tenants``: :data:`TENANTS_OPTION` (a value that is not True counts as off).
