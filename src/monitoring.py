@@ -10,9 +10,10 @@ charm library's provider, which gives the collector the scrape job, the alert
 rules and the dashboard. ``src/charm.py`` creates one :class:`Monitoring`
 and asks it for its status (:meth:`Monitoring.problem`) and on remove.
 
-Neither the library (pydantic, cosl: about a quarter of a second) nor
-:mod:`vgpu.exporter` is imported on a hook that does not need it: the exporter
-adds nothing to update-status.
+The library (pydantic, cosl: about a quarter of a second) is not imported on
+a hook that does not need it. The exporter adds to update-status only the
+status's look at whether the operator masked its unit (two ``readlink``\ s,
+:meth:`Monitoring.notes`).
 """
 
 from __future__ import annotations
