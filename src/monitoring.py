@@ -12,7 +12,7 @@ and asks it for its status (:meth:`Monitoring.problem`) and on remove.
 
 The library (pydantic, cosl: about a quarter of a second) is not imported on
 a hook that does not need it. The exporter adds to update-status only the
-status's look at whether the operator masked its unit (two ``readlink``\ s,
+status's look at whether the operator masked its unit (two ``readlink`` calls,
 :meth:`Monitoring.notes`).
 """
 

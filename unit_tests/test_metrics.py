@@ -12,13 +12,14 @@ import pytest
 
 from unit_tests.fake_pynvml import pynvml as fake
 from unit_tests.fakehost import assign_vfio_type, l40s_host
-from unit_tests.libvirt import broken_guest, running_guest
+from unit_tests.libvirt import broken_guest, defined_guest, running_guest
 from unit_tests.test_boot import data, gpu
 from vgpu import bootresult, metrics, nvml, sriov
 
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
 L40S_VFS = ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6", "0000:81:00.7")
 VM_1 = "11111111-1111-4111-8111-111111111111"
+VM_2, VM_3 = "22222222-2222-4222-8222-222222222222", "33333333-3333-4333-8333-333333333333"
 # Prometheus' naming rules (prometheus.io, "Metric and label naming"): snake case, one
 # application prefix, base units with their suffix, _info for info gauges, no _total on gauges.
 NAME = re.compile(r"nvidia_vgpu_[a-z][a-z0-9_]*\Z")
@@ -95,6 +96,18 @@ def test_a_mapped_host_reads_as_samples_each_as_its_metric_declares(mapped):
     assert by_series(samples, "nvidia_vgpu_published_vf_holds_type") == {
         (L40S, vf, "L40S-12Q"): 1 for vf in L40S_VFS}
     assert by_series(samples, "nvidia_vgpu_exporter_scrape_duration_seconds")[()] >= 0
+
+
+def test_two_definitions_naming_one_vf_are_one_series_counting_both(mapped, root):
+    """Without tenant identities two guests on one device would give equal label sets."""
+    defined_guest(root, "instance-00000041", VM_2, pci_address=L40S_VFS[2])
+    defined_guest(root, "instance-00000042", VM_3, pci_address=L40S_VFS[2])
+    samples = metrics.collect(tenants=True)
+    guests = by_series(samples, "nvidia_vgpu_guest_info")
+    assert guests[("nvidia-1139", "nvidia-1139", L40S, L40S_VFS[2], "shut off")] == 2
+    assert len(by_series(samples, "nvidia_vgpu_guest_tenant_info")) == 3
+    series = [(s.name, s.labels) for s in samples]
+    assert len(series) == len(set(series))
 
 
 def test_tenant_identities_only_when_asked_for(mapped):

@@ -77,9 +77,10 @@ METRICS: Tuple[Metric, ...] = (
            "Of the used vGPUs, those counted as used because something could not be read",
            ("gpu", "type")),
     Metric("nvidia_vgpu_guest_info",
-           "One series per vGPU a guest holds, 1: the type and profile, the GPU, the device "
-           "(VF address or mdev UUID) and the guest's state (running, shut off); no tenant "
-           "identity (nvidia_vgpu_guest_tenant_info)",
+           "One series per vGPU a guest holds, 1 (more where as many guests' definitions name "
+           "the device): the type and profile, the GPU, the device (VF address or mdev UUID) "
+           "and the guest's state (running, shut off); no tenant identity "
+           "(nvidia_vgpu_guest_tenant_info)",
            ("type", "profile", "gpu", "device", "state")),
     Metric("nvidia_vgpu_boot_last_run_timestamp_seconds",
            "When the restore after a boot last finished, in seconds since the epoch, and who ran "
@@ -255,14 +256,18 @@ def _capacity(out: _Out, host: pci.Host, driver_version: Optional[str],
                 out.add("nvidia_vgpu_type_available_instances", found.available, **labels)
             out.add("nvidia_vgpu_type_used_instances", found.used, **labels)
             out.add("nvidia_vgpu_type_uncertain_instances", found.uncertain, **labels)
+    held: Dict[Tuple[str, ...], int] = {}  # one series per device and state, however many name it
     for use in usage.in_use(host, domains, learnt=learnt, driver_version=driver_version):
         device = use.mdev_uuid or use.address
-        out.add("nvidia_vgpu_guest_info", 1, type=use.type_id, profile=use.profile, gpu=use.gpu,
-                device=device, state=use.state)
+        key = (use.type_id, use.profile, use.gpu, device, use.state)
+        held[key] = held.get(key, 0) + 1
         if tenants:
             out.add("nvidia_vgpu_guest_tenant_info", 1, gpu=use.gpu, device=device,
                     instance_uuid=use.instance_uuid, project_id=use.project_id,
                     project_name=use.project_name)
+    for (type_id, profile, gpu, device, state), count in held.items():
+        out.add("nvidia_vgpu_guest_info", count, type=type_id, profile=profile, gpu=gpu,
+                device=device, state=state)
 
 
 def _plans() -> list:
