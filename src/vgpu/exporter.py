@@ -224,13 +224,7 @@ def masked() -> bool:
     Both put a link to ``/dev/null`` in the unit's place: ``/etc/systemd/system`` (where the
     charm writes the unit) or ``/run/systemd/system``.
     """
-    for name in (UNIT_FILE, RUNTIME_UNIT_FILE):
-        try:
-            if os.readlink(hostroot.path(name)) == os.devnull:
-                return True
-        except OSError:
-            continue
-    return False
+    return files.masked(hostroot.path(UNIT_FILE), hostroot.path(RUNTIME_UNIT_FILE))
 
 
 MASKED = (f"{UNIT} is masked: no vGPU metrics until it is unmasked "

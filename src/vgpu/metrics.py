@@ -265,9 +265,9 @@ def _capacity(out: _Out, host: pci.Host, driver_version: Optional[str],
             out.add("nvidia_vgpu_guest_tenant_info", 1, gpu=use.gpu, device=device,
                     instance_uuid=use.instance_uuid, project_id=use.project_id,
                     project_name=use.project_name)
-    for (type_id, profile, gpu, device, state), count in held.items():
-        out.add("nvidia_vgpu_guest_info", count, type=type_id, profile=profile, gpu=gpu,
-                device=device, state=state)
+    for series, count in held.items():
+        out.add("nvidia_vgpu_guest_info", count,
+                **dict(zip(("type", "profile", "gpu", "device", "state"), series)))
 
 
 def _plans() -> list:
