@@ -107,7 +107,8 @@ def main(argv) -> int:
     session = nvml.Session()
     try:
         server = serve.Server(ADDRESS, args.port,
-                              answerer(SharedSession(session), args.tenant_identities))
+                              answerer(SharedSession(session), args.tenant_identities),
+                              identify=args.tenant_identities)
     except OSError as error:
         logging.error("cannot listen on %s:%d: %s", ADDRESS, args.port, error.strerror or error)
         return 2

@@ -52,9 +52,10 @@ def closed_by_server(connection):
         return True
 
 
-def test_a_request_is_answered_with_who_asked(server):
-    made = server()
+def test_a_request_is_answered_with_who_asked_where_asked_to_look(server):
+    made = server(identify=True)
     assert get(made.port, "/metrics?x=1") == (200, f"{os.getuid()} /metrics?x=1\n")
+    assert get(server().port) == (200, "None /metrics\n")  # no need: the kernel's table unread
 
 
 def test_the_peer_is_found_in_the_kernels_socket_table_as_its_owner():

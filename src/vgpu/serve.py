@@ -47,9 +47,13 @@ class Server:
 
     def __init__(self, address: str, port: int, answer: Answer, *,
                  connections: int = CONNECTIONS, workers: int = WORKERS,
-                 idle: float = IDLE) -> None:
-        """Listen now (OSError when the port cannot be taken); answer nothing until serve()."""
+                 idle: float = IDLE, identify: bool = False) -> None:
+        """Listen now (OSError when the port cannot be taken); answer nothing until serve().
+
+        ``identify``: look up each request's user (:func:`peer_uid`); else it is None.
+        """
         self._answer = answer
+        self._identify = identify
         self._connections = connections
         self._idle = idle
         self._workers = threading.BoundedSemaphore(workers)
@@ -171,7 +175,8 @@ class Server:
                 _send(connection, "405 Method Not Allowed", "text/plain", b"GET only\n")
                 return
             try:
-                status, kind, body = self._answer(peer_uid(connection), request[1])
+                uid = peer_uid(connection) if self._identify else None
+                status, kind, body = self._answer(uid, request[1])
             except Exception:  # the answer says so; the server goes on
                 log.exception("answering %s", request[1][:100])
                 status, kind, body = "500 Internal Server Error", "text/plain", b"failed\n"
