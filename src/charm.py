@@ -296,7 +296,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 neighbours.installed_of(here.packages), self._publishes_sections(),
                 self._principal(), load=self._host.principal_conf)),
             mapped=self._mapped() if status.missing_gpus(here, published) else (),
-            notes=tuple(self._notes))
+            notes=tuple(self._notes) + self._monitoring.notes())
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):

@@ -10,9 +10,10 @@ charm library's provider, which gives the collector the scrape job, the alert
 rules and the dashboard. ``src/charm.py`` creates one :class:`Monitoring`
 and asks it for its status (:meth:`Monitoring.problem`) and on remove.
 
-Neither the library (pydantic, cosl: about a quarter of a second) nor
-:mod:`vgpu.exporter` is imported on a hook that does not need it: the exporter
-adds nothing to update-status.
+The library (pydantic, cosl: about a quarter of a second) is not imported on
+a hook that does not need it. The exporter adds to update-status only the
+status's look at whether the operator masked its unit (two ``readlink`` calls,
+:meth:`Monitoring.notes`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class Monitoring(ops.Object):
         """Why the exporter was last refused ("" when it was not): a blocked status."""
         return self._stored.exporter.get("problem", "")
 
+    def notes(self) -> tuple:
+        """What the active status adds: the operator masked the exporter (persistent or runtime)."""
+        from vgpu import exporter
+
+        return (exporter.MASKED,) if exporter.masked() else ()
+
     def remove(self) -> None:
         """Remove the exporter (charm removal); a problem is logged."""
         from vgpu import exporter
@@ -97,6 +104,7 @@ class Monitoring(ops.Object):
                    and bool(self.model.relations[COS_AGENT]))
         failed = bool(self.problem())  # systemctl's part is done again
         problem = exporter.sync(related, self.model.config.get(exporter.OPTION),
-                                restart=isinstance(event, ops.UpgradeCharmEvent) or failed)
+                                restart=isinstance(event, ops.UpgradeCharmEvent) or failed,
+                                tenants=self.model.config.get(exporter.TENANTS_OPTION))
         if self.problem() != problem:
             self._stored.exporter = {"problem": problem} if problem else {}

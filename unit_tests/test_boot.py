@@ -761,6 +761,27 @@ def test_a_boot_step_that_cannot_take_the_lock_exits_0_once_a_hook_did_its_work(
                 "the unit's status names what is missing") in out
 
 
+def test_about_300_mdevs_left_behind_are_written_bounded_and_all_counted(root):
+    """issue 34 item 7: written as it is read (64 KiB), the overflow counted, never "none"."""
+    from vgpu import bootfile
+
+    left = [{"uuid": f"{n:08x}-0000-4000-8000-000000000000", "parent": E1, "type": "nvidia-109",
+             "why": "its parent 0000:e1:00.0 is gone: " + "x" * 100} for n in range(300)]
+    bootfile.write(bootfile.BY_BOOT, 1, left)
+    assert (root / bootfile.LEFT).stat().st_size <= bootfile.LEFT_LIMIT
+    found = bootfile.left()
+    assert 0 < len(found["mdevs"]) < 300 and len(found["mdevs"]) + found["more"] == 300
+    (message,) = bootfile.left_behind(found)
+    assert message.startswith("after this boot, the boot step could not create again the mdevs "
+                              f"{left[0]['uuid']} (nvidia-109 on {E1}: its parent")
+    assert " and 298 more that instances hold: " in message
+    (root / bootfile.LEFT).write_text("{")  # cut short: what was left cannot be told, and is said
+    assert bootfile.left_behind(bootfile.left()) == [
+        "after this boot, the mdevs the boot step could not create again cannot be told: "
+        f"/{bootfile.LEFT} not JSON; journalctl -u nvidia-vgpu-vfs.service says what was left; "
+        "systemctl restart nvidia-vgpu-vfs.service tries again"]
+
+
 def test_the_mark_says_whether_a_hook_still_has_the_boot_steps_work_to_do(root):
     """No mark, or the boot step's own incomplete run: a hook does the work (vgpu.boot.catch_up)."""
     from vgpu import bootfile

@@ -166,3 +166,60 @@ def test_an_exporter_that_could_not_be_enabled_is_enabled_and_started_by_a_later
     assert f"systemctl enable {exporter.UNIT}" in done
     assert f"systemctl restart {exporter.UNIT}" in done
     assert out.unit_status.name == "active", out.unit_status
+
+
+def test_a_port_taken_before_any_exporter_is_never_published_as_a_scrape_job(
+        ctx, v100, root, tools, packages):
+    """issue 34 item 5: another process on 10230; the collector must not scrape it as ours."""
+    from unit_tests.test_exporter import TCP, proc_net
+
+    proc_net(root, tcp=TCP + "   4: 0100007F:27F6 00000000:0000 0A 0 0 0 0 0 5 1\n")  # :10230
+    out = joined(ctx, packages)
+    assert out.unit_status.name == "blocked"
+    assert "another process listens on it" in out.unit_status.message
+    assert exporter.installed_port() is None
+    assert published(out)["metrics_scrape_jobs"] == []  # no job: nothing of ours to scrape
+    # A free port given: the exporter runs there, and that is the job.
+    fixed = ctx.run(ctx.on.config_changed(), again(out, {"metrics-port": 10231}))
+    assert published(fixed)["metrics_scrape_jobs"][0]["static_configs"][0]["targets"] == [
+        "127.0.0.1:10231"]
+
+
+@pytest.mark.parametrize("where", [exporter.UNIT_FILE, exporter.RUNTIME_UNIT_FILE])
+def test_an_operators_mask_is_respected_by_every_hook_and_said(ctx, v100, root, tools, packages,
+                                                              where):
+    """issue 34 item 8: ``systemctl mask`` (persistent: /etc; --runtime: /run) stays."""
+    first = joined(ctx, packages)
+    link = root / where
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.exists():
+        link.unlink()
+    link.symlink_to(os.devnull)  # what systemctl mask does
+    calls = len(tools.calls())
+    out = first
+    for hook in ("config_changed", "upgrade_charm", "relation_changed"):
+        before = again(out)
+        cos = before.get_relations("cos-agent")[0]
+        event = ctx.on.relation_changed(cos) if hook == "relation_changed" else getattr(
+            ctx.on, hook)()
+        out = ctx.run(event, before)
+        assert os.readlink(link) == os.devnull
+        assert not [c for c in tools.calls()[calls:] if exporter.UNIT in c]
+        assert out.unit_status.name == "active"
+        assert out.unit_status.message.endswith(exporter.MASKED), out.unit_status
+        assert published(out)["metrics_scrape_jobs"] == []
+    before = again(out)
+    ctx.run(ctx.on.relation_broken(before.get_relations("cos-agent")[0]), before)
+    # the relation gone: the mask still stays
+    assert os.readlink(link) == os.devnull
+
+
+def test_tenant_identities_are_served_only_where_the_operator_opts_in(ctx, v100, root, tools,
+                                                                     packages):
+    first = joined(ctx, packages)
+    assert "--tenant-identities" not in (root / exporter.UNIT_FILE).read_text()
+    out = ctx.run(ctx.on.config_changed(), again(first, {"exporter-tenant-identities": True}))
+    assert " --tenant-identities --port 10230\n" in (root / exporter.UNIT_FILE).read_text()
+    assert exporter.installed_port() == 10230
+    ctx.run(ctx.on.config_changed(), again(out, {"exporter-tenant-identities": False}))
+    assert "--tenant-identities" not in (root / exporter.UNIT_FILE).read_text()

@@ -129,7 +129,7 @@ def test_nvml_figures_reach_the_scrape(host, root, tmp_path):
                  port):
         found = families(get(port))
         (sample,) = found["nvidia_vgpu_vgpu_framebuffer_used_bytes"].samples
-        assert sample.labels == {"gpu": "0000:81:00.0", "vgpu_uuid": "v-1", "instance_uuid": VM_1,
+        assert sample.labels == {"gpu": "0000:81:00.0", "vgpu_instance": "3", "vgpu_uuid": "v-1",
                                  "type": "nvidia-1139"}
         assert sample.value == 5 << 30
         state.write_text(json.dumps({"driver": "570.158.02", "fail": {"nvmlDeviceGetCount": 999},
@@ -195,6 +195,109 @@ def test_a_journal_that_hangs_never_stalls_a_scrape(host, root, bindir):
     assert process.returncode == 0  # SIGTERM while journalctl hangs: still a clean stop
     time.sleep(0.5)
     assert not [c.pid for c in children if running(c.pid)]  # and it was ended
+def as_user(name, action):
+    """``action()``'s text, run in a child process that is ``name`` (no longer root)."""
+    import pwd
+
+    user = pwd.getpwnam(name)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        status = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            assert os.getuid() == user.pw_uid != 0
+            os.write(write, action().encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        out = pipe.read().decode()
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return out
+
+
+def tenant_series(text):
+    return {name: [s.labels for s in family.samples]
+            for name, family in families(text).items()
+            if name.endswith("_tenant_info") and family.samples}
+
+
+def test_tenant_identities_reach_root_only_and_only_where_the_operator_opts_in(host, root):
+    """issue 34 item 2: a process running as nobody reads no tenant identity, opted in or not."""
+    port = free_port()
+    argv = [sys.executable, str(REPO / "src/vgpu_exporter.py"), "--port", str(port)]
+    with serving(argv, exporter_env(root), port):
+        assert tenant_series(get(port)) == {}  # off by default: root (the collector) gets none
+        as_nobody = as_user("nobody", lambda: get(port))
+        assert "nvidia_vgpu_guest_info" in as_nobody and VM_1 not in as_nobody
+    port = free_port()
+    opted = [sys.executable, str(REPO / "src/vgpu_exporter.py"), "--tenant-identities", "--port",
+             str(port)]
+    with serving(opted, exporter_env(root), port):
+        assert tenant_series(get(port)) == {"nvidia_vgpu_guest_tenant_info": [{
+            "gpu": "0000:81:00.0", "device": "0000:81:00.5", "instance_uuid": VM_1,
+            "project_id": "8f1c2a7d5e3b4c6a9d0e1f2a3b4c5d6e", "project_name": "acme-render"}]}
+        as_nobody = as_user("nobody", lambda: get(port))
+        assert tenant_series(as_nobody) == {}
+        assert VM_1 not in as_nobody and "acme-render" not in as_nobody
+        assert "nvidia_vgpu_guest_info{" in as_nobody  # the rest of the scrape is the same
+
+
+def test_more_idle_connections_than_the_unit_has_tasks_still_leave_scrapes_answered(host, root):
+    """issue 34 item 6: 100 connections that send nothing (TasksMax=32 in the unit)."""
+    port = free_port()
+    argv = [sys.executable, str(REPO / "src/vgpu_exporter.py"), "--port", str(port)]
+    idle = []
+    with serving(argv, exporter_env(root), port) as process:
+        try:
+            for _ in range(100):
+                idle.append(socket.create_connection(("127.0.0.1", port)))
+            idle[0].sendall(b"GET /metrics HTTP/1.0\r\n")  # a head never finished
+            assert "nvidia_vgpu_type_used_instances" in get(port)
+            threads = psutil.Process(process.pid).num_threads()
+            assert threads < 32, threads  # the idle ones hold no thread
+            assert "nvidia_vgpu_type_used_instances" in get(port)
+        finally:
+            for connection in idle:
+                connection.close()
+
+
+def test_a_scrape_that_hangs_on_nvml_never_holds_the_next_one(host):
+    """issue 34 item 1: the NVML session is waited for only so long; the rest is answered."""
+    import threading
+
+    from prometheus_client import generate_latest
+
+    import vgpu_exporter
+    from vgpu import nvml
+
+    release = threading.Event()
+
+    class Hanging:
+        def read(self, *_addresses):
+            release.wait()
+            return nvml.Reading(present=False)
+
+    shared = vgpu_exporter.SharedSession(Hanging(), wait=0.1)
+    first = threading.Thread(target=lambda: generate_latest(vgpu_exporter.registry(shared)))
+    first.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not shared._lock.locked():
+            assert first.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
+        text = generate_latest(vgpu_exporter.registry(shared)).decode()
+    finally:
+        release.set()
+        first.join()
+    assert 'nvidia_vgpu_exporter_source_up{source="nvml"} 0.0' in text
+    assert 'nvidia_vgpu_exporter_source_up{source="pci"} 1.0' in text
 
 
 def test_a_port_that_is_taken_stops_the_exporter_with_a_reason(root):
@@ -316,6 +419,20 @@ def test_a_unit_the_operator_masked_is_left_alone(root, tools):
     assert tools.calls() == [] and not (root / exporter.UNIT_FILE).exists()
 
 
+def test_a_persistent_mask_is_never_replaced_nor_removed(root, tools):
+    """``systemctl mask`` links /etc/systemd/system/<unit> to /dev/null: where the unit goes."""
+    exporter.ensure(exporter.DEFAULT_PORT)
+    unit = root / exporter.UNIT_FILE
+    unit.unlink()
+    unit.symlink_to(os.devnull)
+    calls = len(tools.calls())
+    assert exporter.masked()
+    assert not exporter.ensure(exporter.DEFAULT_PORT, restart=True)
+    assert not exporter.remove()
+    assert os.readlink(unit) == os.devnull and tools.calls()[calls:] == []
+    assert exporter.scrape_configs("h") == []
+
+
 def test_a_start_that_fails_is_said(root, tools):
     tools.fail("restart", exporter.UNIT)
     with pytest.raises(ExporterError, match="the metrics exporter did not start"):
@@ -341,6 +458,8 @@ def test_sync_says_why_and_never_raises(root, tools):
 
 
 def test_the_collector_scrapes_the_port_the_exporter_serves(root, tools):
+    assert exporter.scrape_configs("gpu-1.example") == []  # none installed: nothing to scrape
+    exporter.ensure(exporter.DEFAULT_PORT)
     assert exporter.scrape_configs("gpu-1.example") == [{
         "job_name": "nvidia_vgpu_exporter", "metrics_path": "/metrics",
         "static_configs": [{"targets": ["127.0.0.1:10230"], "labels": {"instance": "gpu-1.example"}}]}]

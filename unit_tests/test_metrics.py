@@ -5,19 +5,21 @@ process and its unit: test_exporter.py. Prometheus scraping it: test_prometheus.
 """
 
 import json
+import os
 import re
 
 import pytest
 
 from unit_tests.fake_pynvml import pynvml as fake
 from unit_tests.fakehost import assign_vfio_type, l40s_host
-from unit_tests.libvirt import broken_guest, running_guest
+from unit_tests.libvirt import broken_guest, defined_guest, running_guest
 from unit_tests.test_boot import data, gpu
 from vgpu import bootresult, metrics, nvml, sriov
 
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
 L40S_VFS = ("0000:81:00.4", "0000:81:00.5", "0000:81:00.6", "0000:81:00.7")
 VM_1 = "11111111-1111-4111-8111-111111111111"
+VM_2, VM_3 = "22222222-2222-4222-8222-222222222222", "33333333-3333-4333-8333-333333333333"
 # Prometheus' naming rules (prometheus.io, "Metric and label naming"): snake case, one
 # application prefix, base units with their suffix, _info for info gauges, no _total on gauges.
 NAME = re.compile(r"nvidia_vgpu_[a-z][a-z0-9_]*\Z")
@@ -59,7 +61,20 @@ def test_the_names_the_issue_fixes_with_their_labels():
     for name in ("nvidia_vgpu_type_max_instances", "nvidia_vgpu_type_available_instances",
                  "nvidia_vgpu_type_used_instances"):
         assert labels[name] == ("gpu", "type")
-    assert {"instance_uuid", "project_id", "type", "gpu"} <= set(labels["nvidia_vgpu_guest_info"])
+    assert {"type", "gpu", "device"} <= set(labels["nvidia_vgpu_guest_info"])
+    assert {"instance_uuid", "project_id"} <= set(labels["nvidia_vgpu_guest_tenant_info"])
+
+
+TENANT = {"instance_uuid", "project_id", "project_name"}
+
+
+def test_tenant_identities_are_in_the_tenant_series_only():
+    """issue 34 item 2: every other series is free of them, whatever the exporter is told."""
+    for metric in metrics.METRICS:
+        if metric.name.endswith("_tenant_info"):
+            assert TENANT & set(metric.labels), metric.name
+        else:
+            assert not TENANT & set(metric.labels), metric.name
 
 
 def test_a_mapped_host_reads_as_samples_each_as_its_metric_declares(mapped):
@@ -73,13 +88,34 @@ def test_a_mapped_host_reads_as_samples_each_as_its_metric_declares(mapped):
     assert by_series(samples, "nvidia_vgpu_gpu_virtual_functions")[(L40S,)] == 16
     (guest,) = [s.labels for s in samples if s.name == "nvidia_vgpu_guest_info"]
     assert dict(zip(metrics.BY_NAME["nvidia_vgpu_guest_info"].labels, guest)) == {
-        "instance_uuid": VM_1, "project_id": "8f1c2a7d5e3b4c6a9d0e1f2a3b4c5d6e",
-        "project_name": "acme-render", "type": "nvidia-1139", "profile": "nvidia-1139",
-        "gpu": L40S, "device": L40S_VFS[1], "state": "running"}
+        "type": "nvidia-1139", "profile": "nvidia-1139", "gpu": L40S, "device": L40S_VFS[1],
+        "state": "running"}
+    assert not by_series(samples, "nvidia_vgpu_guest_tenant_info")  # not asked for
+    assert VM_1 not in repr(samples) and "acme-render" not in repr(samples)
     assert by_series(samples, "nvidia_vgpu_mapping_applied") == {(L40S,): 1}
     assert by_series(samples, "nvidia_vgpu_published_vf_holds_type") == {
         (L40S, vf, "L40S-12Q"): 1 for vf in L40S_VFS}
     assert by_series(samples, "nvidia_vgpu_exporter_scrape_duration_seconds")[()] >= 0
+
+
+def test_two_definitions_naming_one_vf_are_one_series_counting_both(mapped, root):
+    """Without tenant identities two guests on one device would give equal label sets."""
+    defined_guest(root, "instance-00000041", VM_2, pci_address=L40S_VFS[2])
+    defined_guest(root, "instance-00000042", VM_3, pci_address=L40S_VFS[2])
+    samples = metrics.collect(tenants=True)
+    guests = by_series(samples, "nvidia_vgpu_guest_info")
+    assert guests[("nvidia-1139", "nvidia-1139", L40S, L40S_VFS[2], "shut off")] == 2
+    assert len(by_series(samples, "nvidia_vgpu_guest_tenant_info")) == 3
+    series = [(s.name, s.labels) for s in samples]
+    assert len(series) == len(set(series))
+
+
+def test_tenant_identities_only_when_asked_for(mapped):
+    samples = metrics.collect(tenants=True)
+    (tenant,) = [s.labels for s in samples if s.name == "nvidia_vgpu_guest_tenant_info"]
+    assert dict(zip(metrics.BY_NAME["nvidia_vgpu_guest_tenant_info"].labels, tenant)) == {
+        "gpu": L40S, "device": L40S_VFS[1], "instance_uuid": VM_1,
+        "project_id": "8f1c2a7d5e3b4c6a9d0e1f2a3b4c5d6e", "project_name": "acme-render"}
 
 
 def test_a_published_vf_without_its_type_is_said_vf_by_vf(mapped, root):
@@ -136,12 +172,37 @@ def test_nvml_figures_per_vgpu_where_the_driver_is(mapped):
         {"id": 3, "uuid": "v-1", "vm": VM_1, "type": 1139, "licensed": 0, "state": 3,
          "fb": 1 << 33, "util": {"sm": 50, "memory": 10, "encoder": 0, "decoder": 0}}]}]})
     samples = metrics.collect(nvml.Session(module=fake))
-    key = (L40S, "v-1", VM_1, "nvidia-1139")
+    key = (L40S, "3", "v-1", "nvidia-1139")
     assert sources(samples)["nvml"] == 1
+    assert by_series(samples, "nvidia_vgpu_gpu_unidentified_vgpu_instances") == {(L40S,): 0}
+    assert not by_series(samples, "nvidia_vgpu_vgpu_tenant_info")
+    assert by_series(metrics.collect(nvml.Session(module=fake), tenants=True),
+                     "nvidia_vgpu_vgpu_tenant_info") == {(L40S, "3", VM_1): 1}
     assert by_series(samples, "nvidia_vgpu_vgpu_licensed") == {key: 0}
     assert by_series(samples, "nvidia_vgpu_vgpu_license_state") == {key: 3}
     assert by_series(samples, "nvidia_vgpu_vgpu_framebuffer_used_bytes") == {key: 1 << 33}
     assert by_series(samples, "nvidia_vgpu_vgpu_utilization_ratio")[(*key, "sm")] == 0.5
+
+
+IDLE = {"sm": 0, "memory": 0, "encoder": 0, "decoder": 0}
+
+
+def test_two_vgpus_nvml_cannot_identify_keep_a_series_each_and_are_counted(mapped):
+    """issue 34 item 3: UUID and VM calls fail for both; neither's licence state is lost."""
+    fake.configure({"driver": "570.158.02",
+                    "fail": {"nvmlVgpuInstanceGetUUID": 999, "nvmlVgpuInstanceGetVmID": 999},
+                    "gpus": [{"bus_id": "00000000:81:00.0", "vgpus": [
+                        {"id": 3, "uuid": "v-1", "vm": VM_1, "type": 1139, "licensed": 1,
+                         "state": 5, "fb": 1 << 30, "util": IDLE},
+                        {"id": 4, "uuid": "v-2", "vm": VM_1, "type": 1139, "licensed": 0,
+                         "state": 3, "fb": 1 << 30, "util": IDLE}]}]})
+    samples = metrics.collect(nvml.Session(module=fake))
+    assert by_series(samples, "nvidia_vgpu_vgpu_license_state") == {
+        (L40S, "3", "", "nvidia-1139"): 5, (L40S, "4", "", "nvidia-1139"): 3}
+    assert by_series(samples, "nvidia_vgpu_gpu_unidentified_vgpu_instances") == {(L40S,): 2}
+    assert sources(samples)["nvml"] == 0  # the failed calls are said in the log
+    series = [(s.name, s.labels) for s in samples]
+    assert len(series) == len(set(series))  # every series of the scrape is unique
 
 
 def test_a_host_without_the_driver_says_nothing_of_nvml(mapped):
@@ -171,6 +232,21 @@ def test_a_domain_file_that_cannot_be_read_counts_as_used_and_says_so(mapped, ro
     assert by_series(samples, "nvidia_vgpu_type_used_instances")[key] == 4  # none counted free
     assert by_series(samples, "nvidia_vgpu_type_uncertain_instances")[key] == 3
     assert by_series(samples, "nvidia_vgpu_type_available_instances")[key] == 0
+
+
+@pytest.mark.parametrize("where", ["etc/libvirt/qemu", "run/libvirt/qemu"])
+def test_a_fifo_or_device_link_among_domain_files_is_a_source_down_never_a_hang(mapped, root,
+                                                                              where):
+    # issue 34 item 1: a FIFO nobody writes, and a link to /dev/kmsg (a reader waits at its end).
+    directory = root / where
+    directory.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(directory / "instance-00000050.xml")
+    (directory / "instance-00000051.xml").symlink_to("/dev/kmsg")
+    samples = metrics.collect()
+    assert sources(samples)["guests"] == 0
+    key = (L40S, "nvidia-1139")
+    assert by_series(samples, "nvidia_vgpu_type_used_instances")[key] == 4  # counted as used
+    assert by_series(samples, "nvidia_vgpu_type_uncertain_instances")[key] == 3
 
 
 @pytest.mark.parametrize("content", ["{", '{"version": 1, "gpus": "x"}'])

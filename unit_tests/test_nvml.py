@@ -35,7 +35,8 @@ def test_each_active_vgpu_with_its_instance_type_licence_framebuffer_and_use():
     assert reading.present and not reading.errors and reading.driver_version == "570.158.02"
     first, second = reading.vgpus
     assert first == nvml.Vgpu(
-        gpu="0000:81:00.0", uuid="b8c5f3a0-1111-4d2e-9f10-aaaaaaaaaaaa", instance_uuid=VM_1,
+        gpu="0000:81:00.0", instance=7, uuid="b8c5f3a0-1111-4d2e-9f10-aaaaaaaaaaaa",
+        instance_uuid=VM_1,
         type_id="nvidia-1139", licensed=True, license_state=5, framebuffer_bytes=6 * GIB,
         utilization=(("sm", 0.35), ("memory", 0.2), ("encoder", 0.0), ("decoder", 0.05)))
     assert (second.licensed, second.license_state, second.framebuffer_bytes) == (False, 2, 512 << 20)

@@ -99,7 +99,7 @@ def scene(ctx, root, tools, packages, tmp_path, monkeypatch, bindir):
     tools.set_active("nvidia-vgpu-mgr")
     port = free_port()
     config = {"vgpu-device-mappings": "{L40S-12Q: all, 'NVIDIA H200X-35C': ['c1:00.0']}",
-              "metrics-port": port}
+              "metrics-port": port, "exporter-tenant-identities": True}  # Prometheus runs as root
     out = ctx.run(ctx.on.config_changed(), state(config, resource=packages["old"]))
     for n, vf in enumerate(H200_VFS):  # the H200's four H200X-35C all held: the type exhausted
         running_guest(root, f"instance-0000005{n}", f"5555555{n}-5555-4555-8555-555555555555",
@@ -121,7 +121,12 @@ def scene(ctx, root, tools, packages, tmp_path, monkeypatch, bindir):
              "util": {"sm": 40, "memory": 12, "encoder": 0, "decoder": 0}},
             {"id": 2, "uuid": "vgpu-licensed", "vm": "55555551-5555-4555-8555-555555555555",
              "type": 1282, "licensed": 1, "state": 5, "fb": 9 << 30,
-             "util": {"sm": 90, "memory": 70, "encoder": 0, "decoder": 0}}]}]}))
+             "util": {"sm": 90, "memory": 70, "encoder": 0, "decoder": 0}},
+            # Two vGPUs of one type NVML cannot identify (UUID and VM calls fail): issue 34 item 3.
+            *({"id": n, "uuid": "", "vm": "", "type": 1282, "licensed": 0, "state": 3,
+               "fb": 3 << 30, "util": {"sm": 5, "memory": 1, "encoder": 0, "decoder": 0},
+               "fail": {"nvmlVgpuInstanceGetUUID": 999, "nvmlVgpuInstanceGetVmID": 999}}
+              for n in (3, 4))]}]}))
     journal = Journal(root, bindir)
     recent = time.time() - 120  # read from the boot's journal: the series first appear at 1
     journal.kernel((XID_31.replace("03:00", "81:00"), XID_48) + XID_79, recent)
@@ -207,7 +212,8 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         assert active == {"NvidiaVgpuTypeCapacityExhausted", "NvidiaVgpuBootStepFailed",
                           "NvidiaVgpuPublishedVfWithoutType", "NvidiaVgpuMappingNotApplied",
                           "NvidiaVgpuUnlicensedPastGracePeriod", "NvidiaVgpuUnlicensed",
-                          "NvidiaGpuFallenOffTheBus", "NvidiaGpuXidNeedsReset", "NvidiaGpuXidError"}
+                          "NvidiaGpuFallenOffTheBus", "NvidiaGpuXidNeedsReset", "NvidiaGpuXidError",
+                          "NvidiaVgpuExporterSourceUnreadable"}  # nvml: the failed calls
         firing = {a["labels"]["alertname"]: a["labels"] for a in api(web, "alerts")["data"]["alerts"]
                   if a["state"] == "firing"}
         assert firing["NvidiaVgpuBootStepFailed"]["gpu"] == L40S  # no "for": at once
@@ -221,5 +227,15 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         assert (firing["NvidiaGpuXidError"]["gpu"], firing["NvidiaGpuXidError"]["xid"]) == (L40S, "31")
         zero = api(web, "query", query=f'nvidia_vgpu_xid_errors{{gpu="{H200}",xid="79"}}')
         assert [r["value"][1] for r in zero["data"]["result"]] == ["0"]  # there from the start
+        # Both vGPUs NVML cannot identify kept their series (none replaced the other), counted.
+        restricted = api(web, "query", query=f'nvidia_vgpu_vgpu_license_state{{gpu="{H200}"}} == 3')
+        assert sorted(r["metric"]["vgpu_instance"] for r in restricted["data"]["result"]) == [
+            "1", "3", "4"]
+        (unidentified,) = api(web, "query", query="nvidia_vgpu_gpu_unidentified_vgpu_instances")[
+            "data"]["result"]
+        assert unidentified["value"][1] == "2" and unidentified["metric"]["gpu"] == H200
+        alerts = api(web, "query", query='ALERTS{alertname="NvidiaVgpuUnlicensedPastGracePeriod"}')
+        assert sorted(r["metric"]["vgpu_instance"] for r in alerts["data"]["result"]) == [
+            "1", "3", "4"]  # it can fire for each of them
         assert server.poll() is None
     assert {m.name for m in metrics.METRICS} <= scraped  # every metric reached Prometheus

@@ -34,6 +34,7 @@ from .errors import ExporterError, HostReadError, ServiceError
 log = logging.getLogger(__name__)
 
 OPTION = "metrics-port"
+TENANTS_OPTION = "exporter-tenant-identities"  # instance and project identities, to root only
 DEFAULT_PORT = 10230
 ADDRESS = "127.0.0.1"
 UNIT = "nvidia-vgpu-exporter.service"
@@ -75,15 +76,18 @@ def port(value) -> int:
     return value
 
 
-def render(number: int) -> str:
-    """The unit's text for ``number`` (a port :func:`port` accepted)."""
+def render(number: int, tenants: bool = False) -> str:
+    """The unit's text for ``number`` (a port :func:`port` accepted).
+
+    ``tenants``: the exporter serves tenant identities to root's scrapes (:data:`TENANTS_OPTION`).
+    """
     words = (sys.executable, str(SCRIPT), str(VENV))
     for word in words:
         if not _WORD.fullmatch(word):
             raise ExporterError(f"cannot name {word!r} in {UNIT}: unusual characters")
     return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
         charm=APP, python=words[0], script=words[1], venv=words[2], port=number,
-        address=ADDRESS)
+        address=ADDRESS, options=" --tenant-identities" if tenants else "")
 
 
 def installed_port() -> Optional[int]:
@@ -118,23 +122,25 @@ def listening() -> Set[int]:
     return out
 
 
-def ensure(number: int, restart: bool = False) -> bool:
+def ensure(number: int, restart: bool = False, tenants: bool = False) -> bool:
     """Install (or rewrite) the unit for port ``number`` and start it; True when anything changed.
 
     ``restart``: enable and restart it even when its text is the same (the charm's code
     changed, or an earlier attempt failed after the text was written: systemctl's part is
     done again, not skipped because the file is already right).
     A port another process listens on is refused (ExporterError) and nothing is changed;
-    so is a unit the operator masked (``systemctl mask --runtime``): left stopped.
+    so is a unit the operator masked (``systemctl mask``, persistent or ``--runtime``): its
+    ``/dev/null`` link is never replaced, nothing is started (:func:`masked`).
+    ``tenants``: as :func:`render` has it.
     """
-    if _masked():
+    if masked():
         log.info("%s is masked: left as it is", UNIT)
         return False
     previous = installed_port()
     if number != previous and number in listening():
         raise ExporterError(f"{OPTION} {number}: another process listens on it on this host "
                             f"(ss -ltnp 'sport = :{number}' names it): give another port")
-    content = render(number)
+    content = render(number, tenants)
     target = hostroot.path(UNIT_FILE)
     try:
         before = files.read(target, 1 << 16)
@@ -162,6 +168,9 @@ def remove() -> bool:
     target = hostroot.path(UNIT_FILE)
     if not os.path.lexists(target):
         return False
+    if masked():  # the operator's mask (the /dev/null link in the unit's place) stays
+        log.info("%s is masked: left as it is", UNIT)
+        return False
     try:
         services.stop_and_disable(UNIT)
         files.remove(target)
@@ -174,15 +183,17 @@ def remove() -> bool:
     return True
 
 
-def sync(related: bool, option=None, restart: bool = False) -> str:
+def sync(related: bool, option=None, restart: bool = False, tenants: object = False) -> str:
     """The exporter for ``option`` (``metrics-port``) while ``related``, else none; why not, or "".
+
+    ``tenants``: :data:`TENANTS_OPTION` (a value that is not True counts as off).
 
     What :func:`ensure` or :func:`remove` refused is logged and returned (the
     charm's status says it until a later sync works); nothing raises.
     """
     try:
         if related:
-            ensure(port(option), restart=restart)
+            ensure(port(option), restart=restart, tenants=tenants is True)
         else:
             remove()
     except ExporterError as error:
@@ -192,19 +203,30 @@ def sync(related: bool, option=None, restart: bool = False) -> str:
 
 
 def scrape_configs(instance: str) -> List[dict]:
-    """What the collector scrapes: the port the exporter serves (a refused new one is not in force).
+    """What the collector scrapes: the port the installed exporter serves; no job without one.
 
+    A refused port is never in force: while the exporter was refused before it
+    was ever installed (its port taken), or while the operator masks it, there
+    is nothing to scrape and no job is given.
     ``instance``: the host's name, for the ``instance`` label (127.0.0.1 says nothing in COS).
     """
-    number = installed_port() or DEFAULT_PORT
+    number = installed_port()
+    if number is None or masked():
+        return []
     return [{"job_name": "nvidia_vgpu_exporter", "metrics_path": "/metrics",
              "static_configs": [{"targets": [f"{ADDRESS}:{number}"],
                                  "labels": {"instance": instance}}]}]
 
 
-def _masked() -> bool:
-    try:
-        return os.readlink(hostroot.path(RUNTIME_UNIT_FILE)) == os.devnull
-    except OSError:
-        return False
+def masked() -> bool:
+    """Whether the operator masked the unit: ``systemctl mask``, persistent or ``--runtime``.
+
+    Both put a link to ``/dev/null`` in the unit's place: ``/etc/systemd/system`` (where the
+    charm writes the unit) or ``/run/systemd/system``.
+    """
+    return files.masked(hostroot.path(UNIT_FILE), hostroot.path(RUNTIME_UNIT_FILE))
+
+
+MASKED = (f"{UNIT} is masked: no vGPU metrics until it is unmasked "
+          f"(systemctl unmask {UNIT}, then any juju config change)")
 

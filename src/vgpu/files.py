@@ -81,6 +81,17 @@ def read(target: Path, limit: int) -> Optional[bytes]:
     return data
 
 
+def masked(*targets: Path) -> bool:
+    """Whether any of ``targets`` is a link to ``/dev/null``: how ``systemctl mask`` masks a unit."""
+    for target in targets:
+        try:
+            if os.readlink(target) == os.devnull:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def remove(target: Path) -> bool:
     """Delete ``target`` (a file or a link); False when it was not there."""
     try:

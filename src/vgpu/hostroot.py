@@ -12,12 +12,22 @@ relation raw. A path that does not exist reads as None; one that exists but
 cannot be read (permissions, a symlink loop, a directory where a file
 belongs) or holds more than its reader's bound (:data:`LIMIT` unless it says)
 raises HostReadError naming it, never a bare OSError.
+
+Every read is of a regular file only, opened non-blocking, and bounded in
+size and in time (:data:`SECONDS`): a FIFO named ``*.xml`` in libvirt's
+domain directories, or a link to ``/dev/kmsg``, is refused at once instead of
+waited on (a hook, or the exporter's scrape, would hang on it). sysfs
+attributes and ``/proc`` files are regular files. :func:`open_regular` is
+the one way to open a host file for reading; readers of their own (sysfs
+attributes read in one piece) go through it too.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
+import time
 from pathlib import Path
 from typing import List, Optional, Union
 
@@ -28,6 +38,9 @@ ENV = "VGPU_HOST_ROOT"
 # Bytes of one host file, unless its reader says less (or more: dpkg's status). A
 # sysfs attribute is a page, nova.conf and a domain's XML some kilobytes.
 LIMIT = 1 << 24
+SECONDS = 10  # to read one host file: a regular file's reads never wait, a slow mount's may
+_OPEN = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO (or device) opens without a writer
+_clock = time.monotonic
 
 
 def root() -> Path:
@@ -90,12 +103,15 @@ def read_bytes(where: Union[str, Path], limit: int = LIMIT) -> Optional[bytes]:
     try:
         # os.open/os.read: a third of open()'s cost for sysfs' many tiny files (which
         # report 4096 bytes); a large file (dpkg's status) is read in one piece.
-        fd = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(where)
         try:
+            deadline = _clock() + SECONDS
             data = os.read(fd, min(max(os.fstat(fd).st_size + 1, 65536), limit + 1))
             chunks = [data]
             size = len(data)
             while data and size <= limit:  # until the end: /proc files report no size
+                if _clock() > deadline:
+                    raise OSError(errno.ETIMEDOUT, f"took more than {SECONDS} seconds")
                 data = os.read(fd, min(65536, limit + 1 - size))
                 if data:
                     chunks.append(data)
@@ -109,6 +125,25 @@ def read_bytes(where: Union[str, Path], limit: int = LIMIT) -> Optional[bytes]:
     if size > limit:
         raise unreadable(where, OSError(errno.EFBIG, f"more than {limit} bytes"))
     return b"".join(chunks)  # one chunk: returned as it is, not copied
+
+
+def open_regular(where: Union[str, Path]) -> int:
+    """A descriptor of the regular file ``where``, opened non-blocking (links followed).
+
+    OSError for anything else (a FIFO, a socket, a device, a directory): it is
+    closed again unread, so nothing can hold the reader (see the module doc).
+    """
+    fd = os.open(where, _OPEN)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def listdir(where: Union[str, Path]) -> Optional[List[str]]:

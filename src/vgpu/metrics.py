@@ -79,11 +79,11 @@ METRICS: Tuple[Metric, ...] = (
            "Of the used vGPUs, those counted as used because something could not be read",
            ("gpu", "type")),
     Metric("nvidia_vgpu_guest_info",
-           "One series per vGPU a guest holds, 1: the Nova instance, its project, the type and "
-           "profile, the GPU, the device (VF address or mdev UUID) and the guest's state "
-           "(running, shut off)",
-           ("instance_uuid", "project_id", "project_name", "type", "profile", "gpu", "device",
-            "state")),
+           "One series per vGPU a guest holds, 1 (more where as many guests' definitions name "
+           "the device): the type and profile, the GPU, the device (VF address or mdev UUID) "
+           "and the guest's state (running, shut off); no tenant identity "
+           "(nvidia_vgpu_guest_tenant_info)",
+           ("type", "profile", "gpu", "device", "state")),
     Metric("nvidia_vgpu_boot_last_run_timestamp_seconds",
            "When the restore after a boot last finished, in seconds since the epoch, and who ran "
            "it: boot_step (nvidia-vgpu-vfs.service) or hook (a hook did the boot step's work); "
@@ -109,16 +109,16 @@ METRICS: Tuple[Metric, ...] = (
            ("gpu", "vf", "profile")),
     Metric("nvidia_vgpu_vgpu_licensed",
            "NVML: 1 when the vGPU's guest holds a licence, 0 when not",
-           ("gpu", "vgpu_uuid", "instance_uuid", "type")),
+           ("gpu", "vgpu_instance", "vgpu_uuid", "type")),
     Metric("nvidia_vgpu_vgpu_license_state",
            "NVML's licence state of the vGPU: 0 unknown, 1 uninitialized, 2 unlicensed in the "
            "grace period, 3 unlicensed and restricted, 4 unlicensed, 5 licensed",
-           ("gpu", "vgpu_uuid", "instance_uuid", "type")),
+           ("gpu", "vgpu_instance", "vgpu_uuid", "type")),
     Metric("nvidia_vgpu_vgpu_framebuffer_used_bytes",
-           "NVML: framebuffer the vGPU's guest uses", ("gpu", "vgpu_uuid", "instance_uuid", "type")),
+           "NVML: framebuffer the vGPU's guest uses", ("gpu", "vgpu_instance", "vgpu_uuid", "type")),
     Metric("nvidia_vgpu_vgpu_utilization_ratio",
            "NVML: the vGPU's latest utilisation sample per engine (sm, memory, encoder, decoder), "
-           "0 to 1", ("gpu", "vgpu_uuid", "instance_uuid", "type", "engine")),
+           "0 to 1", ("gpu", "vgpu_instance", "vgpu_uuid", "type", "engine")),
     Metric("nvidia_vgpu_xid_errors",
            "Xid errors the kernel logged for the GPU this boot (NVRM: Xid lines in the journal); "
            "0 from the start for each Xid number the runbook names", ("gpu", "xid")),
@@ -128,6 +128,19 @@ METRICS: Tuple[Metric, ...] = (
     Metric("nvidia_vgpu_xid_gpu_lost",
            "1 when the GPU is lost as the source says: kernel (Xid 79 or fallen off the bus), "
            "nvml (GPU is lost) or pci (gone from sysfs); 0 otherwise", ("gpu", "source")),
+    Metric("nvidia_vgpu_gpu_unidentified_vgpu_instances",
+           "NVML: active vGPUs on the GPU for which NVML gave neither the vGPU's UUID nor its "
+           "VM's (each still has its own series by vgpu_instance, NVML's id on the GPU)",
+           ("gpu",)),
+    Metric("nvidia_vgpu_guest_tenant_info",
+           "Only where exporter-tenant-identities is on, and only to a root scraper (the "
+           "collector): the Nova instance and project of each vGPU a guest holds, 1, by GPU "
+           "and device (as nvidia_vgpu_guest_info)",
+           ("gpu", "device", "instance_uuid", "project_id", "project_name")),
+    Metric("nvidia_vgpu_vgpu_tenant_info",
+           "Only where exporter-tenant-identities is on, and only to a root scraper: the Nova "
+           "instance NVML names as each vGPU's VM, 1, by GPU and vgpu_instance (as the "
+           "nvidia_vgpu_vgpu_* series)", ("gpu", "vgpu_instance", "instance_uuid")),
 )
 BY_NAME = {metric.name: metric for metric in METRICS}
 # Where a scrape reads, or what it works out, each up or down on its own: capacity (the
@@ -162,11 +175,13 @@ class _Out:
 
 
 def collect(nvml_session=None, clock: Callable[[], float] = time.monotonic,
-            xid_watch=None) -> List[Sample]:
+            xid_watch=None, tenants: bool = False) -> List[Sample]:
     """One reading of the host as samples; never raises (module doc).
 
     ``nvml_session``: a :class:`vgpu.nvml.Session` kept by the exporter (None: NVML not read);
     ``xid_watch``: its :class:`vgpu.xid.Watch` (None: no Xid series).
+    ``tenants``: add the ``*_tenant_info`` series (instance and project identities); no
+    other series ever carries them.
     """
     started = clock()
     out = _Out()
@@ -181,12 +196,12 @@ def collect(nvml_session=None, clock: Callable[[], float] = time.monotonic,
         if found is not None:
             domains = found
             out.up("guests", not unread)
-            _part(out, "capacity", _capacity, host, driver_version, domains, unread)
+            _part(out, "capacity", _capacity, host, driver_version, domains, unread, tenants)
         plans = _guarded(out, "boot_data", _plans)
         if plans is not None:
             _part(out, "mapping", _mapping, host, driver_version, plans)
     _boot(out)
-    reading = _nvml(out, nvml_session, [g.address for g in host.gpus] if host else [])
+    reading = _nvml(out, nvml_session, [g.address for g in host.gpus] if host else [], tenants)
     if xid_watch is not None:
         _xid(out, xid_watch, host, reading, plans)
     version = driver_version or (reading.driver_version if reading is not None else "")
@@ -234,7 +249,7 @@ def _gpus(out: _Out, host: pci.Host) -> None:
 
 
 def _capacity(out: _Out, host: pci.Host, driver_version: Optional[str],
-              domains: Sequence[guests.Domain], unread: Sequence[str]) -> None:
+              domains: Sequence[guests.Domain], unread: Sequence[str], tenants: bool) -> None:
     """Per GPU and offered type, as list-vgpu-types counts them; one series per vGPU held."""
     from . import usage
 
@@ -256,11 +271,18 @@ def _capacity(out: _Out, host: pci.Host, driver_version: Optional[str],
                 out.add("nvidia_vgpu_type_available_instances", found.available, **labels)
             out.add("nvidia_vgpu_type_used_instances", found.used, **labels)
             out.add("nvidia_vgpu_type_uncertain_instances", found.uncertain, **labels)
+    held: Dict[Tuple[str, ...], int] = {}  # one series per device and state, however many name it
     for use in usage.in_use(host, domains, learnt=learnt, driver_version=driver_version):
-        out.add("nvidia_vgpu_guest_info", 1, instance_uuid=use.instance_uuid,
-                project_id=use.project_id, project_name=use.project_name, type=use.type_id,
-                profile=use.profile, gpu=use.gpu, device=use.mdev_uuid or use.address,
-                state=use.state)
+        device = use.mdev_uuid or use.address
+        key = (use.type_id, use.profile, use.gpu, device, use.state)
+        held[key] = held.get(key, 0) + 1
+        if tenants:
+            out.add("nvidia_vgpu_guest_tenant_info", 1, gpu=use.gpu, device=device,
+                    instance_uuid=use.instance_uuid, project_id=use.project_id,
+                    project_name=use.project_name)
+    for series, count in held.items():
+        out.add("nvidia_vgpu_guest_info", count,
+                **dict(zip(("type", "profile", "gpu", "device", "state"), series)))
 
 
 def _plans() -> list:
@@ -324,8 +346,13 @@ def _boot(out: _Out) -> None:
         out.add("nvidia_vgpu_boot_gpu_duration_seconds", gpu.seconds, gpu=gpu.address, run_by=by)
 
 
-def _nvml(out: _Out, session, addresses: Sequence[str]):
-    """NVML's per-vGPU figures; nothing (not even the source) where the driver is absent."""
+def _nvml(out: _Out, session, addresses: Sequence[str], tenants: bool = False):
+    """NVML's per-vGPU figures; nothing (not even the source) where the driver is absent.
+
+    Each vGPU's series are told apart by ``vgpu_instance``, the id NVML lists it by on
+    its GPU, which NVML always has: two vGPUs whose UUID and VM NVML cannot give keep
+    a series each, and are counted per GPU (``nvidia_vgpu_gpu_unidentified_vgpu_instances``).
+    """
     if session is None:
         return None
     try:
@@ -339,18 +366,32 @@ def _nvml(out: _Out, session, addresses: Sequence[str]):
     if not reading.present:
         return reading
     out.up("nvml", not reading.errors)
+    unidentified: Dict[str, int] = {}
     for vgpu in reading.vgpus:
-        labels = {"gpu": vgpu.gpu, "vgpu_uuid": vgpu.uuid, "instance_uuid": vgpu.instance_uuid,
-                  "type": vgpu.type_id}
-        if vgpu.licensed is not None:
-            out.add("nvidia_vgpu_vgpu_licensed", 1 if vgpu.licensed else 0, **labels)
-        if vgpu.license_state is not None:
-            out.add("nvidia_vgpu_vgpu_license_state", vgpu.license_state, **labels)
-        if vgpu.framebuffer_bytes is not None:
-            out.add("nvidia_vgpu_vgpu_framebuffer_used_bytes", vgpu.framebuffer_bytes, **labels)
-        for engine, ratio in vgpu.utilization:
-            out.add("nvidia_vgpu_vgpu_utilization_ratio", ratio, engine=engine, **labels)
+        unidentified.setdefault(vgpu.gpu, 0)
+        if not vgpu.uuid and not vgpu.instance_uuid:
+            unidentified[vgpu.gpu] += 1
+        _vgpu(out, vgpu, tenants)
+    for gpu, count in unidentified.items():
+        out.add("nvidia_vgpu_gpu_unidentified_vgpu_instances", count, gpu=gpu)
     return reading
+
+
+def _vgpu(out: _Out, vgpu, tenants: bool) -> None:
+    """One vGPU's NVML series, told apart by ``vgpu_instance`` (see :func:`_nvml`)."""
+    labels = {"gpu": vgpu.gpu, "vgpu_instance": str(vgpu.instance), "vgpu_uuid": vgpu.uuid,
+              "type": vgpu.type_id}
+    if tenants and vgpu.instance_uuid:
+        out.add("nvidia_vgpu_vgpu_tenant_info", 1, gpu=vgpu.gpu,
+                vgpu_instance=str(vgpu.instance), instance_uuid=vgpu.instance_uuid)
+    if vgpu.licensed is not None:
+        out.add("nvidia_vgpu_vgpu_licensed", 1 if vgpu.licensed else 0, **labels)
+    if vgpu.license_state is not None:
+        out.add("nvidia_vgpu_vgpu_license_state", vgpu.license_state, **labels)
+    if vgpu.framebuffer_bytes is not None:
+        out.add("nvidia_vgpu_vgpu_framebuffer_used_bytes", vgpu.framebuffer_bytes, **labels)
+    for engine, ratio in vgpu.utilization:
+        out.add("nvidia_vgpu_vgpu_utilization_ratio", ratio, engine=engine, **labels)
 
 
 def _xid(out: _Out, watch, host: Optional[pci.Host], reading, plans) -> None:

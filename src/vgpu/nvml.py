@@ -46,7 +46,8 @@ class Vgpu(NamedTuple):
     """What NVML says of one active vGPU; None where a read failed."""
 
     gpu: str  # the physical GPU's PCI address, as sysfs names it: 0000:81:00.0
-    uuid: str  # the vGPU's own UUID
+    instance: int  # NVML's vGPU instance id (nvmlDeviceGetActiveVgpus), which it always has
+    uuid: str  # the vGPU's own UUID; "" when unread
     instance_uuid: str  # the VM's UUID (Nova's instance UUID on KVM); "" when NVML gives another id
     type_id: str  # nvidia-<n>; "" when unread
     licensed: Optional[bool] = None
@@ -180,7 +181,7 @@ def _vgpu(nvml: Any, instance: Any, address: str, usage: Tuple[Tuple[str, float]
     instance_uuid = ""
     if vm is not None and vm[1] == getattr(nvml, "NVML_VGPU_VM_ID_UUID", 1):
         instance_uuid = _text(vm[0]).lower()
-    return Vgpu(gpu=address, uuid=uuid, instance_uuid=instance_uuid,
+    return Vgpu(gpu=address, instance=int(_key(instance)), uuid=uuid, instance_uuid=instance_uuid,
                 type_id=f"nvidia-{number}" if number is not None else "",
                 licensed=bool(licence.isLicensed) if licence is not None else None,
                 license_state=int(licence.currentState) if licence is not None else None,

@@ -545,8 +545,9 @@ def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
     if not wanted:
         return found
     for candidate in PCI_IDS:
-        try:
-            handle = open(hostroot.path(candidate), encoding="utf-8", errors="replace")
+        try:  # a regular file only, non-blocking (hostroot's module doc)
+            handle = open(hostroot.open_regular(hostroot.path(candidate)), encoding="utf-8",
+                          errors="replace")
         except OSError:
             continue
         with handle:
@@ -621,7 +622,7 @@ def _read(path) -> Optional[str]:
     takes it whole (three system calls, not five); a longer file is read on.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = hostroot.open_regular(path)  # never a FIFO or device in sysfs' place
         try:
             data = os.read(fd, _ATTRIBUTE)
         finally:

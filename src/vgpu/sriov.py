@@ -333,13 +333,7 @@ def render_unit() -> str:
 
 def unit_masked() -> bool:
     """Whether the operator masked the unit (its file, or the runtime one, links to /dev/null)."""
-    for where in (UNIT_FILE, RUNTIME_UNIT_FILE):
-        try:
-            if os.readlink(hostroot.path(where)) == os.devnull:
-                return True
-        except OSError:
-            continue
-    return False
+    return files.masked(hostroot.path(UNIT_FILE), hostroot.path(RUNTIME_UNIT_FILE))
 
 
 def unit_path() -> Path:

@@ -189,7 +189,7 @@ def _read(address: str, name: str) -> str:
     """A VF's ``nvidia/`` file, any bytes (a sysfs page at most); VfTypeError when unreadable."""
     path = _path(address, name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = hostroot.open_regular(path)  # never a FIFO or device in sysfs' place
         try:
             data = os.read(fd, _LIMIT + 1)
         finally:

@@ -15,6 +15,7 @@ What the host holds comes from :func:`configure`, or from the JSON file
 
     {"driver": "570.158.02",            # null: no driver (libnvidia-ml missing)
      "fail": {"nvmlVgpuInstanceGetLicenseInfo_v2": 3},   # calls that fail, NVML code
+     # (a vGPU's own "fail" fails a call for that vGPU alone: NVML answers per instance)
      "gpus": [{"bus_id": "00000000:81:00.0",   # "lost": true: fallen off the bus
                "vgpus": [{"id": 7, "uuid": "...", "vm": "<instance uuid>", "type": 1139,
                           "licensed": 1, "state": 5, "fb": 2147483648,
@@ -105,11 +106,14 @@ def _call(name):
     return host
 
 
-def _vgpu(instance):
+def _vgpu(instance, name=None):
     number = getattr(instance, "value", instance)
     for gpu in _host().get("gpus", []):
         for vgpu in gpu.get("vgpus", []):
             if vgpu["id"] == number:
+                code = vgpu.get("fail", {}).get(name)
+                if code is not None:
+                    raise NVMLError(code)
                 return vgpu
     raise NVMLError(NVML_ERROR_UNKNOWN)
 
@@ -173,12 +177,12 @@ def nvmlDeviceGetActiveVgpus(handle):
 
 def nvmlVgpuInstanceGetUUID(instance):
     _call("nvmlVgpuInstanceGetUUID")
-    return _vgpu(instance)["uuid"]
+    return _vgpu(instance, "nvmlVgpuInstanceGetUUID")["uuid"]
 
 
 def nvmlVgpuInstanceGetVmID(instance):
     _call("nvmlVgpuInstanceGetVmID")
-    vgpu = _vgpu(instance)
+    vgpu = _vgpu(instance, "nvmlVgpuInstanceGetVmID")
     return vgpu["vm"], vgpu.get("vm_type", NVML_VGPU_VM_ID_UUID)
 
 
