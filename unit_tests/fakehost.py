@@ -134,11 +134,9 @@ RTX_PRO_6000_TYPES = {
 RTX_PRO_6000_MIG_TYPES = {
     **RTX_PRO_6000_TYPES,
     2033: "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q", 2034: "NVIDIA RTX Pro 6000 Blackwell DC-2-12Q",
-    2035: "NVIDIA RTX Pro 6000 Blackwell DC-2-48Q", 2036: "NVIDIA RTX Pro 6000 Blackwell DC-4-96Q",
-    # vGPU 20's graphics forms, on +gfx GPU instances (NVIDIA/vgpu-device-manager's vGPU 20.0
-    # configs list DC-1-24QGFX beside DC-1-24Q); ids inferred.
-    2037: "NVIDIA RTX Pro 6000 Blackwell DC-1-24QGFX",
-    2038: "NVIDIA RTX Pro 6000 Blackwell DC-2-12QGFX"}
+    2035: "NVIDIA RTX Pro 6000 Blackwell DC-2-48Q", 2036: "NVIDIA RTX Pro 6000 Blackwell DC-4-96Q"}
+# No type name carries GFX: every MIG-backed type above sits on +gfx GPU instances only
+# (NVIDIA/vgpu-device-manager pkg/vgpu/config.go, main; see MigModel.instance_profile).
 H200_SXM_MIG_TYPES = {
     **H200_SXM_TYPES, 1415: "NVIDIA H200X-1-35C", 1416: "NVIDIA H200X-2-35C",
     1417: "NVIDIA H200X-3-71C", 1418: "NVIDIA H200X-4-71C", 1419: "NVIDIA H200X-7-141C"}
@@ -214,16 +212,15 @@ class MigModel:
     def instance_profile(self, name: str) -> Optional[str]:
         """The GPU instance profile a MIG-backed type sits on: ``1g.24gb``; None: none.
 
-        A graphics type (``...GFX``, vGPU 20) sits only on a ``+gfx`` instance of a GPU
-        that has them, any other only on a plain one (NVIDIA/vgpu-device-manager's
-        ``ToMigConfigSpecSlice``).
+        On a GPU whose MIG-backed types need the GFX attribute (the RTX PRO 6000),
+        every one sits only on a ``+gfx`` instance and a plain one offers it nothing;
+        no type name says GFX (NVIDIA/vgpu-device-manager pkg/vgpu/config.go, main).
         """
         slices, gb = _slices(name), _gb(name)
-        graphics = name.upper().endswith("GFX")
         fitting = sorted(k for k in self.gis if k[0] == slices and k[1] >= gb)
-        if not fitting or (graphics and not self.gfx):
+        if not fitting or name.upper().endswith("GFX"):  # no such type name
             return None
-        return f"{slices}g.{fitting[0][1]}gb" + ("+gfx" if graphics else "")
+        return f"{slices}g.{fitting[0][1]}gb" + ("+gfx" if self.gfx else "")
 
     def place(self, pf_dir: str, vf_dir: str, number: int, name: str) -> Optional[int]:
         """The GPU instance the VF's vGPU lives in (the lowest with room), or None."""
@@ -687,6 +684,35 @@ class FakeHost:
         path.write_text(nvidia_smi(state, self.bus))
         path.chmod(0o755)
         return path
+
+    def nvml_state(self, driver: str = "580.105.06") -> dict:
+        """What NVML says of this host's GPUs and their vGPU types (unit_tests/fake_pynvml).
+
+        Each MIG-backed type's ``nvmlVgpuTypeGetGpuInstanceProfileId`` is the id of the
+        GPU instance profile the kernel model puts it on (:meth:`MigModel.instance_profile`),
+        as the stand-in nvidia-smi's ``-lgip`` numbers it (faketools.MIG_TABLES).
+        """
+        from unit_tests.faketools import MIG_TABLES
+
+        state = json.loads(self.smi_state.read_text()) if self.smi_state.exists() else {}
+        gpus = []
+        for address in sorted(os.listdir(self.bus)):
+            model = _MODELS.get(os.path.realpath(self.bus / address))
+            if model is None:
+                continue
+            ids = {row[0]: row[1] for row in MIG_TABLES.get(state.get(address, {}).get("table"), [])}
+            types, names = [], {}
+            for number, name in sorted(model.types.items()):
+                entry = {"id": number, "name": name}
+                profile = model.mig.instance_profile(name) if model.mig and _mig(name) else None
+                if profile in ids:
+                    entry["gi_profile"] = ids[profile]
+                    names[str(ids[profile])] = f"MIG {profile}"
+                types.append(entry)
+            domain, rest = address.split(":", 1)
+            gpus.append({"bus_id": f"{int(domain, 16):08X}:{rest.upper()}", "vgpus": [],
+                         "vgpu_types": types, "gi_profiles": names})
+        return {"driver": driver, "gpus": gpus}
 
     @property
     def smi_state(self) -> Path:
