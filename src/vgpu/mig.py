@@ -19,8 +19,11 @@ as still creatable. This module holds:
 * GPU instances (:func:`ensure`): created before a VF takes a MIG-backed type,
   which places its vGPU in one but creates none (NVIDIA's vGPU for Compute
   guide, "Configuring a GPU for MIG-Backed vGPUs"), as many as the mapping asks
-  for, ``+gfx`` only for a ``...GFX`` type; never destroyed while a VF's vGPU is
-  in one, unless no guest holds that VF;
+  for, of the profile NVML names for the type where the driver answers
+  (:func:`driver_profiles`), else the one its name gives, ``+gfx`` for every
+  MIG-backed type of the RTX PRO 6000 (NVIDIA/vgpu-device-manager
+  pkg/vgpu/config.go); never destroyed while a VF's vGPU is in one, unless no
+  guest holds that VF;
 * the boot step's part (:func:`at_boot`), after the VFs are enabled: MIG mode on
   again (Hopper and Blackwell lose it at every reboot) and the GPU instances
   created again. Never a GPU reset (refused with VFs or persistence mode on).
