@@ -938,15 +938,16 @@ class FakeHost:
             self.principal_nova_conf()
 
     def principal_nova_conf(self, whitelist: Optional[str] = None, aliases: Sequence[str] = (),
-                            subordinate: str = "") -> Path:
+                            subordinate: str = "", libvirt: str = "") -> Path:
         """nova-compute's /etc/nova/nova.conf, its own ``[pci]`` from ``whitelist`` and ``aliases``.
 
         ``subordinate``: the subordinates' sections as nova-compute renders them
-        (``principal.render_nova_conf``), where its template puts them.
+        (``principal.render_nova_conf``), where its template puts them. ``libvirt``:
+        lines its ``[libvirt]`` adds (:data:`LIVE_MIGRATION_ON`: ``enable-live-migration``).
         """
         path = self.root / "etc/nova/nova.conf"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_principal_nova_conf(whitelist, aliases, subordinate))
+        path.write_text(render_principal_nova_conf(whitelist, aliases, subordinate, libvirt))
         return path
 
     def modules(self, names: Iterable[str]) -> None:
@@ -968,8 +969,21 @@ class FakeHost:
         (self.root / "proc/cmdline").write_text(text + "\n")
 
 
+# What charm-nova-compute's [libvirt] adds with enable-live-migration (templates/yoga/nova.conf,
+# hooks/nova_compute_context.py; its option defaults: completion timeout 800, downtime 500,
+# steps 10, delay 75), with live-migration-permit-post-copy=true when ``post_copy``.
+def live_migration_lines(post_copy: bool = False) -> str:
+    """``[libvirt]`` lines charm-nova-compute renders with ``enable-live-migration``."""
+    lines = ("live_migration_scheme = ssh\nlive_migration_inbound_addr = 10.5.0.21\n"
+             "live_migration_completion_timeout = 800\nlive_migration_downtime = 500\n"
+             "live_migration_downtime_steps = 10\nlive_migration_downtime_delay = 75\n")
+    if post_copy:
+        lines += "live_migration_permit_post_copy = True\nlive_migration_timeout_action = force_complete\n"
+    return lines
+
+
 def render_principal_nova_conf(whitelist: Optional[str] = None, aliases: Sequence[str] = (),
-                               subordinate: str = "") -> str:
+                               subordinate: str = "", libvirt: str = "") -> str:
     """nova.conf as charm-nova-compute renders it for a libvirt compute host (yoga onwards).
 
     From charm-nova-compute's ``templates/yoga/nova.conf``: ``[DEFAULT]``, then
@@ -1032,7 +1046,7 @@ rbd_user = nova-compute
 rbd_secret_uuid = 0cd8b3c4-2a5e-4f4b-9d7a-3c1d2b0e6f21
 live_migration_uri = qemu+ssh://%s/system
 cpu_mode = host-passthrough
-
+{libvirt}
 [oslo_concurrency]
 lock_path=/var/lock/nova
 

@@ -493,7 +493,7 @@ def _publish(hook: _Hook) -> None:
         release = here.supported_release()
         plan = _addressable(hook, validation.plan)
         ok = (validation.ok and release is not None and plan is not None
-              and not plan.missing_vfs)
+              and not plan.missing_vfs and _live_migratable_accepted(hook, plan))
         sections = None
         if ok:
             try:  # with what was published for GPUs discovery no longer finds
@@ -524,6 +524,22 @@ def _publish(hook: _Hook) -> None:
                               for ours in hook.published()]
     if gpus:  # once the relation data is set: see _after_types
         _after_types(hook, boot_plan)
+
+
+def _live_migratable_accepted(hook: _Hook, plan) -> bool:
+    """False (blocked, naming what it needs) when Nova would refuse live_migratable specs here.
+
+    Nova 31+ stops nova-compute at start when a ``[pci] device_spec`` is
+    ``live_migratable`` below libvirt 10.0.0 or QEMU 8.2.2 (see vgpu.livemigration):
+    the versions are read (vgpu.virt) only with vfio-live-migration on and VFs to publish.
+    """
+    from . import virt
+
+    problems = virt.publishing_problems(
+        vfio_live_migration=bool(hook.given.options.get(LIVE_MIGRATION)),
+        vfio_published=bool(plan.vfio))
+    hook.problems.extend(problems)
+    return not problems
 
 
 def _after_types(hook: _Hook, plan) -> None:
