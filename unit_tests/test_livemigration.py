@@ -114,3 +114,14 @@ def test_virt_reads_nova_computes_live_migration_settings_as_it_renders_them(roo
         "[libvirt]\nlive_migration_permit_post_copy = false\n")
     assert virt.nova_settings(principalconf.load()) == (True, False)  # the later file wins
     assert virt.nova_settings(None) == (None, None)
+
+
+@pytest.mark.nova
+def test_the_minimums_are_novas_own():
+    """The versions the charm blocks below are Nova's (31.0.0 and 34.0.0, make nova-functional)."""
+    from nova.virt.libvirt import driver
+
+    assert livemigration.MIN_VFIO_LIBVIRT == driver.MIN_VFIO_PCI_VARIANT_LIBVIRT_VERSION
+    assert livemigration.MIN_VFIO_QEMU == driver.MIN_VFIO_PCI_VARIANT_QEMU_VERSION
+    assert livemigration.MIN_MDEV_LIBVIRT == driver.MIN_MDEV_LIVEMIG_LIBVIRT_VERSION
+    assert livemigration.MIN_MDEV_QEMU == driver.MIN_MDEV_LIVEMIG_QEMU_VERSION
