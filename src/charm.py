@@ -298,9 +298,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 self._principal(), load=self._host.principal_conf)),
             mapped=self._mapped() if status.missing_gpus(here, published) else (),
             notes=tuple(self._notes) + virt.status_notes(
-                publishing=self._publishes_sections(), frameworks=virt.frameworks_of(here.pci.gpus),
-                vfio_live_migration=bool(self.config.get(LIVE_MIGRATION)),
-                load=self._host.principal_conf, principal=self._principal()))
+                here, self._publishes_sections(), bool(self.config.get(LIVE_MIGRATION)),
+                self._host.principal_conf, self._principal()))
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
@@ -386,11 +385,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # What nova-compute has now: published types that share a resource class are flagged.
         published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
-        release = here.supported_release()
-        live = virt.readiness(vfio_live_migration=options["live_migration"],
-                              frameworks=virt.frameworks_of(host.gpus), load=self._host.principal_conf,
-                              nova_major=release.nova_major if release else None,
-                              principal=self._principal())
+        live = virt.readiness_of(here, options["live_migration"], self._host.principal_conf,
+                                 self._principal())
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
                                        published=published, **options),

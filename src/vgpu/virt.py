@@ -24,11 +24,14 @@ update-status starts no virsh otherwise.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Optional, Tuple
+from typing import TYPE_CHECKING, Iterable, Optional, Tuple
 
-from . import dpkg, livemigration, run
+from . import dpkg, run
 from .errors import CommandError, HostReadError, PrincipalConfigError
-from .livemigration import Version
+
+if TYPE_CHECKING:  # vgpu.livemigration (a dataclass) is imported only where it is used
+    from . import livemigration
+    from .livemigration import Version
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +45,10 @@ LIVE_MIGRATION_KEYS = ("live_migration_completion_timeout", "live_migration_down
 _TRUE = ("1", "t", "true", "on", "y", "yes")  # oslo_utils.strutils' spellings of true
 
 
-def versions(timeout: float = TIMEOUT) -> Tuple[Optional[Version], Optional[Version], str]:
+def versions(timeout: float = TIMEOUT) -> Tuple[Optional["Version"], Optional["Version"], str]:
     """(libvirt, QEMU, where they came from): the running daemon's, else dpkg's, else unknown."""
+    from . import livemigration
+
     try:
         result = run.run(list(VIRSH), timeout, what="virsh -r version --daemon")
         libvirt, qemu = livemigration.parse_virsh(result.stdout[:OUTPUT_LIMIT])
@@ -87,12 +92,14 @@ def nova_settings(conf) -> Tuple[Optional[bool], Optional[bool]]:
 
 def readiness(*, vfio_live_migration: bool, frameworks: Iterable[str], load=None,
               nova_major: Optional[int] = None, principal: str = "nova-compute",
-              read_versions: bool = True) -> livemigration.Readiness:
+              read_versions: bool = True) -> "livemigration.Readiness":
     """The host's :class:`vgpu.livemigration.Readiness` (``load``: reads nova-compute's files).
 
     ``read_versions`` False asks nothing of libvirt or dpkg (the versions are
     then unknown): for a note that needs only nova.conf.
     """
+    from . import livemigration
+
     live, post_copy = None, None
     if load is not None:
         try:
@@ -111,15 +118,25 @@ def frameworks_of(gpus) -> Tuple[str, ...]:
     return tuple(sorted({gpu.framework for gpu in gpus if gpu.framework}))
 
 
-def status_notes(*, publishing: bool, vfio_live_migration: bool, frameworks: Iterable[str],
-                 load, principal: str = "nova-compute") -> Tuple[str, ...]:
+def readiness_of(here, vfio_live_migration: bool, load,
+                 principal: str = "nova-compute") -> "livemigration.Readiness":
+    """:func:`readiness` for the host ``here`` (vgpu.facts.Facts): its GPUs' frameworks, its Nova."""
+    release = here.supported_release()
+    return readiness(vfio_live_migration=vfio_live_migration, frameworks=frameworks_of(
+        here.pci.gpus), load=load, nova_major=release.nova_major if release else None,
+        principal=principal)
+
+
+def status_notes(here, publishing: bool, vfio_live_migration: bool, load,
+                 principal: str = "nova-compute") -> Tuple[str, ...]:
     """The active-status note when nova-compute permits post-copy and vGPU guests could move.
 
     Only while this unit publishes, and only for guests that would live-migrate
-    otherwise (mediated devices, or VFIO with ``vfio-live-migration``): nova.conf
-    is read through ``load`` (the hook's one reading), no virsh is run.
+    otherwise (mediated devices, or VFIO with ``vfio-live-migration``) on the host
+    ``here`` (vgpu.facts.Facts): nova.conf is read through ``load`` (the hook's one
+    reading), no virsh is run.
     """
-    kinds = set(frameworks)
+    kinds = set(frameworks_of(here.pci.gpus))
     if not publishing or not ("mdev" in kinds or (vfio_live_migration and "vfio" in kinds)):
         return ()
     try:
@@ -127,6 +144,8 @@ def status_notes(*, publishing: bool, vfio_live_migration: bool, frameworks: Ite
     except (HostReadError, PrincipalConfigError):
         return ()  # the check of the principal's [pci] names what cannot be read
     if live and post_copy:
+        from . import livemigration
+
         return (livemigration.post_copy_problem(principal),)
     return ()
 
@@ -138,6 +157,8 @@ def publishing_problems(*, vfio_live_migration: bool, vfio_published: bool) -> T
     """
     if not (vfio_live_migration and vfio_published):
         return ()
+    from . import livemigration
+
     libvirt, qemu, source = versions()
     return livemigration.blocks_publishing(livemigration.assess(
         libvirt, qemu, source, vfio_live_migration=True, frameworks=("vfio",)))
