@@ -385,14 +385,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # What nova-compute has now: published types that share a resource class are flagged.
         published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
-        live = virt.readiness_of(here, options["live_migration"], self._host.principal_conf,
-                                 self._principal())
+        live = virt.action_results(here, options["live_migration"], self._host.principal_conf,
+                                   self._principal())
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
                                        published=published, **options),
             "table": report.types_table(host, offered, whole_gb=whole, held=held,
                                         published=published, **options),
-            "live-migration": live.data(),
+            **live,
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod

@@ -127,6 +127,14 @@ def readiness_of(here, vfio_live_migration: bool, load,
         principal=principal)
 
 
+def action_results(here, vfio_live_migration: bool, load,
+                   principal: str = "nova-compute") -> dict:
+    """list-vgpu-types' ``live-migration`` result; {} on a host without NVIDIA GPUs (no virsh)."""
+    if not here.pci.gpus:
+        return {}
+    return {"live-migration": readiness_of(here, vfio_live_migration, load, principal).data()}
+
+
 def status_notes(here, publishing: bool, vfio_live_migration: bool, load,
                  principal: str = "nova-compute") -> Tuple[str, ...]:
     """The active-status note when nova-compute permits post-copy and vGPU guests could move.
