@@ -46,6 +46,7 @@ from vgpu import (
     status,
     text,
     upstream,
+    virt,
 )
 from vgpu.errors import (
     GuestsRunningError,
@@ -296,7 +297,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 neighbours.installed_of(here.packages), self._publishes_sections(),
                 self._principal(), load=self._host.principal_conf)),
             mapped=self._mapped() if status.missing_gpus(here, published) else (),
-            notes=tuple(self._notes) + self._monitoring.notes())
+            notes=tuple(self._notes) + virt.status_notes(
+                here, self._publishes_sections(), bool(self.config.get(LIVE_MIGRATION)),
+                self._host.principal_conf, self._principal()) + self._monitoring.notes())
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
@@ -382,11 +385,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # What nova-compute has now: published types that share a resource class are flagged.
         published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
+        live = virt.action_results(here, options["live_migration"], self._host.principal_conf,
+                                   self._principal())
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
                                        published=published, **options),
             "table": report.types_table(host, offered, whole_gb=whole, held=held,
                                         published=published, **options),
+            **live,
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod

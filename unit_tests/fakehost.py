@@ -134,11 +134,9 @@ RTX_PRO_6000_TYPES = {
 RTX_PRO_6000_MIG_TYPES = {
     **RTX_PRO_6000_TYPES,
     2033: "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q", 2034: "NVIDIA RTX Pro 6000 Blackwell DC-2-12Q",
-    2035: "NVIDIA RTX Pro 6000 Blackwell DC-2-48Q", 2036: "NVIDIA RTX Pro 6000 Blackwell DC-4-96Q",
-    # vGPU 20's graphics forms, on +gfx GPU instances (NVIDIA/vgpu-device-manager's vGPU 20.0
-    # configs list DC-1-24QGFX beside DC-1-24Q); ids inferred.
-    2037: "NVIDIA RTX Pro 6000 Blackwell DC-1-24QGFX",
-    2038: "NVIDIA RTX Pro 6000 Blackwell DC-2-12QGFX"}
+    2035: "NVIDIA RTX Pro 6000 Blackwell DC-2-48Q", 2036: "NVIDIA RTX Pro 6000 Blackwell DC-4-96Q"}
+# No type name carries GFX: every MIG-backed type above sits on +gfx GPU instances only
+# (NVIDIA/vgpu-device-manager pkg/vgpu/config.go, main; see MigModel.instance_profile).
 H200_SXM_MIG_TYPES = {
     **H200_SXM_TYPES, 1415: "NVIDIA H200X-1-35C", 1416: "NVIDIA H200X-2-35C",
     1417: "NVIDIA H200X-3-71C", 1418: "NVIDIA H200X-4-71C", 1419: "NVIDIA H200X-7-141C"}
@@ -214,16 +212,15 @@ class MigModel:
     def instance_profile(self, name: str) -> Optional[str]:
         """The GPU instance profile a MIG-backed type sits on: ``1g.24gb``; None: none.
 
-        A graphics type (``...GFX``, vGPU 20) sits only on a ``+gfx`` instance of a GPU
-        that has them, any other only on a plain one (NVIDIA/vgpu-device-manager's
-        ``ToMigConfigSpecSlice``).
+        On a GPU whose MIG-backed types need the GFX attribute (the RTX PRO 6000),
+        every one sits only on a ``+gfx`` instance and a plain one offers it nothing;
+        no type name says GFX (NVIDIA/vgpu-device-manager pkg/vgpu/config.go, main).
         """
         slices, gb = _slices(name), _gb(name)
-        graphics = name.upper().endswith("GFX")
         fitting = sorted(k for k in self.gis if k[0] == slices and k[1] >= gb)
-        if not fitting or (graphics and not self.gfx):
+        if not fitting or name.upper().endswith("GFX"):  # no such type name
             return None
-        return f"{slices}g.{fitting[0][1]}gb" + ("+gfx" if graphics else "")
+        return f"{slices}g.{fitting[0][1]}gb" + ("+gfx" if self.gfx else "")
 
     def place(self, pf_dir: str, vf_dir: str, number: int, name: str) -> Optional[int]:
         """The GPU instance the VF's vGPU lives in (the lowest with room), or None."""
@@ -842,6 +839,35 @@ class FakeHost:
         path.chmod(0o755)
         return path
 
+    def nvml_state(self, driver: str = "580.105.06") -> dict:
+        """What NVML says of this host's GPUs and their vGPU types (unit_tests/fake_pynvml).
+
+        Each MIG-backed type's ``nvmlVgpuTypeGetGpuInstanceProfileId`` is the id of the
+        GPU instance profile the kernel model puts it on (:meth:`MigModel.instance_profile`),
+        as the stand-in nvidia-smi's ``-lgip`` numbers it (faketools.MIG_TABLES).
+        """
+        from unit_tests.faketools import MIG_TABLES
+
+        state = json.loads(self.smi_state.read_text()) if self.smi_state.exists() else {}
+        gpus = []
+        for address in sorted(os.listdir(self.bus)):
+            model = _MODELS.get(os.path.realpath(self.bus / address))
+            if model is None:
+                continue
+            ids = {row[0]: row[1] for row in MIG_TABLES.get(state.get(address, {}).get("table"), [])}
+            types, names = [], {}
+            for number, name in sorted(model.types.items()):
+                entry = {"id": number, "name": name}
+                profile = model.mig.instance_profile(name) if model.mig and _mig(name) else None
+                if profile in ids:
+                    entry["gi_profile"] = ids[profile]
+                    names[str(ids[profile])] = f"MIG {profile}"
+                types.append(entry)
+            domain, rest = address.split(":", 1)
+            gpus.append({"bus_id": f"{int(domain, 16):08X}:{rest.upper()}", "vgpus": [],
+                         "vgpu_types": types, "gi_profiles": names})
+        return {"driver": driver, "gpus": gpus}
+
     @property
     def smi_state(self) -> Path:
         """The stand-in nvidia-smi's state: MIG modes and GPU instances, per GPU."""
@@ -1067,15 +1093,16 @@ class FakeHost:
             self.principal_nova_conf()
 
     def principal_nova_conf(self, whitelist: Optional[str] = None, aliases: Sequence[str] = (),
-                            subordinate: str = "") -> Path:
+                            subordinate: str = "", libvirt: str = "") -> Path:
         """nova-compute's /etc/nova/nova.conf, its own ``[pci]`` from ``whitelist`` and ``aliases``.
 
         ``subordinate``: the subordinates' sections as nova-compute renders them
-        (``principal.render_nova_conf``), where its template puts them.
+        (``principal.render_nova_conf``), where its template puts them. ``libvirt``:
+        lines its ``[libvirt]`` adds (:data:`LIVE_MIGRATION_ON`: ``enable-live-migration``).
         """
         path = self.root / "etc/nova/nova.conf"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_principal_nova_conf(whitelist, aliases, subordinate))
+        path.write_text(render_principal_nova_conf(whitelist, aliases, subordinate, libvirt))
         return path
 
     def modules(self, names: Iterable[str]) -> None:
@@ -1097,8 +1124,21 @@ class FakeHost:
         (self.root / "proc/cmdline").write_text(text + "\n")
 
 
+# What charm-nova-compute's [libvirt] adds with enable-live-migration (templates/yoga/nova.conf,
+# hooks/nova_compute_context.py; its option defaults: completion timeout 800, downtime 500,
+# steps 10, delay 75), with live-migration-permit-post-copy=true when ``post_copy``.
+def live_migration_lines(post_copy: bool = False) -> str:
+    """``[libvirt]`` lines charm-nova-compute renders with ``enable-live-migration``."""
+    lines = ("live_migration_scheme = ssh\nlive_migration_inbound_addr = 10.5.0.21\n"
+             "live_migration_completion_timeout = 800\nlive_migration_downtime = 500\n"
+             "live_migration_downtime_steps = 10\nlive_migration_downtime_delay = 75\n")
+    if post_copy:
+        lines += "live_migration_permit_post_copy = True\nlive_migration_timeout_action = force_complete\n"
+    return lines
+
+
 def render_principal_nova_conf(whitelist: Optional[str] = None, aliases: Sequence[str] = (),
-                               subordinate: str = "") -> str:
+                               subordinate: str = "", libvirt: str = "") -> str:
     """nova.conf as charm-nova-compute renders it for a libvirt compute host (yoga onwards).
 
     From charm-nova-compute's ``templates/yoga/nova.conf``: ``[DEFAULT]``, then
@@ -1161,7 +1201,7 @@ rbd_user = nova-compute
 rbd_secret_uuid = 0cd8b3c4-2a5e-4f4b-9d7a-3c1d2b0e6f21
 live_migration_uri = qemu+ssh://%s/system
 cpu_mode = host-passthrough
-
+{libvirt}
 [oslo_concurrency]
 lock_path=/var/lock/nova
 

@@ -98,6 +98,26 @@ for pkg in "$@"; do
 done
 """
 
+# virsh -r version --daemon as libvirt's tools/virsh-host.c (cmdVersion) prints it: the library
+# virsh uses, then the running hypervisor (virConnectGetVersion) and, with --daemon, the daemon
+# (virConnectGetLibVersion). State: $FAKE_STATE/virsh holds "<libvirt> <qemu>" (Ubuntu 24.04's
+# 10.0.0 and 8.2.2 when absent) or "down": libvirtd does not answer, as virsh says then.
+FAKE_VIRSH = """#!/bin/sh
+echo "virsh $*" >> "$FAKE_LOG"
+state="$FAKE_STATE/virsh"
+if [ -f "$state" ]; then read -r libvirt qemu < "$state"; else libvirt=10.0.0; qemu=8.2.2; fi
+if [ "$libvirt" = down ]; then
+  echo "error: failed to connect to the hypervisor" >&2
+  echo "error: Failed to connect socket to '/var/run/libvirt/libvirt-sock-ro': No such file or directory" >&2
+  exit 1
+fi
+echo "Compiled against library: libvirt $libvirt"
+echo "Using library: libvirt $libvirt"
+echo "Using API: QEMU $libvirt"
+echo "Running hypervisor: QEMU $qemu"
+case " $* " in *" --daemon "*) echo "Running against daemon: $libvirt";; esac
+"""
+
 LOGGING_WRAPPER = """#!/bin/sh
 echo "%s $*" >> "$FAKE_LOG"
 exec %s "$@"
@@ -115,7 +135,8 @@ class Tools:
         self.state.mkdir(parents=True)
         self.log.touch()
         for name, text in (("systemctl", FAKE_SYSTEMCTL),
-                           ("update-initramfs", FAKE_UPDATE_INITRAMFS), ("apt-get", FAKE_APT_GET)):
+                           ("update-initramfs", FAKE_UPDATE_INITRAMFS), ("apt-get", FAKE_APT_GET),
+                           ("virsh", FAKE_VIRSH)):
             self._script(name, text)
 
     def calls(self):
@@ -160,6 +181,10 @@ class Tools:
     def apt_works(self, package: str) -> None:
         """``apt-get install`` finds ``package`` again (the operator fixed the archive)."""
         (self.state / f"apt-get.fail-{package}").unlink(missing_ok=True)
+
+    def set_virsh(self, libvirt: str, qemu: str = "") -> None:
+        """The versions ``virsh version --daemon`` reports; ``down``: libvirtd does not answer."""
+        (self.state / "virsh").write_text(f"{libvirt} {qemu}\n")
 
     def no_bus(self) -> None:
         """Every systemctl call fails as it does without D-Bus."""

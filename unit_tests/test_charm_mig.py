@@ -13,13 +13,14 @@ import os
 import pytest
 from ops import testing
 
-from unit_tests import debs, principal
+from unit_tests import debs, fakehost, principal
 from unit_tests.fakehost import h200_sxm_host, rtx_pro_6000_host
 from unit_tests.libvirt import defined_guest, running_guest
 from unit_tests.test_charm import install_driver, ours, state
 from unit_tests.test_charm_sriov import again
 
 MGR = "nvidia-vgpu-mgr"
+FAKE_PYNVML = os.path.join(os.path.dirname(__file__), "fake_pynvml")
 GPU, OTHER = "0000:42:00.0", "0000:8c:00.0"
 VF = [f"0000:42:00.{n}" for n in range(2, 8)] + ["0000:42:01.0", "0000:42:01.1"]
 UNIT = "nova-compute-nvidia-vgpu/0"
@@ -45,8 +46,19 @@ def ready(host, root, tools, deb):
     return host
 
 
-def rtx(root, tools, deb, mode="Enabled"):
-    return ready(rtx_pro_6000_host(root, vfs=8, gpus=2, mig=mode), root, tools, deb)
+def use_nvml(monkeypatch, root, nvml):
+    """NVML as the stand-in pynvml answers it (unit_tests/fake_pynvml), for the charm's NVML probe."""
+    path = root / "fake-nvml.json"
+    path.write_text(json.dumps(nvml))
+    monkeypatch.syspath_prepend(str(FAKE_PYNVML))
+    monkeypatch.setenv("FAKE_NVML", str(path))
+
+
+def rtx(root, tools, deb, mode="Enabled", monkeypatch=None):
+    host = ready(rtx_pro_6000_host(root, vfs=8, gpus=2, mig=mode), root, tools, deb)
+    if monkeypatch is not None:
+        use_nvml(monkeypatch, root, host.nvml_state())
+    return host
 
 
 def nvidia(root, vf: str, name: str) -> str:
@@ -64,47 +76,76 @@ def smi_calls(tools):
 
 
 def test_a_mig_backed_profile_is_written_and_published_like_a_time_sliced_one(ctx, root, tools,
-                                                                             deb):
-    host = rtx(root, tools, deb)
+                                                                             deb, monkeypatch):
+    host = rtx(root, tools, deb, monkeypatch=monkeypatch)
     out = ctx.run(ctx.on.config_changed(),
                   state({"vgpu-device-mappings": "{DC-1-24Q: ['42:00.0']}"}, resource=deb))
     rc = "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_1_24Q"
     assert out.unit_status == testing.ActiveStatus(
         f"2 GPUs (RTX PRO 6000 Blackwell Server Edition), {rc} on 4; {rc}: 0 used, 4 free")
-    # 4 x 1g.24gb GPU instances created first (writing a type creates none), checked
-    # with -lgi/-lgip; then four VFs, each in its own GPU instance; the rest stay free.
-    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb@{n - 1}" for n in (1, 2, 3, 4)]
+    # 4 x 1g.24gb+gfx GPU instances created first (writing a type creates none), checked
+    # with -lgi/-lgip; then four VFs, each in its own GPU instance; the rest stay free. On the
+    # RTX PRO 6000 every MIG-backed type sits on +gfx instances, though no name says GFX
+    # (NVIDIA/vgpu-device-manager pkg/vgpu/config.go); the stand-in NVML says so too.
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
     assert host.gpu_instances(OTHER) == []
     assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:5]] == ["2033"] * 4 + ["0"]
     assert [nvidia(root, vf, "gpu_instance_id") for vf in VF[:5]] == ["1", "2", "3", "4", "absent"]
     assert [s["address"] for s in specs(out)] == VF[:4]
     assert {s["resource_class"] for s in specs(out)} == {rc}
     assert smi_calls(tools) == [SMI, LGI, LGIP, "nvidia-smi mig -i 00000000:42:00.0 -cgi "
-                                "1g.24gb,1g.24gb,1g.24gb,1g.24gb -C"]
+                                "1g.24gb+gfx,1g.24gb+gfx,1g.24gb+gfx,1g.24gb+gfx -C"]
     boot = json.loads((root / "var/lib/nova-compute-nvidia-vgpu/boot.json").read_text())
     assert [v["name"] for v in boot["gpus"][0]["vfs"]] == [
         "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q"] * 4
-    assert boot["gpus"][0]["mig"] == {"profile": "DC-1-24Q", "instance": "1g.24gb", "count": 4}
+    assert boot["gpus"][0]["mig"] == {"profile": "DC-1-24Q", "instance": "1g.24gb+gfx",
+                                      "count": 4}
     # The next hook finds them there: nothing created, nothing destroyed.
     before = len(smi_calls(tools))
     out = ctx.run(ctx.on.update_status(), again(out))
     assert out.unit_status.name == "active"
-    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb@{n - 1}" for n in (1, 2, 3, 4)]
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
     assert smi_calls(tools)[before:] == [SMI, LGI]
 
 
-def test_a_gfx_type_gets_gfx_gpu_instances_by_its_name(ctx, root, tools, deb):
-    """vGPU 20 names graphics MIG types ...GFX (NVIDIA/vgpu-device-manager); only those get +gfx."""
+def test_the_gfx_spelling_is_the_same_type_on_gfx_gpu_instances(ctx, root, tools, deb):
+    """``DC-1-24QGFX`` is ``DC-1-24Q`` on ``1g.24gb+gfx``, the one type either way.
+
+    NVIDIA/vgpu-device-manager pkg/vgpu/config.go (main): on the RTX PRO 6000 every MIG-backed
+    type sits on +gfx GPU instances and no type name carries GFX; the suffix is stripped
+    before the lookup.
+    """
     host = rtx(root, tools, deb)
     out = ctx.run(ctx.on.config_changed(), state(
         {"vgpu-device-mappings": "{DC-1-24QGFX: ['42:00.0'], DC-2-12Q: ['8c:00.0']}",
          "pci-in-placement": True}, resource=deb))
     assert out.unit_status.name == "active", out.unit_status
     assert host.gpu_instances(GPU) == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
-    assert host.gpu_instances(OTHER) == ["1:2g.48gb@0", "2:2g.48gb@2"]
-    assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:5]] == ["2037"] * 4 + ["0"]
+    assert host.gpu_instances(OTHER) == ["1:2g.48gb+gfx@0", "2:2g.48gb+gfx@2"]
+    assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:5]] == ["2033"] * 4 + ["0"]
+    # One type, one resource class, whichever spelling the mapping uses.
     assert {s["resource_class"] for s in specs(out) if s["address"].startswith("0000:42")} == {
-        "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_1_24QGFX"}
+        "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_1_24Q"}
+    boot = json.loads((root / "var/lib/nova-compute-nvidia-vgpu/boot.json").read_text())
+    assert boot["gpus"][0]["mig"] == {"profile": "DC-1-24Q", "instance": "1g.24gb+gfx",
+                                      "count": 4}
+
+
+def test_the_gpu_instance_profile_comes_from_nvml_where_the_driver_says(ctx, root, tools, deb,
+                                                                      monkeypatch):
+    """nvmlVgpuTypeGetGpuInstanceProfileId names the profile a type needs: it wins over the name."""
+    host = rtx(root, tools, deb)
+    # A driver that puts every type on plain instances: its NVML says so, its VFs list them there.
+    fakehost._MODELS[os.path.realpath(root / "sys/bus/pci/devices" / GPU)].mig.gfx = False
+    nvml = host.nvml_state()
+    assert nvml["gpus"][0]["gi_profiles"]["14"] == "MIG 1g.24gb"
+    use_nvml(monkeypatch, root, nvml)
+    out = ctx.run(ctx.on.config_changed(),
+                  state({"vgpu-device-mappings": "{DC-1-24Q: ['42:00.0']}"}, resource=deb))
+    assert host.gpu_instances(GPU) == [f"{n}:1g.24gb@{n - 1}" for n in (1, 2, 3, 4)]
+    assert out.unit_status.name == "active", out.unit_status
+    # The other tests: NVML as config.go describes the GPU (+gfx), or no NVML at all (the
+    # GFX-spelling test: no libnvidia-ml here), where config.go's rule gives +gfx by itself.
 
 
 def test_a_gpu_out_of_mig_mode_blocks_naming_the_command_and_changes_nothing(ctx, root, tools,
@@ -347,9 +388,11 @@ def test_list_vgpu_types_and_vgpu_usage_show_slices_and_gpu_instances(ctx, root,
     ctx.run(ctx.on.action("list-vgpu-types"), out)
     gpu = ctx.action_results["gpus"]["gpu-0"]
     entry = gpu["types"]["nvidia-2034"]
-    # 2 x 2g.48gb instances, 4 DC-2-12Q each: 8 per GPU, from the profile, not from sysfs.
-    assert (entry["mig-slices"], entry["max-instances"], entry["gpu-instance-profile"]) == (
-        "2", "8", "2g.48gb (at most 2, 4 vGPU each)")
+    # 2 x 2g.48gb+gfx instances, 4 DC-2-12Q each: 8 per GPU, from the profile, not from sysfs;
+    # NVIDIA/vgpu-device-manager's spelling of the same type is accepted in a mapping.
+    assert (entry["mig-slices"], entry["max-instances"], entry["gpu-instance-profile"],
+            entry["also-mapped-as"]) == ("2", "8", "2g.48gb+gfx (at most 2, 4 vGPU each)",
+                                         "DC-2-12QGFX")
     assert gpu["gpu-instances"] == ",".join(f"{vf}={1 + n // 4}" for n, vf in enumerate(VF))
     running_guest(root, "instance-00000003", "6c1e5bd3-7a4f-4e0e-9a3b-1f1f2d0c0a03",
                   pci_address=VF[5])

@@ -163,6 +163,90 @@ def test_live_migration_on_an_older_nova_blocks_and_keeps_what_was_published(ctx
     assert ours(out)["subordinate_configuration"] == published
 
 
+def test_live_migration_below_libvirt_10_or_qemu_8_2_2_blocks_and_keeps_what_was_published(
+        ctx, vfio, tools, tmp_path):
+    """Nova 31+ refuses to start with a live_migratable device_spec on older libvirt or QEMU.
+
+    nova/virt/libvirt/driver.py ``_check_pci_whitelist`` (MIN_VFIO_PCI_VARIANT_LIBVIRT_VERSION
+    (10, 0, 0), _QEMU_VERSION (8, 2, 2)), asking the running daemon: so does the charm (virsh).
+    """
+    tools.set_virsh("8.0.0", "6.2.0")  # Ubuntu 22.04's libvirt and QEMU
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING},
+                                                   resource=deb))
+    assert not [c for c in tools.calls() if c.startswith("virsh")]  # option off: never asked
+    published = ours(first)["subordinate_configuration"]
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": MAPPING,
+                                                         LIVE: True}))
+    assert out.unit_status == testing.BlockedStatus(
+        "vfio-live-migration not applied: libvirt 8.0.0 (running) is older than 10.0.0; QEMU "
+        "6.2.0 (running) is older than 8.2.2, which Nova needs for a live_migratable [pci] "
+        "device_spec (nova-compute would not start); upgrade libvirt and QEMU (Ubuntu 24.04 "
+        "ships libvirt 10.0.0 and QEMU 8.2.2) or set vfio-live-migration=false; the last "
+        "published settings stay")
+    assert ours(out)["subordinate_configuration"] == published
+    assert "virsh -r version --daemon" in tools.calls()
+    # libvirtd down: dpkg's installed versions decide, and say so.
+    tools.set_virsh("down")
+    status_file = vfio.root / "var/lib/dpkg/status"
+    status_file.write_text(status_file.read_text() + "".join(
+        f"\nPackage: {name}\nStatus: install ok installed\nArchitecture: amd64\n"
+        f"Version: {version}\n" for name, version in (
+            ("libvirt-daemon-system", "10.0.0-2ubuntu8.5"),
+            ("qemu-system-x86", "1:8.2.1+ds-0ubuntu1"))))
+    out = ctx.run(ctx.on.update_status(), out)
+    assert out.unit_status.message.startswith(
+        "vfio-live-migration not applied: QEMU 8.2.1 (installed) is older than 8.2.2")
+    assert ours(out)["subordinate_configuration"] == published
+    # Upgraded and running: published live_migratable.
+    tools.set_virsh("10.0.0", "8.2.2")
+    out = ctx.run(ctx.on.update_status(), out)
+    assert out.unit_status.name == "active", out.unit_status
+    assert {s["live_migratable"] for s in our_specs(nova_reads(out, tmp_path))} == {
+        "yes"}
+
+
+def test_post_copy_on_says_vgpu_guests_will_not_live_migrate_with_the_fix(ctx, vfio, tools):
+    """QEMU refuses VFIO migration with postcopy (Nova 34.0.0 virtual-gpu.rst; Red Hat's guide)."""
+    from unit_tests.fakehost import live_migration_lines
+
+    vfio.principal_nova_conf(libvirt=live_migration_lines(post_copy=True))
+    config = {"vgpu-device-mappings": MAPPING, LIVE: True}
+    out = ctx.run(ctx.on.config_changed(), state(config, resource=deb))
+    assert out.unit_status.name == "active"
+    assert out.unit_status.message.endswith(
+        "; vGPU guests will not live-migrate: nova-compute permits post-copy "
+        "(live_migration_permit_post_copy), which QEMU refuses for VFIO devices; juju config "
+        "nova-compute live-migration-permit-post-copy=false"), out.unit_status
+    ctx.run(ctx.on.action("list-vgpu-types"), out)
+    live = ctx.action_results["live-migration"]
+    assert (live["ready"], live["libvirt"], live["qemu"], live["source"], live["post-copy"]) == (
+        "no", "10.0.0", "8.2.2", "running", "yes")
+    assert "juju config nova-compute live-migration-permit-post-copy=false" in live["why-not"]
+    # Fixed: no note, and list-vgpu-types says guests can move.
+    vfio.principal_nova_conf(libvirt=live_migration_lines())
+    out = ctx.run(ctx.on.update_status(), out)
+    assert "post-copy" not in out.unit_status.message
+    ctx.run(ctx.on.action("list-vgpu-types"), out)
+    assert ctx.action_results["live-migration"]["ready"] == "yes"
+    assert ctx.action_results["live-migration"]["why-not"] == "nothing: guests can live-migrate"
+    # Live migration off in nova-compute: no note (nothing to migrate), but the action says why.
+    vfio.principal_nova_conf()
+    out = ctx.run(ctx.on.update_status(), out)
+    assert "post-copy" not in out.unit_status.message
+    ctx.run(ctx.on.action("list-vgpu-types"), out)
+    assert ctx.action_results["live-migration"]["why-not"] == (
+        "nova-compute has live migration off (enable-live-migration)")
+
+
+def test_without_vfio_live_migration_vfio_guests_cold_migrate_and_no_virsh_runs(ctx, vfio, tools):
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    ctx.run(ctx.on.update_status(), out)
+    assert not [c for c in tools.calls() if c.startswith("virsh")]
+    ctx.run(ctx.on.action("list-vgpu-types"), out)
+    assert ctx.action_results["live-migration"]["why-not"].startswith(
+        "vfio-live-migration is false")
+
+
 # -- names as deployed ---------------------------------------------------------------
 
 @pytest.fixture

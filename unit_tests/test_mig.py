@@ -233,34 +233,50 @@ def test_the_stand_ins_model_what_real_hosts_do_at_a_reboot_and_with_sriov_manag
     assert reset.returncode == 255 and "In use by another client" in reset.stdout
 
 
-def test_gfx_instances_only_for_gfx_type_names(root):
-    """vgpu-device-manager's ToMigConfigSpecSlice: +gfx only for a name with the GFX attribute."""
+def test_every_rtx_pro_6000_mig_type_sits_on_gfx_instances_and_gfx_names_it_too(root):
+    """Every RTX PRO 6000 MIG-backed type on +gfx instances; ``...GFX`` names the same type.
+
+    NVIDIA/vgpu-device-manager pkg/vgpu/config.go (main): on the RTX PRO 6000 Blackwell every
+    MIG-backed type is supported only on +gfx GPU instances and no type name carries GFX;
+    ``DC-1-24QGFX`` means ``DC-1-24Q`` on ``1g.24gb+gfx`` (the suffix stripped).
+    """
     assert (profile("NVIDIA RTX Pro 6000 Blackwell DC-1-24QGFX")
             == pci.Profile("RTX Pro 6000 Blackwell DC-1-24QGFX", "RTX Pro 6000 Blackwell DC", 24,
                            "Q", True, 1, gfx=True))
     assert not profile("DC-1-24Q").gfx and profile("DC-1-24CGFX").series == "C"
+    assert pci.without_gfx("NVIDIA RTX Pro 6000 Blackwell DC-1-24QGFX") == (
+        "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q")
+    assert pci.without_gfx("DC-1-24Q") is None and pci.without_gfx("DC-24Q") is None
     shape = mig.RTX_PRO_6000
-    assert mig.instance_name(mig.slot(shape, profile("DC-1-24Q")).instance,
-                             profile("DC-1-24Q")) == "1g.24gb"
-    assert mig.instance_name(mig.slot(shape, profile("DC-1-24QGFX")).instance,
-                             profile("DC-1-24QGFX")) == "1g.24gb+gfx"
+    for name in ("DC-1-24Q", "DC-1-24QGFX"):
+        assert mig.instance_name(mig.slot(shape, profile(name)).instance, profile(name),
+                                 shape) == "1g.24gb+gfx"
+    assert mig.instance_name(mig.slot(mig.H200, profile("H200X-1-18C")).instance,
+                             profile("H200X-1-18C"), mig.H200) == "1g.18gb"
     assert mig.slot(mig.H200, profile("H200X-1-18CGFX")) is None  # no +gfx profiles there
     host = rtx_pro_6000_host(root, vfs=8, gpus=2, mig="Enabled")
     found = mig.mapped({"DC-2-12QGFX": ("0000:42:00.0",), "DC-1-24Q": ("0000:8c:00.0",)},
                        pci.discover())
-    assert found == {"0000:42:00.0": mig.Need("0000:42:00.0", "DC-2-12QGFX", "2g.48gb+gfx", 2),
-                     "0000:8c:00.0": mig.Need("0000:8c:00.0", "DC-1-24Q", "1g.24gb", 4)}
+    assert found == {"0000:42:00.0": mig.Need("0000:42:00.0", "DC-2-12Q", "2g.48gb+gfx", 2),
+                     "0000:8c:00.0": mig.Need("0000:8c:00.0", "DC-1-24Q", "1g.24gb+gfx", 4)}
+    # What the driver says (NVML) wins over the name, GPU by GPU.
+    driver = {"0000:8c:00.0": {"NVIDIA RTX Pro 6000 Blackwell DC-1-24Q": "1g.24gb"}}
+    assert mig.mapped({"DC-1-24Q": ("0000:8c:00.0",)}, pci.discover(), driver) == {
+        "0000:8c:00.0": mig.Need("0000:8c:00.0", "DC-1-24Q", "1g.24gb", 4)}
     mig.ensure(found["0000:8c:00.0"])
-    assert host.gpu_instances("0000:8c:00.0") == [f"{n}:1g.24gb@{n - 1}" for n in (1, 2, 3, 4)]
+    assert host.gpu_instances("0000:8c:00.0") == [f"{n}:1g.24gb+gfx@{n - 1}" for n in (1, 2, 3, 4)]
+    # A VF lists the type (its name without GFX) only once a +gfx instance has room for it.
+    listed = (root / "sys/bus/pci/devices/0000:8c:00.2/nvidia/creatable_vgpu_types").read_text()
+    assert "DC-1-24Q\n" in listed + "\n" and "GFX" not in listed
     found = mig.mapped({"DC-2-12Q": ("0000:42:00.0",), "H200X-1-18C": ("all",)}, pci.discover())
-    assert found == {"0000:42:00.0": mig.Need("0000:42:00.0", "DC-2-12Q", "2g.48gb", 2)}
+    assert found == {"0000:42:00.0": mig.Need("0000:42:00.0", "DC-2-12Q", "2g.48gb+gfx", 2)}
     # VF by VF: 5 VFs of 4 per instance take 2 instances.
     vfs = tuple(f"0000:8c:00.{n}" for n in range(2, 7))
     assert mig.mapped({"DC-2-12Q": vfs}, pci.discover())["0000:8c:00.0"].gis == 2
     # Two MIG-backed profiles on one GPU: none (the plan refuses the mapping).
     assert mig.mapped({"DC-2-12Q": vfs[:1], "DC-1-24Q": vfs[1:2]}, pci.discover()) == {}
     mig.ensure(found["0000:42:00.0"])
-    assert host.gpu_instances("0000:42:00.0") == ["1:2g.48gb@0", "2:2g.48gb@2"]
+    assert host.gpu_instances("0000:42:00.0") == ["1:2g.48gb+gfx@0", "2:2g.48gb+gfx@2"]
 
 
 def test_a_partly_failed_cgi_says_nvidia_smis_reason_not_its_first_line(root, tools):

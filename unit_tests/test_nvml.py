@@ -157,3 +157,35 @@ def test_a_lost_gpu_no_address_names_is_an_error():
     assert reading.lost == () and reading.errors == (
         "NVML: GPU is lost, for 1 GPU whose PCI address it does not give",)
     assert len(reading.vgpus) == 2
+def rtx_types(**changes):
+    """An RTX PRO 6000 as NVIDIA/vgpu-device-manager pkg/vgpu/config.go describes it.
+
+    Its MIG-backed types (no GFX in their names) need +gfx GPU instance profiles (ids as the
+    stand-in nvidia-smi's -lgip lists them); a time-sliced type has none (0xFFFFFFFF).
+    """
+    state = {"driver": "580.105.06", "gpus": [
+        {"bus_id": "00000000:42:00.0", "vgpus": [],
+         "vgpu_types": [{"id": 2033, "name": "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q",
+                         "gi_profile": 47},
+                        {"id": 2034, "name": "NVIDIA RTX Pro 6000 Blackwell DC-2-12Q",
+                         "gi_profile": 35},
+                        {"id": 2002, "name": "NVIDIA RTX Pro 6000 Blackwell DC-8Q"}],
+         "gi_profiles": {"47": "MIG 1g.24gb+gfx", "35": "MIG 2g.48gb+gfx"}}]}
+    state.update(changes)
+    fake.configure(state)
+    return fake
+
+
+def test_each_mig_backed_types_gpu_instance_profile_by_name_from_nvml():
+    """nvmlVgpuTypeGetGpuInstanceProfileId, the id named by nvmlDeviceGetGpuInstanceProfileInfoById."""
+    assert nvml.gpu_instance_profiles(rtx_types()) == {"0000:42:00.0": {
+        "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q": "1g.24gb+gfx",
+        "NVIDIA RTX Pro 6000 Blackwell DC-2-12Q": "2g.48gb+gfx"}}
+    assert fake.calls()[-1] == "nvmlShutdown"  # no NVML session left open
+    # No driver, or a driver without the call: nothing, and the caller follows the names.
+    assert nvml.gpu_instance_profiles(rtx_types(driver=None)) == {}
+    assert nvml.gpu_instance_profiles(rtx_types(
+        fail={"nvmlVgpuTypeGetGpuInstanceProfileId": 13})) == {"0000:42:00.0": {}}
+    # An id the GPU cannot name is left out, never guessed.
+    assert nvml.gpu_instance_profiles(rtx_types(
+        fail={"nvmlDeviceGetGpuInstanceProfileInfoById": 3})) == {"0000:42:00.0": {}}

@@ -357,8 +357,11 @@ def _real_nova_accepts(texts, pci_in_placement):
 PRINCIPAL_ACTIONS = {"nova-compute": {"pause": set(), "resume": set(), "openstack-upgrade": set()}}
 # Options of the neighbouring charms the documentation sets (their config.yaml), by application.
 NEIGHBOUR_OPTIONS = {
+    # charm-nova-compute's config.yaml (its live-migration-* options: docs/how-to/live-migration.md)
     "nova-compute": {"pci-alias", "pci-passthrough-whitelist", "openstack-origin", "config-flags",
-                     "debug", "enable-live-migration"},
+                     "debug", "enable-live-migration", "live-migration-permit-post-copy",
+                     "live-migration-downtime", "live-migration-downtime-steps",
+                     "live-migration-downtime-delay"},
     "nova-cloud-controller": {"pci-alias", "scheduler-default-filters", "openstack-origin",
                               "config-flags", "debug",
                               "pci-in-placement"},  # newer revisions: docs/how-to/pci-in-placement.md

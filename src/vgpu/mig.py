@@ -19,8 +19,11 @@ as still creatable. This module holds:
 * GPU instances (:func:`ensure`): created before a VF takes a MIG-backed type,
   which places its vGPU in one but creates none (NVIDIA's vGPU for Compute
   guide, "Configuring a GPU for MIG-Backed vGPUs"), as many as the mapping asks
-  for, ``+gfx`` only for a ``...GFX`` type; never destroyed while a VF's vGPU is
-  in one, unless no guest holds that VF;
+  for, of the profile NVML names for the type where the driver answers
+  (:func:`driver_profiles`), else the one its name gives, ``+gfx`` for every
+  MIG-backed type of the RTX PRO 6000 (NVIDIA/vgpu-device-manager
+  pkg/vgpu/config.go); never destroyed while a VF's vGPU is in one, unless no
+  guest holds that VF;
 * the boot step's part (:func:`at_boot`), after the VFs are enabled: MIG mode on
   again (Hopper and Blackwell lose it at every reboot) and the GPU instances
   created again. Never a GPU reset (refused with VFs or persistence mode on).
@@ -52,8 +55,11 @@ type per GI).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
+import sys
 import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -96,13 +102,18 @@ class Geometry(NamedTuple):
     memory_slices: int
     profiles: Tuple[GiProfile, ...]
     # It offers GPU instance profiles with the GFX attribute (``+gfx``): the RTX PRO 6000
-    # Blackwell (NVIDIA/mig-parted). Only graphics types named ``...GFX`` sit on them:
-    # NVIDIA/vgpu-device-manager's ``ToMigConfigSpecSlice`` (api/spec/v1/spec.go) adds
-    # ``+gfx`` only for a type name with the GFX attribute, and its vGPU 20 configs list
-    # ``DC-1-24QGFX`` beside ``DC-1-24Q`` (documentation only: no transcript of such a host).
+    # Blackwell (NVIDIA/mig-parted).
     gfx: bool = False
     # The vGPU model names its MIG-backed types use, upper-cased (H200X-1-18C: H200X).
     names: Tuple[str, ...] = ()
+    # Every MIG-backed vGPU type sits on a ``+gfx`` GPU instance, though no type name says
+    # GFX. NVIDIA/vgpu-device-manager pkg/vgpu/config.go (main, SetVGPUConfig): "for RTX Pro
+    # 6000 Blackwell, all the MIG-backed vGPU types are only supported on MIG instances
+    # created with the GFX attribute, but none of the vGPU type names contain the GFX
+    # suffix"; its ``DC-1-24QGFX`` key is ``DC-1-24Q`` on ``1g.24gb+gfx`` (documentation
+    # only: no transcript of such a host). Where the driver answers, NVML says it per type
+    # (:func:`driver_profiles`), and its answer is taken over this.
+    gfx_only: bool = False
 
 
 def _hopper(gb: Tuple[int, int, int, int], model: str, names: Tuple[str, ...]) -> Geometry:
@@ -127,7 +138,7 @@ RTX_PRO_6000 = Geometry("RTX PRO 6000 Blackwell Server Edition", 4, 4, (
     GiProfile("1g.24gb", 1, 24, 1, (0, 1, 2, 3)),
     GiProfile("2g.48gb", 2, 48, 2, (0, 2)),
     GiProfile("4g.96gb", 4, 96, 4, (0,)),
-), gfx=True, names=("DC", "RTX PRO 6000 BLACKWELL DC"))
+), gfx=True, names=("DC", "RTX PRO 6000 BLACKWELL DC"), gfx_only=True)
 # By the GPU's PCI device id (pci.ids: 2335 GH100 [H200 SXM 141GB], 233b GH100 [H200 NVL],
 # 2bb5 GB202GL [RTX PRO 6000 Blackwell Server Edition], 2330 GH100 [H100 SXM5 80GB],
 # 2331 GH100 [H100 PCIe]).
@@ -483,18 +494,80 @@ class Layout(NamedTuple):
     held: Tuple[str, ...] = ()  # the VFs whose vGPUs are in GPU instances in the way
 
 
-def instance_name(gi: GiProfile, profile: pci.Profile) -> str:
+def instance_name(gi: GiProfile, profile: pci.Profile, shape: Optional[Geometry] = None) -> str:
     """The GPU instance profile nvidia-smi creates for ``profile`` on ``gi``: ``1g.24gb+gfx``.
 
-    ``+gfx`` only for a graphics type named ``...GFX`` (``DC-1-24QGFX``), as
-    NVIDIA/vgpu-device-manager's ``ToMigConfigSpecSlice`` does; ``DC-1-24Q`` sits on
-    ``1g.24gb`` (:func:`slot` refuses a GFX type on a GPU without ``+gfx`` profiles).
+    ``+gfx`` for every MIG-backed type of a GPU whose types all need it
+    (:attr:`Geometry.gfx_only`: the RTX PRO 6000, NVIDIA/vgpu-device-manager's
+    config.go), and for a type spelt ``...GFX`` as that project's
+    ``ToMigConfigSpecSlice`` (api/spec/v1/spec.go) does; :func:`slot` refuses a GFX
+    spelling on a GPU without ``+gfx`` profiles.
     """
-    return gi.name + ("+gfx" if profile.gfx and not gi.media else "")
+    gfx = profile.gfx or (shape is not None and shape.gfx_only)
+    return gi.name + ("+gfx" if gfx and not gi.media else "")
 
 
-def needs(assignments: Sequence, host: pci.Host) -> Dict[str, Need]:
-    """``{GPU: Need}`` for a plan's MIG-backed assignments: enough GPU instances for its VFs."""
+_INSTANCE = re.compile(r"[0-9]g\.[0-9]+gb(?:\+[a-z]+)?")  # what the boot data takes (boot_needs)
+NVML_TIMEOUT = 20  # seconds for the NVML probe (a Python process); a hung driver must not stall
+
+
+def driver_profiles(timeout: float = NVML_TIMEOUT) -> Dict[str, Dict[str, str]]:
+    """``{GPU: {type name: GPU instance profile}}`` as the driver's NVML says; {} when it cannot.
+
+    ``nvmlVgpuTypeGetGpuInstanceProfileId`` per supported type (:func:`vgpu.nvml.
+    gpu_instance_profiles`), asked in a process of its own, bounded in time (an NVML
+    call in the hook's process cannot be stopped: the reason this module runs
+    nvidia-smi), whose NVML session ends with it. Where it is not answered (no
+    libnvidia-ml, a driver without the call, a timeout) the names decide, as
+    NVIDIA/vgpu-device-manager's config.go has them (:func:`instance_name`).
+    """
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        result = run.run([sys.executable, "-m", "vgpu.nvml"], timeout, env=env,
+                         what="NVML: the GPU instance profile of each vGPU type")
+        said = json.loads(result.stdout[:1 << 20] or "{}")
+    except (CommandError, ValueError) as error:
+        log.warning("NVML cannot say which GPU instance profile each vGPU type needs (%s); "
+                    "the type names decide", text.cause(str(error)) or error)
+        return {}
+    out: Dict[str, Dict[str, str]] = {}
+    for gpu, types in (said.items() if isinstance(said, dict) else ()):
+        if isinstance(gpu, str) and _PCI.fullmatch(gpu) and isinstance(types, dict):
+            out[gpu] = {name: found for name, found in types.items() if isinstance(name, str)
+                        and isinstance(found, str) and _INSTANCE.fullmatch(found)}
+    return out
+
+
+def _said(driver: Optional[Mapping[str, Mapping[str, str]]], gpu: str, name: str) -> str:
+    """The GPU instance profile the driver says type ``name`` needs on ``gpu``; "" when unsaid."""
+    wanted = pci.key_form(name)
+    for listed, found in ((driver or {}).get(gpu) or {}).items():
+        if wanted in pci.name_keys(listed):
+            return found
+    return ""
+
+
+def _need(address: str, shape: Geometry, name: str, count: int, per_gpu: bool,
+          driver: Optional[Mapping[str, Mapping[str, str]]]) -> Optional[Need]:
+    """The GPU instances ``count`` vGPUs of type ``name`` take (``per_gpu``: as many as fit)."""
+    named = pci.profile(pci.canonical(name) if shape.gfx_only else name)
+    found = slot(shape, named) if named is not None else None
+    if found is None or named is None:
+        return None
+    instance = _said(driver, address, named.name) or instance_name(found.instance, named, shape)
+    base = next((gi for gi in shape.profiles if gi.name == instance.split("+")[0]), None)
+    if base is not None and base.name != found.instance.name:  # the driver's, counted by its size
+        found = Slot(base, max(1, base.memory_gb // named.framebuffer_gb))
+    count = min(found.fits if per_gpu else count, found.fits)
+    return Need(address, pci.short_name(named.name), instance, -(-count // found.per_instance))
+
+
+def needs(assignments: Sequence, host: pci.Host,
+          driver: Optional[Mapping[str, Mapping[str, str]]] = None) -> Dict[str, Need]:
+    """``{GPU: Need}`` for a plan's MIG-backed assignments: enough GPU instances for its VFs.
+
+    ``driver``: what NVML says of each type (:func:`driver_profiles`).
+    """
     counts: Dict[str, Dict[str, int]] = {}
     for a in assignments:
         if pci.mig_profile(a.name) is not None:
@@ -505,16 +578,14 @@ def needs(assignments: Sequence, host: pci.Host) -> Dict[str, Need]:
         gpu = host.gpu(address)
         shape = geometry(gpu) if gpu is not None else None
         for name, count in named.items():  # one MIG-backed profile per GPU (vgpu.plan)
-            named_profile = pci.profile(name)
-            found = slot(shape, named_profile) if shape is not None and named_profile else None
-            if found is not None and named_profile is not None:
-                out[address] = Need(address, pci.short_name(pci.profile_name(name)),
-                                    instance_name(found.instance, named_profile),
-                                    -(-count // found.per_instance))
+            found = _need(address, shape, name, count, False, driver) if shape else None
+            if found is not None:
+                out[address] = found
     return out
 
 
-def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, Need]:
+def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host,
+           driver: Optional[Mapping[str, Mapping[str, str]]] = None) -> Dict[str, Need]:
     """``{GPU: Need}`` from the mapping itself, before it is checked against what VFs list.
 
     A VF lists a MIG-backed type only while a GPU instance with room for it
@@ -524,7 +595,7 @@ def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, Ne
     fits, VF by VF one per VF. A GPU the mapping gives two MIG-backed profiles
     gets none (:mod:`vgpu.plan` refuses it).
     """
-    counts: Dict[str, Dict[str, int]] = {}
+    counts: Dict[str, Dict[str, Tuple[str, int, bool]]] = {}
     for key, where in mapping.items():
         named = pci.mig_profile(key)
         if named is None:
@@ -537,22 +608,22 @@ def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, Ne
             if found is None or gpu.vfs_missing:
                 continue
             mine = [a for a in where if gpu.function(a) is not None]
-            count = found.fits if everywhere or gpu.address in mine else len(mine)
-            if count:
-                counts.setdefault(gpu.address, {})[key] = min(count, found.fits)
+            whole = everywhere or gpu.address in mine
+            if shape is not None and (whole or mine):  # one entry per type: DC-1-24QGFX is
+                # DC-1-24Q on a GPU whose MIG-backed types are all on +gfx instances
+                name = pci.short_name(pci.canonical(named.name) if shape.gfx_only else named.name)
+                _, before, all_of = counts.setdefault(gpu.address, {}).get(name, (key, 0, False))
+                counts[gpu.address][name] = (key, before + len(mine), whole or all_of)
     out: Dict[str, Need] = {}
     for address, named_counts in counts.items():
         owner = host.gpu(address)
         shape = geometry(owner) if owner is not None else None
         if len(named_counts) != 1 or shape is None:
             continue
-        (key, count), = named_counts.items()
-        key_profile = pci.profile(key)
-        found = slot(shape, key_profile) if key_profile is not None else None
-        if found is not None and key_profile is not None:
-            out[address] = Need(address, pci.short_name(pci.profile_name(key)),
-                                instance_name(found.instance, key_profile),
-                                -(-count // found.per_instance))
+        (key, count, whole), = named_counts.values()
+        need = _need(address, shape, key, count, whole, driver)
+        if need is not None:
+            out[address] = need
     return out
 
 

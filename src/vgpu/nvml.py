@@ -170,6 +170,73 @@ def _lost(nvml: Any, addresses: Sequence[str]) -> List[str]:
     return out
 
 
+INVALID_PROFILE = 0xFFFFFFFF  # NVML's INVALID_GPU_INSTANCE_PROFILE_ID: a time-sliced type
+
+
+def gpu_instance_profiles(module: Any = None) -> Dict[str, Dict[str, str]]:
+    """``{GPU: {vGPU type name: GPU instance profile}}`` for the MIG-backed types NVML names.
+
+    Per GPU its supported types (``nvmlDeviceGetSupportedVgpus``), each type's
+    ``nvmlVgpuTypeGetGpuInstanceProfileId`` ("Retrieve the GPU Instance Profile ID
+    for the given vGPU type ID ... a valid GPU Instance Profile ID for the MIG
+    capable vGPU types, else INVALID_GPU_INSTANCE_PROFILE_ID": NVML API reference,
+    "vGPU Management"), named by ``nvmlDeviceGetGpuInstanceProfileInfoById``
+    (``MIG 1g.24gb+gfx`` as nvidia-smi mig -lgip lists it, without ``MIG``). A GPU
+    whose driver lacks the call has nothing; an id NVML cannot name is left out.
+    {} without the driver. NVML is initialised and shut down here: no session is
+    left open (an NVML client holding a GPU leaves ``-mig 1`` pending).
+    """
+    nvml = module if module is not None else Session()._load()
+    if nvml is None:
+        return {}
+    try:
+        nvml.nvmlInit()
+    except (nvml.NVMLError, OSError):
+        return {}
+    out: Dict[str, Dict[str, str]] = {}
+    try:
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            address = bus_address(nvml.nvmlDeviceGetPciInfo(handle).busId)
+            out[address] = _profiles(nvml, handle)
+    except nvml.NVMLError:
+        pass  # what was read stands; the rest is left to the names
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+    return out
+
+
+def _profiles(nvml: Any, handle: Any) -> Dict[str, str]:
+    """One GPU's part of :func:`gpu_instance_profiles`."""
+    out: Dict[str, str] = {}
+    for type_id in nvml.nvmlDeviceGetSupportedVgpus(handle):
+        try:
+            profile = int(nvml.nvmlVgpuTypeGetGpuInstanceProfileId(type_id))
+        except nvml.NVMLError:
+            return {}  # a driver without the call (or not for this GPU): the names decide
+        if profile == INVALID_PROFILE:
+            continue
+        try:
+            name = _text(nvml.nvmlVgpuTypeGetName(type_id))
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfoById(handle, profile)
+        except nvml.NVMLError:
+            continue
+        found = _text(info.name).strip()
+        out[name] = found[4:] if found.startswith("MIG ") else found
+    return out
+
+
+def main() -> None:
+    """``python -m vgpu.nvml``: :func:`gpu_instance_profiles` as JSON (vgpu.mig runs it, bounded)."""
+    import json
+    import sys
+
+    sys.stdout.write(json.dumps(gpu_instance_profiles(), sort_keys=True))
+
+
 def _vgpu(nvml: Any, instance: Any, address: str, usage: Tuple[Tuple[str, float], ...],
           errors: List[str]) -> Vgpu:
     where = f"GPU {address}: a vGPU's"
@@ -253,3 +320,7 @@ def _try(errors: List[str], what: str, function, *args):
     except Exception as error:  # pynvml raises its own classes, one per NVML code
         errors.append(f"{what}: {error}")
         return None
+
+
+if __name__ == "__main__":
+    main()

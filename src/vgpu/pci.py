@@ -446,17 +446,18 @@ class Profile(NamedTuple):
     series: str  # Q, B, A, C (and CME on MIG-backed media profiles: A100-1-5CME)
     mig: bool  # MIG-backed (A100-4-20C: 4 compute slices); see vgpu.mig
     slices: int = 0  # a MIG-backed profile's compute slices (H200X-2-35C: 2); 0 when time-sliced
-    # Named ``...GFX`` (vGPU 20: DC-1-24QGFX beside DC-1-24Q): it sits on a GPU instance with
-    # the GFX attribute (``1g.24gb+gfx``); see vgpu.mig.instance_name.
+    # Spelt ``...GFX`` (``DC-1-24QGFX``): NVIDIA/vgpu-device-manager's config key for the type
+    # without the suffix on a GPU instance with the GFX attribute; no type name of the driver
+    # carries it (see without_gfx and vgpu.mig.instance_name).
     gfx: bool = False
 
 
 # The one grammar of profile names, in two spellings of the same language: NAME_KEY (what
 # a mapping key may be, also the JSON schema's pattern) and _PROFILE (its parts). A model is
 # words joined by spaces or hyphens (``L40S``, ``RTX6000-Ada``, ``RTX Pro 6000 Blackwell
-# DC``); then ``-<slices>`` on MIG-backed profiles; then ``-<GB><series>``, and ``GFX`` on
-# the graphics MIG-backed profiles vGPU 20 names (``DC-1-24QGFX``: NVIDIA/vgpu-device-manager,
-# examples/config-example.yaml, "Update default vGPU devices config for vGPU 20.0").
+# DC``); then ``-<slices>`` on MIG-backed profiles; then ``-<GB><series>``, and ``GFX`` as
+# NVIDIA/vgpu-device-manager's configs spell a MIG-backed type on +gfx GPU instances
+# (``DC-1-24QGFX``: examples/config-example.yaml; pkg/vgpu/config.go strips the suffix).
 _WORDS = r"[A-Za-z0-9]+(?:[ -][A-Za-z0-9]+)*"
 _GFX = "[Gg][Ff][Xx]"
 NAME_KEY = rf"(?:(?:GRID|NVIDIA|grid|nvidia) )?{_WORDS}-[0-9]+[A-Za-z]{{1,3}}(?:{_GFX})?"
@@ -507,6 +508,27 @@ def profile(name: str) -> Optional[Profile]:
     return Profile(name=short, model=match.group("model"), framebuffer_gb=int(match.group("fb")),
                    series=series, mig=match.group("slices") is not None,
                    slices=int(match.group("slices") or 0), gfx=match.group("gfx") is not None)
+
+
+def without_gfx(name: str) -> Optional[str]:
+    """A MIG-backed ``...GFX`` spelling without its suffix (``DC-1-24QGFX`` -> ``DC-1-24Q``); else None.
+
+    NVIDIA/vgpu-device-manager ``pkg/vgpu/config.go`` (main): "for RTX Pro 6000
+    Blackwell, all the MIG-backed vGPU types are only supported on MIG instances
+    created with the GFX attribute, but none of the vGPU type names contain the
+    GFX suffix"; its ``DC-1-24QGFX`` key is looked up as given, then, not being a
+    type, with the suffix stripped (``stripVGPUConfigSuffix``). The charm takes
+    both spellings as the same type, in that order.
+    """
+    found = profile(name)
+    if found is None or not found.mig or not found.gfx:
+        return None
+    return name.rstrip()[:-3]
+
+
+def canonical(name: str) -> str:
+    """The type a key names: without a MIG-backed ``GFX`` suffix (:func:`without_gfx`)."""
+    return without_gfx(name) or name
 
 
 def mig_profile(name: str) -> Optional[Profile]:

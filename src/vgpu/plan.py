@@ -475,9 +475,14 @@ def _by_name(key: str, where: str, types: Sequence[pci.VgpuType]):
 
     A key that names two types (``A100-20C`` for ``GRID A100-20C`` and ``NVIDIA
     A100-20C``, or NVIDIA's short form for two models) is refused with the candidates.
+    A MIG-backed ``...GFX`` key no type is named names the type without the suffix
+    (:func:`vgpu.pci.without_gfx`).
     """
     wanted = pci.key_form(key)
     found = [t for t in types if wanted in pci.name_keys(t.name)]
+    stripped = pci.without_gfx(wanted) if not found else None
+    if stripped:  # DC-1-24QGFX: DC-1-24Q on +gfx GPU instances (vgpu-device-manager's config.go)
+        found = [t for t in types if stripped in pci.name_keys(t.name)]
     if not found:
         shown = [pci.profile_name(t.name) for t in types]
         return [], (f"{key}: {where} offers no vGPU type of that name; it offers "
@@ -682,7 +687,7 @@ def _mig_mixed(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str
         for address in addresses:
             gpu = host.gpu(address)
             if gpu is not None:
-                named.setdefault(gpu.address, {})[pci.short_name(mine.name)] = None
+                named.setdefault(gpu.address, {})[pci.short_name(pci.canonical(mine.name))] = None
     return {gpu: sorted(names) for gpu, names in named.items() if len(names) > 1}
 
 

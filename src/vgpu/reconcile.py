@@ -326,6 +326,7 @@ class _Hook:
         self.problems = self.out.problems
         self.waits = self.out.waits
         self.mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
+        self.mig_driver: Optional[Dict[str, Any]] = None  # NVML's GPU instance profiles, by type
         self.vfs_enabled = False  # _ensure_vfs ran sriov-manage -e (it may wipe MIG state)
         self.mdevs_unrecorded = False  # _record_mdevs could not record the mdevs guests hold
 
@@ -492,7 +493,7 @@ def _publish(hook: _Hook) -> None:
         release = here.supported_release()
         plan = _addressable(hook, validation.plan)
         ok = (validation.ok and release is not None and plan is not None
-              and not plan.missing_vfs)
+              and not plan.missing_vfs and _live_migratable_accepted(hook, plan))
         sections = None
         if ok:
             try:  # with what was published for GPUs discovery no longer finds
@@ -523,6 +524,22 @@ def _publish(hook: _Hook) -> None:
                               for ours in hook.published()]
     if gpus:  # once the relation data is set: see _after_types
         _after_types(hook, boot_plan)
+
+
+def _live_migratable_accepted(hook: _Hook, plan) -> bool:
+    """False (blocked, naming what it needs) when Nova would refuse live_migratable specs here.
+
+    Nova 31+ stops nova-compute at start when a ``[pci] device_spec`` is
+    ``live_migratable`` below libvirt 10.0.0 or QEMU 8.2.2 (see vgpu.livemigration):
+    the versions are read (vgpu.virt) only with vfio-live-migration on and VFs to publish.
+    """
+    from . import virt
+
+    problems = virt.publishing_problems(
+        vfio_live_migration=bool(hook.given.options.get(LIVE_MIGRATION)),
+        vfio_published=bool(plan.vfio))
+    hook.problems.extend(problems)
+    return not problems
 
 
 def _after_types(hook: _Hook, plan) -> None:
@@ -766,6 +783,7 @@ def _mig_instances(hook: _Hook) -> None:
     except MigError:
         return  # said by _mig_ready, with what MIG-backed profiles need
     hook.mig_modes = found  # what _mig_ready asks, read once per dispatch
+    wanted = _driver_says(hook, wanted, checked.mapping)
     applied = _applied_mig()
     changed = False
     for need in wanted.values():
@@ -781,6 +799,16 @@ def _mig_instances(hook: _Hook) -> None:
                 hook.problems.append(str(error))
     if changed:
         hook.refresh()
+
+
+def _driver_says(hook: _Hook, wanted, mapping):
+    """``wanted`` with the GPU instance profiles NVML names (on GPUs in MIG mode; see vgpu.mig)."""
+    from . import mig
+
+    if not any((hook.mig_modes or {})[gpu].enabled for gpu in wanted):
+        return wanted  # nothing is created out of MIG mode: the names suffice
+    hook.mig_driver = mig.driver_profiles()
+    return mig.mapped(mapping, hook.facts().pci, hook.mig_driver) or wanted
 
 
 def _gpu_instances(hook: _Hook, need, before) -> bool:
@@ -830,13 +858,16 @@ def _mig_ready(hook: _Hook, plan) -> bool:
     return not problems
 
 
-def _with_mig(data: dict, plan, host) -> dict:
-    """The boot data with each MIG-backed GPU's GPU instances (``gpus[].mig``, see vgpu.mig)."""
+def _with_mig(data: dict, plan, host, driver=None) -> dict:
+    """The boot data with each MIG-backed GPU's GPU instances (``gpus[].mig``, see vgpu.mig).
+
+    ``driver``: what NVML said of each type's GPU instance profile in this hook.
+    """
     if plan is None or not _mig_backed(a.name for a in plan.assignments):
         return data
     from . import mig
 
-    wanted = mig.needs(plan.assignments, host)
+    wanted = mig.needs(plan.assignments, host, driver)
     for entry in data.get("gpus", []):
         if entry.get("address") in wanted:
             entry["mig"] = wanted[entry["address"]].data()
@@ -871,7 +902,7 @@ def _ensure_boot_unit(hook: _Hook, plan) -> None:
                 wanted = tuple(sorted({*wanted, *sriov.selected(
                     hook.published_mapping(), here.pci).wanted}))
             data = sriov.boot_data(here.pci, plan, wanted, daemons(here))
-            sriov.write_boot_data(_with_mig(data, plan, here.pci))
+            sriov.write_boot_data(_with_mig(data, plan, here.pci, hook.mig_driver))
         sriov.ensure_unit(sriov.render_unit())
     except SriovError as error:
         hook.problems.append(f"{sriov.UNIT}: {error}")

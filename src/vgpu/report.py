@@ -223,8 +223,12 @@ def _mig_entry(gpu, vgpu_type: VgpuType) -> Dict[str, str]:
     found = mig.slot(shape, named) if shape is not None else None
     entry = {"mig-slices": str(named.slices)}
     if found is not None:
-        entry["gpu-instance-profile"] = (f"{found.instance.name} (at most {found.instance.most}, "
-                                         f"{found.per_instance} vGPU each)")
+        entry["gpu-instance-profile"] = (
+            f"{mig.instance_name(found.instance, named, shape)} (at most {found.instance.most}, "
+            f"{found.per_instance} vGPU each)")
+    if shape is not None and shape.gfx_only and not named.gfx:
+        # NVIDIA/vgpu-device-manager's config key for it (pkg/vgpu/config.go): the same type.
+        entry["also-mapped-as"] = f"{named.name.split()[-1]}GFX"
     return entry
 
 

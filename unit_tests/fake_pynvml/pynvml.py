@@ -14,6 +14,8 @@ What the host holds comes from :func:`configure`, or from the JSON file
 ``FAKE_NVML`` names when the exporter runs as its own process::
 
     {"driver": "570.158.02",            # null: no driver (libnvidia-ml missing)
+     # per GPU also "vgpu_types": [{"id": 2033, "name": "...", "gi_profile": 47}] (no
+     # gi_profile: not MIG-backed) and "gi_profiles": {"47": "MIG 1g.24gb+gfx"}
      "fail": {"nvmlVgpuInstanceGetLicenseInfo_v2": 3},   # calls that fail, NVML code
      # (a vGPU's own "fail" fails a call for that vGPU alone: NVML answers per instance)
      "gpus": [{"bus_id": "00000000:81:00.0",   # "lost": true: fallen off the bus
@@ -36,6 +38,7 @@ import os
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
@@ -195,6 +198,44 @@ def nvmlVgpuInstanceGetLicenseInfo_v2(instance):
     _call("nvmlVgpuInstanceGetLicenseInfo_v2")
     vgpu = _vgpu(instance)
     return _Struct(isLicensed=vgpu["licensed"], currentState=vgpu["state"])
+
+
+# nvmlVgpuTypeGetGpuInstanceProfileId's answer for a type that is not MIG-backed
+# (INVALID_GPU_INSTANCE_PROFILE_ID, NVML API reference, "vGPU Management").
+_INVALID_PROFILE = 0xFFFFFFFF
+
+
+def _vgpu_type(type_id):
+    number = getattr(type_id, "value", type_id)
+    for gpu in _host().get("gpus", []):
+        for vgpu_type in gpu.get("vgpu_types", []):
+            if vgpu_type["id"] == number:
+                return vgpu_type
+    raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+
+def nvmlDeviceGetSupportedVgpus(handle):
+    gpu = _call("nvmlDeviceGetSupportedVgpus")["gpus"][handle]
+    return [ctypes.c_uint(t["id"]) for t in gpu.get("vgpu_types", [])]
+
+
+def nvmlVgpuTypeGetName(vgpuTypeId):
+    _call("nvmlVgpuTypeGetName")
+    return _vgpu_type(vgpuTypeId)["name"]
+
+
+def nvmlVgpuTypeGetGpuInstanceProfileId(vgpuTypeId):
+    _call("nvmlVgpuTypeGetGpuInstanceProfileId")
+    return _vgpu_type(vgpuTypeId).get("gi_profile", _INVALID_PROFILE)
+
+
+def nvmlDeviceGetGpuInstanceProfileInfoById(device, profileId):
+    """The profile's v2 information, ``name`` as bytes (a c_char array), e.g. b"MIG 1g.24gb+gfx"."""
+    gpu = _call("nvmlDeviceGetGpuInstanceProfileInfoById")["gpus"][device]
+    name = gpu.get("gi_profiles", {}).get(str(profileId))
+    if name is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return _Struct(id=profileId, name=name.encode("ascii"))
 
 
 def _samples(name, handle):
