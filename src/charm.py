@@ -21,6 +21,7 @@ from typing import Dict, List, Mapping, Union
 
 import ops
 
+from fleet import DRAIN_HINT, Fleet
 from monitoring import Monitoring
 from vgpu import (
     LIVE_MIGRATION,
@@ -112,6 +113,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.enable_mig_action, self._on_enable_mig)
         framework.observe(on.remove, self._on_remove)
         self._monitoring = Monitoring(self, self._stored)  # the exporter, cos-agent
+        self._fleet = Fleet(self, self._host, self._stored)  # the fleet peer relation, its actions
 
     def _pause_of_upstream(self) -> None:
         """A unit the upstream charm paused (pre-series-upgrade) stays paused until resume.
@@ -521,7 +523,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 return
             self._guard_guests(bool(event.params.get("force")))
         except VgpuError as error:
-            event.fail(f"not upgraded: {error}")
+            hint = DRAIN_HINT if isinstance(error, GuestsRunningError) else ""
+            event.fail(f"not upgraded: {error}{hint}")
             return
         try:
             with hostlock.held(hostlock.HOOK_WAIT):  # a driver install reloads what the boot step restores
