@@ -523,7 +523,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 return
             self._guard_guests(bool(event.params.get("force")))
         except VgpuError as error:
-            hint = DRAIN_HINT if isinstance(error, GuestsRunningError) else ""
+            hint = DRAIN_HINT.format(unit=self.unit.name) if isinstance(error, GuestsRunningError) else ""
             event.fail(f"not upgraded: {error}{hint}")
             return
         try:

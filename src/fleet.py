@@ -40,7 +40,7 @@ from vgpu.errors import HostReadError
 logger = logging.getLogger(__name__)
 
 CHARM_URL = ".juju-charm"  # Juju writes the charm's URL (with its revision) in the charm's directory
-DRAIN_HINT = "; juju run <unit> drain-plan says where each guest can go"
+DRAIN_HINT = "; juju run {unit} drain-plan says where each guest can go"
 
 
 class Fleet(ops.Object):
