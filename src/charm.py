@@ -263,6 +263,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
               status.WAITING: ops.WaitingStatus, status.ACTIVE: ops.ActiveStatus}
 
     def _on_collect_status(self, event: ops.CollectStatusEvent) -> None:
+        if self._fleet.quiet:  # a peer's fleet record changed: this host did not
+            return
         if self._removing:  # reading the mapping would learn the types and save them again
             event.add_status(ops.MaintenanceStatus(
                 "removing: the charm's files are deleted; the vGPU host driver stays installed"))

@@ -56,6 +56,9 @@ class Fleet(ops.Object):
         self._charm = charm
         self._host = host
         self._stored = stored
+        # A peer's record changed (or a peer left): nothing of this unit's host changed, so
+        # the charm's status check reads nothing either (Juju keeps the status it has).
+        self.quiet = False
         on = charm.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start, on.update_status,
                       on[model.RELATION].relation_created, on.pause_action, on.resume_action,
@@ -148,6 +151,7 @@ class Fleet(ops.Object):
 
     # -- the leader's view ---------------------------------------------------------------
     def _on_peers(self, event: ops.EventBase) -> None:
+        self.quiet = not isinstance(event, ops.LeaderElectedEvent)
         if not self.model.unit.is_leader():
             return  # a peer's record changes nothing here
         relation = self.model.get_relation(model.RELATION)
