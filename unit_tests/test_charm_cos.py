@@ -70,10 +70,11 @@ def test_the_collector_gets_the_scrape_job_rules_and_dashboard(ctx, v100, root, 
     assert job["metrics_path"] == "/metrics"
     alerts = {r["alert"] for g in data["metrics_alert_rules"]["groups"] for r in g["rules"]}
     assert ALERTS <= alerts  # with the library's generic ones (HostMetricsMissing ...)
+    assert "NvidiaVgpuFleetDriverVersionsDiffer" in alerts  # src/prometheus_alert_rules/*.rules
     logs = {r["alert"] for g in data["log_alert_rules"]["groups"] for r in g["rules"]}
     assert logs == {"NvidiaGpuXidError", "NvidiaGpuFallenOffTheBus"}
-    (dashboard,) = [json.loads(LZMABase64.decompress(d)) for d in data["dashboards"]]
-    assert dashboard["title"] == "NVIDIA vGPU hosts"
+    dashboards = [json.loads(LZMABase64.decompress(d)) for d in data["dashboards"]]
+    assert sorted(d["title"] for d in dashboards) == ["NVIDIA vGPU fleet", "NVIDIA vGPU hosts"]
     # And the exporter runs, on that port.
     assert exporter.installed_port() == 10230
     assert f"systemctl restart {exporter.UNIT}" in tools.calls()
