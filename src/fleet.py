@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-from pathlib import Path
 from typing import Dict, Optional
 
 import ops
@@ -107,6 +105,8 @@ class Fleet(ops.Object):
             boot, revision = self._boot(), self._revision()
         mapping = reconcile.published_mapping(
             [r.data[self.model.unit] for r in self.model.relations[RELATION]])
+        import socket  # only when a record is built
+
         return model.Record(
             host=socket.gethostname(), revision=revision, driver=driver,
             paused=bool(self._stored.paused), boot=boot, readiness=self._readiness(),
@@ -139,6 +139,8 @@ class Fleet(ops.Object):
     @staticmethod
     def _revision() -> str:
         """The charm's revision from Juju's ``.juju-charm`` (``local:noble/<name>-7``); "" unknown."""
+        from pathlib import Path
+
         from vgpu import files
 
         try:
