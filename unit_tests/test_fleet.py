@@ -189,6 +189,14 @@ def test_the_report_of_two_hundred_hosts_stays_within_what_juju_accepts():
     assert "truncated" in results and "200 units" in results["summary"]
 
 
+def test_inconsistencies_of_a_big_fleet_stay_a_json_list_juju_accepts():
+    many = fleet.peers({unit(n): "garbage" for n in range(400)})
+    text = fleet.report(many)["inconsistencies"]
+    found = json.loads(text)  # whole, not cut in the middle
+    assert len(text.encode()) <= table.MAX_VALUE_BYTES
+    assert found[-1].startswith("... and ") and len(found) < 400
+
+
 # -- drain-plan ------------------------------------------------------------------------------
 
 GUEST = fleet.Guest("11111111-1111-4111-8111-111111111111", True, "nvidia-1200", "H200X-35C",
@@ -238,6 +246,14 @@ def test_a_shut_off_guest_moves_cold():
 def test_a_host_not_ready_itself_cannot_live_migrate_its_guests():
     _, plan = drain(record(host="gpu-1"), me=record(host="gpu-0", readiness=fleet.Readiness()))
     assert plan["guests"][0]["live-migratable"] == "no"
+
+
+def test_the_plan_of_a_full_host_stays_json_juju_accepts():
+    guests = [GUEST._replace(instance=f"{n:08d}-1111-4111-8111-111111111111") for n in range(300)]
+    results, plan = drain(record(host="gpu-1"), guests=guests)
+    assert len(results["plan"].encode()) <= table.MAX_VALUE_BYTES
+    assert plan["unplaceable"] == 0 and len(plan["guests"]) + plan["left-out"] == 300
+    assert results["summary"] == "300 vGPU guests, each has a destination"
 
 
 def test_no_guest_nothing_to_drain():

@@ -330,7 +330,7 @@ def report(units: Sequence[Peer]) -> Dict[str, object]:
                       for g in p.record.gpus if g.type_id and g.resource_class})
     results: Dict[str, object] = {
         "summary": _summary(units, found),
-        "inconsistencies": json.dumps(found),
+        "inconsistencies": _json_list(found),
         "capacity-commands": json.dumps(
             [f"openstack allocation candidate list --resource {rc}=1 "
              f"--os-placement-api-version 1.12  # {name}" for name, rc in classes]),
@@ -339,6 +339,18 @@ def report(units: Sequence[Peer]) -> Dict[str, object]:
         "units": nested,
     }
     return table.fit(results, depth=2, records="units", what="units")
+
+
+def _json_list(items: Sequence[str]) -> str:
+    """``items`` as a JSON list that fits one action result; what is left out is said last."""
+    from .table import MAX_VALUE_BYTES
+
+    kept = list(items)
+    text = json.dumps(kept)
+    while len(text.encode()) > MAX_VALUE_BYTES and kept:
+        kept.pop()
+        text = json.dumps(kept + [f"... and {len(items) - len(kept)} more"])
+    return text
 
 
 def _summary(units: Sequence[Peer], found: Sequence[str]) -> str:
@@ -418,10 +430,15 @@ def drain_plan(me: str, units: Sequence[Peer], guests: Sequence[Guest],
                      "running" if guest.running else "shut off", live,
                      ", ".join(places) or "-", command])
     unplaceable = sum(nowhere.values())
-    plan = {"guests": planned, "unplaceable": unplaceable}
+    plan: Dict[str, object] = {"guests": planned, "unplaceable": unplaceable}
+    text = json.dumps(plan)
+    while len(text.encode()) > table.MAX_VALUE_BYTES and planned:
+        planned.pop()  # whole guests from the end; the table still lists them
+        plan["left-out"] = len(guests) - len(planned)
+        text = json.dumps(plan)
     return table.fit({
         "summary": _drain_summary(len(guests), nowhere),
-        "plan": json.dumps(plan),
+        "plan": text,
         "table": table.render(["instance", "type", "state", "live", "destinations", "command"],
                               rows, what="guests", where="plan"),
     }, depth=1, records="table", what="guests")
