@@ -127,3 +127,29 @@ def test_the_stand_in_only_offers_what_the_real_pynvml_has():
                 if isinstance(target, ast.Name) and target.id.startswith("NVML_"):
                     assert target.id in names, target.id
     assert "NVMLError" in names
+
+
+def test_the_stand_ins_migration_structures_are_pynvmls_with_its_field_names():
+    """nvmlGetVgpuCompatibility's inputs and answer: same class names, fields a subset, in order."""
+    import pynvml as real
+
+    for name in ("c_nvmlVgpuMetadata_t", "c_nvmlVgpuPgpuMetadata_t",
+                 "c_nvmlVgpuPgpuCompatibility_t"):
+        ours = [field for field, _ in getattr(fake, name)._fields_]
+        theirs = [field for field, _ in getattr(real, name)._fields_]
+        assert [f for f in theirs if f in ours] == ours, name
+
+
+def test_migration_metadata_and_verdict_through_the_stand_in():
+    fake.configure({"driver": "570.158.02", "gpus": [
+        {"bus_id": "00000000:81:00.0", "metadata": "0x26b9/48", "vgpus": [
+            {"id": 7, "uuid": "u", "vm": VM_1.upper(), "type": 1139, "licensed": 1, "state": 5,
+             "fb": 1, "metadata": "0x26b9/48"}]},
+        {"bus_id": "00000000:C1:00.0", "vgpus": []}]})  # no metadata: NOT_SUPPORTED, skipped
+    gpus = nvml.once(nvml.gpu_metadata, fake)
+    assert list(gpus) == ["0000:81:00.0"]
+    vgpus = nvml.once(nvml.vgpu_metadata, fake)
+    assert list(vgpus) == [VM_1]  # by Nova's instance UUID, lower case
+    assert nvml.once(lambda m: nvml.compatibility(m, vgpus[VM_1], gpus["0000:81:00.0"]),
+                     fake) == nvml.VERDICT_LIVE
+    assert fake.calls()[-1] == "nvmlShutdown"  # NVML held only for the call
