@@ -21,6 +21,7 @@ from typing import Dict, List, Mapping, Union
 
 import ops
 
+from fleet import DRAIN_HINT, Fleet
 from monitoring import Monitoring
 from vgpu import (
     LIVE_MIGRATION,
@@ -113,6 +114,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.enable_mig_action, self._on_enable_mig)
         framework.observe(on.remove, self._on_remove)
         self._monitoring = Monitoring(self, self._stored)  # the exporter, cos-agent
+        self._fleet = Fleet(self, self._host, self._stored)  # the fleet peer relation, its actions
 
     def _pause_of_upstream(self) -> None:
         """A unit the upstream charm paused (pre-series-upgrade) stays paused until resume.
@@ -262,6 +264,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
               status.WAITING: ops.WaitingStatus, status.ACTIVE: ops.ActiveStatus}
 
     def _on_collect_status(self, event: ops.CollectStatusEvent) -> None:
+        if self._fleet.quiet:  # a peer's fleet record changed: this host did not
+            return
         if self._removing:  # reading the mapping would learn the types and save them again
             event.add_status(ops.MaintenanceStatus(
                 "removing: the charm's files are deleted; the vGPU host driver stays installed"))
@@ -527,7 +531,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 return
             self._guard_guests(bool(event.params.get("force")))
         except VgpuError as error:
-            event.fail(f"not upgraded: {error}")
+            hint = DRAIN_HINT.format(unit=self.unit.name) if isinstance(error, GuestsRunningError) else ""
+            event.fail(f"not upgraded: {error}{hint}")
             return
         try:
             with hostlock.held(hostlock.HOOK_WAIT):  # a driver install reloads what the boot step restores

@@ -154,12 +154,14 @@ def prime(root: Path, framework: str, gpus: int, package: Path, work: Path) -> d
     state = testing.State(
         config={"vgpu-device-mappings": mapping},
         relations=[testing.SubordinateRelation("nova-vgpu", remote_app_name="nova-compute"),
-                   testing.SubordinateRelation("juju-info", remote_app_name="nova-compute")],
+                   testing.SubordinateRelation("juju-info", remote_app_name="nova-compute"),
+                   testing.PeerRelation("fleet")],  # every deployed unit has its peers
         resources={testing.Resource(name="nvidia-vgpu-software", path=package)})
     out = ctx.run(ctx.on.config_changed(), state)
     steady = {
         "config": {"vgpu-device-mappings": mapping},
         "local_unit_data": dict(out.get_relations("nova-vgpu")[0].local_unit_data),
+        "fleet_data": dict(out.get_relations("fleet")[0].local_unit_data),  # its record published
         "resource": str(package),
         "stored": [(s.owner_path, s.name, s.content) for s in out.stored_states],
     }

@@ -172,6 +172,8 @@ def build_state(testing, data: dict):
     relations = [testing.SubordinateRelation(
         "nova-vgpu", remote_app_name="nova-compute", local_unit_data=data["local_unit_data"])]
     relations.append(testing.SubordinateRelation("juju-info", remote_app_name="nova-compute"))
+    if "fleet_data" in data:  # the fleet peer relation, with the record the unit published
+        relations.append(testing.PeerRelation("fleet", local_unit_data=data["fleet_data"]))
     if data.get("cos_agent"):  # related to opentelemetry-collector: the exporter runs
         relations.append(testing.Relation("cos-agent", remote_app_name="opentelemetry-collector"))
     return testing.State(

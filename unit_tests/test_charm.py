@@ -561,9 +561,12 @@ def test_pause_and_upgrade_refuse_while_guests_use_vgpus(ctx, ready, root, tools
     running_guest(root, "instance-0000002b", "3d9f1c52-2a7e-4b5e-8f3a-1c2d3e4f5a6b")  # no vGPU
     with pytest.raises(testing.ActionFailed) as failure:
         ctx.run(ctx.on.action(action), state(resource=packages["new"]))
+    # The upgrade names drain-plan: where each guest can go before the driver changes.
+    hint = ("; juju run nova-compute-nvidia-vgpu/0 drain-plan says where each guest can go"
+            if action == "upgrade" else "")
     assert failure.value.message == (
         f"not {action}d: 1 running guest(s) use vGPUs: "
-        "instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1)")
+        "instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1)" + hint)
     assert debs.dpkg_query(root) == "install ok installed 570.158.02"
     assert not [c for c in tools.calls() if "stop" in c]
 

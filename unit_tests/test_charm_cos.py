@@ -72,8 +72,9 @@ def test_the_collector_gets_the_scrape_job_rules_and_dashboard(ctx, v100, root, 
     assert ALERTS <= alerts  # with the library's generic ones (HostMetricsMissing ...)
     assert {"NvidiaGpuFallenOffTheBus", "NvidiaGpuXidNeedsReset", "NvidiaGpuXidError"} <= ALERTS
     assert not data["log_alert_rules"].get("groups")  # no Loki rule: one could never fire
-    (dashboard,) = [json.loads(LZMABase64.decompress(d)) for d in data["dashboards"]]
-    assert dashboard["title"] == "NVIDIA vGPU hosts"
+    assert "NvidiaVgpuFleetDriverVersionsDiffer" in alerts  # src/prometheus_alert_rules/*.rules
+    dashboards = [json.loads(LZMABase64.decompress(d)) for d in data["dashboards"]]
+    assert sorted(d["title"] for d in dashboards) == ["NVIDIA vGPU fleet", "NVIDIA vGPU hosts"]
     # And the exporter runs, on that port.
     assert exporter.installed_port() == 10230
     assert f"systemctl restart {exporter.UNIT}" in tools.calls()

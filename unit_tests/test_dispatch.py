@@ -22,6 +22,7 @@ that by charmcraft's own dependency hash), and every test runs again on
 the wheels of that Python, not charmcraft's pip install).
 """
 
+import json
 import os
 import subprocess
 from types import SimpleNamespace
@@ -32,7 +33,7 @@ from unit_tests import debs, packing, principal, upstream
 from unit_tests.fakehost import a100_host, l40s_host, settle_mdevs
 from unit_tests.fakejuju import Unit
 from unit_tests.libvirt import defined_guest, running_guest
-from vgpu import kernel, sriov
+from vgpu import fleet, kernel, sriov
 
 UNIT = "nova-compute-nvidia-vgpu/0"
 PRINCIPAL = "nova-compute/0"
@@ -280,6 +281,37 @@ def test_a_v100_unit_from_install_to_remove(unit, v100, root, tools, packages):
     # over the whole life of the unit.
     assert not [c["argv"] for c in unit.calls() if c["rc"] == 2]
     assert not [e for e in unit.log() if e["level"] in ("WARNING", "ERROR")]
+
+
+def test_a_unit_among_its_peers_publishes_once_and_the_leader_names_the_odd_driver(
+        unit, v100, root, tools, packages):
+    """The fleet peer relation as Juju runs it: relation-set only when the record changed."""
+    unit.attach(RESOURCE, packages["old"])
+    ok(unit.hook("install"))
+    nova_vgpu = unit.relate("nova-vgpu", 7, "nova-compute")
+    peers = unit.relate("fleet", 3, "nova-compute-nvidia-vgpu")
+    ok(unit.hook("fleet-relation-created", peers))
+    other = "nova-compute-nvidia-vgpu/1"
+    unit.join(peers, other, {fleet.KEY: fleet.encode(fleet.Record(
+        "gpu-1", "12", "570.172.08", gpus=(fleet.GpuRecord("0000:c1:00.0", "0x1db4", 16),)))})
+    unit.join(nova_vgpu, PRINCIPAL)
+    ok(unit.hook("nova-vgpu-relation-changed", nova_vgpu, remote_unit=PRINCIPAL))
+    unit.configure(vgpu_device_mappings=V100_MAPPING)
+    ok(unit.hook("config-changed"))
+    mine = fleet.decode(unit.relation_data(peers)[fleet.KEY])
+    assert (mine.driver, [g.type_id for g in mine.gpus]) == ("570.158.02",
+                                                              ["nvidia-108", "nvidia-109"])
+    changed = ok(unit.hook("fleet-relation-changed", peers, remote_unit=other))
+    assert "relation-set" not in changed.tools()
+    application = json.loads((unit.state / "status.json").read_text())["application"]
+    assert (application["status"], application["message"]) == (
+        "active", "driver 570.172.08 on 1 of 2 hosts: live migration between them fails")
+    steady = ok(unit.hook("update-status"))
+    assert "relation-set" not in steady.tools()  # nothing changed, nothing written
+    assert ok_action(unit, "drain-plan").results["summary"] == (
+        "no vGPU guest on this host: nothing to drain")
+    report = ok_action(unit, "fleet-report").results
+    assert report["summary"].startswith("2 units, 3 GPUs; 1 inconsistencies")
 
 
 def ok_action(unit, name, **params):

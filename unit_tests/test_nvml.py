@@ -130,62 +130,27 @@ def test_the_stand_in_only_offers_what_the_real_pynvml_has():
     assert "NVMLError" in names
 
 
-# -- a GPU lost (issue 33, item 4) --------------------------------------------------------------
+def test_the_stand_ins_migration_structures_are_pynvmls_with_its_field_names():
+    """nvmlGetVgpuCompatibility's inputs and answer: same class names, fields a subset, in order."""
+    import pynvml as real
 
-def test_a_gpu_nvml_says_is_lost_is_named_by_the_address_sysfs_gives():
-    """The handle by index says only "GPU is lost": the GPU is found by its PCI address."""
-    session = host()
-    fake._STATE["state"]["gpus"][1]["lost"] = True
-    reading = session.read(addresses=["0000:81:00.0", "0001:c8:00.0"])
-    assert reading.present and reading.lost == ("0001:c8:00.0",)
-    assert len(reading.vgpus) == 2 and not reading.errors  # the other GPU is read
-    assert "nvmlDeviceGetHandleByPciBusId" in fake.calls()
-
-
-def test_a_gpu_lost_while_nvml_held_its_handle_is_lost_too():
-    session = host()
-    session.read()
-    fake._STATE["state"]["gpus"][0]["lost"] = "after_handle"
-    reading = session.read(addresses=["0000:81:00.0", "0001:c8:00.0"])
-    assert reading.lost == ("0000:81:00.0",) and not reading.vgpus and not reading.errors
+    for name in ("c_nvmlVgpuMetadata_t", "c_nvmlVgpuPgpuMetadata_t",
+                 "c_nvmlVgpuPgpuCompatibility_t"):
+        ours = [field for field, _ in getattr(fake, name)._fields_]
+        theirs = [field for field, _ in getattr(real, name)._fields_]
+        assert [f for f in theirs if f in ours] == ours, name
 
 
-def test_a_lost_gpu_no_address_names_is_an_error():
-    session = host()
-    fake._STATE["state"]["gpus"][1]["lost"] = True
-    reading = session.read()
-    assert reading.lost == () and reading.errors == (
-        "NVML: GPU is lost, for 1 GPU whose PCI address it does not give",)
-    assert len(reading.vgpus) == 2
-def rtx_types(**changes):
-    """An RTX PRO 6000 as NVIDIA/vgpu-device-manager pkg/vgpu/config.go describes it.
-
-    Its MIG-backed types (no GFX in their names) need +gfx GPU instance profiles (ids as the
-    stand-in nvidia-smi's -lgip lists them); a time-sliced type has none (0xFFFFFFFF).
-    """
-    state = {"driver": "580.105.06", "gpus": [
-        {"bus_id": "00000000:42:00.0", "vgpus": [],
-         "vgpu_types": [{"id": 2033, "name": "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q",
-                         "gi_profile": 47},
-                        {"id": 2034, "name": "NVIDIA RTX Pro 6000 Blackwell DC-2-12Q",
-                         "gi_profile": 35},
-                        {"id": 2002, "name": "NVIDIA RTX Pro 6000 Blackwell DC-8Q"}],
-         "gi_profiles": {"47": "MIG 1g.24gb+gfx", "35": "MIG 2g.48gb+gfx"}}]}
-    state.update(changes)
-    fake.configure(state)
-    return fake
-
-
-def test_each_mig_backed_types_gpu_instance_profile_by_name_from_nvml():
-    """nvmlVgpuTypeGetGpuInstanceProfileId, the id named by nvmlDeviceGetGpuInstanceProfileInfoById."""
-    assert nvml.gpu_instance_profiles(rtx_types()) == {"0000:42:00.0": {
-        "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q": "1g.24gb+gfx",
-        "NVIDIA RTX Pro 6000 Blackwell DC-2-12Q": "2g.48gb+gfx"}}
-    assert fake.calls()[-1] == "nvmlShutdown"  # no NVML session left open
-    # No driver, or a driver without the call: nothing, and the caller follows the names.
-    assert nvml.gpu_instance_profiles(rtx_types(driver=None)) == {}
-    assert nvml.gpu_instance_profiles(rtx_types(
-        fail={"nvmlVgpuTypeGetGpuInstanceProfileId": 13})) == {"0000:42:00.0": {}}
-    # An id the GPU cannot name is left out, never guessed.
-    assert nvml.gpu_instance_profiles(rtx_types(
-        fail={"nvmlDeviceGetGpuInstanceProfileInfoById": 3})) == {"0000:42:00.0": {}}
+def test_migration_metadata_and_verdict_through_the_stand_in():
+    fake.configure({"driver": "570.158.02", "gpus": [
+        {"bus_id": "00000000:81:00.0", "metadata": "0x26b9/48", "vgpus": [
+            {"id": 7, "uuid": "u", "vm": VM_1.upper(), "type": 1139, "licensed": 1, "state": 5,
+             "fb": 1, "metadata": "0x26b9/48"}]},
+        {"bus_id": "00000000:C1:00.0", "vgpus": []}]})  # no metadata: NOT_SUPPORTED, skipped
+    gpus = nvml.once(nvml.gpu_metadata, fake)
+    assert list(gpus) == ["0000:81:00.0"]
+    vgpus = nvml.once(nvml.vgpu_metadata, fake)
+    assert list(vgpus) == [VM_1]  # by Nova's instance UUID, lower case
+    assert nvml.once(lambda m: nvml.compatibility(m, vgpus[VM_1], gpus["0000:81:00.0"]),
+                     fake) == nvml.VERDICT_LIVE
+    assert fake.calls()[-1] == "nvmlShutdown"  # NVML held only for the call

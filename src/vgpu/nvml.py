@@ -322,5 +322,93 @@ def _try(errors: List[str], what: str, function, *args):
         return None
 
 
-if __name__ == "__main__":
-    main()
+# -- vGPU migration metadata: what NVIDIA's own verdict on a destination needs ------------------
+#
+# nvmlDeviceGetVgpuMetadata (a physical GPU's, c_nvmlVgpuPgpuMetadata_t), nvmlVgpuInstanceGetMetadata
+# (a running vGPU's, c_nvmlVgpuMetadata_t) and nvmlGetVgpuCompatibility (the two against each
+# other: live, cold or none, and what limits it). A structure travels as base64 of its bytes,
+# read back only when it is exactly the size this module's pynvml defines.
+
+VERDICT_LIVE, VERDICT_COLD, VERDICT_NONE = "live", "cold", "none"
+_LIVE, _COLD = 0x8, 0x1  # NVML_VGPU_VM_COMPATIBILITY_LIVE, _COLD
+
+
+def once(read, module: Any = None) -> Any:
+    """``read(pynvml)`` between nvmlInit and nvmlShutdown; None where NVML or the call fails.
+
+    For a hook or an action: NVML is held only for the call.
+    """
+    nvml = module if module is not None else Session()._load()
+    if nvml is None:
+        return None
+    try:
+        nvml.nvmlInit()
+    except (nvml.NVMLError, OSError):
+        return None
+    try:
+        return read(nvml)
+    except nvml.NVMLError:
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+
+
+def gpu_metadata(nvml: Any) -> Dict[str, str]:
+    """Per GPU address, its vGPU migration metadata (nvmlDeviceGetVgpuMetadata), encoded."""
+    out: Dict[str, str] = {}
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        address = bus_address(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        try:
+            out[address] = _encode(nvml.nvmlDeviceGetVgpuMetadata(handle))
+        except nvml.NVMLError:
+            continue  # not a vGPU-capable GPU, or a driver without the call
+    return out
+
+
+def vgpu_metadata(nvml: Any) -> Dict[str, str]:
+    """Per VM UUID (Nova's instance), its running vGPU's metadata, encoded (the first vGPU)."""
+    out: Dict[str, str] = {}
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        for instance in nvml.nvmlDeviceGetActiveVgpus(handle) or ():
+            try:
+                vm = nvml.nvmlVgpuInstanceGetVmID(instance)
+                if vm[1] != getattr(nvml, "NVML_VGPU_VM_ID_UUID", 1):
+                    continue
+                out.setdefault(_text(vm[0]).lower(),
+                               _encode(nvml.nvmlVgpuInstanceGetMetadata(instance)))
+            except nvml.NVMLError:
+                continue
+    return out
+
+
+def compatibility(nvml: Any, vgpu: str, gpu: str) -> Optional[str]:
+    """NVIDIA's verdict on a running vGPU (encoded metadata) on a GPU: live, cold, none, or None."""
+    import base64
+    import binascii
+
+    try:
+        vgpu_raw = base64.b64decode(vgpu, validate=True)
+        gpu_raw = base64.b64decode(gpu, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    vgpu_type, gpu_type = nvml.c_nvmlVgpuMetadata_t, nvml.c_nvmlVgpuPgpuMetadata_t
+    if len(vgpu_raw) != ctypes.sizeof(vgpu_type) or len(gpu_raw) != ctypes.sizeof(gpu_type):
+        return None  # another pynvml's structure, or not one at all
+    try:
+        answer = nvml.nvmlGetVgpuCompatibility(vgpu_type.from_buffer_copy(vgpu_raw),
+                                               gpu_type.from_buffer_copy(gpu_raw))
+    except nvml.NVMLError:
+        return None
+    found = int(answer.vgpuVmCompatibility)
+    return VERDICT_LIVE if found & _LIVE else VERDICT_COLD if found & _COLD else VERDICT_NONE
+
+
+def _encode(structure: Any) -> str:
+    import base64
+
+    return base64.b64encode(bytes(structure)).decode("ascii")

@@ -21,7 +21,9 @@ What the host holds comes from :func:`configure`, or from the JSON file
      "gpus": [{"bus_id": "00000000:81:00.0",   # "lost": true: fallen off the bus
                "vgpus": [{"id": 7, "uuid": "...", "vm": "<instance uuid>", "type": 1139,
                           "licensed": 1, "state": 5, "fb": 2147483648,
-                          "util": {"sm": 35, "memory": 20, "encoder": 0, "decoder": 0}}]}]}
+                          "util": {"sm": 35, "memory": 20, "encoder": 0, "decoder": 0},
+                          "metadata": "0x2335/141"}],      # the vGPU's board, for its metadata
+               "metadata": "0x2335/141"}]}              # the GPU's board; absent: NOT_SUPPORTED
 
 A GPU that fell off the bus (``"lost": true``) answers ``NVML_ERROR_GPU_IS_LOST`` ("GPU is
 lost") to ``nvmlDeviceGetHandleByIndex`` and ``nvmlDeviceGetHandleByPciBusId``, as NVML's
@@ -30,6 +32,13 @@ inaccessible"), and nvidia-smi shows it ("Unable to determine the device handle 
 0000:b3:00.0: GPU is lost. Reboot the system to recover this GPU"); with
 ``"lost": "after_handle"`` it fell while NVML was initialised: its handle is still given and
 every call on it answers the same error, its PCI information included.
+
+vGPU migration (NVML API reference, "vGPU Migration"): ``nvmlDeviceGetVgpuMetadata``
+and ``nvmlVgpuInstanceGetMetadata`` return structures named and shaped as
+nvidia-ml-py's (version, revision, host driver version, opaque data), whose
+opaque data here is the board; ``nvmlGetVgpuCompatibility`` answers live and
+cold for the same host driver and board, else none with the limit NVIDIA
+gives (host driver, or GPU), as NVIDIA's live-migration pages describe it.
 """
 
 import ctypes
@@ -48,6 +57,15 @@ NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 NVML_VGPU_VM_ID_DOMAIN_ID = 0
 NVML_VGPU_VM_ID_UUID = 1
+NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80
+NVML_VGPU_METADATA_OPAQUE_DATA_SIZE = ctypes.sizeof(ctypes.c_uint) + 256
+NVML_VGPU_PGPU_METADATA_OPAQUE_DATA_SIZE = 256
+NVML_VGPU_VM_COMPATIBILITY_NONE = 0x0
+NVML_VGPU_VM_COMPATIBILITY_COLD = 0x1
+NVML_VGPU_VM_COMPATIBILITY_LIVE = 0x8
+NVML_VGPU_COMPATIBILITY_LIMIT_NONE = 0x0
+NVML_VGPU_COMPATIBILITY_LIMIT_HOST_DRIVER = 0x1
+NVML_VGPU_COMPATIBILITY_LIMIT_GPU = 0x4
 
 _STATE = {"state": None, "initialised": 0, "calls": []}
 
@@ -274,3 +292,56 @@ def _nvmlCheckReturn(ret):
     if ret != NVML_SUCCESS:
         raise NVMLError(ret)
     return ret
+
+
+class c_nvmlVgpuMetadata_t(ctypes.Structure):  # noqa: N801 (pynvml's name)
+    _fields_ = [("version", ctypes.c_uint), ("revision", ctypes.c_uint),
+                ("hostDriverVersion", ctypes.c_char * NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE),
+                ("opaqueDataSize", ctypes.c_uint),
+                ("opaqueData", ctypes.c_char * NVML_VGPU_METADATA_OPAQUE_DATA_SIZE)]
+
+
+class c_nvmlVgpuPgpuMetadata_t(ctypes.Structure):  # noqa: N801 (pynvml's name)
+    _fields_ = [("version", ctypes.c_uint), ("revision", ctypes.c_uint),
+                ("hostDriverVersion", ctypes.c_char * NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE),
+                ("opaqueDataSize", ctypes.c_uint),
+                ("opaqueData", ctypes.c_char * NVML_VGPU_PGPU_METADATA_OPAQUE_DATA_SIZE)]
+
+
+class c_nvmlVgpuPgpuCompatibility_t(ctypes.Structure):  # noqa: N801 (pynvml's name)
+    _fields_ = [("vgpuVmCompatibility", ctypes.c_uint),
+                ("compatibilityLimitCode", ctypes.c_uint)]
+
+
+def _metadata(structure, board):
+    driver = _host()["driver"].encode("ascii")
+    return structure(version=1, revision=1, hostDriverVersion=driver,
+                     opaqueDataSize=len(board), opaqueData=board.encode("ascii"))
+
+
+def nvmlDeviceGetVgpuMetadata(handle):
+    gpu = _call("nvmlDeviceGetVgpuMetadata")["gpus"][handle]
+    if "metadata" not in gpu:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return _metadata(c_nvmlVgpuPgpuMetadata_t, gpu["metadata"])
+
+
+def nvmlVgpuInstanceGetMetadata(vgpuInstance):
+    _call("nvmlVgpuInstanceGetMetadata")
+    vgpu = _vgpu(vgpuInstance)
+    if "metadata" not in vgpu:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return _metadata(c_nvmlVgpuMetadata_t, vgpu["metadata"])
+
+
+def nvmlGetVgpuCompatibility(vgpuMetadata, pgpuMetadata):
+    _call("nvmlGetVgpuCompatibility")
+    if vgpuMetadata.hostDriverVersion != pgpuMetadata.hostDriverVersion:
+        return c_nvmlVgpuPgpuCompatibility_t(NVML_VGPU_VM_COMPATIBILITY_NONE,
+                                             NVML_VGPU_COMPATIBILITY_LIMIT_HOST_DRIVER)
+    if vgpuMetadata.opaqueData != pgpuMetadata.opaqueData:
+        return c_nvmlVgpuPgpuCompatibility_t(NVML_VGPU_VM_COMPATIBILITY_NONE,
+                                             NVML_VGPU_COMPATIBILITY_LIMIT_GPU)
+    return c_nvmlVgpuPgpuCompatibility_t(
+        NVML_VGPU_VM_COMPATIBILITY_LIVE | NVML_VGPU_VM_COMPATIBILITY_COLD,
+        NVML_VGPU_COMPATIBILITY_LIMIT_NONE)

@@ -1,0 +1,240 @@
+# Copyright 2026 nova-compute-nvidia-vgpu developers
+# See LICENSE file for licensing details.
+"""The fleet peer relation, wired to its events: this unit's record, the leader's view, two actions.
+
+What is published, reported and planned is :mod:`vgpu.fleet` (plain
+functions); this helper gathers its inputs and sets what it returns:
+
+* after every hook that may change a slow fact (install, config-changed,
+  upgrade-charm, start, update-status, the peer relation created, and the
+  pause, resume, upgrade and enable-mig actions) it builds this unit's record
+  and writes it to its databag **only when it differs** from what the
+  databag holds (no StoredState copy). update-status reads nothing new: the
+  boot result, the charm revision and NVML's metadata are taken from the
+  databag unless it holds none or the driver changed;
+* on the leader, when a peer's data changed or left (and at election), the
+  application status says the fleet's most important inconsistency; a
+  relation-changed on any other unit returns at once;
+* ``fleet-report`` (leader) and ``drain-plan`` (any unit; reads only).
+
+Live-migration readiness is a plain input (``vgpu.fleet.Readiness``): this
+branch fills it from the ``vfio-live-migration`` option alone (see
+:meth:`Fleet._readiness`); the running libvirt and QEMU versions, post-copy and
+blockers come from the live-migration module where it is connected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Dict, Optional
+
+import ops
+
+from vgpu import LIVE_MIGRATION, RELATION, reconcile
+from vgpu import fleet as model
+from vgpu.errors import HostReadError
+
+logger = logging.getLogger(__name__)
+
+CHARM_URL = ".juju-charm"  # Juju writes the charm's URL (with its revision) in the charm's directory
+DRAIN_HINT = "; juju run {unit} drain-plan says where each guest can go"
+
+
+class Fleet(ops.Object):
+    """The ``fleet`` peer relation: publish, report, plan.
+
+    ``host``: the charm's reading of the host for this dispatch; ``stored``:
+    its StoredState (``paused``).
+    """
+
+    def __init__(self, charm: ops.CharmBase, host: reconcile.Host, stored: ops.BoundStoredState):
+        """Observe what may change this unit's record, the peers' changes and the two actions."""
+        super().__init__(charm, model.RELATION)
+        self._charm = charm
+        self._host = host
+        self._stored = stored
+        # A peer's record changed (or a peer left): nothing of this unit's host changed, so
+        # the charm's status check reads nothing either (Juju keeps the status it has).
+        self.quiet = False
+        on = charm.on
+        for event in (on.install, on.config_changed, on.upgrade_charm, on.start, on.update_status,
+                      on[model.RELATION].relation_created, on.pause_action, on.resume_action,
+                      on.upgrade_action, on.enable_mig_action):
+            self.framework.observe(event, self._on_publish)
+        for event in (on[model.RELATION].relation_changed, on[model.RELATION].relation_departed,
+                      on.leader_elected):
+            self.framework.observe(event, self._on_peers)
+        self.framework.observe(on.fleet_report_action, self._on_fleet_report)
+        self.framework.observe(on.drain_plan_action, self._on_drain_plan)
+
+    # -- publishing -----------------------------------------------------------------------
+    def _on_publish(self, event: ops.EventBase) -> None:
+        relation = self.model.get_relation(model.RELATION)
+        if relation is None:
+            return
+        ours = relation.data[self.model.unit]
+        held = ours.get(model.KEY)
+        try:
+            before: Optional[model.Record] = model.decode(held)
+        except model.RecordError:
+            before = None
+        try:
+            record = self._record(before, cheap=isinstance(event, ops.UpdateStatusEvent))
+            text = model.encode(record)
+        except (HostReadError, model.RecordError) as error:
+            logger.warning("fleet record not published: %s", error)
+            return
+        if text == held:
+            return
+        logger.info("publishing this unit's fleet record (%d bytes)", len(text))
+        ours[model.KEY] = text
+        if self.model.unit.is_leader():
+            self._set_app_status(relation)
+
+    def _record(self, before: Optional[model.Record], cheap: bool) -> model.Record:
+        """This unit's record; with ``cheap`` (update-status) what costs comes from ``before``."""
+        here = self._host.facts()
+        driver = here.loaded_driver_version or ""
+        keep = cheap and before is not None and before.driver == driver
+        if keep and before is not None:
+            metadata = {g.address: g.metadata for g in before.gpus if g.metadata}
+            boot, revision = before.boot, before.revision
+        else:
+            metadata = self._gpu_metadata() if driver and here.pci.gpus else {}
+            boot, revision = self._boot(), self._revision()
+        mapping = reconcile.published_mapping(
+            [r.data[self.model.unit] for r in self.model.relations[RELATION]])
+        import socket  # only when a record is built
+
+        return model.Record(
+            host=socket.gethostname(), revision=revision, driver=driver,
+            paused=bool(self._stored.paused), boot=boot, readiness=self._readiness(),
+            gpus=model.gpu_records(here.pci, mapping, metadata))
+
+    def _readiness(self) -> model.Readiness:
+        """Live-migration readiness: the option here; the lead connects vgpu.livemigration."""
+        return model.Readiness(vfio_live_migration=bool(self.model.config.get(LIVE_MIGRATION)))
+
+    @staticmethod
+    def _gpu_metadata() -> Dict[str, str]:
+        from vgpu import nvml
+
+        return nvml.once(nvml.gpu_metadata) or {}
+
+    @staticmethod
+    def _boot() -> str:
+        from vgpu import bootresult
+
+        try:
+            result = bootresult.load()
+        except bootresult.ResultError:
+            return "unreadable"
+        if result is None:
+            return ""
+        failed = sum(1 for gpu in result.gpus if gpu.result == "not restored")
+        return f"failed on {failed} GPUs" if failed else (
+            "ok" if result.status == 0 else f"exit {result.status}")
+
+    @staticmethod
+    def _revision() -> str:
+        """The charm's revision from Juju's ``.juju-charm`` (``local:noble/<name>-7``); "" unknown."""
+        from pathlib import Path
+
+        from vgpu import files
+
+        try:
+            raw = files.read(Path(os.environ.get("JUJU_CHARM_DIR", "."), CHARM_URL).absolute(), 512)
+        except OSError:
+            return ""
+        url = (raw or b"").decode("utf-8", errors="replace").strip()
+        number = url.rpartition("-")[2]
+        return number if number.isdigit() else ""
+
+    # -- the leader's view ---------------------------------------------------------------
+    def _on_peers(self, event: ops.EventBase) -> None:
+        self.quiet = not isinstance(event, ops.LeaderElectedEvent)
+        if not self.model.unit.is_leader():
+            return  # a peer's record changes nothing here
+        relation = self.model.get_relation(model.RELATION)
+        if relation is not None:
+            self._set_app_status(relation)
+
+    def _set_app_status(self, relation: ops.Relation) -> None:
+        line = model.app_status(self._peers(relation))
+        if self.model.app.status.message != line or self.model.app.status.name != "active":
+            self.model.app.status = ops.ActiveStatus(line)
+
+    def _peers(self, relation: ops.Relation):
+        data: Dict[str, Optional[str]] = {}
+        for unit in (self.model.unit, *relation.units):
+            try:
+                data[unit.name] = relation.data[unit].get(model.KEY)
+            except ops.ModelError as error:
+                data[unit.name] = f"unreadable: {error}"
+        return model.peers(data)
+
+    # -- actions --------------------------------------------------------------------------
+    def _on_fleet_report(self, event: ops.ActionEvent) -> None:
+        if not self.model.unit.is_leader():
+            event.fail(f"run fleet-report on the leader: juju run {self.model.app.name}/leader "
+                       "fleet-report")
+            return
+        relation = self.model.get_relation(model.RELATION)
+        if relation is None:
+            event.fail("the fleet peer relation is not there yet")
+            return
+        event.set_results(model.report(self._peers(relation)))
+
+    def _on_drain_plan(self, event: ops.ActionEvent) -> None:
+        """Where each vGPU guest of this host could go; reads only (the host and the relation)."""
+        from vgpu import catalogue, guests, pci, usage
+
+        relation = self.model.get_relation(model.RELATION)
+        try:
+            here = self._host.facts()
+            learnt = catalogue.load() if any(g.framework == pci.VFIO for g in here.pci.gpus) else {}
+            uses = usage.in_use(here.pci, learnt=learnt, driver_version=here.loaded_driver_version)
+        except HostReadError as error:
+            event.fail(f"no plan: {error}")
+            return
+        units = self._peers(relation) if relation is not None else []
+        if not any(p.unit == self.model.unit.name and p.record for p in units):
+            try:  # not published yet: this unit's record as it would publish it, not written
+                units = [p for p in units if p.unit != self.model.unit.name] + [model.Peer(
+                    self.model.unit.name, self._record(None, cheap=False))]
+            except HostReadError as error:
+                event.fail(f"no plan: {error}")
+                return
+        found = [model.Guest(u.instance_uuid, u.state == guests.RUNNING, u.type_id, u.profile,
+                             u.gpu, u.framework) for u in uses]
+        verdicts = self._verdicts(found, units) if found else None
+        if verdicts is not None:
+            metadata, answers = verdicts
+            found = [g._replace(metadata=metadata.get(g.instance, "")) for g in found]
+            event.set_results(model.drain_plan(self.model.unit.name, units, found,
+                                               lambda a, b: answers.get((a, b))))
+            return
+        event.set_results(model.drain_plan(self.model.unit.name, units, found))
+
+    @staticmethod
+    def _verdicts(found, units):
+        """NVML's metadata of the running vGPUs, and its verdicts on each peer GPU's.
+
+        None where NVML cannot be asked.
+        """
+        from vgpu import nvml
+
+        targets = {g.metadata for p in units if p.record for g in p.record.gpus if g.metadata}
+
+        def read(module):
+            running = nvml.vgpu_metadata(module)
+            answers = {}
+            for guest in found:
+                mine = running.get(guest.instance, "")
+                for target in targets if mine else ():
+                    answers[(mine, target)] = nvml.compatibility(module, mine, target)
+            return running, answers
+
+        return nvml.once(read)
+

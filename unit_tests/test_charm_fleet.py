@@ -1,0 +1,173 @@
+"""The fleet peer relation through the charm (ops.testing): several units, the leader, two actions.
+
+Other units' data is what ``vgpu.fleet`` encodes for them (or garbage, or an
+older schema); NVML is the pynvml stand-in (unit_tests/fake_pynvml) put
+where the charm imports pynvml.
+"""
+
+import json
+import sys
+
+import pytest
+from ops import testing
+
+from unit_tests.fake_pynvml import pynvml as fake
+from unit_tests.libvirt import defined_guest, running_guest
+from unit_tests.test_charm import install_driver, relation
+from vgpu import fleet
+
+APP = "nova-compute-nvidia-vgpu"
+MAPPED = {"vgpu-device-mappings": "{nvidia-108: all}"}
+V100 = fleet.GpuRecord("0000:c1:00.0", "0x1db4", 16, "mdev", False, "nvidia-108", "V100-8Q", 2,
+                       resource_class="VGPU")
+GUEST = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
+
+
+def peer_record(host, driver="570.158.02", gpus=(V100,), paused=False):
+    return fleet.encode(fleet.Record(host, "12", driver, paused, "ok", fleet.Readiness(),
+                                     tuple(gpus)))
+
+
+def fleet_state(peers, leader=True, local=None, resource=None, config=MAPPED, paused=False):
+    peer = testing.PeerRelation("fleet", peers_data=peers, local_unit_data=dict(local or {}))
+    kwargs = {"config": dict(config), "relations": [relation(), peer], "leader": leader}
+    if resource is not None:
+        kwargs["resources"] = {testing.Resource(name="nvidia-vgpu-software", path=resource)}
+    if paused:
+        kwargs["stored_states"] = {testing.StoredState(
+            owner_path="NovaComputeNvidiaVgpuCharm", name="_stored", content={"paused": True})}
+    return testing.State(**kwargs), peer
+
+
+def published(out, peer):
+    return out.get_relation(peer.id).local_unit_data.get(fleet.KEY)
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    """NVML on this host: the stand-in as the charm's pynvml, two V100s with their metadata."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    fake.configure({"driver": "570.158.02", "gpus": [
+        {"bus_id": "00000000:C1:00.0", "metadata": "0x1db4/16", "vgpus": []},
+        {"bus_id": "00000000:E1:00.0", "metadata": "0x1db4/16", "vgpus": []}]})
+    return fake
+
+
+@pytest.fixture
+def ready(v100, root, packages):
+    install_driver(root, packages["old"])
+    return packages["old"]
+
+
+def test_each_unit_publishes_its_record_and_the_leader_names_the_odd_driver(ctx, ready, nvml):
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1", "570.172.08")},
+                            2: {fleet.KEY: peer_record("gpu-2")}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    mine = fleet.decode(published(out, peer))
+    assert mine.driver == "570.158.02" and not mine.paused
+    assert [(g.address, g.type_id, g.board, g.most) for g in mine.gpus] == [
+        ("0000:c1:00.0", "nvidia-108", "0x1db4/16GB", 2), ("0000:e1:00.0", "nvidia-108",
+                                                           "0x1db4/16GB", 2)]
+    assert all(g.metadata for g in mine.gpus)  # NVML's, through the stand-in
+    assert out.app_status == testing.ActiveStatus(
+        "driver 570.172.08 on 1 of 3 hosts: live migration between them fails")
+    assert out.unit_status.name == "active"
+
+
+def test_a_consistent_fleet_leaves_the_application_status_empty(ctx, ready):
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    assert out.app_status == testing.ActiveStatus("")
+
+
+@pytest.mark.parametrize("held", ["", "garbage", '{"v": 0, "host": "old"}', "{" * 20_000,
+                                  json.dumps({"v": 1, "gpus": "many"})])
+def test_a_peer_that_cannot_be_read_never_fails_a_hook(ctx, ready, held):
+    st, peer = fleet_state({1: {fleet.KEY: held} if held else {}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    out = ctx.run(ctx.on.relation_changed(out.get_relation(peer.id), remote_unit=1), out)
+    assert out.app_status.message.startswith(f"{APP}/1 cannot be read: it publishes")
+    ctx.run(ctx.on.action("fleet-report"), out)
+    assert json.loads(ctx.action_results["inconsistencies"])[0] == out.app_status.message
+    ctx.run(ctx.on.action("drain-plan"), out)
+    assert ctx.action_results["summary"] == "no vGPU guest on this host: nothing to drain"
+
+
+def test_a_relation_changed_on_a_unit_that_is_not_the_leader_returns_at_once(
+        ctx, ready, monkeypatch):
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, leader=False, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    before = published(out, peer)
+
+    def no_reading():
+        raise AssertionError("the host was read")
+
+    monkeypatch.setattr("vgpu.facts.gather", no_reading)
+    monkeypatch.setattr("vgpu.fleet.peers", no_reading)
+    out = ctx.run(ctx.on.relation_changed(out.get_relation(peer.id), remote_unit=1), out)
+    assert published(out, peer) == before
+
+
+def test_update_status_reads_nothing_new_and_publishes_nothing_when_nothing_changed(
+        ctx, ready, nvml, monkeypatch):
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    before = published(out, peer)
+    assert "nvmlDeviceGetVgpuMetadata" in nvml.calls()
+    nvml.configure(nvml._STATE["state"])  # forget the calls
+    writes = []
+    real = fleet.encode
+    monkeypatch.setattr("vgpu.fleet.encode", lambda r: writes.append(r) or real(r))
+    out = ctx.run(ctx.on.update_status(), out)
+    assert published(out, peer) == before  # the metadata kept
+    assert nvml.calls() == []  # NVML not asked
+    assert len(writes) == 1  # built once, compared, not written (the same text)
+
+
+def test_pause_is_published(ctx, ready, tools):
+    tools.set_active("nvidia-vgpu-mgr")
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    out = ctx.run(ctx.on.action("pause"), out)
+    assert fleet.decode(published(out, peer)).paused
+
+
+def test_the_report_is_the_leaders(ctx, ready):
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, leader=False, resource=ready)
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("fleet-report"), st)
+    assert failure.value.message == (f"run fleet-report on the leader: juju run {APP}/leader "
+                                     "fleet-report")
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    ctx.run(ctx.on.action("fleet-report"), out)
+    assert ctx.action_results["summary"] == "2 units, 3 GPUs; consistent"
+    assert [line.split()[0] for line in ctx.action_results["table"].splitlines()] == [
+        "unit", f"{APP}/0", f"{APP}/1"]
+
+
+def test_drain_plan_lists_each_guest_with_where_it_can_go(ctx, ready, root, nvml):
+    running_guest(root, "instance-0000002a", GUEST, mdev_uuid="5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
+    from unit_tests.fakehost import FakeHost
+    FakeHost(root).add_mdev("0000:c1:00.0", "nvidia-108", "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
+    defined_guest(root, "instance-0000002b", "3d9f1c52-2a7e-4b5e-8f3a-1c2d3e4f5a6b",
+                  pci_address="0000:e1:00.0")  # a whole GPU passed through: no vGPU
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")},
+                            2: {fleet.KEY: peer_record("gpu-2", "570.172.08")},
+                            3: {fleet.KEY: peer_record("gpu-3", paused=True)}},
+                           leader=False, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    files_before = sorted(p.name for p in root.rglob("*"))
+    ctx.run(ctx.on.action("drain-plan"), out)
+    plan = json.loads(ctx.action_results["plan"])
+    assert plan == {"guests": [{"instance": GUEST, "type": "V100-8Q", "live-migratable": "yes",
+                                "destinations": [f"{APP}/1"]}], "unplaceable": 0}
+    assert f"--live-migration --host gpu-1 {GUEST}" in ctx.action_results["table"]
+    assert sorted(p.name for p in root.rglob("*")) == files_before  # it only reads
+
+
+def test_drain_plan_before_the_unit_published_uses_its_record_unwritten(ctx, ready):
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, leader=False, resource=ready)
+    out = ctx.run(ctx.on.action("drain-plan"), st)
+    assert published(out, peer) is None
+    assert ctx.action_results["summary"] == "no vGPU guest on this host: nothing to drain"

@@ -1,0 +1,311 @@
+"""The fleet's record, report and drain plan (vgpu.fleet), on plain data and generated hosts.
+
+NVIDIA's verdict goes through vgpu.nvml and the pynvml stand-in
+(unit_tests/fake_pynvml), whose names and structures are checked against
+nvidia-ml-py in unit_tests/test_nvml.py.
+"""
+
+import ctypes
+import json
+import re
+
+import pytest
+
+from tools import benchhosts
+from unit_tests.fake_pynvml import pynvml as fake
+from vgpu import fleet, nvml, pci, table
+
+APP = "nova-compute-nvidia-vgpu"
+OLD, NEW = "570.158.02", "570.172.08"
+H200 = fleet.GpuRecord("0000:c1:00.0", "0x2335", 141, "vfio", False, "nvidia-1200",
+                       "H200X-35C", 4, resource_class="CUSTOM_NVIDIA_1200")
+READY = fleet.Readiness(vfio_live_migration=True)
+
+
+def record(host="gpu-1", driver=OLD, gpus=(H200,), paused=False, readiness=READY):
+    return fleet.Record(host, "12", driver, paused, "ok", readiness, tuple(gpus))
+
+
+def unit(n):
+    return f"{APP}/{n}"
+
+
+def peers(*records):
+    return fleet.peers({unit(n): fleet.encode(r) for n, r in enumerate(records)})
+
+
+# -- the record ----------------------------------------------------------------------------
+
+def test_a_record_reads_back_as_published():
+    mine = record(gpus=(H200._replace(metadata="QUJD"),),
+                  readiness=fleet.Readiness("10.0.0", "8.2.2", True, False, ("a blocker",)))
+    assert fleet.decode(fleet.encode(mine)) == mine
+
+
+@pytest.mark.parametrize("held, problem", [
+    (None, "publishes nothing yet"),
+    ("", "publishes nothing yet"),
+    ("garbage{", "publishes no JSON"),
+    ("[" * 100_000, f"publishes 100000 bytes, above {fleet.LIMIT}"),
+    ("[" * 5_000, "publishes no JSON"),  # nested past the recursion limit
+    ("[1, 2]", "publishes no record"),
+    ('{"host": "old"}', "publishes fleet schema None, this unit reads 1 (a unit of another charm "
+                        "revision: refresh them to one)"),
+    ('{"v": 2, "host": "new"}', "publishes fleet schema 2, this unit reads 1 (a unit of another "
+                                "charm revision: refresh them to one)"),
+    ('{"v": 1, "host": "h"}', "publishes a record that is not shaped as schema 1 says"),
+    ('{"v": 1, "host": 7, "lm": {"blockers": []}, "gpus": []}',
+     "publishes a record that is not shaped as schema 1 says"),
+    ('{"v": 1, "lm": {"blockers": []}, "gpus": [{"a": "x", "gb": -1}]}',
+     "publishes a record that is not shaped as schema 1 says"),
+    ('{"v": 1, "lm": {"blockers": []}, "gpus": {"a": 1}}', "publishes no GPU list"),
+])
+def test_a_peer_that_cannot_be_read_is_said_never_raised(held, problem):
+    found = fleet.peers({unit(0): fleet.encode(record()), unit(1): held})
+    assert found[1] == fleet.Peer(unit(1), None, problem)
+    assert fleet.inconsistencies(found) == [f"{unit(1)} cannot be read: it {problem}"]
+
+
+def test_units_are_ordered_by_number_not_text():
+    found = fleet.peers({unit(10): None, unit(2): None, unit(1): None})
+    assert [p.unit for p in found] == [unit(1), unit(2), unit(10)]
+
+
+def test_an_eight_gpu_host_publishes_under_16_kib_with_nvidias_metadata(root):
+    """The bench's 8 L40S-like GPUs x 32 VFs, every GPU with NVML's metadata at its real size."""
+    benchhosts.sriov_host(root, "vfio", 8, 32)
+    host = pci.discover()
+    import pynvml  # nvidia-ml-py: the real structure's size
+
+    metadata = {g.address: nvml._encode(pynvml.c_nvmlVgpuPgpuMetadata_t()) for g in host.gpus}
+    mapping = {"CUSTOM_NVIDIA_1139": [vf.address for g in host.gpus for vf in g.vfs[:4]]}
+    gpus = fleet.gpu_records(host, mapping, metadata)
+    assert len(gpus) == 8 and all(g.metadata for g in gpus)
+    assert {(g.type_id, g.resource_class, g.most, g.memory_gb) for g in gpus} == {
+        ("nvidia-1139", "CUSTOM_NVIDIA_1139", 4, 48)}
+    worst = fleet.Record("h" * 500, "9" * 500, OLD, False, "x" * 500, fleet.Readiness(
+        "1" * 500, "2" * 500, True, True, tuple("b" * 500 for _ in range(50))), gpus)
+    text = fleet.encode(worst)
+    assert len(text.encode()) < 16 * 1024
+    assert fleet.decode(text).gpus == gpus  # nothing of the GPUs was cut
+
+
+def test_a_record_too_big_for_its_metadata_drops_the_metadata_first():
+    gpus = tuple(H200._replace(address=f"0000:{n:02x}:00.0", metadata="A" * fleet.MAX_METADATA)
+                 for n in range(fleet.MAX_GPUS))
+    text = fleet.encode(record(gpus=gpus))
+    assert len(text.encode()) <= fleet.LIMIT
+    assert {g.metadata for g in fleet.decode(text).gpus} == {""}
+
+
+def test_an_mdev_host_publishes_its_mapped_type_board_and_maximum(root):
+    benchhosts.sriov_host(root, "mdev", 2, 16)
+    host = pci.discover()
+    mapping = {"nvidia-474": [vf.address for vf in host.gpus[0].vfs[:4]]}
+    first, second = fleet.gpu_records(host, mapping)
+    assert (first.type_id, first.type_name, first.memory_gb, first.framework, first.most,
+            first.resource_class) == ("nvidia-474", "A100-10C", 40, "mdev", 4, "VGPU")
+    assert (second.type_id, second.most, second.resource_class) == ("", 0, "")
+
+
+# -- readiness, inconsistencies and the leader's status ---------------------------------------
+
+def test_what_blocks_live_migration_is_read_from_the_readiness():
+    assert fleet.blockers(record()) == []
+    assert fleet.blockers(record(readiness=fleet.Readiness())) == ["vfio-live-migration is off"]
+    old = fleet.Readiness("9.0.0", "8.2.1", True, True, ("nova-compute 30",))
+    assert fleet.blockers(record(readiness=old)) == [
+        "nova-compute 30", "post-copy is permitted (QEMU refuses VFIO migration with it)",
+        "libvirt 9.0.0 is older than 10.0.0", "qemu 8.2.1 is older than 8.2.2"]
+
+
+def test_the_leader_names_the_driver_on_fewer_hosts():
+    found = peers(record(driver=OLD), record(driver=NEW), record(driver=OLD))
+    assert fleet.app_status(found) == (
+        "driver 570.172.08 on 1 of 3 hosts: live migration between them fails")
+
+
+def test_a_consistent_fleet_says_nothing():
+    found = peers(record(), record(host="gpu-2"))
+    assert fleet.inconsistencies(found) == [] and fleet.app_status(found) == ""
+
+
+def test_hosts_without_gpus_do_not_count_as_another_driver():
+    found = peers(record(), record(driver="", gpus=()))
+    assert fleet.inconsistencies(found) == []
+
+
+def test_one_type_on_different_boards_is_an_inconsistency():
+    nvl = H200._replace(device_id="0x233b")
+    found = peers(record(), record(gpus=(nvl,)))
+    assert fleet.inconsistencies(found) == [
+        f"type H200X-35C is mapped on different boards (0x2335/141GB on {unit(0)}; 0x233b/141GB "
+        f"on {unit(1)}): its guests cannot live-migrate between them"]
+
+
+def test_a_unit_not_ready_while_its_peers_are_is_named():
+    found = peers(record(), record(readiness=fleet.Readiness()), record())
+    assert fleet.inconsistencies(found) == [
+        f"{unit(1)} is not ready to live-migrate while 2 of 3 hosts are: "
+        "vfio-live-migration is off"]
+
+
+def test_drivers_come_before_unreadable_units():
+    found = fleet.peers({unit(0): fleet.encode(record()), unit(1): "x",
+                         unit(2): fleet.encode(record(driver=NEW))})
+    assert fleet.app_status(found).startswith("driver 570.172.08 on 1 of 2 hosts")
+
+
+# -- fleet-report -------------------------------------------------------------------------
+
+JUJU_KEY = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?\Z")
+
+
+def test_the_report_has_a_row_per_unit_and_keys_juju_accepts():
+    found = fleet.peers({unit(0): fleet.encode(record()), unit(1): "x",
+                         unit(2): fleet.encode(record(driver=NEW, paused=True))})
+    results = fleet.report(found)
+    for path, _ in table.flatten(results):
+        assert all(JUJU_KEY.match(key) for key in path), path
+    lines = results["table"].splitlines()
+    assert lines[0].split() == ["unit", "host", "driver", "gpus", "boards", "types", "live",
+                                "migration", "boot", "paused"]
+    assert len(lines) == 4 and "cannot be read" in lines[2] and lines[3].endswith("yes")
+    assert json.loads(results["inconsistencies"]) == fleet.inconsistencies(found)
+    assert results["units"]["unit-2"]["gpus"]["gpu-0"] == {
+        "address": "0000:c1:00.0", "board": "0x2335/141GB", "framework": "vfio",
+        "type": "H200X-35C", "most": "4"}
+    assert json.loads(results["capacity-commands"]) == [
+        "openstack allocation candidate list --resource CUSTOM_NVIDIA_1200=1 "
+        "--os-placement-api-version 1.12  # H200X-35C"]
+
+
+def test_the_report_of_two_hundred_hosts_stays_within_what_juju_accepts():
+    many = fleet.peers({unit(n): fleet.encode(record(host=f"gpu-{n}", gpus=tuple(
+        H200._replace(address=f"0000:{g:02x}:00.0") for g in range(8)))) for n in range(200)})
+    results = fleet.report(many)
+    size = sum(len(".".join(p)) + len(str(v)) + 10 for p, v in table.flatten(results))
+    assert size <= table.MAX_RESULTS_BYTES
+    assert "truncated" in results and "200 units" in results["summary"]
+
+
+def test_inconsistencies_of_a_big_fleet_stay_a_json_list_juju_accepts():
+    many = fleet.peers({unit(n): "garbage" for n in range(400)})
+    text = fleet.report(many)["inconsistencies"]
+    found = json.loads(text)  # whole, not cut in the middle
+    assert len(text.encode()) <= table.MAX_VALUE_BYTES
+    assert found[-1].startswith("... and ") and len(found) < 400
+
+
+# -- drain-plan ------------------------------------------------------------------------------
+
+GUEST = fleet.Guest("11111111-1111-4111-8111-111111111111", True, "nvidia-1200", "H200X-35C",
+                    "0000:c1:00.0", "vfio")
+
+
+def drain(*others, guests=(GUEST,), verdict=None, me=None):
+    found = peers(me or record(host="gpu-0"), *others)
+    results = fleet.drain_plan(unit(0), found, guests, verdict)
+    return results, json.loads(results["plan"])
+
+
+def test_destinations_need_the_same_driver_board_type_unpaused_and_ready():
+    results, plan = drain(
+        record(host="gpu-1"),                                             # 1: takes it
+        record(host="gpu-2", driver=NEW),                                 # 2: another driver
+        record(host="gpu-3", gpus=(H200._replace(memory_gb=94),)),        # 3: another board
+        record(host="gpu-4", gpus=(H200._replace(device_id="0x2330"),)),  # 4: H100, not H200
+        record(host="gpu-5", gpus=(H200._replace(type_id="nvidia-1201"),)),  # 5: type not mapped
+        record(host="gpu-6", paused=True),                                # 6: paused
+        record(host="gpu-7", readiness=fleet.Readiness()),                # 7: not ready
+    )
+    assert plan == {"guests": [{"instance": GUEST.instance, "type": "H200X-35C",
+                                "live-migratable": "yes", "destinations": [unit(1)]}],
+                    "unplaceable": 0}
+    assert results["summary"] == "1 vGPU guests, each has a destination"
+    assert (f"openstack server migrate --live-migration --host gpu-1 {GUEST.instance}"
+            in results["table"])
+
+
+def test_a_guest_with_nowhere_to_go_is_counted_and_why():
+    results, plan = drain(record(host="gpu-1", driver=NEW), record(host="gpu-2", driver=NEW))
+    assert plan["unplaceable"] == 1 and plan["guests"][0]["destinations"] == []
+    assert results["summary"] == (
+        "1 of 1 vGPU guests have nowhere to go (1: driver 570.172.08, not 570.158.02): "
+        "migrate them cold or in a window")
+    assert "none: driver 570.172.08, not 570.158.02" in results["table"]
+
+
+def test_a_shut_off_guest_moves_cold():
+    results, plan = drain(record(host="gpu-1"), guests=(GUEST._replace(running=False),))
+    assert plan["guests"][0]["live-migratable"] == "unknown"
+    assert plan["guests"][0]["destinations"] == [unit(1)]
+    assert f"openstack server migrate --host gpu-1 {GUEST.instance}" in results["table"]
+
+
+def test_a_host_not_ready_itself_cannot_live_migrate_its_guests():
+    _, plan = drain(record(host="gpu-1"), me=record(host="gpu-0", readiness=fleet.Readiness()))
+    assert plan["guests"][0]["live-migratable"] == "no"
+
+
+def test_the_plan_of_a_full_host_stays_json_juju_accepts():
+    guests = [GUEST._replace(instance=f"{n:08d}-1111-4111-8111-111111111111") for n in range(300)]
+    results, plan = drain(record(host="gpu-1"), guests=guests)
+    assert len(results["plan"].encode()) <= table.MAX_VALUE_BYTES
+    assert plan["unplaceable"] == 0 and len(plan["guests"]) + plan["left-out"] == 300
+    assert results["summary"] == "300 vGPU guests, each has a destination"
+
+
+def test_no_guest_nothing_to_drain():
+    results, plan = drain(record(host="gpu-1"), guests=())
+    assert plan == {"guests": [], "unplaceable": 0}
+    assert results["summary"] == "no vGPU guest on this host: nothing to drain"
+
+
+def nvidia_host(driver, board, vgpu_board=None):
+    """One H200 as NVML describes it, with a running vGPU of GUEST's instance."""
+    gpu = {"bus_id": "00000000:C1:00.0", "metadata": board, "vgpus": []}
+    if vgpu_board:
+        gpu["vgpus"] = [{"id": 3, "uuid": "u", "vm": GUEST.instance, "type": 1200, "licensed": 1,
+                         "state": 5, "fb": 1, "metadata": vgpu_board}]
+    fake.configure({"driver": driver, "gpus": [gpu]})
+
+
+def test_nvidias_verdict_through_nvml():
+    nvidia_host(OLD, "0x2335/141", vgpu_board="0x2335/141")
+    mine = nvml.once(nvml.vgpu_metadata, fake)[GUEST.instance]
+    same = nvml.once(nvml.gpu_metadata, fake)["0000:c1:00.0"]
+    nvidia_host(OLD, "0x2335/94")
+    other_board = nvml.once(nvml.gpu_metadata, fake)["0000:c1:00.0"]
+    nvidia_host(NEW, "0x2335/141")
+    other_driver = nvml.once(nvml.gpu_metadata, fake)["0000:c1:00.0"]
+    assert len(__import__("base64").b64decode(same)) == ctypes.sizeof(fake.c_nvmlVgpuPgpuMetadata_t)
+    verdict = lambda a, b: nvml.once(lambda m: nvml.compatibility(m, a, b), fake)  # noqa: E731
+    assert verdict(mine, same) == nvml.VERDICT_LIVE
+    assert verdict(mine, other_board) == verdict(mine, other_driver) == nvml.VERDICT_NONE
+    assert verdict(mine, "not base64!") is None and verdict(mine, "QUJD") is None
+    assert "nvmlGetVgpuCompatibility" in fake.calls()
+
+
+def test_nvidias_verdict_overrules_the_rules_where_both_sides_gave_metadata():
+    nvidia_host(OLD, "0x2335/141", vgpu_board="0x2335/141")
+    mine = nvml.once(nvml.vgpu_metadata, fake)[GUEST.instance]
+    nvidia_host(OLD, "0x2335/94")  # NVML knows a board the record does not tell apart
+    refused = nvml.once(nvml.gpu_metadata, fake)["0000:c1:00.0"]
+
+    def verdict(a, b):
+        return nvml.once(lambda m: nvml.compatibility(m, a, b), fake)
+
+    results, plan = drain(record(host="gpu-1", gpus=(H200._replace(metadata=refused),)),
+                          guests=(GUEST._replace(metadata=mine),), verdict=verdict)
+    assert plan["guests"][0]["destinations"] == []
+    assert "NVIDIA's verdict: incompatible" in results["summary"]
+    # The same destination without NVML (no verdict): the rules take it.
+    _, plan = drain(record(host="gpu-1", gpus=(H200._replace(metadata=refused),)),
+                    guests=(GUEST._replace(metadata=mine),))
+    assert plan["guests"][0]["destinations"] == [unit(1)]
+
+
+def test_nvml_absent_gives_no_metadata():
+    fake.configure({"driver": None})
+    assert nvml.once(nvml.gpu_metadata, fake) is None
