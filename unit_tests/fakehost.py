@@ -515,6 +515,10 @@ class FakeHost:
         directory.mkdir(parents=True, exist_ok=True)
         for name, value in (("vendor", vendor), ("device", device), ("class", class_code)):
             (directory / name).write_text(value + "\n")
+        # Every PCI function has driver_override; unset, it reads "(null)" (the kernel's
+        # driver_override_show prints the NULL pointer with %s: drivers/pci/pci-sysfs.c).
+        if not (directory / "driver_override").exists():
+            (directory / "driver_override").write_text("(null)\n")
         link = self.bus / address
         if not os.path.lexists(link):
             link.symlink_to(os.path.relpath(directory, self.bus))
@@ -587,6 +591,17 @@ class FakeHost:
         if enabled:
             self._create_vfs(address, recipe)
         return directory
+
+    def bind(self, address: str, driver: Optional[str]) -> None:
+        """Bind ``address`` to ``driver`` (None: unbound), as the kernel links it."""
+        directory = (self.bus / address).resolve()
+        link = directory / "driver"
+        if os.path.lexists(link):
+            link.unlink()
+        if driver:
+            drivers = self.root / "sys/bus/pci/drivers" / driver
+            drivers.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(drivers, directory))
 
     def vfio_model(self, address: str) -> VfioModel:
         return _MODELS[os.path.realpath(self.bus / address)]
