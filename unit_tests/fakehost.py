@@ -1108,6 +1108,31 @@ def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
     return host
 
 
+def whole_and_vgpu_host(root, nova: str = "3:31.0.0-0ubuntu1", moved: bool = True) -> FakeHost:
+    """l40s_host with its H200 given whole to guests: no VFs, and (``moved``) on vfio-pci.
+
+    ``moved``: bound to vfio-pci with driver_override set, as the charm leaves it
+    (drivers/pci/pci-driver.c: a set driver_override lets only that driver probe
+    it); else still on nvidia after a boot, with no VFs, as before the charm took it.
+    """
+    host = FakeHost(root)
+    host.pci_ids()
+    l40s_types, version = L40S_BRANCHES["570"]
+    host.add_sriov_gpu("0000:81:00.0", device="0x26b9", vf_device="0x26b9", count=16,
+                       vfio_types=l40s_types, totalvfs=32)
+    host.add_sriov_gpu("0000:c1:00.0", device="0x2335", vf_device="0x2335", count=8,
+                       vfio_types=H200_TYPES, enabled=False, totalvfs=16)
+    if moved:
+        host.bind("0000:c1:00.0", "vfio-pci")
+        (host.bus / "0000:c1:00.0" / "driver_override").write_text("vfio-pci\n")
+    host.iommu_groups(8)
+    host.nova(nova)
+    host.principal_nova_conf()
+    host.modules(["nvidia_vgpu_vfio", "nvidia", "vfio_pci"])
+    host.loaded_driver(version)
+    return host
+
+
 def rtx_pro_6000_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
                       vfs: int = 48, gpus: int = 4, mig: Optional[str] = None) -> FakeHost:
     """Four RTX PRO 6000 Blackwell Server Editions in PCI domains 0000 and 0001 (VFIO).
