@@ -24,6 +24,7 @@ import ops
 from monitoring import Monitoring
 from vgpu import (
     LIVE_MIGRATION,
+    ONE_TIME_USE,
     OPTION,
     PCI_IN_PLACEMENT,
     RELATION,
@@ -137,7 +138,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return self._host.mapping(
             self._checked_text, pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
             live_migration=bool(self.config.get(LIVE_MIGRATION)), problems=self._problems,
-            published=self._ours())
+            published=self._ours(), one_time_use=bool(self.config.get(ONE_TIME_USE)))
 
     def _checked_text(self) -> mappings.Validation:
         raw = self.config.get(OPTION)  # a string option: text or unset
@@ -180,7 +181,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return self._package
 
     def _wants_driver(self) -> bool:
-        return reconcile.wants_driver(self._facts(), self.config)
+        return reconcile.wants_driver(self._facts(), self.config, self._checked_text().passthrough)
 
     # -- reconcile ----------------------------------------------------------
     def _reconcile(self, event: ops.EventBase) -> None:
@@ -300,7 +301,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
-            choice = sriov.selected(self._checked_text().mapping, here.pci)
+            checked = self._checked_text()
+            choice = sriov.selected(checked.mapping, here.pci, checked.passthrough)
             inputs = inputs._replace(vf_selected=choice.addresses, vf_refused=dict(choice.refused),
                                      boot_unit_masked=sriov.unit_masked())
         validation = self._mapping()

@@ -478,6 +478,29 @@ def _settle_vf_counts(pf: Path) -> None:
             (entry / "available_instances").write_text("1\n" if room else "0\n")
 
 
+_HELD: set = set()  # unbindLock files of GPUs a client holds (see FakeHost.hold)
+
+
+def _unbind_lock_kernel(event, args):
+    """Audit hook: the nvidia driver's unbindLock reads 0 while a client holds the GPU.
+
+    NVIDIA's procfs unbindLock (nv-procfs.c): writing 1 takes the lock only when
+    the GPU's usage count is 0, and the file then reads back 1; else 0.
+    """
+    if event != "open" or not _HELD or isinstance(args[0], int):
+        return
+    path = os.fspath(args[0])
+    if isinstance(path, bytes) or os.path.basename(path) != "unbindLock":
+        return
+    mode, flags = args[1], args[2]
+    writing = (mode and any(c in mode for c in "wax+")) or \
+        (mode is None and flags & (os.O_WRONLY | os.O_RDWR))
+    if not writing and os.path.realpath(path) in _HELD:
+        with open(os.path.realpath(path) + ".tmp", "w") as handle:
+            handle.write("0\n")
+        os.replace(os.path.realpath(path) + ".tmp", os.path.realpath(path))
+
+
 def _install_kernel_model() -> None:
     if not getattr(sys, "_fake_vfio_kernel", False):
         sys.addaudithook(_vfio_kernel)
@@ -602,6 +625,18 @@ class FakeHost:
             drivers = self.root / "sys/bus/pci/drivers" / driver
             drivers.mkdir(parents=True, exist_ok=True)
             link.symlink_to(os.path.relpath(drivers, directory))
+
+    def unbind_lock(self, address: str, held: bool = False) -> Path:
+        """The nvidia driver's /proc/driver/nvidia/gpus/<address>/unbindLock (0: not taken)."""
+        lock = self.root / "proc/driver/nvidia/gpus" / address / "unbindLock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.write_text("0\n")
+        if held:
+            _HELD.add(os.path.realpath(lock))
+            if not getattr(sys, "_fake_unbind_lock", False):
+                sys.addaudithook(_unbind_lock_kernel)
+                sys._fake_unbind_lock = True
+        return lock
 
     def vfio_model(self, address: str) -> VfioModel:
         return _MODELS[os.path.realpath(self.bus / address)]
