@@ -181,7 +181,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return self._package
 
     def _wants_driver(self) -> bool:
-        return reconcile.wants_driver(self._facts(), self.config, self._checked_text().passthrough)
+        return reconcile.wants_driver(self._facts(), self.config,
+                                      lambda: self._checked_text().passthrough)
 
     # -- reconcile ----------------------------------------------------------
     def _reconcile(self, event: ops.EventBase) -> None:

@@ -209,12 +209,19 @@ class Outcome:
         self.notes: List[str] = []  # said once, in this hook's status (the upstream charm taken over)
 
 
-def wants_driver(here: facts.Facts, options: Mapping[str, Any], whole: Sequence[str] = ()) -> bool:
-    """Whether the host driver belongs here: a GPU not given whole (``whole``), or forced (options).
+def wants_driver(here: facts.Facts, options: Mapping[str, Any],
+                 whole: Callable[[], Sequence[str]] = tuple) -> bool:
+    """Whether the host driver belongs here: a GPU not given whole, or forced (options).
 
-    A host whose every GPU goes whole to guests needs no vGPU driver.
+    ``whole()``: the GPUs the mapping gives whole to guests, asked only on a
+    host with GPUs. A host whose every GPU goes whole needs no vGPU driver.
     """
-    return any(g.address not in whole for g in here.pci.gpus) or bool(options.get(FORCE_INSTALL))
+    if options.get(FORCE_INSTALL):
+        return True
+    if not here.pci.gpus:
+        return False
+    given = set(whole())
+    return any(g.address not in given for g in here.pci.gpus)
 
 
 def daemons(here: facts.Facts) -> List[str]:
@@ -263,7 +270,7 @@ def reconcile(host: Host, given: Inputs) -> Outcome:
         # The resource is Juju's, not the host's: inspected before the lock, so that a
         # hook the boot step keeps waiting still records what was attached.
         if given.new_revision and wants_driver(hook.facts(), given.options,
-                                               given.checked().passthrough):
+                                               lambda: given.checked().passthrough):
             _inspect_resource(hook)  # Juju runs upgrade-charm for a new revision
         with _locked(host, hook.out):
             _steps(hook)
@@ -362,7 +369,7 @@ class _Hook:
 
 def _steps(hook: _Hook) -> None:
     """The steps of :func:`reconcile`, in order; raises HostReadError."""
-    if wants_driver(hook.facts(), hook.given.options, hook.given.checked().passthrough):
+    if wants_driver(hook.facts(), hook.given.options, lambda: hook.given.checked().passthrough):
         if hook.given.new_revision:  # done before the lock, unless no GPU was seen then
             _inspect_resource(hook)  # (the charm fetches the resource once per dispatch)
         _ensure_driver(hook)
