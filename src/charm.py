@@ -368,7 +368,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
-        from vgpu import capacity, report, table
+        from vgpu import capacity, multivgpu, report, table
 
         try:
             here = self._facts()
@@ -385,11 +385,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # What nova-compute has now: published types that share a resource class are flagged.
         published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
+        # Several vGPUs per instance (NVML, nvidia-smi -q, Nova); GPUs given whole (passthrough).
+        multi = multivgpu.read(host, offered, here.supported_release())
+        given = self._checked_text().passthrough
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
-                                       published=published, **options),
+                                       published=published, multi=multi, whole=given, **options),
             "table": report.types_table(host, offered, whole_gb=whole, held=held,
-                                        published=published, **options),
+                                        published=published, multi=multi, whole=given, **options),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod

@@ -50,7 +50,8 @@ def test_the_capability_lines_are_read_per_gpu_from_real_output():
     assert multivgpu.fractional_support(P40 + ADA.split("Attached GPUs", 1)[1]) == {
         "0000:83:00.0": False, "0000:01:00.0": True}
     # The driver-wide "Heterogenous Multi-vGPU" line is no GPU's capability.
-    assert multivgpu.fractional_support("vGPU Driver Capability\n  Heterogenous Multi-vGPU : Supported\n") == {}
+    driver_wide = "vGPU Driver Capability\n  Heterogenous Multi-vGPU : Supported\n"
+    assert multivgpu.fractional_support(driver_wide) == {}
 
 
 @pytest.mark.parametrize("framework,major,kw,expected", [

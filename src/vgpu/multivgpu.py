@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from . import hostroot, pci
+from .record import NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,25 @@ NVIDIA_SMI = "usr/bin/nvidia-smi"
 TIMEOUT = 30  # seconds for nvidia-smi -q
 _GPU_LINE = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*\Z")
 _CAPABILITY = "vGPU Device Capability"
+
+
+class Multi(NamedTuple):
+    """What says how many vGPUs of a type one instance may have on this host."""
+
+    nova_major: Optional[int] = None  # this host's Nova (None: not installed)
+    fractional: Mapping[str, bool] = {}  # GPU -> Fractional Multi-vGPU supported (nvidia-smi -q)
+    per_vm: Mapping[int, int] = {}  # type number -> NVML's nvmlVgpuTypeGetMaxInstancesPerVm
+
+
+def read(host: pci.Host, offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]],
+         release) -> Multi:
+    """This host's answers: Nova's major, nvidia-smi -q's capability, NVML per type offered."""
+    numbers = {t.number for gpu in host.gpus
+               for t in (offered or {}).get(gpu.address) or gpu.offered_types()}
+    if not numbers:
+        return Multi(nova_major=release.nova_major if release is not None else None)
+    return Multi(nova_major=release.nova_major if release is not None else None,
+                 fractional=read_fractional(), per_vm=per_vm(numbers))
 
 
 def most_per_instance(framework: Optional[str], *, full: bool, mig: bool,
@@ -128,12 +148,9 @@ def read_fractional() -> Dict[str, bool]:
 
 def per_vm(type_numbers: Iterable[int], module: Any = None) -> Dict[int, int]:
     """NVML's ``nvmlVgpuTypeGetMaxInstancesPerVm`` per type; {} where NVML cannot be asked."""
-    nvml = module
+    nvml = module if module is not None else _pynvml()
     if nvml is None:
-        try:
-            import pynvml as nvml  # nvidia-ml-py: only where the driver's libnvidia-ml is
-        except ImportError:
-            return {}
+        return {}
     try:
         nvml.nvmlInit()
     except (nvml.NVMLError, OSError):
@@ -151,6 +168,15 @@ def per_vm(type_numbers: Iterable[int], module: Any = None) -> Dict[int, int]:
         except nvml.NVMLError:
             pass
     return out
+
+
+def _pynvml() -> Any:
+    """nvidia-ml-py's module, or None where it is not installed."""
+    try:
+        import pynvml  # nvidia-ml-py: only where the driver's libnvidia-ml is
+    except ImportError:
+        return None
+    return pynvml
 
 
 def _sysfs(bus_id: str) -> str:

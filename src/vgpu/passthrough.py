@@ -56,14 +56,23 @@ def rules(addresses: Iterable[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ensure_rules(addresses: Iterable[str]) -> bool:
-    """The udev rules file says exactly ``addresses`` (removed when none); True when it changed."""
+def current_rules() -> str:
+    """The udev rules file as it is ("" when absent): read once per hook."""
+    return hostroot.read_text(hostroot.path(RULES), clean=False) or ""
+
+
+def ensure_rules(addresses: Iterable[str], current: Optional[str] = None) -> bool:
+    """The udev rules file says exactly ``addresses`` (removed when none); True when it changed.
+
+    ``current``: the file's text as :func:`current_rules` read it (read here when None).
+    """
     from . import files
 
     target = hostroot.path(RULES)
     wanted = rules(addresses)
-    current = hostroot.read_text(target, clean=False)
-    if (current or "") == wanted:
+    if current is None:
+        current = current_rules()
+    if current == wanted:
         return False
     if not wanted:
         return files.remove(target)
@@ -117,9 +126,8 @@ def give_back(address: str, driver: Optional[str]) -> Optional[str]:
     return None
 
 
-def overridden() -> List[str]:
-    """The GPUs the udev rules file gives to vfio-pci now (what this charm set before)."""
-    text = hostroot.read_text(hostroot.path(RULES), clean=False) or ""
+def overridden(text: str) -> List[str]:
+    """The GPUs the udev rules ``text`` (:func:`current_rules`) gives to vfio-pci."""
     out = []
     for line in text.splitlines():
         if line.startswith('ACTION=="add"') and 'KERNEL=="' in line:

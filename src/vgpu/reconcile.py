@@ -640,7 +640,8 @@ def _whole_gpus(hook: _Hook, plan):
     from . import passthrough
 
     host = hook.facts().pci
-    before = set(passthrough.overridden())
+    rules = passthrough.current_rules()
+    before = set(passthrough.overridden(rules))
     whole = {w.address for w in plan.passthrough}
     published = novaconf.device_classes(novaconf.sections_from_relation(
         hook.published()[0])) if hook.published() else {}
@@ -675,7 +676,7 @@ def _whole_gpus(hook: _Hook, plan):
         else:
             taken.append(w._replace(driver=passthrough.VFIO_PCI))
     try:
-        passthrough.ensure_rules(whole)
+        passthrough.ensure_rules(whole, rules)
     except OSError as error:
         hook.problems.append(f"cannot write /{passthrough.RULES}: {error.strerror or error}")
     if before != whole or len(taken) != len(plan.passthrough) or any(
