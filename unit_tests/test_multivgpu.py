@@ -76,7 +76,7 @@ def test_the_flavor_for_two_per_framework():
     assert multivgpu.flavor_for(pci.VFIO, "pci_passthrough:alias=vgpu-l40s-48q:1", 2) == \
         "pci_passthrough:alias=vgpu-l40s-48q:2"
     assert multivgpu.flavor_for(pci.MDEV, "resources:VGPU=1", 2) == \
-        "resources1:VGPU=1 resources2:VGPU=1"
+        "resources1:VGPU=1 resources2:VGPU=1 group_policy=isolate"
 
 
 def test_nvml_per_vm_where_the_driver_answers():
@@ -84,3 +84,12 @@ def test_nvml_per_vm_where_the_driver_answers():
     assert multivgpu.per_vm([1155, 1139], module=fake_nvml) == {1155: 2}
     fake_nvml.configure({"driver": None})
     assert multivgpu.per_vm([1155], module=fake_nvml) == {}
+
+
+def test_the_stand_in_nvidia_smi_prints_what_the_charm_reads(root, tools):
+    from unit_tests.fakehost import l40s_host
+
+    host = l40s_host(root)
+    host.install_nvidia_smi({"0000:81:00.0": "Disabled", "0000:c1:00.0": "Disabled"})
+    host.set_mig("0000:81:00.0", fractional="Supported")
+    assert multivgpu.read_fractional() == {"0000:81:00.0": True, "0000:c1:00.0": False}

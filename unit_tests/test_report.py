@@ -315,4 +315,4 @@ def test_two_mdev_vgpus_need_nova_33(root, major, expected):
     full = next(e for e in results["gpu-0"]["types"].values() if e.get("max-instances") == "1")
     assert full["max-per-instance"] == expected  # a full-framebuffer type: one per GPU, 2 GPUs
     if expected == "2":
-        assert full["flavor-property-for-two"] == "resources1:VGPU=1 resources2:VGPU=1"
+        assert full["flavor-property-for-two"] == "resources1:VGPU=1 resources2:VGPU=1 group_policy=isolate"

@@ -90,13 +90,16 @@ def flavor_for(framework: Optional[str], one: str, count: int) -> str:
     """The flavor properties that ask for ``count`` vGPUs, from the one that asks for one.
 
     VFIO: the alias count (``pci_passthrough:alias=vgpu-l40s-12q:2``); mdev:
-    one resource group per vGPU (``resources1:VGPU=1 resources2:VGPU=1``),
-    which Nova fills from distinct resource providers.
+    one resource group per vGPU (``resources1:VGPU=1 resources2:VGPU=1``)
+    with ``group_policy=isolate``, so that Placement takes each from a
+    distinct resource provider (Nova's virtual-gpu.rst), as NVIDIA's rule
+    for full-framebuffer types wants (one per GPU).
     """
     if framework == pci.VFIO:
         return one.rsplit(":", 1)[0] + f":{count}"
     resource = one.split(":", 1)[1]
-    return " ".join(f"resources{n}:{resource}" for n in range(1, count + 1))
+    groups = [f"resources{n}:{resource}" for n in range(1, count + 1)]
+    return " ".join(groups + ["group_policy=isolate"])
 
 
 def capabilities(text: str) -> Dict[str, Dict[str, str]]:
