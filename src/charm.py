@@ -36,6 +36,7 @@ from vgpu import (
     hostlock,
     kernel,
     mappings,
+    passthrough,
     mdevctl,
     mdevs,
     neighbours,
@@ -636,6 +637,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             sriov.remove_unit()
         except (VgpuError, OSError) as error:
             logger.warning("could not remove %s: %s", sriov.UNIT, error)
+        try:  # whole GPUs stay on vfio-pci until the next boot: a guest may hold one
+            passthrough.ensure_rules([])
+        except OSError as error:
+            logger.warning("could not remove /%s: %s", passthrough.RULES, error.strerror or error)
         self._monitoring.remove()  # a problem is logged
         try:
             mdevs.forget()

@@ -82,3 +82,12 @@ def test_a_host_of_whole_gpus_needs_no_driver(ctx, root, tools, deb):
     assert out.unit_status == testing.ActiveStatus(out.unit_status.message)
     assert "no vGPU host driver needed" in out.unit_status.message
     assert [s["address"] for s in specs(out)] == ["0000:c1:00.0"]
+
+
+def test_remove_takes_the_udev_rule_away_and_leaves_the_gpu_where_it_is(ctx, root, tools, deb):
+    ready(whole_and_vgpu_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert (root / passthrough.RULES).exists()
+    ctx.run(ctx.on.remove(), again(first))
+    assert not (root / passthrough.RULES).exists()
+    assert (root / f"sys/bus/pci/devices/{H200}/driver_override").read_text().strip() == "vfio-pci"
