@@ -293,3 +293,14 @@ def test_sriov_and_the_boot_step_share_the_data_files_module_not_each_other():
     assert "boot" not in _imports(sriov)
     assert "bootdata" in _imports(sriov) and "bootdata" in _imports(boot)
     assert not {"boot", "sriov"} & _imports(bootdata)
+
+
+def test_all_never_selects_a_gpu_given_whole_for_vfs(root):
+    """A whole GPU still on nvidia after a boot (issue 37): `all` gives it no VFs."""
+    from unit_tests.fakehost import whole_and_vgpu_host
+
+    whole_and_vgpu_host(root, moved=False)
+    host = pci.discover()
+    assert "0000:c1:00.0" in sriov.selected({"L40S-12Q": ("all",)}, host).wanted
+    choice = sriov.selected({"L40S-12Q": ("all",)}, host, whole=["0000:c1:00.0"])
+    assert choice.wanted == ("0000:81:00.0",) and choice.refused == {}
