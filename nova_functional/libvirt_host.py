@@ -77,7 +77,11 @@ class TreeDevice(fakelibvirt.FakePCIDevice):
         self.mdev_types = {t: (_read(types / t / "name"), _read(types / t / "available_instances", "0"))
                            for t in sorted(os.listdir(types))} if types.is_dir() else {}
         self.is_capable_of_mdevs = bool(self.mdev_types)
-        self.dev_type = "VF" if self.pf else "PF" if self.vfs else (
+        # libvirt reports virt_functions for every SR-IOV-capable function, VFs enabled or
+        # not (node_device_conf.c: the capability flag is set when sriov_totalvfs or
+        # sriov_numvfs is above 0), and Nova's _get_device_type makes it type-PF.
+        self.totalvfs = int(_read(directory / "sriov_totalvfs", "0") or 0)
+        self.dev_type = "VF" if self.pf else "PF" if self.vfs or self.totalvfs else (
             "MDEV_TYPES" if self.mdev_types else "PCI")
         self.generate_xml()
 
@@ -101,8 +105,8 @@ class TreeDevice(fakelibvirt.FakePCIDevice):
 
     def generate_xml(self, skip_capability=False):  # noqa: D102
         caps = []
-        if self.vfs and not skip_capability:
-            caps.append("<capability type='virt_functions'>"
+        if (self.vfs or self.totalvfs) and not skip_capability:
+            caps.append(f"<capability type='virt_functions' maxCount='{self.totalvfs}'>"
                         + "".join(ADDRESS.format(*split(a)) for a in self.vfs) + "</capability>")
         if self.pf:
             caps.append("<capability type='phys_function'>" + ADDRESS.format(*split(self.pf))

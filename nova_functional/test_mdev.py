@@ -53,3 +53,31 @@ class MdevTest(CharmJudgedTest):
 
     def test_two_types_on_two_gpus_with_a_class_per_profile(self):
         self._check(per_profile=True)
+
+
+class TwoMdevVgpusTest(CharmJudgedTest):
+    """Two mdev vGPUs in one server by resource groups: Nova 33 and later (issue 37)."""
+
+    def setUp(self):
+        super().setUp()
+        self.unit.ready(v100_host(self.unit.root, count=2))
+
+    def test_a_full_framebuffer_type_on_two_gpus_gives_one_server_two(self):
+        from nova_functional.unit import NOVA_VERSION
+
+        self.unit.configure(vgpu_device_mappings="{V100-16Q: all}")
+        self.assertEqual("active", self.unit.status().name, self.unit.status())
+        listed = self.unit.action("list-vgpu-types")
+        entry = listed["gpus"]["gpu-0"]["types"]["nvidia-109"]
+        if int(NOVA_VERSION.split(".")[0]) < 33:  # one mdev vGPU per instance before Nova 33
+            self.assertEqual("1", entry["max-per-instance"])
+            self.assertNotIn("flavor-property-for-two", entry)
+            return
+        self.assertEqual("2", entry["max-per-instance"])
+        spec = dict(pair.split("=") for pair in entry["flavor-property-for-two"].split())
+        self.assertEqual({"resources1:VGPU": "1", "resources2:VGPU": "1",
+                          "group_policy": "isolate"}, spec)
+        self.publish_and_use()
+        compute = self.start_host()
+        held = self.mdevs_of(compute, self.boot(spec))
+        self.assertEqual([("0000:c1:00.0", "nvidia-109"), ("0000:e1:00.0", "nvidia-109")], held)

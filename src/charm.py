@@ -25,6 +25,7 @@ from fleet import DRAIN_HINT, Fleet
 from monitoring import Monitoring
 from vgpu import (
     LIVE_MIGRATION,
+    ONE_TIME_USE,
     OPTION,
     PCI_IN_PLACEMENT,
     RELATION,
@@ -40,6 +41,7 @@ from vgpu import (
     mdevs,
     neighbours,
     novaconf,
+    passthrough,
     pci,
     reconcile,
     services,
@@ -140,7 +142,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return self._host.mapping(
             self._checked_text, pci_in_placement=bool(self.config.get(PCI_IN_PLACEMENT)),
             live_migration=bool(self.config.get(LIVE_MIGRATION)), problems=self._problems,
-            published=self._ours())
+            published=self._ours(), one_time_use=bool(self.config.get(ONE_TIME_USE)))
 
     def _checked_text(self) -> mappings.Validation:
         raw = self.config.get(OPTION)  # a string option: text or unset
@@ -183,7 +185,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         return self._package
 
     def _wants_driver(self) -> bool:
-        return reconcile.wants_driver(self._facts(), self.config)
+        return reconcile.wants_driver(self._facts(), self.config,
+                                      lambda: self._checked_text().passthrough)
 
     # -- reconcile ----------------------------------------------------------
     def _reconcile(self, event: ops.EventBase) -> None:
@@ -307,7 +310,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
-            choice = sriov.selected(self._checked_text().mapping, here.pci)
+            checked = self._checked_text()
+            choice = sriov.selected(checked.mapping, here.pci, checked.passthrough)
             inputs = inputs._replace(vf_selected=choice.addresses, vf_refused=dict(choice.refused),
                                      boot_unit_masked=sriov.unit_masked())
         validation = self._mapping()
@@ -372,7 +376,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     # -- actions ------------------------------------------------------------
     def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
-        from vgpu import capacity, report, table
+        from vgpu import capacity, multivgpu, report, table
 
         try:
             here = self._facts()
@@ -391,11 +395,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
         live = virt.action_results(here, options["live_migration"], self._host.principal_conf,
                                    self._principal())
+        # Several vGPUs per instance (NVML, nvidia-smi -q, Nova); GPUs given whole (passthrough).
+        multi = multivgpu.read(host, offered, here.supported_release())
+        given = self._checked_text().passthrough
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
-                                       published=published, **options),
+                                       published=published, multi=multi, whole=given, **options),
             "table": report.types_table(host, offered, whole_gb=whole, held=held,
-                                        published=published, **options),
+                                        published=published, multi=multi, whole=given, **options),
             **live,
         }, depth=4, records="gpus", what="types"))
 
@@ -643,6 +650,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             sriov.remove_unit()
         except (VgpuError, OSError) as error:
             logger.warning("could not remove %s: %s", sriov.UNIT, error)
+        try:  # whole GPUs stay on vfio-pci until the next boot: a guest may hold one
+            passthrough.ensure_rules([])
+        except OSError as error:
+            logger.warning("could not remove /%s: %s", passthrough.RULES, error.strerror or error)
         self._monitoring.remove()  # a problem is logged
         try:
             mdevs.forget()

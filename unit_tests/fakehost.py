@@ -567,6 +567,27 @@ def _driver_kernel(event, args):
                 _bind(device, driver)
     finally:
         _HOOK.busy = False
+_HELD: set = set()  # unbindLock files of GPUs a client holds (see FakeHost.hold)
+
+
+def _unbind_lock_kernel(event, args):
+    """Audit hook: the nvidia driver's unbindLock reads 0 while a client holds the GPU.
+
+    NVIDIA's procfs unbindLock (nv-procfs.c): writing 1 takes the lock only when
+    the GPU's usage count is 0, and the file then reads back 1; else 0.
+    """
+    if event != "open" or not _HELD or isinstance(args[0], int):
+        return
+    path = os.fspath(args[0])
+    if isinstance(path, bytes) or os.path.basename(path) != "unbindLock":
+        return
+    mode, flags = args[1], args[2]
+    writing = (mode and any(c in mode for c in "wax+")) or \
+        (mode is None and flags & (os.O_WRONLY | os.O_RDWR))
+    if not writing and os.path.realpath(path) in _HELD:
+        with open(os.path.realpath(path) + ".tmp", "w") as handle:
+            handle.write("0\n")
+        os.replace(os.path.realpath(path) + ".tmp", os.path.realpath(path))
 
 
 def _install_kernel_model() -> None:
@@ -606,6 +627,10 @@ class FakeHost:
         directory.mkdir(parents=True, exist_ok=True)
         for name, value in (("vendor", vendor), ("device", device), ("class", class_code)):
             (directory / name).write_text(value + "\n")
+        # Every PCI function has driver_override; unset, it reads "(null)" (the kernel's
+        # driver_override_show prints the NULL pointer with %s: drivers/pci/pci-sysfs.c).
+        if not (directory / "driver_override").exists():
+            (directory / "driver_override").write_text("(null)\n")
         link = self.bus / address
         if not os.path.lexists(link):
             link.symlink_to(os.path.relpath(directory, self.bus))
@@ -676,6 +701,29 @@ class FakeHost:
         if enabled:
             self._create_vfs(address, recipe)
         return directory
+
+    def bind(self, address: str, driver: Optional[str]) -> None:
+        """Bind ``address`` to ``driver`` (None: unbound), as the kernel links it."""
+        directory = (self.bus / address).resolve()
+        link = directory / "driver"
+        if os.path.lexists(link):
+            link.unlink()
+        if driver:
+            drivers = self.root / "sys/bus/pci/drivers" / driver
+            drivers.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(drivers, directory))
+
+    def unbind_lock(self, address: str, held: bool = False) -> Path:
+        """The nvidia driver's /proc/driver/nvidia/gpus/<address>/unbindLock (0: not taken)."""
+        lock = self.root / "proc/driver/nvidia/gpus" / address / "unbindLock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.write_text("0\n")
+        if held:
+            _HELD.add(os.path.realpath(lock))
+            if not getattr(sys, "_fake_unbind_lock", False):
+                sys.addaudithook(_unbind_lock_kernel)
+                sys._fake_unbind_lock = True
+        return lock
 
     def vfio_model(self, address: str) -> VfioModel:
         return _MODELS[os.path.realpath(self.bus / address)]
@@ -1284,6 +1332,31 @@ def l40s_host(root, nova: str = "3:31.0.0-0ubuntu1", enabled: bool = True,
     host.nova(nova)
     host.principal_nova_conf()
     host.modules(["nvidia_vgpu_vfio", "nvidia"])
+    host.loaded_driver(version)
+    return host
+
+
+def whole_and_vgpu_host(root, nova: str = "3:31.0.0-0ubuntu1", moved: bool = True) -> FakeHost:
+    """l40s_host with its H200 given whole to guests: no VFs, and (``moved``) on vfio-pci.
+
+    ``moved``: bound to vfio-pci with driver_override set, as the charm leaves it
+    (drivers/pci/pci-driver.c: a set driver_override lets only that driver probe
+    it); else still on nvidia after a boot, with no VFs, as before the charm took it.
+    """
+    host = FakeHost(root)
+    host.pci_ids()
+    l40s_types, version = L40S_BRANCHES["570"]
+    host.add_sriov_gpu("0000:81:00.0", device="0x26b9", vf_device="0x26b9", count=16,
+                       vfio_types=l40s_types, totalvfs=32)
+    host.add_sriov_gpu("0000:c1:00.0", device="0x2335", vf_device="0x2335", count=8,
+                       vfio_types=H200_TYPES, enabled=False, totalvfs=16)
+    if moved:
+        host.bind("0000:c1:00.0", "vfio-pci")
+        (host.bus / "0000:c1:00.0" / "driver_override").write_text("vfio-pci\n")
+    host.iommu_groups(8)
+    host.nova(nova)
+    host.principal_nova_conf()
+    host.modules(["nvidia_vgpu_vfio", "nvidia", "vfio_pci"])
     host.loaded_driver(version)
     return host
 

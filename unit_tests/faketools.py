@@ -404,6 +404,27 @@ named = (sysfs(option("-i")) if args[:1] == ["-i"] and len(args) > 2
          and args[2].startswith("--query-gpu=") else None)
 if named is not None:
     del args[:2]
+if args == ["-q"]:
+    # nvidia-smi -q's vGPU capability block per GPU, as a real host prints it (a Proxmox VE
+    # host's Tesla P40, driver 535.129.03; akb486/vgpu README.md, driver 525.147.01):
+    # ``fractional`` in a GPU's state is its Fractional Multi-vGPU (default Not Supported).
+    print("==============NVSMI LOG==============")
+    print()
+    print("vGPU Driver Capability")
+    print("        Heterogenous Multi-vGPU           : Supported")
+    print()
+    print("Attached GPUs                             : %d" % len(state))
+    for address in sorted(state):
+        print("GPU " + smi(address))
+        print("    Persistence Mode                      : Enabled")
+        print("    vGPU Device Capability")
+        print("        Fractional Multi-vGPU             : "
+              + state[address].get("fractional", "Not Supported"))
+        print("        Heterogeneous Time-Slice Profiles : Supported")
+        print("        Heterogeneous Time-Slice Sizes    : Not Supported")
+        print("    MIG Mode")
+        print("        Current                           : " + state[address]["current"])
+    sys.exit(0)
 if args[:1] and args[0].startswith("--query-gpu=pci.bus_id,mig.mode.current"):
     if named is not None and named not in state:
         print("No devices were found")

@@ -137,3 +137,15 @@ def test_a_published_vf_holding_another_profile_is_not_free_under_the_class(root
     assign_vfio_type(host, L40S_VFS[1], 1140, creatable={1140: L40S_TYPES[1140]})
     found = pci.discover()
     assert capacity.capacity(found, {CLASS: L40S_VFS[:2]}) == [capacity.Capacity(CLASS, 0, 1)]
+
+
+def test_a_gpu_given_whole_is_free_until_a_guest_holds_it():
+    """Whole GPUs (issue 37) are published under CUSTOM_GPU_*: one each, held by a domain or free."""
+    mapping = {"CUSTOM_GPU_H200_SXM_141GB": ("0000:c1:00.0", "0000:e1:00.0")}
+    free = capacity.capacity(pci.Host(), mapping)[0]
+    assert (free.used, free.free) == (0, 2)
+    held = capacity.Held(pci=frozenset({"0000:c1:00.0"}))
+    found = capacity._whole_count({"0000:c1:00.0", "0000:e1:00.0"}, held)
+    assert (found.used, found.idle) == (1, 1)
+    unread = capacity.Held(problems=("/run/libvirt/qemu/x.xml",))
+    assert capacity._whole_count({"0000:c1:00.0"}, unread).used == 1  # fail safe

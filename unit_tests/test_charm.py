@@ -498,7 +498,8 @@ def test_list_vgpu_types(ctx, ready):
     assert gpu["types"]["nvidia-108"] == {
         "id": "nvidia-108", "name": "GRID V100-8Q", "framework": "mdev",
         "framebuffer-mb": "8192", "max-instances": "2", "available-instances": "2",
-        "flavor-property": "resources:VGPU=1"}
+        "flavor-property": "resources:VGPU=1",
+        "max-per-instance": "1"}  # Nova 29 takes one mdev vGPU per instance (33+: several)
     assert sorted(results["gpus"]) == ["gpu-0"]
     lines = results["table"].splitlines()
     assert lines[0].split() == ["GPUS", "MODEL", "TYPE", "NAME", "FRAMEBUFFER", "MAX", "AVAILABLE",

@@ -511,3 +511,31 @@ def test_what_is_kept_is_named_address_by_address():
         "nvidia-474 on 5 (0000:41:00.4, 0000:41:00.5, 0000:41:00.6, 0000:41:00.7 and 1 more)")
     # Queens to Train publish no addresses: Nova gives the type every GPU offering it.
     assert mappings.kept({"nvidia-108": ()}) == "nvidia-108 on every GPU offering it"
+
+
+# -- passthrough: whole GPUs beside vGPUs (issue 37) ----------------------------------------
+
+def test_passthrough_lists_whole_gpus_apart_from_the_types():
+    result = mappings.check_text("{L40S-12Q: [81:00.0], passthrough: [c1:00.0, 00000000:A1:00.0]}")
+    assert result.errors == ()
+    assert result.mapping == {"L40S-12Q": ("0000:81:00.0",)}
+    assert result.passthrough == ("0000:a1:00.0", "0000:c1:00.0")
+    # Stored and read back (the charm's record of the checked text) with its whole GPUs.
+    assert mappings.from_record(mappings.to_record(result)).passthrough == result.passthrough
+
+
+def test_passthrough_alone_is_a_mapping():
+    result = mappings.check_text("{passthrough: [c1:00.0]}")
+    assert result.ok and result.mapping == {} and result.passthrough == ("0000:c1:00.0",)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{passthrough: all}", "passthrough: expected a list of whole GPUs' PCI addresses"),
+    ("{passthrough: []}", "passthrough: lists no PCI address"),
+    ("{passthrough: [c1:00.9]}", 'passthrough: "c1:00.9" is not a PCI address'),
+    ("{Passthrough: [c1:00.0]}", 'type "Passthrough" is not a vGPU type id'),
+])
+def test_passthrough_refusals_name_the_entry(text, message):
+    result = mappings.check_text(text)
+    assert result.mapping == {} and result.passthrough == ()
+    assert any(message in e for e in result.errors), result.errors

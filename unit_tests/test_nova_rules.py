@@ -85,6 +85,8 @@ def nova_devspec(text):
     assert tags.pop("managed").lower() in ("yes", "no", "true", "false")  # bool_from_string strict
     # _normalize_device_spec_tag, strict as managed (Nova 31+, nova/pci/devspec.py).
     assert tags.pop("live_migratable", "yes").lower() in ("yes", "no", "true", "false")
+    # one_time_use likewise (Nova 32+), only with report_in_placement (checked where published).
+    assert tags.pop("one_time_use", "true").lower() in ("yes", "no", "true", "false")
     rc = tags.pop("resource_class")
     assert "devname" not in spec  # refused with report_in_placement
     assert tags == {}, f"unknown tags {tags}"
@@ -214,3 +216,87 @@ def test_the_alias_matches_the_specs_and_passes_novas_alias_rules(root, live, pl
     # Nova live-migrates only when the alias and the device asked for it agree.
     assert {s.get("live_migratable") for s in matched} == {made.get("live_migratable")}
     assert made.get("resource_class") == (plan.resource_class(first.name) if placement else None)
+
+
+# -- whole GPUs beside vGPUs (issue 37) ------------------------------------------------------
+
+WHOLE = "{L40S-12Q: all, passthrough: [c1:00.0]}"
+
+
+def published_whole(root, release=EPOXY, **options):
+    """The plan for WHOLE (an L40S split, the H200 whole) and nova-compute's view of it."""
+    from unit_tests.fakehost import whole_and_vgpu_host
+
+    whole_and_vgpu_host(root)
+    checked = mappings.check_text(WHOLE)
+    built = plan.build(checked.mapping, pci.discover(), release, passthrough=checked.passthrough,
+                       pci_in_placement=options.get("pci_in_placement", False),
+                       one_time_use=options.get("one_time_use", False))
+    assert built.ok, built.errors
+    data = novaconf.relation_data(novaconf.plan_sections(built, release, mdev_class=False, **options))
+    return built, principal.nova_context(data)
+
+
+def test_a_whole_gpu_is_one_device_spec_of_its_pf_in_its_own_class(root):
+    built, context = published_whole(root)
+    specs = [json.loads(v) for k, v in context["sections"]["pci"] if k == "device_spec"]
+    whole = [s for s in specs if s["address"] == "0000:c1:00.0"]
+    assert whole == [{"vendor_id": "10de", "product_id": "2335", "address": "0000:c1:00.0",
+                      "managed": "no", "resource_class": built.passthrough[0].resource_class}]
+    assert len(specs) == 1 + len(built.vfio())
+    for spec in specs:
+        nova_devspec(json.dumps(spec))
+    assert "report_in_placement" not in dict(context["sections"]["pci"])
+
+
+def test_the_whole_gpu_alias_asks_for_nova_s_device_type_never_the_vfs(root):
+    import jsonschema
+
+    built, _ = published_whole(root)
+    whole, = built.passthrough
+    made = novaconf.whole_alias(whole)
+    jsonschema.validate(made, ALIAS_SCHEMA)
+    assert made == {"name": whole.alias_name, "vendor_id": "10de", "product_id": "2335",
+                    "device_type": "type-PF"}
+    # The VF alias of the same model (same product id) asks for type-VF: neither takes the other.
+    vf_alias = novaconf.alias("NVIDIA H200-35C", "2335")
+    assert vf_alias["product_id"] == made["product_id"] and vf_alias["device_type"] == "type-VF"
+    assert novaconf.whole_alias(whole, pci_in_placement=True)["resource_class"] == whole.resource_class
+
+
+def test_one_time_use_marks_only_the_whole_gpus_and_reports_them(root):
+    built, context = published_whole(root, release=releases.from_major(32), pci_in_placement=True,
+                                     one_time_use=True)
+    pairs = context["sections"]["pci"]
+    specs = [json.loads(v) for k, v in pairs if k == "device_spec"]
+    assert [s["address"] for s in specs if s.get("one_time_use") == "true"] == ["0000:c1:00.0"]
+    assert ["report_in_placement", "True"] in [list(p) for p in pairs]
+
+
+@pytest.mark.nova
+@pytest.mark.parametrize("one_time_use", [False, True])
+def test_nova_itself_accepts_the_whole_gpu_entries(root, one_time_use):
+    import nova.conf
+    from nova.pci import devspec, request
+
+    release = releases.from_major(32) if one_time_use else EPOXY
+    built, context = published_whole(root, release=release, pci_in_placement=one_time_use,
+                                     one_time_use=one_time_use)
+    conf = nova.conf.CONF
+    read = getattr(request, "get_alias_from_config", None) or request._get_alias_from_config
+    conf.set_override("report_in_placement", one_time_use, group="pci")
+    try:
+        for key, text in context["sections"]["pci"]:
+            if key == "device_spec" and '"0000:c1:00.0"' in text:
+                tags = devspec.PciDeviceSpec(json.loads(text)).get_tags()
+                assert tags["managed"] == "false"
+                assert tags.get("one_time_use", "false") == ("true" if one_time_use else "false")
+        whole, = built.passthrough
+        conf.set_override("alias", [json.dumps(novaconf.whole_alias(whole))], group="pci")
+        getattr(read, "cache_clear", lambda: None)()  # Nova 32+ caches what it read
+        aliases = read()
+        assert aliases[whole.alias_name][1][0]["dev_type"] == "type-PF"
+    finally:
+        conf.clear_override("report_in_placement", group="pci")
+        conf.clear_override("alias", group="pci")
+        getattr(read, "cache_clear", lambda: None)()

@@ -290,3 +290,15 @@ def test_sections_the_upstream_charm_published_read_as_nova_reads_them():
     assert novaconf.drop_published(published, ["0000:84:00.0"]) == {
         "devices": [["enabled_mdev_types", "nvidia-36"]],
         "mdev_nvidia-36": [["device_addresses", "0000:85:00.0,0000:86:00.0"]]}
+
+
+@pytest.mark.parametrize("value", [
+    json.dumps({**SPEC, "one_time_use": "true"}),  # a VF is never one-time-use (Nova refuses it)
+    json.dumps({k: v for k, v in {**SPEC, "resource_class": "CUSTOM_GPU_H200"}.items()
+                if k != "address"}),  # a whole GPU always by its address
+    json.dumps({**SPEC, "resource_class": "CUSTOM_GPU_H200", "one_time_use": "false"}),
+    json.dumps({**SPEC, "resource_class": "CUSTOM_GPU_H200", "live_migratable": "yes"}),
+])
+def test_a_whole_gpu_spec_other_than_the_one_built_is_refused(value):
+    with pytest.raises(ValueError, match="unexpected device_spec"):
+        novaconf.check(pci(["device_spec", value]))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -667,3 +668,71 @@ def test_same_gpu_groups_functions_by_bus():
     assert plan.same_gpu(functions, ["0000:c1:00.0"]) == ("0000:c1:00.4", "0000:c1:00.5",
                                                          "0000:c1:01.0")
     assert plan.same_gpu(functions, []) == ()
+
+
+# -- passthrough: whole GPUs beside vGPUs (issue 37) ----------------------------------------
+
+def build_whole(text, release=EPOXY, **options):
+    checked = mappings.check_text(text)
+    assert checked.ok, checked.errors
+    return plan.build(checked.mapping, pci.discover(), release, passthrough=checked.passthrough,
+                      **options)
+
+
+def test_a_whole_gpu_gets_no_vf_and_no_type_and_is_nova_s_type_pf(root):
+    l40s_host(root)
+    built = build_whole("{L40S-12Q: [81:00.0], passthrough: [c1:00.0]}")
+    assert built.errors == ()
+    assert {a.gpu for a in built.assignments} == {"0000:81:00.0"}
+    whole, = built.passthrough
+    # The H200 is SR-IOV-capable: libvirt gives it virt_functions, so Nova calls it type-PF.
+    assert (whole.address, whole.product_id, whole.device_type) == ("0000:c1:00.0", "2335", "type-PF")
+    assert whole.alias_name.startswith("gpu-h200") and whole.resource_class.startswith("CUSTOM_GPU_H200")
+
+
+def test_a_gpu_without_sriov_given_whole_is_type_pci(root):
+    v100_host(root)
+    built = build_whole("{passthrough: [c1:00.0]}", release=CARACAL)
+    assert built.errors == ()
+    assert [w.device_type for w in built.passthrough] == ["type-PCI"]
+
+
+def test_all_never_takes_a_whole_gpu(root):
+    host = v100_host(root)
+    host.bind("0000:e1:00.0", "vfio-pci")  # given whole: no mdev types under vfio-pci
+    shutil.rmtree(root / "sys/bus/pci/devices/0000:e1:00.0/mdev_supported_types")
+    built = build_whole("{nvidia-108: all, passthrough: [e1:00.0]}", release=CARACAL)
+    assert built.errors == ()
+    assert built.mdev_mapping() == {"nvidia-108": ("0000:c1:00.0",)}
+
+
+@pytest.mark.parametrize("key,address", [("L40S-12Q", "c1:00.0"), ("L40S-12Q", "c1:00.5"),
+                                         ("H200-18C", "c1:00.0")])
+def test_a_gpu_both_whole_and_under_a_type_is_refused_naming_it(root, key, address):
+    l40s_host(root)
+    checked = mappings.check_text(f"{{'{key}': ['{address}'], passthrough: [c1:00.0]}}")
+    built = plan.build(checked.mapping, pci.discover(), EPOXY, passthrough=checked.passthrough)
+    assert any("GPU 0000:c1:00.0" in e and "both whole (passthrough)" in e for e in built.errors), \
+        built.errors
+
+
+def test_a_vf_or_a_stranger_is_refused_as_a_whole_gpu(root):
+    l40s_host(root)
+    built = build_whole("{passthrough: [c1:00.4, 99:00.0]}")
+    assert any("0000:c1:00.4 is a virtual function of GPU 0000:c1:00.0" in e for e in built.errors)
+    assert any("0000:99:00.0 is not an NVIDIA GPU on this host" in e for e in built.errors)
+
+
+@pytest.mark.parametrize("major,placement,refusal", [
+    (32, False, "needs pci-in-placement=true"),
+    (31, True, "needs Nova 32"),
+    (32, True, None),
+])
+def test_one_time_use_needs_nova_32_and_placement(root, major, placement, refusal):
+    l40s_host(root)
+    built = build_whole("{passthrough: [c1:00.0]}", release=releases.from_major(major),
+                        pci_in_placement=placement, one_time_use=True)
+    if refusal is None:
+        assert built.errors == ()
+    else:
+        assert any(refusal in e for e in built.errors), built.errors

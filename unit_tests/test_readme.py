@@ -183,8 +183,15 @@ def test_every_nvidia_alias_asks_for_a_vf_the_documentation_publishes(doc, text)
     alias = json.loads(text)
     if alias.get("vendor_id") != "10de":
         return  # another device's alias (the principal's own NIC)
-    assert alias.get("device_type") == "type-VF", text  # the charm publishes VFs only
     specs = [json.loads(spec) for _, spec in SPECS]
+    if alias.get("device_type") in ("type-PF", "type-PCI"):  # a GPU given whole (passthrough)
+        assert alias["name"].startswith("gpu-"), text
+        whole = [s for s in specs if s["product_id"] == alias["product_id"]
+                 and s["resource_class"].startswith("CUSTOM_GPU_")]
+        assert whole, f"no whole-GPU device_spec shown for product {alias['product_id']}: {text}"
+        assert alias.get("resource_class", whole[0]["resource_class"]) == whole[0]["resource_class"]
+        return
+    assert alias.get("device_type") == "type-VF", text  # else the charm publishes VFs
     matching = [s for s in specs if s["product_id"] == alias["product_id"]]
     assert matching, f"no device_spec shown for product {alias['product_id']}: {text}"
     if "resource_class" in alias:  # the class the charm gives the alias's profile

@@ -265,3 +265,54 @@ def test_before_xena_every_published_type_is_vgpu(root):
     assert "enabled_vgpu_types" in json.dumps(ussuri)
     assert _row(report.types_table(host, published=ussuri), "nvidia-109").endswith(
         "(shared: see below)")
+
+
+# -- issue 37: whole GPUs, and several vGPUs in one instance ---------------------------------
+
+def test_a_whole_gpu_shows_its_alias_and_flavor_property(root):
+    from unit_tests.fakehost import whole_and_vgpu_host
+
+    whole_and_vgpu_host(root)
+    host = pci.with_available(pci.discover())
+    results = report.gpu_results(host, whole=("0000:c1:00.0",))
+    whole = next(g for g in results.values() if g["addresses"] == "0000:c1:00.0")
+    assert whole["device-type"] == "type-PF" and "types" not in whole
+    alias = json.loads(whole["pci-alias"])
+    assert whole["flavor-property"] == f"pci_passthrough:alias={alias['name']}:1"
+    assert (alias["product_id"], alias["device_type"]) == ("2335", "type-PF")
+    nova_aliases([whole["pci-alias"]], pci_in_placement=False)
+    text = report.types_table(host, whole=("0000:c1:00.0",))
+    assert f"pci_passthrough:alias={alias['name']}:1" in text and whole["pci-alias"] in text
+    assert "[pci] alias of each VFIO type and whole GPU" in text
+
+
+def test_max_per_instance_and_the_flavor_for_two(vfio_host):
+    multi = report.Multi(nova_major=31, fractional={"0000:81:00.0": True})
+    results = report.gpu_results(vfio_host, multi=multi)
+    types = results["gpu-0"]["types"]
+    # Fractional L40S-12Q on a GPU that says Fractional Multi-vGPU: Supported: its 4 VFs.
+    assert types["nvidia-1139"]["max-per-instance"] == "4"
+    assert types["nvidia-1139"]["flavor-property-for-two"] == "pci_passthrough:alias=vgpu-l40s-12q:2"
+    # Without that line (the H200 here): one per instance; a single full-framebuffer GPU: one.
+    assert {e["max-per-instance"] for e in results["gpu-1"]["types"].values()
+            if "flavor-property" in e} == {"1"}
+    assert all("flavor-property-for-two" not in e for e in results["gpu-1"]["types"].values())
+    table = report.types_table(vfio_host, multi=multi)
+    assert "pci_passthrough:alias=vgpu-l40s-12q:2" in table
+    # NVML's answer wins over NVIDIA's rules.
+    per_vm = report.Multi(nova_major=31, per_vm={1139: 1}, fractional={"0000:81:00.0": True})
+    assert report.gpu_results(vfio_host, multi=per_vm)["gpu-0"]["types"]["nvidia-1139"][
+        "max-per-instance"] == "1"
+
+
+@pytest.mark.parametrize("major,expected", [(32, "1"), (33, "2")])
+def test_two_mdev_vgpus_need_nova_33(root, major, expected):
+    from unit_tests.fakehost import v100_host
+
+    v100_host(root)
+    host = pci.with_available(pci.discover())
+    results = report.gpu_results(host, multi=report.Multi(nova_major=major))
+    full = next(e for e in results["gpu-0"]["types"].values() if e.get("max-instances") == "1")
+    assert full["max-per-instance"] == expected  # a full-framebuffer type: one per GPU, 2 GPUs
+    if expected == "2":
+        assert full["flavor-property-for-two"] == "resources1:VGPU=1 resources2:VGPU=1 group_policy=isolate"

@@ -367,3 +367,12 @@ def test_a_hostile_device_id_of_an_unbound_gpu_is_never_written_nor_said_raw(roo
     assert "\n" not in why
     assert (root / "sys/bus/pci/drivers/pci-pf-stub/remove_id").read_text() == ""
     assert tools.calls() == []
+def test_all_never_selects_a_gpu_given_whole_for_vfs(root):
+    """A whole GPU still on nvidia after a boot (issue 37): `all` gives it no VFs."""
+    from unit_tests.fakehost import whole_and_vgpu_host
+
+    whole_and_vgpu_host(root, moved=False)
+    host = pci.discover()
+    assert "0000:c1:00.0" in sriov.selected({"L40S-12Q": ("all",)}, host).wanted
+    choice = sriov.selected({"L40S-12Q": ("all",)}, host, whole=["0000:c1:00.0"])
+    assert choice.wanted == ("0000:81:00.0",) and choice.refused == {}

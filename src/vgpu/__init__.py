@@ -12,6 +12,7 @@ OPTION = "vgpu-device-mappings"  # the charm option that maps vGPU types to GPUs
 PCI_IN_PLACEMENT = "pci-in-placement"  # VFIO VFs reported to Placement ([pci] report_in_placement)
 LIVE_MIGRATION = "vfio-live-migration"  # VFIO device specs and aliases live_migratable
 RELATION = "nova-vgpu"  # the endpoint to nova-compute
+ONE_TIME_USE = "passthrough-one-time-use"  # whole GPUs' device specs one_time_use (Nova 32+)
 
 # Patterns several modules check (the boot step's parsers load without vgpu.pci): plain
 # strings, compiled by re where they are used.

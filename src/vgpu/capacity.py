@@ -245,13 +245,25 @@ def capacity(host: pci.Host, mapping: Mapping[str, Tuple[str, ...]]) -> List[Cap
     seen = held(mdevs=any(not key.startswith(plan.CLASS_PREFIX) for key in mapping))
     out: List[Capacity] = []
     for key, addresses in mapping.items():
-        if key.startswith(plan.CLASS_PREFIX):
+        if key.startswith(plan.WHOLE_PREFIX):
+            found = _whole_count(set(addresses), seen)
+        elif key.startswith(plan.CLASS_PREFIX):
             found = _class_count(host, key, set(addresses), seen)
         else:
             found = count(host.gpus, key, seen, set(addresses) if addresses else None)
         free = found.available if found.available is not None else found.idle
         out.append(Capacity(key, found.used, free, found.uncertain))
     return out
+
+
+def _whole_count(within: Collection[str], seen: Held) -> Count:
+    """GPUs given whole (``CUSTOM_GPU_*``): used while a domain holds one, else idle.
+
+    A domain file that cannot be read may hold any of them: those count as used.
+    """
+    used = sum(1 for address in within if address in seen.pci)
+    unsure = len(within) - used if seen.problems else 0
+    return Count(used + unsure, len(within) - used - unsure, 0, unsure)
 
 
 def _class_count(host: pci.Host, key: str, within: Collection[str], seen: Held) -> Count:

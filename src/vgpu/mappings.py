@@ -41,6 +41,7 @@ _TYPE = r"nvidia-(0|[1-9][0-9]{0,5})"  # patterns compiled by re when used: not 
 # mapping's text is checked (not on steady hooks).
 _NAME = NAME_KEY
 ALL = "all"
+PASSTHROUGH = "passthrough"  # the key whose GPUs go whole to guests (see vgpu.plan)
 _NULLS = ("", "~", "null", "Null", "NULL")  # YAML 1.1 and 1.2 spellings of null
 _ADDRESS = r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([01][0-9a-f])\.([0-7])"
 
@@ -51,12 +52,14 @@ class Validation(NamedTuple):
     """The normalised mapping, or the reasons it is refused.
 
     ``mapping`` is key -> sorted addresses, or ``("all",)``; ``plan`` is set
-    once the mapping was checked against a host.
+    once the mapping was checked against a host; ``passthrough``: the sorted
+    addresses of the GPUs the ``passthrough`` key gives whole to guests.
     """
 
     mapping: Mapping[str, Tuple[str, ...]]
     errors: Tuple[str, ...] = ()
     plan: Optional["Plan"] = None
+    passthrough: Tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -124,6 +127,9 @@ def normalise(data) -> Mapping_:
     """
     mapping: Mapping_ = {}
     for key in sorted(data, key=_type_number):
+        if key == PASSTHROUGH:
+            mapping[key] = tuple(sorted({normalise_address(a) for a in data[key]}))
+            continue
         if not (re.fullmatch(_TYPE, key) or re.fullmatch(_NAME, key)):
             raise ValueError(f"type {quote(key)} is not a vGPU type id like nvidia-108 "
                              "or a profile name like A100-20C")
@@ -145,21 +151,25 @@ def check_text(text: Optional[str]) -> Validation:
     if errors:
         return Validation({}, tuple(errors))
     try:
-        return Validation(normalise(data))
+        mapping = normalise(data)
     except ValueError as error:
         return Validation({}, (str(error),))
+    whole = mapping.pop(PASSTHROUGH, ())
+    return Validation(mapping, passthrough=whole)
 
 
 def against_host(checked: Validation, host, release=None, offered=None, *,
                  pci_in_placement: bool = False, live_migration: bool = False,
-                 whole_gpus=None, vanished=()) -> Validation:
+                 whole_gpus=None, vanished=(), one_time_use: bool = False) -> Validation:
     """``checked`` (from check_text) resolved on the host into a plan.
 
     The host's and the release's objections become its errors. ``offered``:
     learnt types per GPU; ``pci_in_placement`` and ``live_migration``: the
     charm options of those names (see plan.option_problems); ``whole_gpus``:
     each VFIO GPU's framebuffer in GB when known (catalogue.whole_gpus);
-    ``vanished``: published functions not found now (see plan.build).
+    ``vanished``: published functions not found now (see plan.build);
+    ``one_time_use``: the passthrough-one-time-use option. The ``passthrough``
+    GPUs of ``checked`` join the plan (whole GPUs).
     """
     if not checked.ok:
         return checked
@@ -167,8 +177,9 @@ def against_host(checked: Validation, host, release=None, offered=None, *,
 
     built = plan.build(checked.mapping, host, release, offered,
                        pci_in_placement=pci_in_placement, live_migration=live_migration,
-                       whole_gpus=whole_gpus, vanished=vanished)
-    return Validation(checked.mapping, built.errors, built)
+                       whole_gpus=whole_gpus, vanished=vanished, passthrough=checked.passthrough,
+                       one_time_use=one_time_use)
+    return Validation(checked.mapping, built.errors, built, checked.passthrough)
 
 
 def fingerprint(text: Optional[str]) -> str:
@@ -186,13 +197,13 @@ def fingerprint(text: Optional[str]) -> str:
 def to_record(checked: Validation) -> dict:
     """check_text's result as plain data (for the charm's stored state)."""
     return {"mapping": {t: list(a) for t, a in checked.mapping.items()},
-            "errors": list(checked.errors)}
+            "errors": list(checked.errors), PASSTHROUGH: list(checked.passthrough)}
 
 
 def from_record(record) -> Validation:
     """The Validation that to_record stored (the charm's stored state) back."""
     return Validation({t: tuple(a) for t, a in dict(record["mapping"]).items()},
-                      tuple(record["errors"]))
+                      tuple(record["errors"]), passthrough=tuple(record.get(PASSTHROUGH) or ()))
 
 
 def summary(mapping: Mapping[str, Tuple[str, ...]]) -> str:
@@ -232,6 +243,8 @@ def _type_number(vgpu_type: str):
 def _describe(error, schema) -> str:
     path = list(error.absolute_path)
     where = list(error.relative_schema_path)
+    if path and path[0] == PASSTHROUGH:
+        return _describe_passthrough(error, path)
     if "propertyNames" in where:
         return (f"type {quote(error.instance)} is not a vGPU type id like nvidia-108 "
                 "or a profile name like A100-20C")
@@ -250,6 +263,18 @@ def _describe(error, schema) -> str:
         return f'{vgpu_type}: expected a list of PCI addresses or "all", got {quote(error.instance)}'
 
     return f"{vgpu_type}: {quote(error.instance)} is not a PCI address like 0000:c1:00.0"
+
+
+def _describe_passthrough(error, path) -> str:
+    """A schema error under the ``passthrough`` key, naming it."""
+    if len(path) > 1:
+        return f"{PASSTHROUGH}: {quote(error.instance)} is not a PCI address like 0000:c1:00.0"
+    if error.validator == "minItems":
+        return f"{PASSTHROUGH}: lists no PCI address"
+    if error.validator == "maxItems":
+        return f"{PASSTHROUGH}: lists more than {error.validator_value} addresses"
+    return (f"{PASSTHROUGH}: expected a list of whole GPUs' PCI addresses (never all: "
+            f"name each GPU given whole to guests), got {quote(error.instance)}")
 
 
 def _loader_class():

@@ -24,6 +24,7 @@ PACKAGES_RELEASE_KEY = "queens"
 Sections = Dict[str, List[List[str]]]
 
 NVIDIA_VENDOR = "10de"
+WHOLE_CLASS = "CUSTOM_GPU_"  # whole GPUs' resource classes (vgpu.plan.WHOLE_PREFIX)
 # What may reach nova.conf, key by key: built from sysfs and the release, never
 # from the option's text, and checked once more here (the principal renders
 # ``key = value`` unescaped).
@@ -67,7 +68,8 @@ def sections(mapping: Mapping[str, Tuple[str, ...]], release) -> Sections:
 
 
 def plan_sections(plan, release, *, mdev_class: bool, pci_in_placement: bool = False,
-                  keep_placement_reporting: bool = False, live_migratable: bool = False) -> Sections:
+                  keep_placement_reporting: bool = False, live_migratable: bool = False,
+                  one_time_use: bool = False) -> Sections:
     """nova.conf sections for a :class:`vgpu.plan.Plan` in ``release``'s spelling.
 
     mdev types become ``[devices]`` and ``[mdev_<type>]`` (with ``mdev_class =
@@ -89,6 +91,9 @@ def plan_sections(plan, release, *, mdev_class: bool, pci_in_placement: bool = F
             out[f"mdev_{vgpu_type}"].append(["mdev_class", resource_class(name)])
     specs = [["device_spec", device_spec(a, live_migratable=live_migratable)]
              for a in plan.vfio()]
+    specs += [["device_spec", whole_spec(w, release, one_time_use=one_time_use)]
+              for w in getattr(plan, "passthrough", ())]
+    specs.sort(key=lambda pair: _spec_address(pair[1]) or "")
     reporting = (bool(specs) and pci_in_placement) or keep_placement_reporting
     if specs or reporting:
         out["pci"] = specs + ([["report_in_placement", "True"]] if reporting else [])
@@ -123,6 +128,49 @@ def device_spec(assignment, *, live_migratable: bool = False) -> str:
     for field in ("address", "product_id", "resource_class"):
         _checked(field, spec[field])
     return json.dumps(spec, sort_keys=True)
+
+
+def whole_spec(whole, release, *, one_time_use: bool = False) -> str:
+    """The ``[pci] device_spec`` of a GPU given whole to guests (:class:`vgpu.plan.Whole`).
+
+    Its own function by vendor, product and address, so no VF of another GPU
+    of the model matches it; ``"managed": "no"`` from Nova 31 (the charm keeps
+    the GPU on vfio-pci: libvirt would hand a managed one back to the host
+    driver when a guest stops); its own resource class (CUSTOM_GPU_<MODEL>);
+    ``one_time_use`` (Nova 32+, with report_in_placement: checked by
+    :func:`vgpu.plan.whole_problems`) when asked.
+    """
+    spec = {
+        "vendor_id": NVIDIA_VENDOR,
+        "product_id": whole.product_id,
+        "address": whole.address,
+        "resource_class": whole.resource_class,
+    }
+    if release is None or release.managed_no:
+        spec["managed"] = "no"
+    if one_time_use:
+        spec["one_time_use"] = "true"
+    for field in ("address", "product_id", "resource_class"):
+        _checked(field, spec[field])
+    return json.dumps(spec, sort_keys=True)
+
+
+def whole_alias(whole, *, pci_in_placement: bool = False) -> Dict[str, str]:
+    """The ``[pci] alias`` a flavor asks for a whole GPU with: Nova's device type of the GPU.
+
+    ``type-PF`` (SR-IOV-capable) or ``type-PCI`` (nova/virt/libvirt/host.py,
+    ``_get_device_type``): the VFs of the same model share its product id
+    and are ``type-VF``, so neither alias takes the other's devices.
+    """
+    out = {
+        "name": whole.alias_name,
+        "vendor_id": NVIDIA_VENDOR,
+        "product_id": _checked("product_id", whole.product_id),
+        "device_type": whole.device_type,
+    }
+    if pci_in_placement:
+        out["resource_class"] = whole.resource_class
+    return out
 
 
 def alias(name: str, product_id: str, *, live_migratable: bool = False,
@@ -184,14 +232,22 @@ def _check_report_in_placement(value: str) -> None:
 
 
 _SPEC_KEYS = frozenset({"vendor_id", "product_id", "address", "managed", "resource_class"})
+_WHOLE_KEYS = (frozenset({"vendor_id", "product_id", "address", "resource_class"}),
+               frozenset({"vendor_id", "product_id", "address", "resource_class", "managed"}))
 
 
 def _check_device_spec(value: str) -> None:
     spec = json.loads(value)
     keys = set(spec)
-    if keys not in (_SPEC_KEYS, _SPEC_KEYS | {"live_migratable"}) \
-            or spec["vendor_id"] != NVIDIA_VENDOR or spec["managed"] != "no" \
-            or spec.get("live_migratable", "yes") != "yes" or "\n" in value:
+    vf = keys in (_SPEC_KEYS, _SPEC_KEYS | {"live_migratable"}) \
+        and not str(spec.get("resource_class")).startswith(WHOLE_CLASS)
+    # A whole GPU's (whole_spec): its own class; no managed before Nova 31; one_time_use.
+    whole = any(keys in (k, k | {"one_time_use"}) for k in _WHOLE_KEYS) \
+        and str(spec.get("resource_class")).startswith(WHOLE_CLASS)
+    if not (vf or whole) \
+            or spec["vendor_id"] != NVIDIA_VENDOR or spec.get("managed", "no") != "no" \
+            or spec.get("live_migratable", "yes") != "yes" \
+            or spec.get("one_time_use", "true") != "true" or "\n" in value:
         raise ValueError(f"unexpected device_spec {value!r}")
     for field in ("address", "product_id", "resource_class"):
         _checked(field, spec[field])

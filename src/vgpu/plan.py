@@ -40,13 +40,21 @@ from typing import (
     Tuple,
 )
 
-from . import LIVE_MIGRATION, PCI_IN_PLACEMENT, pci, releases
+from . import LIVE_MIGRATION, ONE_TIME_USE, PCI_IN_PLACEMENT, pci, releases
 from .record import NamedTuple
 
 if TYPE_CHECKING:
     from .guests import HeldMdev
 
 CLASS_PREFIX = "CUSTOM_VGPU_"  # the Placement resource class of a profile: CUSTOM_VGPU_L40S_12Q
+WHOLE_PREFIX = "CUSTOM_GPU_"  # the resource class of a whole GPU given to guests: CUSTOM_GPU_L40S
+PASSTHROUGH = "passthrough"  # the mapping's key for whole GPUs (vgpu.mappings.PASSTHROUGH)
+# Nova's device types (nova/virt/libvirt/host.py, _get_device_type): a function whose libvirt
+# node device has the virt_functions capability is type-PF, which libvirt gives every
+# SR-IOV-capable function (sriov_totalvfs above 0), VFs enabled or not; any other, type-PCI.
+TYPE_PF = "type-PF"
+TYPE_PCI = "type-PCI"
+ONE_TIME_USE_MAJOR = 32  # Nova 2025.2 flamingo: device_spec's one_time_use
 
 ALL = "all"
 _TYPE_ID = re.compile(r"nvidia-([0-9]+)")
@@ -73,12 +81,44 @@ class Assignment(NamedTuple):
         return resource_class(self.name)
 
 
+class Whole(NamedTuple):
+    """A GPU given whole to guests (the mapping's ``passthrough``): no VFs, no vGPU type."""
+
+    address: str
+    product_id: str  # its PCI device id, 4 hex digits (its VFs, where any, share it)
+    model: str
+    device_type: str  # what Nova calls it: TYPE_PF (SR-IOV-capable) or TYPE_PCI
+    driver: Optional[str] = None  # the driver it is bound to now
+
+    @property
+    def resource_class(self) -> str:
+        """``NVIDIA L40S`` -> ``CUSTOM_GPU_L40S``: whole GPUs' own class in Placement."""
+        return WHOLE_PREFIX + re.sub(r"[^A-Z0-9]", "_", _model_word(self.model).upper())
+
+    @property
+    def alias_name(self) -> str:
+        """``NVIDIA L40S`` -> ``gpu-l40s``: the ``[pci] alias`` of the whole GPU."""
+        return "gpu-" + re.sub(r"[^a-z0-9]+", "-", _model_word(self.model).lower()).strip("-")
+
+
+def _model_word(model: str) -> str:
+    """The model without its vendor: ``NVIDIA L40S`` -> ``L40S`` (never empty)."""
+    return re.sub(r"^(?:NVIDIA|GRID)\s+", "", model.strip(), flags=re.IGNORECASE) or "gpu"
+
+
+def whole_gpu(gpu: pci.Gpu) -> Whole:
+    """``gpu`` as a whole GPU Nova takes: its product id and Nova's device type for it."""
+    return Whole(gpu.address, _hex4(gpu.device_id), gpu.model,
+                 TYPE_PF if gpu.sriov else TYPE_PCI, gpu.driver)
+
+
 class Plan(NamedTuple):
     """Which function gets which type, or why the mapping cannot be applied here."""
     assignments: Tuple[Assignment, ...] = ()
     errors: Tuple[str, ...] = ()
     notes: Tuple[str, ...] = ()  # e.g. a key of value `all` that no GPU here offers
     missing_vfs: Tuple[str, ...] = ()  # SR-IOV GPUs whose VFs are not enabled yet
+    passthrough: Tuple[Whole, ...] = ()  # GPUs given whole to guests, by address
 
     @property
     def ok(self) -> bool:
@@ -149,7 +189,8 @@ def alias_name(name: str) -> str:
 def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
           offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]] = None, *,
           pci_in_placement: bool = False, live_migration: bool = False,
-          whole_gpus: Optional[Mapping[str, int]] = None, vanished: Collection[str] = ()) -> Plan:
+          whole_gpus: Optional[Mapping[str, int]] = None, vanished: Collection[str] = (),
+          passthrough: Sequence[str] = (), one_time_use: bool = False) -> Plan:
     """The plan for a checked mapping on ``host``; ``offered`` adds learnt VFIO types per GPU.
 
     ``pci_in_placement`` and ``live_migration`` are the charm options of
@@ -159,9 +200,13 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
     ``vanished``: published functions discovery no longer finds; an address
     of their GPU (see :func:`same_gpu`) gets nothing and is no error: the
     charm keeps what was published for it (:func:`vgpu.novaconf.keep_published`).
+    ``passthrough``: GPUs given whole to guests (never part of ``all``, never
+    also under a type); ``one_time_use``: the option asking Nova to mark them
+    used up once a guest had them (see :func:`option_problems`).
     """
     draft = _Draft(host, offered, whole_gpus)
     draft.vanished = tuple(vanished)
+    draft.take_whole(passthrough)
     mixed = _mig_mixed(mapping, host)  # refused by name: a VF lists no type without its instance
     draft.errors.extend(_one_per_gpu(host.gpu(gpu), names) for gpu, names in mixed.items())
     for key, addresses in mapping.items():
@@ -179,9 +224,45 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
     errors.extend(_shared_class_problems(assignments))
     errors.extend(option_problems(assignments, release, pci_in_placement=pci_in_placement,
                                   live_migration=live_migration))
+    wholes = tuple(whole_gpu(draft.owner[a]) for a in sorted(draft.passthrough))
+    errors.extend(whole_problems(wholes, release, pci_in_placement=pci_in_placement,
+                                 one_time_use=one_time_use))
     return Plan(assignments=tuple(sorted(assignments, key=lambda a: a.address)),
                 errors=tuple(dict.fromkeys(errors)), notes=tuple(draft.notes),
-                missing_vfs=tuple(sorted(set(draft.missing))))
+                missing_vfs=tuple(sorted(set(draft.missing))), passthrough=wholes)
+
+
+def whole_problems(wholes: Sequence[Whole], release, *, pci_in_placement: bool,
+                   one_time_use: bool) -> List[str]:
+    """What the options ask for whole GPUs that Nova would refuse (nova-compute would not start).
+
+    ``one_time_use`` needs Nova 32 (2025.2 flamingo), which alone knows it, and
+    ``[pci] report_in_placement``: Nova 32's PciDeviceSpec raises
+    PciConfigInvalidSpec ("one_time_use=true requires pci.report_in_placement
+    to be enabled", nova/pci/devspec.py) and nova-compute stops.
+    """
+    problems: List[str] = []
+    if not wholes:
+        return problems
+    wide = [w.address for w in wholes if not _addressable(w.address)]
+    problems.extend(f"{PASSTHROUGH}: GPU {a} is in PCI domain {a.split(':', 1)[0]}, above ffff, "
+                    "which Nova refuses (nova-compute would stop); turn VMD off for its slot"
+                    for a in wide)
+    if one_time_use and not pci_in_placement:
+        problems.append(f"{ONE_TIME_USE} needs {PCI_IN_PLACEMENT}=true: Nova accepts "
+                        "one_time_use only with [pci] report_in_placement (nova-compute would "
+                        f"not start); set {PCI_IN_PLACEMENT}=true or {ONE_TIME_USE}=false")
+    if one_time_use and release is not None and release.nova_major < ONE_TIME_USE_MAJOR:
+        minimum = releases.from_major(ONE_TIME_USE_MAJOR)
+        problems.append(f"{ONE_TIME_USE} needs Nova {minimum.nova_major} ({minimum.series} "
+                        f"{minimum.codename}) or later; this host runs {release}: upgrade Nova "
+                        f"or set {ONE_TIME_USE}=false")
+    return problems
+
+
+def _addressable(address: str) -> bool:
+    """Whether Nova takes ``address``'s PCI domain (four hex digits)."""
+    return len(address.split(":", 1)[0]) <= 4
 
 
 class _Draft:
@@ -203,6 +284,23 @@ class _Draft:
         self.types: Dict[str, Tuple[pci.VgpuType, ...]] = {}
         self.mig = _MigClaims()  # GPU -> its MIG-backed profiles' claims (see vgpu.mig)
         self.vanished: Tuple[str, ...] = ()  # published functions not found now (see build)
+        self.passthrough: Set[str] = set()  # GPUs given whole to guests (the passthrough key)
+
+    def take_whole(self, addresses: Sequence[str]) -> None:
+        """The ``passthrough`` key's GPUs: each must be a GPU here, named by its own address."""
+        for address in addresses:
+            gpu = self.owner.get(address)
+            if gpu is None and same_gpu(self.vanished, [address]):
+                continue  # a vanished GPU: what was published for it stays
+            if gpu is None:
+                self.errors.append(f"{PASSTHROUGH}: {address} is not an NVIDIA GPU on this host "
+                                   f"(found: {_summary(self.host.addresses())})")
+            elif gpu.address != address:
+                self.errors.append(f"{PASSTHROUGH}: {address} is a virtual function of GPU "
+                                   f"{gpu.address} ({gpu.model}); a GPU is given whole by its "
+                                   "own address")
+            else:
+                self.passthrough.add(address)
 
     def types_of(self, gpu: pci.Gpu) -> Tuple[pci.VgpuType, ...]:
         """What ``gpu`` offers: the learnt types when given, else what sysfs lists."""
@@ -214,6 +312,8 @@ class _Draft:
         """``key: all``: every GPU that offers the type; a note when none does."""
         found = False
         for gpu in self.host.gpus:
+            if gpu.address in self.passthrough:
+                continue  # given whole: never `all`'s
             if gpu.vfs_missing:
                 if gpu.driver == "nvidia":  # bound elsewhere (passthrough): not `all`'s
                     self.missing.append(gpu.address)
@@ -242,13 +342,19 @@ class _Draft:
             if gpu is None:
                 self.errors.append(f"{key}: {address} is not an NVIDIA GPU on this host "
                                    f"(found: {_summary(self.host.addresses())})")
-            elif gpu.vfs_missing:
+            elif gpu.vfs_missing and gpu.address not in self.passthrough:
                 self.missing.append(gpu.address)
             else:
                 self.claim(key, gpu, address)
 
     def claim(self, key: str, gpu: pci.Gpu, address: str) -> None:
         """``address`` (``gpu`` or one of its VFs) takes ``key``'s type; one type per GPU."""
+        if gpu.address in self.passthrough:
+            via = "" if address == gpu.address else f" (through {address})"
+            self.errors.append(f"GPU {gpu.address} ({gpu.model}){via} is mapped both whole "
+                               f"({PASSTHROUGH}) and to {key}: a GPU goes whole to one guest or "
+                               "is split into vGPUs, not both; remove it from one of them")
+            return
         named = pci.mig_profile(key)  # vgpu.mig (its tables) only for a MIG-backed key
         if named is not None and gpu.framework == pci.VFIO and _mig_table(gpu) is None:
             # Its VFs list the type only once a GPU instance exists, which needs the table.

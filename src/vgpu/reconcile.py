@@ -50,6 +50,7 @@ from typing import (
 
 from . import (
     LIVE_MIGRATION,
+    ONE_TIME_USE,
     OPTION,
     PCI_IN_PLACEMENT,
     catalogue,
@@ -139,7 +140,8 @@ class Host:
 
     def mapping(self, checked: Callable[[], mappings.Validation], *, pci_in_placement: bool,
                 live_migration: bool, problems: List[str],
-                published: Sequence[Mapping[str, str]]) -> mappings.Validation:
+                published: Sequence[Mapping[str, str]],
+                one_time_use: bool = False) -> mappings.Validation:
         """The option (``checked()`` gives its checked text) validated against this host.
 
         VFIO type names are learnt only on a host with VFIO GPUs; what learning
@@ -157,7 +159,8 @@ class Host:
             self._validation = mappings.against_host(
                 checked(), here.pci, here.supported_release(), offered,
                 pci_in_placement=pci_in_placement, live_migration=live_migration,
-                whole_gpus=whole, vanished=vanished(here, published)[1])
+                whole_gpus=whole, vanished=vanished(here, published)[1],
+                one_time_use=one_time_use)
         return self._validation
 
 
@@ -206,9 +209,19 @@ class Outcome:
         self.notes: List[str] = []  # said once, in this hook's status (the upstream charm taken over)
 
 
-def wants_driver(here: facts.Facts, options: Mapping[str, Any]) -> bool:
-    """Whether the host driver belongs here: a GPU, or the operator forces it (options)."""
-    return bool(here.pci.gpus) or bool(options.get(FORCE_INSTALL))
+def wants_driver(here: facts.Facts, options: Mapping[str, Any],
+                 whole: Callable[[], Sequence[str]] = tuple) -> bool:
+    """Whether the host driver belongs here: a GPU not given whole, or forced (options).
+
+    ``whole()``: the GPUs the mapping gives whole to guests, asked only on a
+    host with GPUs. A host whose every GPU goes whole needs no vGPU driver.
+    """
+    if options.get(FORCE_INSTALL):
+        return True
+    if not here.pci.gpus:
+        return False
+    given = set(whole())
+    return any(g.address not in given for g in here.pci.gpus)
 
 
 def daemons(here: facts.Facts) -> List[str]:
@@ -256,7 +269,8 @@ def reconcile(host: Host, given: Inputs) -> Outcome:
     try:
         # The resource is Juju's, not the host's: inspected before the lock, so that a
         # hook the boot step keeps waiting still records what was attached.
-        if given.new_revision and wants_driver(hook.facts(), given.options):
+        if given.new_revision and wants_driver(hook.facts(), given.options,
+                                               lambda: given.checked().passthrough):
             _inspect_resource(hook)  # Juju runs upgrade-charm for a new revision
         with _locked(host, hook.out):
             _steps(hook)
@@ -341,7 +355,8 @@ class _Hook:
         return self.host.mapping(self.given.checked,
                                  pci_in_placement=bool(options.get(PCI_IN_PLACEMENT)),
                                  live_migration=bool(options.get(LIVE_MIGRATION)),
-                                 problems=self.problems, published=self.published())
+                                 problems=self.problems, published=self.published(),
+                                 one_time_use=bool(options.get(ONE_TIME_USE)))
 
     def published(self) -> List[Mapping[str, str]]:
         return [relation.data for relation in self.given.relations()]
@@ -355,7 +370,7 @@ class _Hook:
 
 def _steps(hook: _Hook) -> None:
     """The steps of :func:`reconcile`, in order; raises HostReadError."""
-    if wants_driver(hook.facts(), hook.given.options):
+    if wants_driver(hook.facts(), hook.given.options, lambda: hook.given.checked().passthrough):
         if hook.given.new_revision:  # done before the lock, unless no GPU was seen then
             _inspect_resource(hook)  # (the charm fetches the resource once per dispatch)
         _ensure_driver(hook)
@@ -438,7 +453,8 @@ def _ensure_vfs(hook: _Hook) -> None:
         return
     if here.iommu_problem():
         return
-    choice = sriov.selected(hook.given.checked().mapping, here.pci)
+    checked = hook.given.checked()
+    choice = sriov.selected(checked.mapping, here.pci, checked.passthrough)
     hook.out.vf_failures = dict(choice.refused)
     missing = [g.address for g in here.pci.gpus if g.address in choice.wanted and g.vfs_missing]
     if not missing:
@@ -494,6 +510,10 @@ def _publish(hook: _Hook) -> None:
         plan = _addressable(hook, validation.plan)
         ok = (validation.ok and release is not None and plan is not None
               and not plan.missing_vfs and _live_migratable_accepted(hook, plan))
+        if ok:  # whole GPUs to vfio-pci (and back) before Nova is told of them
+            plan = _whole_gpus(hook, plan)
+            ok = plan is not None
+            here = hook.facts()
         sections = None
         if ok:
             try:  # with what was published for GPUs discovery no longer finds
@@ -501,7 +521,8 @@ def _publish(hook: _Hook) -> None:
                     plan, release, mdev_class=bool(hook.given.options.get(MDEV_CLASS)),
                     pci_in_placement=bool(hook.given.options.get(PCI_IN_PLACEMENT)),
                     keep_placement_reporting=hook.published_reporting(),
-                    live_migratable=bool(hook.given.options.get(LIVE_MIGRATION))),
+                    live_migratable=bool(hook.given.options.get(LIVE_MIGRATION)),
+                    one_time_use=bool(hook.given.options.get(ONE_TIME_USE))),
                     *vanished(here, hook.published()))
             except ValueError as error:  # sysfs gave something nova.conf must not get
                 hook.problems.append(f"not publishing: {error}")
@@ -621,6 +642,69 @@ def _addressable(hook: _Hook, plan):
             "which Nova refuses (nova-compute would stop): not given to Nova; turn VMD off "
             f"for its slot in the firmware, or map the other GPUs by address in {OPTION}")
     return plan._replace(assignments=tuple(a for a in plan.assignments if a.gpu not in wide))
+
+
+def _whole_gpus(hook: _Hook, plan):
+    """``plan`` with its whole GPUs on vfio-pci; None (blocked) when a move would strand a guest.
+
+    A GPU moving between whole and vGPU is refused while a guest (running or
+    shut off) holds it, its VFs or its mdevs, as a type change is: the last
+    good mapping stays. Each whole GPU gets driver_override and the udev rule
+    (:mod:`vgpu.passthrough`); one that cannot leave nvidia yet (something
+    holds it, VFs enabled) is not published, the problem says why. A GPU the
+    charm gave whole before and the mapping no longer does is handed back.
+    """
+    from . import passthrough
+
+    host = hook.facts().pci
+    rules = passthrough.current_rules()
+    before = set(passthrough.overridden(rules))
+    whole = {w.address for w in plan.passthrough}
+    published = novaconf.device_classes(novaconf.sections_from_relation(
+        hook.published()[0])) if hook.published() else {}
+    was_whole = {a for a, rc in published.items() if rc.startswith(novaconf.WHOLE_CLASS)} | before
+    was_vgpu = {a for t, addresses in hook.published_mapping().items() for a in addresses
+                if a not in was_whole}
+    moving = [g for g in host.gpus if (g.address in whole and _gpu_functions(g) & was_vgpu)
+              or (g.address in was_whole and g.address not in whole)]
+    if moving:
+        from . import guests
+
+        addresses = sorted(set().union(*(_gpu_functions(g) for g in moving)))
+        holders = guests.vgpu_guests(addresses, defined=True)
+        if holders:
+            hook.problems.append(
+                f"{OPTION} not applied: {holders[0].describe()} holds GPU "
+                f"{moving[0].address} ({moving[0].model}), which the new mapping moves between "
+                f"whole (passthrough) and vGPU (or out of the mapping); move or delete the "
+                "instance first")
+            return None
+    for address in sorted(before - whole):
+        gpu = host.gpu(address)
+        why = passthrough.give_back(address, gpu.driver if gpu is not None else None)
+        if why:
+            hook.problems.append(why)
+    taken = []
+    for w in plan.passthrough:
+        gpu = host.gpu(w.address)
+        why = passthrough.take(w.address, w.driver, len(gpu.vfs) if gpu is not None else 0)
+        if why:
+            hook.problems.append(why)
+        else:
+            taken.append(w._replace(driver=passthrough.VFIO_PCI))
+    try:
+        passthrough.ensure_rules(whole, rules)
+    except OSError as error:
+        hook.problems.append(f"cannot write /{passthrough.RULES}: {error.strerror or error}")
+    if before != whole or len(taken) != len(plan.passthrough) or any(
+            w.driver != passthrough.VFIO_PCI for w in plan.passthrough):
+        hook.refresh()
+    return plan._replace(passthrough=tuple(taken))
+
+
+def _gpu_functions(gpu) -> set:
+    """A GPU's own address and its VFs'."""
+    return {gpu.address, *(vf.address for vf in gpu.vfs)}
 
 
 def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:
@@ -897,7 +981,8 @@ def _ensure_boot_unit(hook: _Hook, plan) -> None:
         if plan is not None or not sriov.boot_data_usable():
             # Without a plan in force the data keeps the types last applied, unless
             # the boot step could not use it (then the next hook restores the types).
-            wanted = sriov.selected(hook.given.checked().mapping, here.pci).wanted
+            checked = hook.given.checked()
+            wanted = sriov.selected(checked.mapping, here.pci, checked.passthrough).wanted
             if plan is None:  # and the GPUs nova-compute has VFs of now
                 wanted = tuple(sorted({*wanted, *sriov.selected(
                     hook.published_mapping(), here.pci).wanted}))

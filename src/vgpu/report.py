@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from . import capacity, novaconf, table, text
-from .pci import VFIO, Gpu, Host, VgpuType, mig_profile
+from . import capacity, multivgpu, novaconf, table, text
+from .pci import MDEV, VFIO, Gpu, Host, VgpuType, mig_profile
 
+Multi = multivgpu.Multi  # what says how many vGPUs of a type one instance may have
 ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
 ALIAS_WHERE = "nova-cloud-controller and nova-compute pci-alias"
 SHARED_MARK = " (shared: see below)"  # after the FLAVOR of a type whose resource class others have
@@ -58,7 +59,8 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                 live_migration: bool = False,
                 whole_gb: Optional[Mapping[str, int]] = None,
                 held: Optional[capacity.Held] = None,
-                published: Optional[novaconf.Sections] = None) -> Dict[str, dict]:
+                published: Optional[novaconf.Sections] = None,
+                multi: Optional[Multi] = None, whole: Tuple[str, ...] = ()) -> Dict[str, dict]:
     """Per group of GPUs that offer the same (keys gpu-0, gpu-1, ...): addresses, model, types.
 
     GPUs of one model that offer the same types with the same counts are one
@@ -82,15 +84,24 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     the exporter count them (``held``: :func:`vgpu.capacity.held`, read here when not given).
     ``published``: the sections nova-compute has now; a type whose resource class another
     published type shares gets a ``flavor-note`` (:func:`shared_class_notes`).
+    ``multi``: each type's ``max-per-instance`` and, where above 1, the
+    ``flavor-property-for-two`` (see :mod:`vgpu.multivgpu`). ``whole``: the
+    GPUs given whole to guests (the mapping's ``passthrough``): their group
+    says ``passthrough`` with the alias and flavor property of a whole GPU.
     """
     out: Dict[str, dict] = {}
     notes = shared_class_notes(published)
-    for index, group in enumerate(_groups(host, offered, whole_gb, held)):
+    limits = per_instance(host, offered, whole_gb, multi) if multi is not None else {}
+    for index, group in enumerate(_groups(host, offered, whole_gb, held, whole)):
         gpu, rows = group[0]
+        if gpu.address in whole:
+            out[f"gpu-{index}"] = _whole_result(group, pci_in_placement)
+            continue
         types: Dict[str, dict] = {}
         for vgpu_type, most, available in rows:
             entry = _type_entry(gpu, vgpu_type, mdev_class, pci_in_placement, live_migration)
             entry.update(_mig_entry(gpu, vgpu_type))
+            entry.update(_multi_entry(gpu, vgpu_type, entry, limits))
             if vgpu_type.id in notes and "flavor-property" in entry:
                 entry["flavor-note"] = notes[vgpu_type.id]
             for key, value in (("framebuffer-mb", vgpu_type.framebuffer_mb),
@@ -118,11 +129,18 @@ _Row = Tuple[VgpuType, Optional[int], Optional[int]]  # a type, how many fit, ho
 
 def _groups(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
             whole_gb: Optional[Mapping[str, int]],
-            held: Optional[capacity.Held]) -> List[List[Tuple[Gpu, List[_Row]]]]:
-    """The host's GPUs with their rows, grouped where all but the address and VFs are the same."""
+            held: Optional[capacity.Held],
+            given: Tuple[str, ...] = ()) -> List[List[Tuple[Gpu, List[_Row]]]]:
+    """The host's GPUs with their rows, grouped where all but the address and VFs are the same.
+
+    A GPU given whole (``given``) has no rows and groups only with other whole GPUs.
+    """
     groups: Dict[tuple, List[Tuple[Gpu, List[_Row]]]] = {}
     seen = capacity.held() if held is None and host.gpus else held or capacity.Held()
     for gpu in host.gpus:
+        if gpu.address in given:
+            groups.setdefault(("whole", gpu.model, gpu.device_id, gpu.sriov), []).append((gpu, []))
+            continue
         whole = (whole_gb or {}).get(gpu.address)
         rows = []
         for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
@@ -158,6 +176,69 @@ def _type_entry(gpu, vgpu_type: VgpuType, mdev_class: bool, pci_in_placement: bo
     return entry
 
 
+def per_instance(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
+                 whole_gb: Optional[Mapping[str, int]], multi: Multi) -> Dict[Tuple[str, int], int]:
+    """``{(GPU address, type number): most vGPUs of it one instance may have}`` on this host.
+
+    Counted over every GPU here offering the type: how many GPUs, and how
+    many vGPUs they hold at most (VFIO: VFs; mdev: resource providers, the
+    GPU itself or each VF), then :func:`vgpu.multivgpu.most_per_instance`.
+    """
+    gpus: Dict[int, int] = {}
+    functions: Dict[int, int] = {}
+    fits: Dict[Tuple[str, int], Optional[int]] = {}
+    for gpu in host.gpus:
+        for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
+            most = capacity.most(gpu, vgpu_type, (whole_gb or {}).get(gpu.address))
+            fits[(gpu.address, vgpu_type.number)] = most
+            gpus[vgpu_type.number] = gpus.get(vgpu_type.number, 0) + 1
+            providers = 1 if gpu.framework == MDEV and not gpu.vfs else (most or 1)
+            functions[vgpu_type.number] = functions.get(vgpu_type.number, 0) + providers
+    out: Dict[Tuple[str, int], int] = {}
+    for gpu in host.gpus:
+        for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
+            most = fits[(gpu.address, vgpu_type.number)]
+            out[(gpu.address, vgpu_type.number)] = multivgpu.most_per_instance(
+                gpu.framework, full=most == 1, mig=mig_profile(vgpu_type.name) is not None,
+                fractional=multi.fractional.get(gpu.address),
+                per_vm=multi.per_vm.get(vgpu_type.number), nova_major=multi.nova_major,
+                gpus=gpus[vgpu_type.number], functions=functions[vgpu_type.number])
+    return out
+
+
+def _multi_entry(gpu, vgpu_type: VgpuType, entry: Mapping[str, str],
+                 limits: Mapping[Tuple[str, int], int]) -> Dict[str, str]:
+    """``max-per-instance`` and, above 1, ``flavor-property-for-two`` of one type."""
+    most = limits.get((gpu.address, vgpu_type.number))
+    if most is None or "flavor-property" not in entry:
+        return {}
+    out = {"max-per-instance": str(most)}
+    if most > 1:
+        out["flavor-property-for-two"] = multivgpu.flavor_for(
+            gpu.framework, entry["flavor-property"], 2)
+    return out
+
+
+def _whole_result(group, pci_in_placement: bool) -> Dict[str, str]:
+    """A group of GPUs given whole: Nova's device type, the alias and the flavor property."""
+    from .plan import whole_gpu
+
+    gpu = group[0][0]
+    made = whole_gpu(gpu)
+    return {
+        "addresses": ",".join(member.address for member, _ in group),
+        "model": gpu.model,
+        "device-id": gpu.device_id,
+        "driver": gpu.driver or "none",
+        "passthrough": "whole GPU (no vGPU types)",
+        "device-type": made.device_type,
+        "resource-class": made.resource_class,
+        "flavor-property": f"pci_passthrough:alias={made.alias_name}:1",
+        "pci-alias": json.dumps(novaconf.whole_alias(made, pci_in_placement=pci_in_placement),
+                                sort_keys=True),
+    }
+
+
 def _product_id(gpu) -> str:
     """The VFs' own device id, as ``[pci]`` wants it: ``26b9``."""
     return gpu.vfs[0].device_id.lower().removeprefix("0x")
@@ -167,7 +248,8 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                 mdev_class: bool = False, pci_in_placement: bool = False,
                 live_migration: bool = False, whole_gb: Optional[Mapping[str, int]] = None,
                 held: Optional[capacity.Held] = None,
-                published: Optional[novaconf.Sections] = None) -> str:
+                published: Optional[novaconf.Sections] = None,
+                multi: Optional[Multi] = None, whole: Tuple[str, ...] = ()) -> str:
     """A fixed-width table, one row per group of like GPUs and type, bounded.
 
     GPUS names every GPU of the group (as :func:`gpu_results` groups them);
@@ -175,9 +257,11 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     for a type the mapping refuses); the keyword arguments are as for
     :func:`gpu_results`. Under the table, the ``[pci] alias`` of each VFIO
     type (at most ``ALIASES_SHOWN``; every one is in the nested results), then
-    the note on types that share a resource class (their FLAVOR points to it).
+    the note on types that share a resource class (their FLAVOR points to it),
+    then (``multi``) the flavor for two of each type one instance may have
+    several of. GPUs given ``whole`` are a row each group, with their alias.
     """
-    from .plan import alias_name, flavor_property, refused
+    from .plan import alias_name, flavor_property, refused, whole_gpu
 
     if not host.gpus:
         return "no NVIDIA GPU on this host"
@@ -185,9 +269,18 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                               "FLAVOR"]]
     aliases: Dict[str, str] = {}
     notes = shared_class_notes(published)
-    for group in _groups(host, offered, whole_gb, held):
+    limits = per_instance(host, offered, whole_gb, multi) if multi is not None else {}
+    several: Dict[str, str] = {}
+    for group in _groups(host, offered, whole_gb, held, whole):
         gpu, types = group[0]
         addresses = ",".join(member.address for member, _ in group)
+        if gpu.address in whole:
+            made = whole_gpu(gpu)
+            rows.append([addresses, gpu.model, "-", f"whole GPU ({made.device_type})", "-",
+                         str(len(group)), "-", f"pci_passthrough:alias={made.alias_name}:1"])
+            aliases.setdefault(made.alias_name, json.dumps(novaconf.whole_alias(
+                made, pci_in_placement=pci_in_placement), sort_keys=True))
+            continue
         if not types:
             why = "no VFs enabled" if gpu.vfs_missing else "driver not loaded?"
             rows.append([addresses, gpu.model, "-", f"no types ({why})", "-", "-", "-", "-"])
@@ -200,13 +293,22 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                 addresses, gpu.model, vgpu_type.id, vgpu_type.name,
                 f"{fb} MiB" if fb is not None else "-", _text(most), _text(available), flavor,
             ])
+            most = limits.get((gpu.address, vgpu_type.number), 1)
+            if most > 1 and not refused(gpu, vgpu_type):
+                several.setdefault(vgpu_type.id, f"  {vgpu_type.id} ({vgpu_type.name}), up to "
+                                   f"{most}: " + multivgpu.flavor_for(
+                                       gpu.framework, flavor_property(
+                                           vgpu_type, gpu.framework, mdev_class), 2))
             if gpu.framework == VFIO and gpu.vfs:
                 name = alias_name(vgpu_type.name)
                 aliases.setdefault(name, json.dumps(novaconf.alias(
                     vgpu_type.name, _product_id(gpu), pci_in_placement=pci_in_placement,
                     live_migratable=live_migration), sort_keys=True))
-    footer = _alias_lines(list(aliases.values())) + "".join(
+    footer = _alias_lines(list(aliases.values()), any(g.address in whole for g in host.gpus)) + "".join(
         f"\n\n{note}" for note in dict.fromkeys(notes.values()))
+    if several:
+        footer += ("\n\nSeveral vGPUs in one instance (the flavor for two):\n"
+                   + "\n".join(list(several.values())[:ALIASES_SHOWN]))
     body = table.render(rows[0], rows[1:], what="types",
                         max_bytes=table.MAX_TABLE_BYTES - len(footer.encode()))
     return body + footer
@@ -244,11 +346,12 @@ def _gpu_instances(gpus) -> Dict[str, str]:
     return {"gpu-instances": ",".join(shown)} if shown else {}
 
 
-def _alias_lines(aliases: List[str]) -> str:
+def _alias_lines(aliases: List[str], whole: bool = False) -> str:
     """``[pci] alias`` lines under the table, at most ``ALIASES_SHOWN`` of them."""
     if not aliases:
         return ""
-    lines = [f"\n\n[pci] alias of each VFIO type ({ALIAS_WHERE}):"]
+    what = "VFIO type and whole GPU" if whole else "VFIO type"
+    lines = [f"\n\n[pci] alias of each {what} ({ALIAS_WHERE}):"]
     lines += [f"  {alias}" for alias in aliases[:ALIASES_SHOWN]]
     if len(aliases) > ALIASES_SHOWN:
         lines.append(f"  ... and {len(aliases) - ALIASES_SHOWN} more; see pci-alias in the "

@@ -67,7 +67,8 @@ class Selection(NamedTuple):
         return (*self.wanted, *self.refused)
 
 
-def selected(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Selection:
+def selected(mapping: Mapping[str, Sequence[str]], host: pci.Host,
+             whole: Sequence[str] = ()) -> Selection:
     """Which SR-IOV GPUs ``mapping`` (checked, normalised) selects, before or after their VFs exist.
 
     ``all`` selects every SR-IOV GPU bound to the nvidia driver: before its VFs
@@ -77,9 +78,10 @@ def selected(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Selection:
     selects its GPU: the GPU's own, one of its VFs, or, while the VFs do not
     exist, a VF address on the bus of a GPU without VFs (NVIDIA's VFs follow
     their GPU's routing ID on its bus). A GPU named by address but bound to
-    another driver is refused, with the reason.
+    another driver is refused, with the reason. GPUs given ``whole`` to guests
+    (the mapping's ``passthrough``) are never selected: they get no VFs.
     """
-    gpus = [gpu for gpu in host.gpus if gpu.sriov]
+    gpus = [gpu for gpu in host.gpus if gpu.sriov and gpu.address not in whole]
     chosen: Dict[str, pci.Gpu] = {}
     named: Dict[str, pci.Gpu] = {}
     owners = host.owners()  # as host.gpu(address), for every address
@@ -90,7 +92,7 @@ def selected(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Selection:
         for address in addresses:
             gpu = owners.get(address)
             gpu = gpu if gpu is not None else _by_bus(address, gpus)
-            if gpu is not None and gpu.sriov:
+            if gpu is not None and gpu.sriov and gpu.address not in whole:
                 named[gpu.address] = gpu
     chosen.update(named)
     wanted = tuple(a for a in sorted(chosen) if ours(chosen[a].driver))

@@ -233,6 +233,9 @@ def _driver_statuses(inputs: Inputs, notes: List[str]) -> List[Status]:
     """Statuses about the host driver; ``notes`` collects remarks for the active message."""
     installed = inputs.facts.driver
     out: List[Status] = []
+    if installed is None and all_whole(inputs):
+        notes.append(ALL_WHOLE)
+        return out
     if inputs.attached_missing and installed is None:
         out.append((BLOCKED, inputs.attached_missing))
     if inputs.attached_invalid:
@@ -260,6 +263,17 @@ def _driver_statuses(inputs: Inputs, notes: List[str]) -> List[Status]:
     out.extend((BLOCKED, f"reboot required: {reason}") for reason in reasons)
     out.extend(_service_statuses(inputs))
     return out
+
+
+ALL_WHOLE = ("every GPU is given whole to guests (passthrough): no vGPU host driver needed "
+             "here")
+
+
+def all_whole(inputs: Inputs) -> bool:
+    """Whether the mapping gives every GPU of the host whole to guests (no driver belongs here)."""
+    whole = inputs.validation.passthrough if inputs.validation is not None else ()
+    gpus = inputs.facts.pci.gpus
+    return bool(gpus) and all(g.address in whole for g in gpus) and not inputs.forced
 
 
 def _version_notes(inputs: Inputs) -> List[str]:

@@ -18,6 +18,7 @@ What the host holds comes from :func:`configure`, or from the JSON file
      # gi_profile: not MIG-backed) and "gi_profiles": {"47": "MIG 1g.24gb+gfx"}
      "fail": {"nvmlVgpuInstanceGetLicenseInfo_v2": 3},   # calls that fail, NVML code
      # (a vGPU's own "fail" fails a call for that vGPU alone: NVML answers per instance)
+     "per_vm": {"1155": 4},             # nvmlVgpuTypeGetMaxInstancesPerVm per type id
      "gpus": [{"bus_id": "00000000:81:00.0",   # "lost": true: fallen off the bus
                "vgpus": [{"id": 7, "uuid": "...", "vm": "<instance uuid>", "type": 1139,
                           "licensed": 1, "state": 5, "fb": 2147483648,
@@ -149,6 +150,14 @@ def nvmlInit():
 def nvmlShutdown():
     _call("nvmlShutdown")
     _STATE["initialised"] = max(0, _STATE["initialised"] - 1)
+
+
+def nvmlVgpuTypeGetMaxInstancesPerVm(vgpuTypeId):
+    """The host's ``per_vm`` {type id: count}; a type it does not name: NVML_ERROR_NOT_SUPPORTED."""
+    answer = _call("nvmlVgpuTypeGetMaxInstancesPerVm").get("per_vm", {}).get(str(vgpuTypeId))
+    if answer is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return answer
 
 
 def nvmlSystemGetDriverVersion():

@@ -1,0 +1,157 @@
+"""GPUs given whole to guests (the mapping's ``passthrough`` key): vfio-pci before nvidia.
+
+A whole GPU must be on ``vfio-pci`` when Nova hands it to a guest (its
+device spec says ``"managed": "no"`` from Nova 31, so libvirt never rebinds
+it) and must never be taken by ``nvidia`` at boot. Two things do that:
+
+* now: its ``driver_override`` is set to ``vfio-pci`` (the kernel then lets
+  only that driver probe it: drivers/pci/pci-driver.c,
+  ``pci_match_device``); if ``nvidia`` holds it, it is unbound and probed
+  again. The nvidia driver's ``unbindLock``
+  (``/proc/driver/nvidia/gpus/<address>/unbindLock``, what NVIDIA's
+  sriov-manage takes before it unbinds a GPU) is taken first: writing 1
+  reads back 1 only when no client holds the GPU. Anything that holds it
+  (nvidia-persistenced, DCGM, an exporter, a CUDA process) leaves the lock
+  at 0: the GPU is then left on nvidia, untouched, with its
+  ``driver_override`` set, and the unit says so (stop what holds it, or
+  reboot: the udev rule takes it at the next boot). No service is stopped
+  by the charm.
+* at every boot: a udev rule sets ``driver_override`` when the kernel adds
+  the device, before 80-drivers.rules loads a driver for it
+  (``IMPORT{builtin}="kmod load $env{MODALIAS}"``), and loads vfio-pci,
+  which binds it.
+
+This module never imports ops; every path is under ``VGPU_HOST_ROOT``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Iterable, List, Optional
+
+from . import APP, hostroot
+
+logger = logging.getLogger(__name__)
+
+VFIO_PCI = "vfio-pci"
+RULES = f"etc/udev/rules.d/70-{APP}-passthrough.rules"
+UNBIND_LOCK = "proc/driver/nvidia/gpus/{address}/unbindLock"
+DEVICES = "sys/bus/pci/devices"
+DRIVERS = "sys/bus/pci/drivers"
+PROBE = "sys/bus/pci/drivers_probe"
+
+
+def rules(addresses: Iterable[str]) -> str:
+    """The udev rules that give each GPU to vfio-pci when the kernel adds it (empty: none)."""
+    lines = [f"# Written by the {APP} charm: GPUs given whole to guests (passthrough).",
+             "# Each goes to vfio-pci before the nvidia driver can take it."]
+    chosen = sorted(set(addresses))
+    if not chosen:
+        return ""
+    for address in chosen:
+        lines.append(f'ACTION=="add", SUBSYSTEM=="pci", KERNEL=="{address}", '
+                     f'ATTR{{driver_override}}="{VFIO_PCI}", RUN+="/sbin/modprobe -b vfio-pci"')
+    return "\n".join(lines) + "\n"
+
+
+def current_rules() -> str:
+    """The udev rules file as it is ("" when absent): read once per hook."""
+    return hostroot.read_text(hostroot.path(RULES), clean=False) or ""
+
+
+def ensure_rules(addresses: Iterable[str], current: Optional[str] = None) -> bool:
+    """The udev rules file says exactly ``addresses`` (removed when none); True when it changed.
+
+    ``current``: the file's text as :func:`current_rules` read it (read here when None).
+    """
+    from . import files
+
+    target = hostroot.path(RULES)
+    wanted = rules(addresses)
+    if current is None:
+        current = current_rules()
+    if current == wanted:
+        return False
+    if not wanted:
+        return files.remove(target)
+    files.write_atomic(target, wanted)
+    return True
+
+
+def take(address: str, driver: Optional[str], vfs: int = 0) -> Optional[str]:
+    """Give the GPU at ``address`` (bound to ``driver`` now) to vfio-pci; why not, else None.
+
+    ``vfs``: how many VFs it has enabled (it served vGPUs): it is not
+    unbound under them; ``sriov-manage -d`` once no guest uses them, or a
+    reboot, ends them.
+    """
+    device = hostroot.path(DEVICES, address)
+    if vfs and driver != VFIO_PCI:
+        return (f"GPU {address} still has {vfs} VFs enabled (it served vGPUs), so it stays on "
+                f"{driver or 'no driver'} for now: run /usr/lib/nvidia/sriov-manage -d {address} "
+                "once no guest uses them, or reboot (driver_override and a udev rule take it then)")
+    try:
+        if _read(device / "driver_override") != VFIO_PCI:
+            _write(device / "driver_override", VFIO_PCI)
+        if driver == VFIO_PCI:
+            return None
+        if driver is not None:
+            if not _unbind_lock(address):
+                return (f"GPU {address} is held through the nvidia driver (nvidia-persistenced, "
+                        "DCGM, an exporter or a CUDA process: its unbindLock stays 0), so it "
+                        "stays on nvidia for now; it goes to vfio-pci once nothing holds it, or "
+                        "at the next boot (driver_override and a udev rule are set)")
+            _write(hostroot.path(DRIVERS, driver, "unbind"), address)
+        _write(hostroot.path(PROBE), address)
+    except OSError as error:
+        return f"GPU {address}: cannot give it to vfio-pci: {error.strerror or error}"
+    logger.info("GPU %s given to vfio-pci (was %s)", address, driver or "unbound")
+    return None
+
+
+def give_back(address: str, driver: Optional[str]) -> Optional[str]:
+    """A GPU no longer given whole: its driver_override cleared, vfio-pci left, probed again."""
+    device = hostroot.path(DEVICES, address)
+    try:
+        if _read(device / "driver_override") == VFIO_PCI:
+            _write(device / "driver_override", "\n")
+        if driver != VFIO_PCI:
+            return None
+        _write(hostroot.path(DRIVERS, VFIO_PCI, "unbind"), address)
+        _write(hostroot.path(PROBE), address)
+    except OSError as error:
+        return f"GPU {address}: cannot hand it back from vfio-pci: {error.strerror or error}"
+    return None
+
+
+def overridden(text: str) -> List[str]:
+    """The GPUs the udev rules ``text`` (:func:`current_rules`) gives to vfio-pci."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith('ACTION=="add"') and 'KERNEL=="' in line:
+            out.append(line.split('KERNEL=="', 1)[1].split('"', 1)[0])
+    return out
+
+
+def _unbind_lock(address: str) -> bool:
+    """Take the nvidia driver's unbind lock of ``address``; True when nothing holds the GPU."""
+    lock = hostroot.path(UNBIND_LOCK.format(address=address))
+    if not lock.exists():
+        return True  # a driver without the lock file (not NVIDIA's): the kernel's unbind decides
+    _write(lock, "1")
+    return _read(lock) == "1"
+
+
+def _read(path: Path) -> str:
+    return (hostroot.read_text(path) or "").strip()
+
+
+def _write(path: Path, value: str) -> None:
+    """One write of ``value`` to a sysfs (or procfs) attribute, as the kernel takes it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)

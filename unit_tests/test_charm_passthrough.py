@@ -1,0 +1,93 @@
+"""Whole GPUs beside vGPUs on one host: the charm end to end (issue 37, part 1)."""
+
+import json
+
+import pytest
+from ops import testing
+
+from unit_tests import debs, principal
+from unit_tests.fakehost import v100_host, whole_and_vgpu_host
+from unit_tests.libvirt import defined_guest
+from unit_tests.test_charm import ours, state
+from unit_tests.test_charm_sriov import again, ready
+from unit_tests.test_nova_rules import nova_devspec
+from vgpu import passthrough
+
+L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
+MAPPING = "{L40S-12Q: all, passthrough: [c1:00.0]}"
+GUEST = "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1"
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory):
+    return debs.host_driver(tmp_path_factory.mktemp("debs"))
+
+
+def specs(out):
+    sections = principal.nova_context(ours(out)).get("sections", {})
+    return [json.loads(v) for k, v in sections.get("pci", []) if k == "device_spec"]
+
+
+def test_a_gpu_still_on_nvidia_goes_to_vfio_pci_and_is_published_whole(ctx, root, tools, deb):
+    host = ready(whole_and_vgpu_host(root, moved=False), root, tools, deb)
+    host.unbind_lock(H200)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert (root / f"sys/bus/pci/devices/{H200}/driver_override").read_text() == "vfio-pci"
+    assert (root / "sys/bus/pci/drivers/nvidia/unbind").read_text() == H200
+    assert H200 in (root / passthrough.RULES).read_text()
+    assert not list((root / f"sys/bus/pci/devices/{H200}").glob("virtfn*"))  # no VFs enabled
+    whole = [s for s in specs(out) if s["address"] == H200]
+    assert len(whole) == 1 and whole[0]["resource_class"].startswith("CUSTOM_GPU_")
+    for spec in specs(out):
+        nova_devspec(json.dumps(spec))
+    assert {s["address"][:7] for s in specs(out)} == {"0000:81", "0000:c1"}
+
+
+def test_a_held_gpu_is_not_published_until_it_is_free(ctx, root, tools, deb):
+    host = ready(whole_and_vgpu_host(root, moved=False), root, tools, deb)
+    host.unbind_lock(H200, held=True)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert [s for s in specs(out) if s["address"] == H200] == []
+    assert isinstance(out.unit_status, testing.BlockedStatus)
+    assert "held through the nvidia driver" in out.unit_status.message
+
+
+def test_a_gpu_both_whole_and_split_is_refused_keeping_the_last_good(ctx, root, tools, deb):
+    ready(whole_and_vgpu_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    out = ctx.run(ctx.on.config_changed(), again(
+        first, {"vgpu-device-mappings": "{L40S-12Q: [81:00.0], passthrough: [81:00.0, c1:00.0]}"}))
+    assert ours(out)["subordinate_configuration"] == published
+    assert "GPU 0000:81:00.0 (L40S) is mapped both whole (passthrough) and to L40S-12Q" \
+        in out.unit_status.message
+
+
+def test_a_gpu_a_guest_holds_does_not_move_between_whole_and_vgpu(ctx, root, tools, deb):
+    ready(whole_and_vgpu_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    defined_guest(root, "instance-00000001", GUEST, pci_address=H200)
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": "{L40S-12Q: all}"}))
+    assert ours(out).get("subordinate_configuration", published) == published
+    assert "moves between whole (passthrough) and vGPU" in out.unit_status.message
+
+
+def test_a_host_of_whole_gpus_needs_no_driver(ctx, root, tools, deb):
+    host = v100_host(root, count=1)
+    host.bind("0000:c1:00.0", "vfio-pci")
+    out = ctx.run(ctx.on.install(), state({"vgpu-device-mappings": "{passthrough: [c1:00.0]}"},
+                                          resource=deb))
+    assert not (root / "usr/lib/nvidia/sriov-manage").exists()  # the attached driver not installed
+    assert out.unit_status == testing.ActiveStatus(out.unit_status.message)
+    assert "no vGPU host driver needed" in out.unit_status.message
+    assert [s["address"] for s in specs(out)] == ["0000:c1:00.0"]
+
+
+def test_remove_takes_the_udev_rule_away_and_leaves_the_gpu_where_it_is(ctx, root, tools, deb):
+    ready(whole_and_vgpu_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert (root / passthrough.RULES).exists()
+    ctx.run(ctx.on.remove(), again(first))
+    assert not (root / passthrough.RULES).exists()
+    assert (root / f"sys/bus/pci/devices/{H200}/driver_override").read_text().strip() == "vfio-pci"

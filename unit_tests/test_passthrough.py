@@ -1,0 +1,43 @@
+"""Whole GPUs to vfio-pci: driver_override now, a udev rule for every boot, nvidia's unbind lock."""
+
+from unit_tests.fakehost import whole_and_vgpu_host
+from vgpu import passthrough
+
+H200 = "0000:c1:00.0"
+
+
+def test_a_free_gpu_leaves_nvidia_for_vfio_pci(root):
+    host = whole_and_vgpu_host(root, moved=False)
+    lock = host.unbind_lock(H200)
+    assert passthrough.take(H200, "nvidia") is None
+    device = root / "sys/bus/pci/devices" / H200
+    assert (device / "driver_override").read_text() == "vfio-pci"
+    assert lock.read_text() == "1"  # sriov-manage's lock, taken before the unbind
+    assert (root / "sys/bus/pci/drivers/nvidia/unbind").read_text() == H200
+    assert (root / "sys/bus/pci/drivers_probe").read_text() == H200
+
+
+def test_a_gpu_something_holds_stays_on_nvidia_with_its_override_set(root):
+    host = whole_and_vgpu_host(root, moved=False)
+    host.unbind_lock(H200, held=True)  # nvidia-persistenced, DCGM ...
+    why = passthrough.take(H200, "nvidia")
+    assert why is not None and "held through the nvidia driver" in why and "next boot" in why
+    assert (root / "sys/bus/pci/devices" / H200 / "driver_override").read_text() == "vfio-pci"
+    assert not (root / "sys/bus/pci/drivers/nvidia/unbind").exists()  # never unbound under a client
+
+
+def test_a_gpu_on_vfio_pci_is_left_as_it_is(root):
+    whole_and_vgpu_host(root)
+    assert passthrough.take(H200, "vfio-pci") is None
+    assert not (root / "sys/bus/pci/drivers_probe").exists()
+
+
+def test_the_udev_rule_names_each_whole_gpu_and_goes_with_the_last(root):
+    whole_and_vgpu_host(root)
+    assert passthrough.ensure_rules([H200])
+    text = (root / passthrough.RULES).read_text()
+    assert f'KERNEL=="{H200}", ATTR{{driver_override}}="vfio-pci"' in text
+    assert passthrough.RULES.startswith("etc/udev/rules.d/70-")  # before 80-drivers.rules
+    assert not passthrough.ensure_rules([H200])  # unchanged
+    assert passthrough.ensure_rules([])
+    assert not (root / passthrough.RULES).exists()
