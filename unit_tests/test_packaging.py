@@ -47,3 +47,22 @@ def test_charmcraft_installs_the_pins_and_the_metadata_names_the_resource():
     assert metadata["provides"]["nova-vgpu"] == {"interface": "nova-vgpu", "scope": "container"}
     assert metadata["requires"]["juju-info"] == {"interface": "juju-info", "scope": "container"}
     assert metadata["resources"]["nvidia-vgpu-software"]["filename"] == "nvidia-vgpu.deb"
+
+
+def test_the_licence_is_apache_2_0_and_every_place_names_it():
+    """Apache-2.0, as the OpenStack charms and the vendored Charmhub library use (issue 36)."""
+    licence = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in licence
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    assert "License :: OSI Approved :: Apache Software License" in project["classifiers"]
+    metadata = yaml.safe_load((ROOT / "metadata.yaml").read_text())
+    assert "Apache-2.0" in metadata["description"]
+    assert "Apache-2.0" in (ROOT / "charmcraft.yaml").read_text()
+    assert re.search(r"\[Apache-2\.0\]\(LICENSE\)", (ROOT / "README.md").read_text())
+    said = [path for path in ROOT.glob("src/**/*.py") if "See LICENSE file" in path.read_text()]
+    assert said  # the headers that point at the file find it beside the charm
+    # The charm ships it: .jujuignore leaves it in.
+    assert not any(line.strip().lstrip("/") == "LICENSE"
+                   for line in (ROOT / ".jujuignore").read_text().splitlines())
