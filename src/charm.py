@@ -22,6 +22,7 @@ from typing import Dict, List, Mapping, Union
 import ops
 
 from monitoring import Monitoring
+from previewing import Previewing
 from vgpu import (
     LIVE_MIGRATION,
     OPTION,
@@ -112,6 +113,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.enable_mig_action, self._on_enable_mig)
         framework.observe(on.remove, self._on_remove)
         self._monitoring = Monitoring(self, self._stored)  # the exporter, cos-agent
+        self._preview = Previewing(self, self._stored, self._host)  # preview-mappings, read only
 
     def _pause_of_upstream(self) -> None:
         """A unit the upstream charm paused (pre-series-upgrade) stays paused until resume.
