@@ -380,7 +380,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         offered = catalogue.offered(host, here.loaded_driver_version, learnt)
         options = {"mdev_class": bool(self.config.get(MDEV_CLASS)),
                    "pci_in_placement": bool(self.config.get(PCI_IN_PLACEMENT)),
-                   "live_migration": bool(self.config.get(LIVE_MIGRATION))}
+                   "live_migration": bool(self.config.get(LIVE_MIGRATION)),
+                   "mig_off": report.not_in_mig_mode(host, offered)}
         # What nova-compute has now: published types that share a resource class are flagged.
         published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs

@@ -436,3 +436,40 @@ def test_a_hook_that_enables_vfs_turns_mig_mode_on_again_after_them(ctx, root, t
     vfs = ["0000:18:00.4", "0000:18:00.5", "0000:18:00.6"]
     assert [nvidia(root, vf, "current_vgpu_type") for vf in vfs] == ["1416"] * 3
     assert out.unit_status.name == "active", out.unit_status
+
+
+def test_list_vgpu_types_never_shows_a_mig_backed_type_available_out_of_mig_mode(ctx, root, tools,
+                                                                                deb):
+    """The demo's H200 listed H200X-1-18C with 7 available on a GPU not in MIG mode (issue 36).
+
+    The l40s fixture's H200 VFs list the MIG-backed type on free VFs (as a host may, before
+    any instance exists); without MIG mode no vGPU of it can be created, so 0 are available,
+    and the entry says what it needs. No nvidia-smi here: the mode cannot be read, which
+    counts as not in MIG mode (docs/how-to/mig.md).
+    """
+    from unit_tests.fakehost import l40s_host
+
+    ready(l40s_host(root), root, tools, deb)
+    ctx.run(ctx.on.action("list-vgpu-types"), state({}, resource=deb))
+    rows = [line.split() for line in ctx.action_results["table"].splitlines()
+            if "H200X-1-18C" in line and line.startswith("0000")]
+    assert [(r[4], r[9], r[10]) for r in rows] == [("nvidia-1290", "7", "0")]  # MAX, AVAILABLE
+    h200 = next(g for g in ctx.action_results["gpus"].values()
+                if g["addresses"] == "0000:c1:00.0")
+    entry = h200["types"]["nvidia-1290"]
+    assert entry["available-instances"] == "0"
+    assert entry["mig-mode"].startswith("not enabled")
+    # A time-sliced type on the same GPU stays available.
+    assert h200["types"]["nvidia-1282"]["available-instances"] == "4"
+
+
+def test_list_vgpu_types_counts_a_mig_backed_type_once_the_gpu_is_in_mig_mode(ctx, root, tools,
+                                                                             deb):
+    ready(h200_sxm_host(root, mig="Enabled"), root, tools, deb)
+    ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{H200X-1-18C: ['18:00.0']}"},
+                                           resource=deb))
+    ctx.run(ctx.on.action("list-vgpu-types"), state({}, resource=deb))
+    h200 = next(g for g in ctx.action_results["gpus"].values()
+                if "0000:18:00.0" in g["addresses"])
+    entry = next(e for e in h200["types"].values() if e["name"].endswith("H200X-1-18C"))
+    assert "mig-mode" not in entry
