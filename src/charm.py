@@ -380,16 +380,16 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         offered = catalogue.offered(host, here.loaded_driver_version, learnt)
         options = {"mdev_class": bool(self.config.get(MDEV_CLASS)),
                    "pci_in_placement": bool(self.config.get(PCI_IN_PLACEMENT)),
-                   "live_migration": bool(self.config.get(LIVE_MIGRATION)),
-                   "mig_off": report.not_in_mig_mode(host, offered)}
+                   "live_migration": bool(self.config.get(LIVE_MIGRATION))}
+        mig_off = report.not_in_mig_mode(host, offered)  # MIG-backed types: none available there
         # What nova-compute has now: published types that share a resource class are flagged.
         published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
-                                       published=published, **options),
+                                       published=published, mig_off=mig_off, **options),
             "table": report.types_table(host, offered, whole_gb=whole, held=held,
-                                        published=published, **options),
+                                        published=published, mig_off=mig_off, **options),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod
@@ -444,7 +444,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                        f"missing (missing: {text.listing(missing) or 'none'})")
             return
         gone = plans.same_gpu(missing, named)
+        event.log(f"dropping the published devices of {', '.join(gone)}")
         data = novaconf.relation_data(novaconf.drop_published(published, gone))
+        event.log("publishing to nova-compute")
         for relation in self.model.relations[RELATION]:
             relation.data[self.unit]["subordinate_configuration"] = data["subordinate_configuration"]
         logger.info("forgot the published devices of %s", ", ".join(gone))
@@ -465,8 +467,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail("not paused: the vGPU host driver is not installed, so no service runs")
             return
         try:
+            event.log("checking that no running guest uses a vGPU")
             self._guard_guests(bool(event.params.get("force")))
-            services.pause(names)
+            services.pause(names, progress=event.log)
         except (GuestsRunningError, HostReadError) as error:
             event.fail(f"not paused: {error}")
             return
@@ -496,7 +499,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return
         names = [n for n in driver.SERVICES if n in wanted] + sorted(wanted - set(driver.SERVICES))
         try:
-            services.resume(names)
+            services.resume(names, progress=event.log)
         except ServiceError as error:
             event.fail(f"not resumed: {error}")
             return
@@ -522,13 +525,15 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 event.fail("not upgraded: the unit is paused and its services masked, which the "
                            "driver's install scripts need; run resume first")
                 return
+            event.log("checking that no running guest uses a vGPU")
             self._guard_guests(bool(event.params.get("force")))
         except VgpuError as error:
             event.fail(f"not upgraded: {error}")
             return
         try:
+            event.log("taking the host lock (the boot step may hold it)")
             with hostlock.held(hostlock.HOOK_WAIT):  # a driver install reloads what the boot step restores
-                driver.install(package)
+                driver.install(package, progress=event.log)
         except VgpuError as error:
             event.fail(f"not upgraded: {error}")
             return
@@ -538,6 +543,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return
         finally:
             # Whatever dpkg did, the status and nova-compute get dpkg's answer now.
+            event.log("publishing to nova-compute what the host serves now")
             self._refresh()
             try:
                 self._publish()
@@ -593,12 +599,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                                f"{', '.join(g.address for g in self._facts().pci.gpus) or 'none'})")
             # A guest holding a vGPU there (running or shut off) stops it; a shut-off one whose
             # VF lost its type at a reboot does not: MIG mode is what its type needs again.
+            event.log(f"checking that no guest holds a vGPU on GPU {address}")
             guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)])
             guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs
                                                     if vf.current_type)], defined=True)
             before = mig.modes([address])[address]
             done = None
             if not before.enabled:
+                event.log(f"turning MIG mode on: {mig.enable_command(address)}")
                 with hostlock.held(hostlock.HOOK_WAIT):  # not while the boot step restores
                     done = mig.enable(address)
         except (ValueError, VgpuError) as error:
@@ -609,6 +617,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                        f"{error.strerror or error}")
             return
         event.set_results(mig.enable_results(address, done))
+        event.log("publishing to nova-compute: a mapping that waited for MIG mode applies now")
         self._refresh()
         try:
             self._publish()  # a mapping that waited for MIG mode applies now

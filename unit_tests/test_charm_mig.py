@@ -156,6 +156,10 @@ def test_enable_mig_turns_the_mode_on_and_the_waiting_mapping_applies(ctx, root,
         "at-boot": AT_BOOT}
     assert host.mig_mode(GPU)["current"] == "Enabled" and host.mig_mode(OTHER)["current"] == "Disabled"
     assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:4]] == ["2033"] * 4
+    assert ctx.action_logs == [
+        "checking that no guest holds a vGPU on GPU 0000:42:00.0",
+        "turning MIG mode on: nvidia-smi -i 00000000:42:00.0 -mig 1",
+        "publishing to nova-compute: a mapping that waited for MIG mode applies now"]
     assert out.unit_status.name == "active"
     ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), again(out))
     assert ctx.action_results["message"] == "GPU 0000:42:00.0 is in MIG mode already; nothing run"
