@@ -155,3 +155,36 @@ def again_with(before: testing.State, mapping: str) -> testing.State:
     return testing.State(config={**before.config, "vgpu-device-mappings": mapping},
                          relations=before.relations, resources=before.resources,
                          stored_states=before.stored_states)
+
+
+# -- MIG-backed profiles (the RTX PRO 6000 fixture, MIG mode kept by the stand-in nvidia-smi) ---
+
+def test_a_mig_backed_profile_out_of_mig_mode_is_refused_in_the_statuss_words(ctx, root, tools,
+                                                                              deb):
+    from unit_tests.fakehost import rtx_pro_6000_host
+    from unit_tests.test_charm_mig import ready as mig_ready
+
+    host = mig_ready(rtx_pro_6000_host(root, vfs=8, gpus=2, mig="Disabled"), root, tools, deb)
+    before = settled(ctx, deb)
+    results = preview(ctx, root, before, "{DC-1-24Q: ['42:00.0']}")
+    status = ctx.run(ctx.on.config_changed(),
+                     again_with(before, "{DC-1-24Q: ['42:00.0']}")).unit_status
+    assert status.message.startswith("GPU 0000:42:00.0 is not in MIG mode")
+    assert (results["verdict"], results["refused"]) == ("refused", status.message)
+    assert results["gpus"]["gpu-0"]["mig-mode"] == "disabled"
+    assert results["gpus"]["gpu-0"]["gpu-instances"] == "4 x 1g.24gb for DC-1-24Q"
+    assert host.mig_mode("0000:42:00.0")["current"] == "Disabled"
+
+
+def test_gpu_instances_the_hook_would_create_leave_the_types_unknown_until_applied(ctx, root,
+                                                                                  tools, deb):
+    from unit_tests.fakehost import rtx_pro_6000_host
+    from unit_tests.test_charm_mig import ready as mig_ready
+
+    host = mig_ready(rtx_pro_6000_host(root, vfs=8, gpus=2, mig="Enabled"), root, tools, deb)
+    results = preview(ctx, root, settled(ctx, deb), "{DC-1-24Q: ['42:00.0']}")
+    assert results["verdict"] == "unknown until applied"
+    assert results["gpus"]["gpu-0"]["types-on-offer"] == (
+        "unknown until applied: its GPU instances (4 x 1g.24gb) are created first, and its VFs "
+        "list MIG-backed types only then")
+    assert host.gpu_instances("0000:42:00.0") == []  # none created by the preview

@@ -93,8 +93,9 @@ def _unknown(here, mapping: Mapping[str, Tuple[str, ...]]) -> Dict[str, str]:
             out[gpu.address] = "the vGPU host driver is not installed yet"
         elif gpu.vfs_missing and gpu.driver == "nvidia":
             out[gpu.address] = "its VFs are not enabled yet (sriov-manage -e runs first)"
-    for address, need in _mig_needs(mapping, here).items():
-        if address not in out and not _instances_in_place(need):
+    needs = _mig_needs(mapping, here)
+    for address, need in needs.items():
+        if address not in out and _mig_on(address, needs) and not _instances_in_place(need):
             out[address] = (f"its GPU instances ({need.gis} x {need.instance}) are created "
                             "first, and its VFs list MIG-backed types only then")
     return out
@@ -104,6 +105,17 @@ def _mig_needs(mapping, here) -> Dict[str, mig.Need]:
     if not any(pci.mig_profile(key) is not None for key in mapping):
         return {}
     return mig.mapped(mapping, here.pci)
+
+
+def _mig_on(address: str, needs: Mapping[str, mig.Need]) -> bool:
+    """Whether the GPU is in MIG mode (the hook creates GPU instances only then); unknown: no.
+
+    Out of MIG mode the hook refuses the mapping, and so does the preview, in its words.
+    """
+    try:
+        return mig.modes(list(needs))[address].enabled
+    except MigError:
+        return False
 
 
 def _instances_in_place(need: mig.Need) -> bool:
