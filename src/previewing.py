@@ -43,6 +43,8 @@ class Previewing(ops.Object):
                                               self._host, self._inputs()))
         except HostReadError as error:
             event.fail(f"no preview: {error}")
+        finally:
+            self._host.refresh()  # the status reads the option in force, not the previewed value
 
     def _inputs(self) -> reconcile.Inputs:
         """What a hook's steps get, with the StoredState read only (never the charm's own _inputs)."""
