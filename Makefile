@@ -4,18 +4,36 @@
 # make lint   ruff and mypy; make bench   hook costs next to a bare ops charm (ARGS=--quick, ARGS=--profile)
 # make mutation   mutmut over src/ (hours; MODULE=src/vgpu/releases.py for one module, SAMPLE=8 for one in eight, JOBS=1 to spare the CPUs)
 # make pack-check   replay charmcraft's dependency install without Rust or a C compiler
+# make prerequisites   checks the system tools make test needs, naming the one command that installs them
 # make charm   a deployable .charm per platform of charmcraft.yaml, without LXD or snapd (OUT=dir, ARGS="--platform ubuntu@24.04:amd64")
 PYTHON ?= python3
 VENV ?= .venv
 PY = $(VENV)/bin/python
 
-.PHONY: demo test bench lint mutation requirements pack-check charm clean nova-functional
+.PHONY: demo test bench lint mutation requirements pack-check charm clean nova-functional prerequisites
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet '.[unit]'
 	touch $@
+
+# What make test needs besides PyPI (.ci/run installs them; README.md, "Prerequisites"): dpkg-deb
+# builds the test packages, prometheus and promtool check the alert rules and scrape the exporter
+# (unit_tests/test_alert_rules.py, test_prometheus.py fail without them), python3's venv makes .venv.
+APT_PREREQUISITES = sudo apt install --no-install-recommends dpkg python3-venv prometheus
+prerequisites:
+	@missing=""; \
+	for tool in dpkg-deb prometheus promtool; do \
+	    command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
+	$(PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+	    echo "make test needs:$$missing. Install them with:" >&2; \
+	    echo "  $(APT_PREREQUISITES)" >&2; \
+	    echo "  (with systemd, then: sudo systemctl disable --now prometheus; the tests start their own)" >&2; \
+	    exit 1; \
+	fi
 
 demo: $(VENV)/.ready
 	$(PY) tools/demo.py $(ARGS)
@@ -25,7 +43,7 @@ demo: $(VENV)/.ready
 # built once for all workers (unit_tests/packing.py, shared). ARGS go to pytest last (ARGS=-x,
 # ARGS="-k dispatch", ARGS="-n 4").
 TEST_JOBS ?= auto
-test: $(VENV)/.ready
+test: prerequisites $(VENV)/.ready
 	$(PY) -m pytest unit_tests -m 'not nova' -n $(TEST_JOBS) $(ARGS)
 
 lint: $(VENV)/.ready

@@ -23,6 +23,7 @@ import ops
 
 from fleet import DRAIN_HINT, Fleet
 from monitoring import Monitoring
+from previewing import Previewing
 from vgpu import (
     LIVE_MIGRATION,
     ONE_TIME_USE,
@@ -117,6 +118,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         framework.observe(on.remove, self._on_remove)
         self._monitoring = Monitoring(self, self._stored)  # the exporter, cos-agent
         self._fleet = Fleet(self, self._host, self._stored)  # the fleet peer relation, its actions
+        self._preview = Previewing(self, self._stored, self._host)  # preview-mappings, read only
 
     def _pause_of_upstream(self) -> None:
         """A unit the upstream charm paused (pre-series-upgrade) stays paused until resume.
@@ -390,6 +392,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         options = {"mdev_class": bool(self.config.get(MDEV_CLASS)),
                    "pci_in_placement": bool(self.config.get(PCI_IN_PLACEMENT)),
                    "live_migration": bool(self.config.get(LIVE_MIGRATION))}
+        mig_off = report.not_in_mig_mode(host, offered)  # MIG-backed types: none available there
         # What nova-compute has now: published types that share a resource class are flagged.
         published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
         whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
@@ -400,9 +403,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         given = self._checked_text().passthrough
         event.set_results(table.fit({
             "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
-                                       published=published, multi=multi, whole=given, **options),
+                                       published=published, multi=multi, whole=given, mig_off=mig_off,
+                                       **options),
             "table": report.types_table(host, offered, whole_gb=whole, held=held,
-                                        published=published, multi=multi, whole=given, **options),
+                                        published=published, multi=multi, whole=given, mig_off=mig_off,
+                                        **options),
             **live,
         }, depth=4, records="gpus", what="types"))
 
@@ -458,7 +463,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                        f"missing (missing: {text.listing(missing) or 'none'})")
             return
         gone = plans.same_gpu(missing, named)
+        event.log(f"dropping the published devices of {', '.join(gone)}")
         data = novaconf.relation_data(novaconf.drop_published(published, gone))
+        event.log("publishing to nova-compute")
         for relation in self.model.relations[RELATION]:
             relation.data[self.unit]["subordinate_configuration"] = data["subordinate_configuration"]
         logger.info("forgot the published devices of %s", ", ".join(gone))
@@ -479,8 +486,9 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail("not paused: the vGPU host driver is not installed, so no service runs")
             return
         try:
+            event.log("checking that no running guest uses a vGPU")
             self._guard_guests(bool(event.params.get("force")))
-            services.pause(names)
+            services.pause(names, progress=event.log)
         except (GuestsRunningError, HostReadError) as error:
             event.fail(f"not paused: {error}")
             return
@@ -510,7 +518,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return
         names = [n for n in driver.SERVICES if n in wanted] + sorted(wanted - set(driver.SERVICES))
         try:
-            services.resume(names)
+            services.resume(names, progress=event.log)
         except ServiceError as error:
             event.fail(f"not resumed: {error}")
             return
@@ -536,14 +544,16 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                 event.fail("not upgraded: the unit is paused and its services masked, which the "
                            "driver's install scripts need; run resume first")
                 return
+            event.log("checking that no running guest uses a vGPU")
             self._guard_guests(bool(event.params.get("force")))
         except VgpuError as error:
             hint = DRAIN_HINT.format(unit=self.unit.name) if isinstance(error, GuestsRunningError) else ""
             event.fail(f"not upgraded: {error}{hint}")
             return
         try:
+            event.log("taking the host lock (the boot step may hold it)")
             with hostlock.held(hostlock.HOOK_WAIT):  # a driver install reloads what the boot step restores
-                driver.install(package)
+                driver.install(package, progress=event.log)
         except VgpuError as error:
             event.fail(f"not upgraded: {error}")
             return
@@ -553,6 +563,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             return
         finally:
             # Whatever dpkg did, the status and nova-compute get dpkg's answer now.
+            event.log("publishing to nova-compute what the host serves now")
             self._refresh()
             try:
                 self._publish()
@@ -608,12 +619,14 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                                f"{', '.join(g.address for g in self._facts().pci.gpus) or 'none'})")
             # A guest holding a vGPU there (running or shut off) stops it; a shut-off one whose
             # VF lost its type at a reboot does not: MIG mode is what its type needs again.
+            event.log(f"checking that no guest holds a vGPU on GPU {address}")
             guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)])
             guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs
                                                     if vf.current_type)], defined=True)
             before = mig.modes([address])[address]
             done, clients = None, gpuclients.Stopped()
             if not before.enabled:
+                event.log(f"turning MIG mode on: {mig.enable_command(address)}")
                 with hostlock.held(hostlock.HOOK_WAIT):  # not while the boot step restores
                     done, clients = gpuclients.around(
                         lambda: mig.enable(address), address,
@@ -626,6 +639,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                        f"{error.strerror or error}")
             return
         event.set_results({**mig.enable_results(address, done), "gpu-clients": clients.said()})
+        event.log("publishing to nova-compute: a mapping that waited for MIG mode applies now")
         self._refresh()
         try:
             self._publish()  # a mapping that waited for MIG mode applies now

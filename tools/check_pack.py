@@ -342,6 +342,19 @@ def ignored(rel: str, is_dir: bool, patterns: List[str]) -> bool:
     return False
 
 
+def pydeps_note(charm: Path, plugin: str) -> str:
+    """Why ``charmcraft analyse`` says pydeps ``fatal`` on this layout (docs/reference/development.md)."""
+    nested = sorted(p.name for p in (charm / "venv" / "lib").glob("python*"))
+    if nested:
+        return f"venv/lib/{nested[0]}/site-packages: charmcraft analyse's pydeps linter can read it"
+    return (f"venv/ is site-packages itself ({plugin} plugin; no venv/lib/python3.x/site-packages): "
+            "charmcraft analyse's pydeps linter (charmcraft 4.5.0) looks only there and reports "
+            "fatal (\"'StopIteration' object has no attribute 'rstrip'\"); make charm checks the "
+            "libraries' PYDEPS against venv/ itself. The python plugin nests the venv but builds "
+            "every dependency from source (PIP_NO_BINARY=:all:): --control shows that failing "
+            "for want of Rust")
+
+
 def lay_out(project: Path, site: Path, charm: Path) -> None:
     """Copy the project less .jujuignore, and site-packages as venv/."""
     patterns = ignore_patterns(project)
@@ -551,6 +564,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         lay_out(project, site, charm)
         facts = import_charm(python, charm, run, work)
         print("imported the charm from its own venv: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
+        print(f"charmcraft analyse, pydeps: {pydeps_note(charm, plan.plugin)}")
 
         step = time.monotonic()
         pip = [work / "staging-venv" / "bin" / "python", "-m", "pip"]

@@ -87,7 +87,13 @@ def test_charmcraft_analyse_finds_nothing_wrong_in_any(made_charms):
         for name in ("entrypoint", "ops-main-call", "metadata", "juju-actions", "juju-config",
                      "naming-conventions"):
             assert results[name][0] == "ok", (target, name, results[name])
-        assert not [r for r in results.values() if r[0] in build_charm.BAD], (target, results)
+        # charmcraft 4.5.0's one result on the charm plugin's flat venv/ (issue 36): counted,
+        # and explained only because the build checked every PYDEPS itself.
+        assert results["pydeps"] == ("fatal", build_charm.PYDEPS_FATAL), target
+        assert not [(n, r) for n, r in results.items() if r[0] in build_charm.BAD
+                    and n != "pydeps"], (target, results)
+        with zipfile.ZipFile(charm_file) as archive:
+            assert not [n for n in archive.namelist() if n.startswith("venv/lib/python")]
 
 
 def test_each_charm_holds_what_git_stores_with_gits_modes(made_charms):
@@ -133,3 +139,52 @@ def test_an_unknown_platform_is_refused():
         build_charm.targets(config, ["ubuntu@26.04:amd64"])
     assert os.path.basename(build_charm.targets(config)[0].file_name(CHARM)) == (
         f"{CHARM}_ubuntu@24.04-amd64.charm")
+
+
+# -- charmcraft analyse's pydeps result, counted (no pack needed) ----------------------------------
+
+def flat_charm(tmp_path, versions=(("cosl", "0.0.55"), ("pydantic", "2.11.7"))):
+    """A charm directory as the charm plugin lays it out: lib/charms, venv/ = site-packages."""
+    charm = tmp_path / "charm"
+    shutil.copytree(build_charm.REPO / "lib", charm / "lib")
+    for name, version in versions:
+        info = charm / "venv" / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (charm / "venv").mkdir(exist_ok=True)
+    return charm
+
+
+def test_the_pydeps_linter_is_fatal_on_a_flat_venv_here_as_under_charmcraft(tmp_path):
+    """charmcraft 4.5.0's analyse says pydeps ``fatal``; the build's own run said ``unknown``."""
+    results = {r.name: r for r in build_charm.lint(flat_charm(tmp_path), directory=True)}
+    assert (results["pydeps"].result, results["pydeps"].text) == ("fatal", build_charm.PYDEPS_FATAL)
+
+
+def test_the_pydeps_fatal_is_explained_only_while_every_pydeps_is_met(tmp_path):
+    charm = flat_charm(tmp_path)
+    results = list(build_charm.lint(charm, directory=True))
+    pydeps = [r for r in results if r.name == "pydeps"]
+    assert len(build_charm.judge(pydeps, charm, "x.charm")) == 1
+    shutil.rmtree(charm / "venv" / "pydantic-2.11.7.dist-info")
+    with pytest.raises(build_charm.BuildError, match=r"PYDEPS are not met: pydantic \(not installed"):
+        build_charm.judge(pydeps, charm, "x.charm")
+
+
+def test_any_other_fatal_result_fails_the_build(tmp_path):
+    import dataclasses
+
+    other = build_charm.lint(flat_charm(tmp_path), directory=True)
+    broken = [dataclasses.replace(r, result="fatal", text="boom") for r in other
+              if r.name == "entrypoint"]
+    with pytest.raises(build_charm.BuildError, match="entrypoint: fatal"):
+        build_charm.judge(broken, tmp_path, "x.charm")
+
+
+def test_pack_check_says_why_pydeps_is_fatal_on_the_charm_plugins_layout(tmp_path):
+    charm = flat_charm(tmp_path)
+    note = build_charm.check_pack.pydeps_note(charm, "charm")
+    assert note.startswith("venv/ is site-packages itself (charm plugin;")
+    assert build_charm.PYDEPS_FATAL in note
+    (charm / "venv" / "lib" / "python3.12" / "site-packages").mkdir(parents=True)
+    assert "can read it" in build_charm.check_pack.pydeps_note(charm, "python")

@@ -555,6 +555,17 @@ def test_pause_stops_services_and_stays_paused_until_resume(ctx, ready, tools):
     assert out.unit_status.name == "active"
 
 
+def test_pause_and_resume_report_each_step_as_they_go(ctx, ready, tools):
+    """Progress with event.log (juju run shows it while the action runs; issue 36)."""
+    published = ctx.run(ctx.on.config_changed(), state(resource=ready))
+    out = ctx.run(ctx.on.action("pause"), published)
+    assert ctx.action_logs == ["checking that no running guest uses a vGPU",
+                               f"stopping {MGR}", f"disabling {MGR}", f"masking {MGR}"]
+    ctx.action_logs.clear()
+    ctx.run(ctx.on.action("resume"), out)
+    assert ctx.action_logs == [f"unmasking {MGR}", f"enabling {MGR}", f"starting {MGR}"]
+
+
 @pytest.mark.parametrize("action", ["pause", "upgrade"])
 def test_pause_and_upgrade_refuse_while_guests_use_vgpus(ctx, ready, root, tools, packages, action):
     running_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
@@ -677,6 +688,15 @@ def test_a_forced_upgrade_goes_ahead_with_guests_running(ctx, v100, root, packag
     assert ("WARNING", f"forced past 1 running vGPU guest(s): {GUEST[0]}") in [
         (line.level, line.message) for line in ctx.juju_log]
     assert ctx.action_results["previous"] == f"{debs.HOST} {debs.OLD}"
+
+
+def test_upgrade_reports_each_step_as_it_goes(ctx, ready, v100, root, packages):
+    ctx.run(ctx.on.action("upgrade"), state(resource=packages["new"]))
+    assert ctx.action_logs == [
+        "checking that no running guest uses a vGPU",
+        "taking the host lock (the boot step may hold it)",
+        "installing nvidia-vgpu-ubuntu-570 570.172.08 with dpkg",
+        "publishing to nova-compute what the host serves now"]
     assert ctx.action_results["message"].startswith(f"{debs.HOST} {debs.NEW} installed; ")
 
 
@@ -1276,6 +1296,8 @@ def test_forget_gpus_drops_a_vanished_v100_and_refuses_a_present_one(ctx, ready,
     later = ctx.run(ctx.on.update_status(), after(out))
     assert mdev_sections(later) == {"nvidia-108": (C1,)}
     assert later.unit_status == out.unit_status
+    assert ctx.action_logs == [f"dropping the published devices of {E1}",
+                               "publishing to nova-compute"]
 
 
 def test_forget_gpus_refuses_an_address_nothing_published_is_missing_on(ctx, ready, root):

@@ -197,6 +197,10 @@ def test_enable_mig_turns_the_mode_on_and_the_waiting_mapping_applies(ctx, root,
         "at-boot": AT_BOOT, "gpu-clients": "none stopped"}
     assert host.mig_mode(GPU)["current"] == "Enabled" and host.mig_mode(OTHER)["current"] == "Disabled"
     assert [nvidia(root, vf, "current_vgpu_type") for vf in VF[:4]] == ["2033"] * 4
+    assert ctx.action_logs == [
+        "checking that no guest holds a vGPU on GPU 0000:42:00.0",
+        "turning MIG mode on: nvidia-smi -i 00000000:42:00.0 -mig 1",
+        "publishing to nova-compute: a mapping that waited for MIG mode applies now"]
     assert out.unit_status.name == "active"
     ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), again(out))
     assert ctx.action_results["message"] == "GPU 0000:42:00.0 is in MIG mode already; nothing run"
@@ -583,3 +587,38 @@ def test_a_hook_that_must_turn_mig_on_names_the_clients_and_the_action(ctx, root
         assert (f"NVML clients hold GPU 0000:18:00.0 while its MIG mode must change: {DCGM[0]}; "
                 f"juju run {UNIT} enable-mig gpu=0000:18:00.0 stop-gpu-clients=true stops them, "
                 "turns MIG mode on and starts them again") in out.unit_status.message
+def test_list_vgpu_types_never_shows_a_mig_backed_type_available_out_of_mig_mode(ctx, root, tools,
+                                                                                deb):
+    """The demo's H200 listed H200X-1-18C with 7 available on a GPU not in MIG mode (issue 36).
+
+    The l40s fixture's H200 VFs list the MIG-backed type on free VFs (as a host may, before
+    any instance exists); without MIG mode no vGPU of it can be created, so 0 are available,
+    and the entry says what it needs. No nvidia-smi here: the mode cannot be read, which
+    counts as not in MIG mode (docs/how-to/mig.md).
+    """
+    from unit_tests.fakehost import l40s_host
+
+    ready(l40s_host(root), root, tools, deb)
+    ctx.run(ctx.on.action("list-vgpu-types"), state({}, resource=deb))
+    rows = [line.split() for line in ctx.action_results["table"].splitlines()
+            if "H200X-1-18C" in line and line.startswith("0000")]
+    assert [(r[4], r[9], r[10]) for r in rows] == [("nvidia-1290", "7", "0")]  # MAX, AVAILABLE
+    h200 = next(g for g in ctx.action_results["gpus"].values()
+                if g["addresses"] == "0000:c1:00.0")
+    entry = h200["types"]["nvidia-1290"]
+    assert entry["available-instances"] == "0"
+    assert entry["mig-mode"].startswith("not enabled")
+    # A time-sliced type on the same GPU stays available.
+    assert h200["types"]["nvidia-1282"]["available-instances"] == "4"
+
+
+def test_list_vgpu_types_counts_a_mig_backed_type_once_the_gpu_is_in_mig_mode(ctx, root, tools,
+                                                                             deb):
+    ready(h200_sxm_host(root, mig="Enabled"), root, tools, deb)
+    ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": "{H200X-1-18C: ['18:00.0']}"},
+                                           resource=deb))
+    ctx.run(ctx.on.action("list-vgpu-types"), state({}, resource=deb))
+    h200 = next(g for g in ctx.action_results["gpus"].values()
+                if "0000:18:00.0" in g["addresses"])
+    entry = next(e for e in h200["types"].values() if e["name"].endswith("H200X-1-18C"))
+    assert "mig-mode" not in entry

@@ -47,3 +47,65 @@ def test_charmcraft_installs_the_pins_and_the_metadata_names_the_resource():
     assert metadata["provides"]["nova-vgpu"] == {"interface": "nova-vgpu", "scope": "container"}
     assert metadata["requires"]["juju-info"] == {"interface": "juju-info", "scope": "container"}
     assert metadata["resources"]["nvidia-vgpu-software"]["filename"] == "nvidia-vgpu.deb"
+
+
+def test_the_licence_is_apache_2_0_and_every_place_names_it():
+    """Apache-2.0, as the OpenStack charms and the vendored Charmhub library use (issue 36)."""
+    licence = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in licence
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    assert "License :: OSI Approved :: Apache Software License" in project["classifiers"]
+    metadata = yaml.safe_load((ROOT / "metadata.yaml").read_text())
+    assert "Apache-2.0" in metadata["description"]
+    assert "Apache-2.0" in (ROOT / "charmcraft.yaml").read_text()
+    assert re.search(r"\[Apache-2\.0\]\(LICENSE\)", (ROOT / "README.md").read_text())
+    said = [path for path in ROOT.glob("src/**/*.py") if "See LICENSE file" in path.read_text()]
+    assert said  # the headers that point at the file find it beside the charm
+    # The charm ships it: .jujuignore leaves it in.
+    assert not any(line.strip().lstrip("/") == "LICENSE"
+                   for line in (ROOT / ".jujuignore").read_text().splitlines())
+
+
+def test_make_test_first_checks_the_system_tools_and_names_the_command_that_installs_them(tmp_path):
+    """The README's two commands on a fresh machine: missing promtool stops make, saying why."""
+    import os
+    import shutil
+    import subprocess
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("sh", "make", "dpkg-deb", "prometheus"):
+        found = shutil.which(tool)
+        if found:
+            (bindir / tool).symlink_to(found)
+    env = {"PATH": str(bindir), "HOME": str(tmp_path)}
+    import sys
+
+    command = ["make", "-s", "-C", str(ROOT), "prerequisites", f"PYTHON={sys.executable}"]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "make test needs: promtool." in run.stderr
+    assert "sudo apt install --no-install-recommends dpkg python3-venv prometheus" in run.stderr
+    (bindir / "promtool").symlink_to(shutil.which("promtool"))
+    ok = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert (ok.returncode, ok.stderr) == (0, "")
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test: prerequisites \$\(VENV\)/\.ready$", makefile, re.M)
+    readme = (ROOT / "README.md").read_text()
+    assert "sudo apt install --no-install-recommends prometheus" in readme
+    assert "promtool" in (ROOT / ".ci/run").read_text() and os.access(ROOT / ".ci/run", os.X_OK)
+
+
+def test_every_page_gives_the_juju_version_the_charm_assumes():
+    metadata = yaml.safe_load((ROOT / "metadata.yaml").read_text())
+    assert metadata["assumes"] == ["juju >= 3.6"]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        for found in re.findall(r"Juju (\d+\.\d+)(?:\.\d+)? or later", text):
+            assert found == "3.6", (page.name, found)
+        assert not re.search(r"Juju 2\.9|Juju 3\.[0-5]\b(?! to 3\.5 are past)|Juju 3\.x", text), page.name
+    for name in ("README.md", "docs/tutorial/first-deployment.md", "docs/how-to/monitor-with-cos.md"):
+        assert "Juju 3.6 or later" in (ROOT / name).read_text(), name

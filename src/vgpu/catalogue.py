@@ -74,11 +74,12 @@ def load() -> Table:
 
 
 def learn(host: pci.Host, driver_version: Optional[str], table: Optional[Table] = None,
-          problems: Optional[List[str]] = None) -> Table:
+          problems: Optional[List[str]] = None, save_grown: bool = True) -> Table:
     """The table with every type the host's VFIO GPUs list now; saved when it grew.
 
     Why it could not be saved joins ``problems`` (once): later hooks, with the
-    VFs full, would no longer know the names.
+    VFs full, would no longer know the names. ``save_grown=False`` (a preview)
+    writes nothing.
     """
     table = load() if table is None else table
     grown = {k: dict(v) for k, v in table.items()}
@@ -94,7 +95,7 @@ def learn(host: pci.Host, driver_version: Optional[str], table: Optional[Table] 
         whole = listed_whole(gpu)
         if whole is not None:
             grown[whole_key(gpu)] = {FRAMEBUFFER: str(whole)}
-    if grown != table:
+    if grown != table and save_grown:
         problem = save(grown)
         if problem and problems is not None and problem not in problems:
             problems.append(problem)

@@ -37,7 +37,7 @@ import platform
 import re
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import APP, RESOURCE, dpkg, hostroot, run
 from .errors import CommandError, InstallError, ResourceInvalidError, ResourceMissingError
@@ -203,13 +203,14 @@ def installed_driver(pkgs: Optional[Mapping[str, dpkg.Package]] = None) -> Optio
     return max(found, key=lambda pair: (pair[0].installed, pair[1]))[0]
 
 
-def install(info: DebInfo) -> None:
+def install(info: DebInfo, progress: Callable[[str], None] = lambda message: None) -> None:
     """Install (or upgrade to) ``info`` with dpkg under the host root.
 
     On a real host, dependency problems are resolved with ``apt-get -f
     install``. Raises ResourceInvalidError, before anything is installed, when
     the package does not hold the vGPU Manager; InstallError unless dpkg then
-    reports exactly this package and version as fully installed.
+    reports exactly this package and version as fully installed. ``progress``
+    is told each dpkg or apt step before it runs.
     """
     shipped_services(info)
     root = hostroot.root().absolute()
@@ -222,15 +223,18 @@ def install(info: DebInfo) -> None:
                     if p.name != info.package and HOST_PACKAGE.fullmatch(p.name) and p.present)
     if others:
         log.info("removing %s before installing %s", ", ".join(others), info.package)
+        progress(f"removing {', '.join(others)} with dpkg before installing {info.package}")
         failure = _run(dpkg_cmd + ["--remove", *others], env, deadline)
         if failure:
             raise InstallError(f"dpkg could not remove {', '.join(others)} to install "
                                f"{info.package}: {failure.cause}")
     log.info("installing %s %s from %s", info.package, info.version, info.path)
+    progress(f"installing {info.package} {info.version} with dpkg")
     failure = _run(dpkg_cmd + ["--force-confdef", "--force-confold", "--install", str(info.path)],
                    env, deadline)
     if failure and _dependency_problems(failure) and hostroot.is_real_root():
         log.info("dpkg reported dependency problems; running apt-get -f install")
+        progress("dpkg reported dependency problems: running apt-get -f install")
         apt = ["apt-get", "--fix-broken", "install", "--yes",
                "--option=Dpkg::Options::=--force-confdef",
                "--option=Dpkg::Options::=--force-confold"]

@@ -101,8 +101,9 @@ class Host:
     changed); nothing outlives the dispatch.
     """
 
-    def __init__(self) -> None:
-        """Start with nothing read."""
+    def __init__(self, dry: bool = False) -> None:
+        """Start with nothing read; ``dry`` (a preview): what is learnt is not saved."""
+        self.dry = dry
         self._gathered: Optional[facts.Facts] = None
         self._validation: Optional[mappings.Validation] = None
         # principalconf.load's answer: (files, None) or (None, the error it raised)
@@ -153,7 +154,8 @@ class Host:
             offered = whole = None
             if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
                 version = here.loaded_driver_version
-                table = catalogue.learn(here.pci, version, problems=problems)
+                table = catalogue.learn(here.pci, version, problems=problems,
+                                        save_grown=not self.dry)
                 offered = catalogue.offered(here.pci, version, table)
                 whole = catalogue.whole_gpus(here.pci, table)
             self._validation = mappings.against_host(

@@ -60,7 +60,8 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                 whole_gb: Optional[Mapping[str, int]] = None,
                 held: Optional[capacity.Held] = None,
                 published: Optional[novaconf.Sections] = None,
-                multi: Optional[Multi] = None, whole: Tuple[str, ...] = ()) -> Dict[str, dict]:
+                multi: Optional[Multi] = None, whole: Tuple[str, ...] = (),
+                mig_off: Optional[Mapping[str, str]] = None) -> Dict[str, dict]:
     """Per group of GPUs that offer the same (keys gpu-0, gpu-1, ...): addresses, model, types.
 
     GPUs of one model that offer the same types with the same counts are one
@@ -88,11 +89,13 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     ``flavor-property-for-two`` (see :mod:`vgpu.multivgpu`). ``whole``: the
     GPUs given whole to guests (the mapping's ``passthrough``): their group
     says ``passthrough`` with the alias and flavor property of a whole GPU.
+    ``mig_off``: :func:`not_in_mig_mode`; a MIG-backed type there has none available
+    and a ``mig-mode`` saying why.
     """
     out: Dict[str, dict] = {}
     notes = shared_class_notes(published)
     limits = per_instance(host, offered, whole_gb, multi) if multi is not None else {}
-    for index, group in enumerate(_groups(host, offered, whole_gb, held, whole)):
+    for index, group in enumerate(_groups(host, offered, whole_gb, held, whole, mig_off)):
         gpu, rows = group[0]
         if gpu.address in whole:
             out[f"gpu-{index}"] = _whole_result(group, pci_in_placement)
@@ -101,6 +104,8 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
         for vgpu_type, most, available in rows:
             entry = _type_entry(gpu, vgpu_type, mdev_class, pci_in_placement, live_migration)
             entry.update(_mig_entry(gpu, vgpu_type))
+            if "mig-slices" in entry and gpu.address in (mig_off or {}):
+                entry["mig-mode"] = (mig_off or {})[gpu.address]
             entry.update(_multi_entry(gpu, vgpu_type, entry, limits))
             if vgpu_type.id in notes and "flavor-property" in entry:
                 entry["flavor-note"] = notes[vgpu_type.id]
@@ -127,13 +132,41 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
 _Row = Tuple[VgpuType, Optional[int], Optional[int]]  # a type, how many fit, how many are free
 
 
+def not_in_mig_mode(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]] = None
+                    ) -> Dict[str, str]:
+    """``{GPU: why}``: GPUs offering MIG-backed types that are not in MIG mode now.
+
+    No vGPU of such a type can be created there until MIG mode is on and its
+    GPU instances exist (docs/how-to/mig.md), whatever a VF lists. One
+    nvidia-smi run, only where a GPU offers a MIG-backed type; a mode that
+    cannot be read counts as not enabled (fail safe).
+    """
+    wanted = [gpu.address for gpu in host.gpus
+              if any(mig_profile(t.name) is not None
+                     for t in (offered or {}).get(gpu.address) or gpu.offered_types())]
+    if not wanted:
+        return {}
+    from . import mig
+    from .errors import MigError
+
+    try:
+        found = mig.modes(wanted)
+    except MigError as error:
+        return {a: f"not enabled as far as can be told ({error}): none available" for a in wanted}
+    return {a: (f"not enabled{' (pending)' if mode.enable_pending else ''}: none available "
+                f"until the enable-mig action runs with gpu={a}")
+            for a, mode in found.items() if not mode.enabled}
+
+
 def _groups(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
             whole_gb: Optional[Mapping[str, int]],
             held: Optional[capacity.Held],
-            given: Tuple[str, ...] = ()) -> List[List[Tuple[Gpu, List[_Row]]]]:
+            given: Tuple[str, ...] = (),
+            mig_off: Optional[Mapping[str, str]] = None) -> List[List[Tuple[Gpu, List[_Row]]]]:
     """The host's GPUs with their rows, grouped where all but the address and VFs are the same.
 
     A GPU given whole (``given``) has no rows and groups only with other whole GPUs.
+    A MIG-backed type on a GPU of ``mig_off`` has none available.
     """
     groups: Dict[tuple, List[Tuple[Gpu, List[_Row]]]] = {}
     seen = capacity.held() if held is None and host.gpus else held or capacity.Held()
@@ -146,7 +179,10 @@ def _groups(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
         for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
             most = capacity.most(gpu, vgpu_type, whole)
             found = capacity.count([gpu], vgpu_type.id, seen, whole_gb=whole_gb, fits=most)
-            rows.append((vgpu_type, most, found.available))
+            available = found.available
+            if gpu.address in (mig_off or {}) and mig_profile(vgpu_type.name) is not None:
+                available = 0 if available is not None else None
+            rows.append((vgpu_type, most, available))
         # The model's device id fixes what _mig_entry says of a type; the rows, the rest.
         same = (gpu.model, gpu.device_id, gpu.driver, gpu.framework, gpu.sriov, gpu.vfs_missing,
                 tuple(rows))
@@ -249,7 +285,8 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                 live_migration: bool = False, whole_gb: Optional[Mapping[str, int]] = None,
                 held: Optional[capacity.Held] = None,
                 published: Optional[novaconf.Sections] = None,
-                multi: Optional[Multi] = None, whole: Tuple[str, ...] = ()) -> str:
+                multi: Optional[Multi] = None, whole: Tuple[str, ...] = (),
+                mig_off: Optional[Mapping[str, str]] = None) -> str:
     """A fixed-width table, one row per group of like GPUs and type, bounded.
 
     GPUS names every GPU of the group (as :func:`gpu_results` groups them);
@@ -271,7 +308,7 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     notes = shared_class_notes(published)
     limits = per_instance(host, offered, whole_gb, multi) if multi is not None else {}
     several: Dict[str, str] = {}
-    for group in _groups(host, offered, whole_gb, held, whole):
+    for group in _groups(host, offered, whole_gb, held, whole, mig_off):
         gpu, types = group[0]
         addresses = ",".join(member.address for member, _ in group)
         if gpu.address in whole:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Dict, Iterable, List, Tuple
+from typing import Callable, Dict, Iterable, List, Tuple
 
 from . import run, text
 from .errors import CommandError, ServiceError
@@ -56,11 +56,20 @@ def masked(names: Iterable[str]) -> List[str]:
     return [name for name, word in zip(units, words) if word.startswith("masked")]
 
 
-def pause(names: Iterable[str]) -> None:
+_DOING = {"stop": "stopping", "disable": "disabling", "mask": "masking", "unmask": "unmasking",
+          "enable": "enabling", "start": "starting"}
+
+
+def _quiet(_message: str) -> None:
+    """No progress report."""
+
+
+def pause(names: Iterable[str], progress: Callable[[str], None] = _quiet) -> None:
     """Stop, disable and mask each unit (like charmhelpers' service_pause).
 
     When a step fails, the steps already done are undone in reverse order
     and ServiceError is raised; its message says whether that worked.
+    ``progress`` is told each step before it runs ("stopping nvidia-vgpu-mgr").
     """
     names = _checked(names)
     was_active = active(names)
@@ -68,6 +77,7 @@ def pause(names: Iterable[str]) -> None:
     try:
         for name in names:
             for verb in ("stop", "disable", "mask"):
+                progress(f"{_DOING[verb]} {name}")
                 _change(verb, name)
                 done.append((verb, name))
     except ServiceError as error:
@@ -77,10 +87,11 @@ def pause(names: Iterable[str]) -> None:
         raise ServiceError(f"{error}{outcome}") from None
 
 
-def resume(names: Iterable[str]) -> None:
-    """Unmask, enable and start each unit (like charmhelpers' service_resume)."""
+def resume(names: Iterable[str], progress: Callable[[str], None] = _quiet) -> None:
+    """Unmask, enable and start each unit (like charmhelpers' service_resume); ``progress``: see pause."""
     for name in _checked(names):
         for verb in ("unmask", "enable", "start"):
+            progress(f"{_DOING[verb]} {name}")
             _change(verb, name)
 
 

@@ -59,14 +59,24 @@ def ensure_types(plan, host: pci.Host, published: Optional[Mapping[str, str]] = 
     changes = desired(plan, host)
     if not changes:
         return []
-    classes = {a.address: a.resource_class for a in plan.vfio()}
-    guarded = [address for address, (current, _) in changes.items()
-               if current or not published or published.get(address) != classes.get(address)]
+    guarded = guarded_changes(plan, changes, published)
     if guarded:
         from . import guests  # XML parsing only when something really changes
 
         guests.ensure_no_guests(guarded, defined=True)
     return _change(changes, write_order(plan, changes))
+
+
+def guarded_changes(plan, changes: Mapping[str, Tuple[int, int]],
+                    published: Optional[Mapping[str, str]] = None) -> List[str]:
+    """The VFs of ``changes`` (:func:`desired`) that no guest may hold: all but restores.
+
+    A VF without a type that takes the class nova.conf lists for it
+    (``published``) is a restore, which a shut-off guest keeping it needs.
+    """
+    classes = {a.address: a.resource_class for a in plan.vfio()}
+    return [address for address, (current, _) in changes.items()
+            if current or not published or published.get(address) != classes.get(address)]
 
 
 def restore(host: pci.Host, published: Mapping[str, str]) -> List[str]:

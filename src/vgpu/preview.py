@@ -1,0 +1,271 @@
+"""preview-mappings: what a vgpu-device-mappings value would do on this host, doing none of it.
+
+The value goes through the very code a config-changed runs (:mod:`vgpu.mappings`,
+:mod:`vgpu.plan`, the checks of :mod:`vgpu.reconcile`'s publishing step,
+:mod:`vgpu.novaconf`), on a :class:`vgpu.reconcile.Host` read dry: type names
+learnt from the VFs are not saved, no VF takes a type, no GPU instance is made,
+no MIG mode changes, no apt runs, no relation data or StoredState is set and
+the host lock is not taken (nothing here writes). What the hook would do first
+and the preview cannot (enable VFs, install the driver, create GPU instances)
+leaves the types those GPUs offer "unknown until applied": a VF lists only
+what it can take now, so the preview never guesses them.
+
+A refusal is said in the words the unit's status would use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import OPTION, mappings, mig, novaconf, pci, reconcile, status, table, vfio
+from . import plan as plans
+from .errors import MigError
+
+UNKNOWN = "unknown until applied"
+APPLIES = "would apply"
+REFUSED = "refused"
+NO_CHANGE = "nothing would change"
+
+
+def preview(text: Optional[str], host: reconcile.Host, given: reconcile.Inputs) -> Dict[str, Any]:
+    """The action's results for ``text`` (a vgpu-device-mappings value) on this host.
+
+    ``host`` must be read dry (``reconcile.Host(dry=True)``); ``given`` holds
+    the charm's options and relations as a hook gets them. Raises
+    HostReadError when the host cannot be read.
+    """
+    checked = mappings.check_text(text)
+    given = given._replace(checked=lambda: checked)
+    hook = reconcile._Hook(host, given)  # the publishing step's own checks, run dry
+    here = hook.facts()
+    in_force = hook.published_mapping()
+    if not checked.ok:
+        return _refused([status.mapping_message(checked, in_force)])
+    if not here.pci.gpus:
+        return {"verdict": NO_CHANGE, "summary": "no NVIDIA GPU on this host: nothing would change"}
+    first = _prerequisites(here, given)
+    if first:
+        return _refused(first)
+    unknown = _unknown(here, checked.mapping)
+    validation = hook.mapping()
+    plan = reconcile._addressable(hook, validation.plan)
+    errors = [e for e in validation.errors if not any(a in e for a in unknown)]
+    if errors:
+        hook.problems.append(status.mapping_message(validation._replace(errors=tuple(errors)),
+                                                    in_force))
+    sections = _sections(hook, plan) if plan is not None and not errors else None
+    changes = vfio.desired(plan, here.pci) if plan is not None else {}
+    blocking = _blocking(hook, plan, changes) if not hook.problems and plan is not None else []
+    if sections is not None and not unknown:
+        reconcile._mdevs_may_change(hook, sections)
+        reconcile._principal_accepts(hook, sections)
+        reconcile._mig_ready(hook, plan)
+    return _results(hook, plan, sections, changes, unknown, blocking)
+
+
+def _prerequisites(here, given: reconcile.Inputs) -> List[str]:
+    """What the status says before any mapping can be checked: Nova's release, the IOMMU."""
+    problem = here.release_problem()
+    if problem:
+        return [problem]
+    if here.release() is None:
+        return [f"waiting for {_principal(given)} to install nova-common"]
+    iommu = here.iommu_problem()
+    return [iommu] if iommu else []
+
+
+def _principal(given: reconcile.Inputs) -> str:
+    relations = given.relations()
+    return relations[0].app if relations else reconcile.PRINCIPAL
+
+
+def _unknown(here, mapping: Mapping[str, Tuple[str, ...]]) -> Dict[str, str]:
+    """``{GPU: why}``: GPUs whose types on offer only the hook itself can learn.
+
+    Their VFs are not enabled yet (the hook runs sriov-manage -e first), the
+    driver is not installed, or their GPU instances are made by the hook
+    before the mapping is checked (a VF lists a MIG-backed type only then).
+    """
+    out: Dict[str, str] = {}
+    installed = here.driver is not None and here.driver.installed
+    for gpu in here.pci.gpus:
+        if not installed:
+            out[gpu.address] = "the vGPU host driver is not installed yet"
+        elif gpu.vfs_missing and gpu.driver == "nvidia":
+            out[gpu.address] = "its VFs are not enabled yet (sriov-manage -e runs first)"
+    needs = _mig_needs(mapping, here)
+    for address, need in needs.items():
+        if address not in out and _mig_on(address, needs) and not _instances_in_place(need):
+            out[address] = (f"its GPU instances ({need.gis} x {need.instance}) are created "
+                            "first, and its VFs list MIG-backed types only then")
+    return out
+
+
+def _mig_needs(mapping, here) -> Dict[str, mig.Need]:
+    if not any(pci.mig_profile(key) is not None for key in mapping):
+        return {}
+    return mig.mapped(mapping, here.pci)
+
+
+def _mig_on(address: str, needs: Mapping[str, mig.Need]) -> bool:
+    """Whether the GPU is in MIG mode (the hook creates GPU instances only then); unknown: no.
+
+    Out of MIG mode the hook refuses the mapping, and so does the preview, in its words.
+    """
+    try:
+        return mig.modes(list(needs))[address].enabled
+    except MigError:
+        return False
+
+
+def _instances_in_place(need: mig.Need) -> bool:
+    """Whether the GPU has the GPU instances ``need`` asks for (read only; unknown: no)."""
+    try:
+        found = mig.instances(need.gpu)
+    except MigError:
+        return False
+    return sum(1 for gi in found if gi.profile == need.instance) >= need.gis
+
+
+def _sections(hook, plan) -> Optional[novaconf.Sections]:
+    """The sections the hook would publish for ``plan`` (None: it would publish nothing new)."""
+    options = hook.given.options
+    here = hook.facts()
+    try:
+        return novaconf.keep_published(novaconf.plan_sections(
+            plan, here.supported_release(), mdev_class=bool(options.get(reconcile.MDEV_CLASS)),
+            pci_in_placement=bool(options.get(reconcile.PCI_IN_PLACEMENT)),
+            keep_placement_reporting=hook.published_reporting(),
+            live_migratable=bool(options.get(reconcile.LIVE_MIGRATION))),
+            *reconcile.vanished(here, hook.published()))
+    except ValueError as error:  # as the hook says it
+        hook.problems.append(f"not publishing: {error}")
+        return None
+
+
+def _blocking(hook, plan, changes: Mapping[str, Tuple[int, int]]) -> List[str]:
+    """The guests, running or shut off, holding VFs whose type would change: the hook's refusal."""
+    published = reconcile._published_classes(hook)
+    guarded = vfio.guarded_changes(plan, changes, published) if changes else []
+    if not guarded:
+        return []
+    from . import guests
+    from .errors import GuestsRunningError
+
+    held = guests.vgpu_guests(guarded, defined=True)
+    if held:
+        hook.problems.append(f"{OPTION} not applied, no VF changed: {GuestsRunningError(held)}; "
+                             "move them or restore the mapping")
+    return [guest.describe() for guest in held]
+
+
+def _refused(problems: Sequence[str]) -> Dict[str, Any]:
+    return {"verdict": REFUSED, "refused": "\n".join(dict.fromkeys(problems)),
+            "summary": f"refused: {problems[0]}"}
+
+
+def _results(hook, plan, sections, changes, unknown: Mapping[str, str],
+             blocking: List[str]) -> Dict[str, Any]:
+    """The action's results: verdict, per GPU, the VF changes, nova.conf, guests, waits."""
+    here = hook.facts()
+    out: Dict[str, Any] = {"gpus": _gpus(here, plan, unknown)}
+    if changes:
+        out["vf-changes"] = table.render(
+            ["VF", "holds now", "would hold"],
+            [[vf, _type_name(here, vf, now), _type_name(here, vf, then, plan)]
+             for vf, (now, then) in sorted(changes.items())], what="VFs")
+    if hook.problems:
+        out.update(_refused(hook.problems))
+    elif unknown:
+        out.update(verdict=UNKNOWN, summary=f"{UNKNOWN} on {len(unknown)} GPU(s): "
+                   + "; ".join(f"GPU {a}: {why}" for a, why in sorted(unknown.items())))
+    else:
+        same = not changes and sections == novaconf.sections_from_relation(
+            next(iter(hook.published()), {}))
+        served = mappings.summary(novaconf.mapping_from_sections(sections or {}))
+        out.update(verdict=NO_CHANGE if same else APPLIES,
+                   summary=NO_CHANGE if same else
+                   f"{len(changes)} VF(s) would change type; nova-compute would get "
+                   f"{served or 'no vGPU devices'}")
+    out["nova-conf"] = UNKNOWN if unknown else (
+        render(sections) if sections is not None and not hook.problems
+        else "nothing new: the last published sections stay")
+    if blocking:
+        out["guests-blocking"] = "\n".join(blocking)
+    if hook.waits:
+        out["waits"] = "\n".join(hook.waits)
+    notes = list(plan.notes) if plan is not None else []
+    if notes:
+        out["notes"] = "\n".join(notes)
+    return table.fit(out, depth=3, records="gpus", what="GPUs")
+
+
+def _gpus(here, plan, unknown: Mapping[str, str]) -> Dict[str, Dict[str, str]]:
+    """Per GPU: its model and framework, the types on offer, what it would get, MIG."""
+    assignments = plan.assignments if plan is not None else ()
+    planned: Dict[str, List[plans.Assignment]] = {}
+    for a in assignments:
+        planned.setdefault(a.gpu, []).append(a)
+    needs = mig.needs(assignments, here.pci) if reconcile._mig_backed(
+        a.name for a in assignments) else {}
+    out: Dict[str, Dict[str, str]] = {}
+    for index, gpu in enumerate(here.pci.gpus):
+        entry = {"address": gpu.address, "model": gpu.model or gpu.device_id,
+                 "framework": gpu.framework or "unknown",
+                 "types-on-offer": _on_offer(gpu, unknown.get(gpu.address)),
+                 "would-serve": _served(planned.get(gpu.address, []), unknown.get(gpu.address))}
+        entry.update(_mig_entry(gpu, needs.get(gpu.address)))
+        out[f"gpu-{index}"] = entry
+    return out
+
+
+def _on_offer(gpu: pci.Gpu, why: Optional[str]) -> str:
+    if why:
+        return f"{UNKNOWN}: {why}"
+    held = sorted({f"nvidia-{vf.current_type}" for vf in gpu.vfs if vf.current_type})
+    if gpu.framework == pci.VFIO and held:
+        return (f"{UNKNOWN}: its VFs hold {', '.join(held)}, and a VF lists only what it can "
+                "take beside them")
+    return ", ".join(pci.profile_name(t.name) for t in gpu.offered_types()) or "none"
+
+
+def _served(assignments: Sequence[plans.Assignment], why: Optional[str]) -> str:
+    if why:
+        return UNKNOWN
+    if not assignments:
+        return "nothing"
+    names = sorted({a.name for a in assignments})
+    where = "the GPU" if assignments[0].address == assignments[0].gpu else \
+        f"{len(assignments)} VF(s)"
+    return f"{', '.join(names)} on {where}"
+
+
+def _mig_entry(gpu: pci.Gpu, need: Optional[mig.Need]) -> Dict[str, str]:
+    """MIG mode now and the GPU instances the plan needs there ({}: no MIG-backed profile)."""
+    if need is None:
+        return {}
+    try:
+        mode = mig.modes([gpu.address])[gpu.address]
+        now = "enabled" if mode.enabled else ("enable pending" if mode.enable_pending else "disabled")
+    except MigError as error:
+        now = f"cannot be read: {error}"
+    return {"mig-mode": now, "gpu-instances": f"{need.gis} x {need.instance} for {need.profile}"}
+
+
+def _type_name(here, vf: str, number: int, plan=None) -> str:
+    if not number:
+        return "none"
+    for a in plan.assignments if plan is not None else ():
+        if a.address == vf and a.number == number:
+            return f"{pci.profile_name(a.name)} (nvidia-{number})"
+    return f"nvidia-{number}"
+
+
+def render(sections: Mapping[str, Sequence[Sequence[str]]]) -> str:
+    """The sections as nova-compute's template renders them (``[section]``, ``key = value``)."""
+    lines: List[str] = []
+    for section, pairs in sections.items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {value}" for key, value in pairs)
+    return "\n".join(lines) or "no vGPU sections"
+

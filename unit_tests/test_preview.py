@@ -1,0 +1,192 @@
+"""preview-mappings (vgpu.preview through the charm, ops.testing): what a mapping would do, done nowhere.
+
+Hosts: the L40S and H200 SXM on the vendor-specific VFIO framework (unit_tests.fakehost),
+before and after a mapping was applied, with their VFs not enabled yet, and with a guest on
+a VF. Each test snapshots the host tree (every file's bytes, mode and link) and the charm's
+State before and after: nothing may differ.
+"""
+
+import os
+
+import pytest
+from ops import testing
+
+from unit_tests.fakehost import l40s_host
+from unit_tests.libvirt import defined_guest
+from unit_tests.test_charm import state
+from unit_tests.test_charm_sriov import MAPPING, again, ready, types_of
+from vgpu import catalogue
+
+L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory):
+    from unit_tests import debs
+
+    return debs.host_driver(tmp_path_factory.mktemp("debs"))
+
+
+def snapshot(root):
+    """Every path under the host root: its kind, mode and bytes (a link: its target)."""
+    found = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            if os.path.islink(path):
+                found[path] = ("link", os.readlink(path))
+            elif os.path.isdir(path):
+                found[path] = ("dir", info.st_mode)
+            else:
+                with open(path, "rb") as handle:
+                    found[path] = ("file", info.st_mode, handle.read())
+    return found
+
+
+def charms(out: testing.State):
+    return {s for s in out.stored_states if s.owner_path == "NovaComputeNvidiaVgpuCharm"}
+
+
+def settled(ctx, deb) -> testing.State:
+    """What an update-status with no mapping leaves (the charm's StoredState set up)."""
+    return again(ctx.run(ctx.on.update_status(), state({}, resource=deb)))
+
+
+def preview(ctx, root, before: testing.State, mappings: str):
+    """Run the action; assert it changed neither the host tree nor the State; its results."""
+    tree = snapshot(root)
+    out = ctx.run(ctx.on.action("preview-mappings", params={"mappings": mappings}), before)
+    results = ctx.action_results
+    assert snapshot(root) == tree
+    assert out.relations == before.relations
+    # The charm's own StoredState (ops' framework counts events in its own)
+    assert charms(out) == charms(before)
+    assert out.config == before.config
+    # The status after the action is the option in force's, never the previewed value's.
+    assert out.unit_status == ctx.run(ctx.on.update_status(), before).unit_status
+    return results
+
+
+@pytest.fixture
+def applied(ctx, root, tools, deb):
+    """The L40S and H200 with MAPPING applied by a config-changed; the State that hook left."""
+    ready(l40s_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert first.unit_status.name == "active"
+    return again(first)
+
+
+def test_a_new_profile_is_shown_vf_by_vf_with_its_nova_conf_and_nothing_is_written(ctx, root, applied):
+    results = preview(ctx, root, applied, "{L40S-24Q: ['81:00.0'], 'NVIDIA H200X-35C': ['c1:00.0']}")
+    assert results["verdict"] == "would apply"
+    changes = results["vf-changes"].splitlines()
+    assert changes[0].split() == ["VF", "holds", "now", "would", "hold"]
+    # 48 GB / 24 GB: two VFs keep a type (now L40S-24Q), two are released; the H200 stays.
+    assert "0000:81:00.4  L40S-12Q (nvidia-1139)" not in results["vf-changes"]
+    rows = [line.split() for line in changes[1:]]
+    assert [r[0] for r in rows] == ["0000:81:00.4", "0000:81:00.5", "0000:81:00.6", "0000:81:00.7"]
+    assert [r[-1] for r in rows] == ["(nvidia-1141)", "(nvidia-1141)", "none", "none"]
+    conf = results["nova-conf"]
+    assert conf.startswith("[pci]\ndevice_spec = ")
+    assert conf.count("CUSTOM_VGPU_L40S_24Q") == 2 and conf.count("CUSTOM_VGPU_H200X_35C") == 4
+    assert results["gpus"]["gpu-0"]["would-serve"] == "NVIDIA L40S-24Q on 2 VF(s)"
+    # The L40S's VFs hold types now: a VF lists only what fits beside them.
+    assert results["gpus"]["gpu-0"]["types-on-offer"].startswith(
+        "unknown until applied: its VFs hold nvidia-1139")
+    assert types_of(root, L40S, 5) == [1139, 1139, 1139, 1139, 0]
+
+
+def test_the_mapping_in_force_changes_nothing(ctx, root, applied):
+    results = preview(ctx, root, applied, MAPPING)
+    assert results["verdict"] == "nothing would change"
+    assert "vf-changes" not in results
+
+
+def test_a_refused_mapping_gets_the_words_the_status_would_use(ctx, root, applied):
+    bad = "{L40S-12Q: ['81:00.0'], L40S-24Q: ['81:00.0']}"
+    results = preview(ctx, root, applied, bad)
+    status = ctx.run(ctx.on.config_changed(), again_with(applied, bad)).unit_status
+    assert status.name == "blocked"
+    assert results["verdict"] == "refused"
+    assert results["refused"] == status.message
+    assert results["nova-conf"] == "nothing new: the last published sections stay"
+
+
+def test_a_value_that_is_not_yaml_is_refused_as_the_status_says(ctx, root, applied):
+    results = preview(ctx, root, applied, "{L40S-12Q: [")
+    status = ctx.run(ctx.on.config_changed(), again_with(applied, "{L40S-12Q: [")).unit_status
+    assert results == {"verdict": "refused", "refused": status.message,
+                       "summary": f"refused: {status.message}"}
+
+
+def test_guests_holding_vfs_that_would_change_block_it_as_the_hook_would(ctx, root, applied):
+    defined_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
+                  pci_address="0000:81:00.5")
+    results = preview(ctx, root, applied, "{L40S-24Q: all}")
+    status = ctx.run(ctx.on.config_changed(), again_with(applied, "{L40S-24Q: all}")).unit_status
+    assert results["verdict"] == "refused"
+    assert results["refused"] == status.message
+    assert results["guests-blocking"] == (
+        "instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1, shut off)")
+
+
+def test_vfs_not_enabled_yet_leave_the_types_unknown_until_applied(ctx, root, tools, deb):
+    ready(l40s_host(root, enabled=False), root, tools, deb)
+    results = preview(ctx, root, settled(ctx, deb), "{L40S-12Q: all}")
+    assert results["verdict"] == "unknown until applied"
+    assert results["nova-conf"] == "unknown until applied"
+    gpu = results["gpus"]["gpu-0"]
+    assert gpu["types-on-offer"] == (
+        "unknown until applied: its VFs are not enabled yet (sriov-manage -e runs first)")
+    assert "sriov-manage" not in "".join(tools.calls())
+
+
+def test_a_fresh_host_learns_no_type_names_on_disk(ctx, root, tools, deb):
+    ready(l40s_host(root), root, tools, deb)
+    before = settled(ctx, deb)
+    (root / catalogue.FILE).unlink()  # as on a host where no hook learnt them yet: the snapshot
+    # in preview() shows the action saved none
+    results = preview(ctx, root, before, "{L40S-12Q: all}")
+    assert results["verdict"] == "would apply"
+    assert results["gpus"]["gpu-0"]["types-on-offer"] == (
+        "L40S-2B, L40S-4Q, L40S-12Q, L40S-16Q, L40S-24Q, L40S-48Q")
+
+
+def again_with(before: testing.State, mapping: str) -> testing.State:
+    return testing.State(config={**before.config, "vgpu-device-mappings": mapping},
+                         relations=before.relations, resources=before.resources,
+                         stored_states=before.stored_states)
+
+
+# -- MIG-backed profiles (the RTX PRO 6000 fixture, MIG mode kept by the stand-in nvidia-smi) ---
+
+def test_a_mig_backed_profile_out_of_mig_mode_is_refused_in_the_statuss_words(ctx, root, tools,
+                                                                              deb):
+    from unit_tests.fakehost import rtx_pro_6000_host
+    from unit_tests.test_charm_mig import ready as mig_ready
+
+    host = mig_ready(rtx_pro_6000_host(root, vfs=8, gpus=2, mig="Disabled"), root, tools, deb)
+    before = settled(ctx, deb)
+    results = preview(ctx, root, before, "{DC-1-24Q: ['42:00.0']}")
+    status = ctx.run(ctx.on.config_changed(),
+                     again_with(before, "{DC-1-24Q: ['42:00.0']}")).unit_status
+    assert status.message.startswith("GPU 0000:42:00.0 is not in MIG mode")
+    assert (results["verdict"], results["refused"]) == ("refused", status.message)
+    assert results["gpus"]["gpu-0"]["mig-mode"] == "disabled"
+    assert results["gpus"]["gpu-0"]["gpu-instances"] == "4 x 1g.24gb for DC-1-24Q"
+    assert host.mig_mode("0000:42:00.0")["current"] == "Disabled"
+
+
+def test_gpu_instances_the_hook_would_create_leave_the_types_unknown_until_applied(ctx, root,
+                                                                                  tools, deb):
+    from unit_tests.fakehost import rtx_pro_6000_host
+    from unit_tests.test_charm_mig import ready as mig_ready
+
+    host = mig_ready(rtx_pro_6000_host(root, vfs=8, gpus=2, mig="Enabled"), root, tools, deb)
+    results = preview(ctx, root, settled(ctx, deb), "{DC-1-24Q: ['42:00.0']}")
+    assert results["verdict"] == "unknown until applied"
+    assert results["gpus"]["gpu-0"]["types-on-offer"] == (
+        "unknown until applied: its GPU instances (4 x 1g.24gb) are created first, and its VFs "
+        "list MIG-backed types only then")
+    assert host.gpu_instances("0000:42:00.0") == []  # none created by the preview
