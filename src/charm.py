@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Union
 
 import ops
 
-from fleet import DRAIN_HINT, Fleet
+from fleet import DRAIN_HINT, Fleet, principal_app
 from monitoring import Monitoring
 from previewing import Previewing
 from vgpu import (
@@ -333,11 +333,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
     def _principal(self) -> str:
         """The principal's application name: nova-vgpu's remote app, else juju-info's."""
-        for endpoint in (RELATION, "juju-info"):
-            for relation in self.model.relations[endpoint]:
-                if relation.app is not None:
-                    return relation.app.name
-        return "nova-compute"
+        return principal_app(self.model)
 
     def _driver_inputs(self) -> dict:
         """The attached package (or why there is none) and how it compares with the installed one."""

@@ -17,10 +17,11 @@ functions); this helper gathers its inputs and sets what it returns:
   relation-changed on any other unit returns at once;
 * ``fleet-report`` (leader) and ``drain-plan`` (any unit; reads only).
 
-Live-migration readiness is a plain input (``vgpu.fleet.Readiness``): this
-branch fills it from the ``vfio-live-migration`` option alone (see
-:meth:`Fleet._readiness`); the running libvirt and QEMU versions, post-copy and
-blockers come from the live-migration module where it is connected.
+Live-migration readiness (``vgpu.fleet.Readiness``) is what
+:mod:`vgpu.virt` and :mod:`vgpu.livemigration` tell the status and
+list-vgpu-types: the running libvirt and QEMU versions (``virsh``, so not on
+update-status, which keeps what the databag holds while the driver is the
+same), nova-compute's post-copy setting and every blocker.
 """
 
 from __future__ import annotations
@@ -99,22 +100,31 @@ class Fleet(ops.Object):
         keep = cheap and before is not None and before.driver == driver
         if keep and before is not None:
             metadata = {g.address: g.metadata for g in before.gpus if g.metadata}
-            boot, revision = before.boot, before.revision
+            boot, revision, readiness = before.boot, before.revision, before.readiness
         else:
             metadata = self._gpu_metadata() if driver and here.pci.gpus else {}
-            boot, revision = self._boot(), self._revision()
+            boot, revision, readiness = self._boot(), self._revision(), self._readiness(here)
         mapping = reconcile.published_mapping(
             [r.data[self.model.unit] for r in self.model.relations[RELATION]])
         import socket  # only when a record is built
 
         return model.Record(
             host=socket.gethostname(), revision=revision, driver=driver,
-            paused=bool(self._stored.paused), boot=boot, readiness=self._readiness(),
+            paused=bool(self._stored.paused), boot=boot, readiness=readiness,
             gpus=model.gpu_records(here.pci, mapping, metadata))
 
-    def _readiness(self) -> model.Readiness:
-        """Live-migration readiness: the option here; the lead connects vgpu.livemigration."""
-        return model.Readiness(vfio_live_migration=bool(self.model.config.get(LIVE_MIGRATION)))
+    def _readiness(self, here) -> model.Readiness:
+        """Live-migration readiness as list-vgpu-types tells it (vgpu.virt); no GPUs: the option."""
+        vfio = bool(self.model.config.get(LIVE_MIGRATION))
+        if not here.pci.gpus:
+            return model.Readiness(vfio_live_migration=vfio)
+        from vgpu import virt
+
+        found = virt.readiness_of(here, vfio, self._host.principal_conf, principal_app(self.model))
+        return model.Readiness(libvirt=_version(found.libvirt), qemu=_version(found.qemu),
+                               vfio_live_migration=vfio, post_copy=found.post_copy,
+                               blockers=found.blockers)
+
 
     @staticmethod
     def _gpu_metadata() -> Dict[str, str]:
@@ -238,3 +248,16 @@ class Fleet(ops.Object):
 
         return nvml.once(read)
 
+
+def _version(found) -> str:
+    """``10.0.0`` for (10, 0, 0); "" when unknown."""
+    return ".".join(str(part) for part in found) if found else ""
+
+
+def principal_app(model_: ops.Model) -> str:
+    """The principal's application name: nova-vgpu's remote app, else juju-info's."""
+    for endpoint in (RELATION, "juju-info"):
+        for relation in model_.relations[endpoint]:
+            if relation.app is not None:
+                return relation.app.name
+    return "nova-compute"

@@ -12,6 +12,7 @@ import pytest
 from ops import testing
 
 from unit_tests.fake_pynvml import pynvml as fake
+from unit_tests.fakehost import live_migration_lines
 from unit_tests.libvirt import defined_guest, running_guest
 from unit_tests.test_charm import install_driver, relation
 from vgpu import fleet
@@ -55,7 +56,9 @@ def nvml(monkeypatch):
 
 @pytest.fixture
 def ready(v100, root, packages):
+    """The driver installed, and nova-compute with live migration on (ready to live-migrate)."""
     install_driver(root, packages["old"])
+    v100.principal_nova_conf(libvirt=live_migration_lines())
     return packages["old"]
 
 
@@ -171,3 +174,22 @@ def test_drain_plan_before_the_unit_published_uses_its_record_unwritten(ctx, rea
     out = ctx.run(ctx.on.action("drain-plan"), st)
     assert published(out, peer) is None
     assert ctx.action_results["summary"] == "no vGPU guest on this host: nothing to drain"
+
+
+def test_the_record_carries_the_hosts_own_live_migration_readiness(ctx, ready, tools):
+    """vgpu.virt's reading (virsh, nova.conf) reaches the peers; update-status runs no virsh."""
+    tools.set_virsh("9.0.0", "8.0.0")  # older than Nova's minimums for mdev guests
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    mine = fleet.decode(published(out, peer))
+    assert (mine.readiness.libvirt, mine.readiness.qemu) == ("9.0.0", "8.0.0")
+    assert any("libvirt 8.6.0 and QEMU 8.1.0" in b for b in mine.readiness.blockers), mine.readiness
+    assert fleet.blockers(mine) == list(mine.readiness.blockers)  # each said once (qemu in it)
+    calls = len([c for c in tools.calls() if c.startswith("virsh")])
+    assert calls >= 1
+    tools.set_virsh("10.0.0", "8.2.2")
+    again = ctx.run(ctx.on.update_status(), testing.State(
+        config=dict(out.config), relations=list(out.relations), leader=True,
+        resources=out.resources, stored_states=out.stored_states))
+    assert len([c for c in tools.calls() if c.startswith("virsh")]) == calls  # kept, not read
+    assert fleet.decode(published(again, peer)).readiness == mine.readiness

@@ -116,18 +116,24 @@ class Peer(NamedTuple):
 # -- the record -------------------------------------------------------------------------
 
 def blockers(record: Record) -> List[str]:
-    """What keeps this host's vGPU guests from live-migrating, from its readiness."""
+    """What keeps this host's vGPU guests from live-migrating, from its readiness.
+
+    The host's own blockers (:mod:`vgpu.livemigration`) first; what this module
+    derives from the versions and flags is added only where none of them says
+    it already (a record of an older unit may carry flags without blockers).
+    """
     ready = record.readiness
     out = list(ready.blockers)
+    said = " ".join(out).lower()
     frameworks = {gpu.framework for gpu in record.gpus if gpu.framework}
-    if "vfio" in frameworks and not ready.vfio_live_migration:
+    if "vfio" in frameworks and not ready.vfio_live_migration and "vfio-live-migration" not in said:
         out.append("vfio-live-migration is off")
-    if ready.post_copy:
+    if ready.post_copy and "post-copy" not in said:
         out.append("post-copy is permitted (QEMU refuses VFIO migration with it)")
     for framework in sorted(frameworks):
         for name, least in MINIMUM.get(framework, ()):
             running = _version(getattr(ready, name))
-            if running is not None and running < least:
+            if running is not None and running < least and name not in said:
                 out.append(f"{name} {getattr(ready, name)} is older than "
                            f"{'.'.join(map(str, least))}")
     return list(dict.fromkeys(out))[:MAX_BLOCKERS]
