@@ -29,6 +29,7 @@ import re
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from . import hostroot, pci
+from . import nvml as nvml_
 from .record import NamedTuple
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def capabilities(text: str) -> Dict[str, Dict[str, str]]:
         stripped = line.strip()
         match = _GPU_LINE.fullmatch(stripped)
         if match and not line.startswith(" "):
-            gpu = _sysfs(match.group(1))
+            gpu = nvml_.bus_address(match.group(1))
             depth = None
             continue
         indent = len(line) - len(line.lstrip())
@@ -151,39 +152,15 @@ def read_fractional() -> Dict[str, bool]:
 
 def per_vm(type_numbers: Iterable[int], module: Any = None) -> Dict[int, int]:
     """NVML's ``nvmlVgpuTypeGetMaxInstancesPerVm`` per type; {} where NVML cannot be asked."""
-    nvml = module if module is not None else _pynvml()
-    if nvml is None:
-        return {}
-    try:
-        nvml.nvmlInit()
-    except (nvml.NVMLError, OSError):
-        return {}
-    out: Dict[int, int] = {}
-    try:
+    def read(nvml: Any) -> Dict[int, int]:
+        out: Dict[int, int] = {}
         for number in sorted(set(type_numbers)):
             try:
                 out[number] = int(nvml.nvmlVgpuTypeGetMaxInstancesPerVm(number))
             except nvml.NVMLError:
                 continue  # this type unknown to NVML, or the call unsupported: NVIDIA's rules
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
-    return out
+        return out
 
+    return nvml_.once(read, module) or {}
 
-def _pynvml() -> Any:
-    """nvidia-ml-py's module, or None where it is not installed."""
-    try:
-        import pynvml  # nvidia-ml-py: only where the driver's libnvidia-ml is
-    except ImportError:
-        return None
-    return pynvml
-
-
-def _sysfs(bus_id: str) -> str:
-    """nvidia-smi's ``00000000:81:00.0`` -> sysfs's ``0000:81:00.0``."""
-    domain, rest = bus_id.split(":", 1)
-    return f"{int(domain, 16):04x}:{rest.lower()}"
 

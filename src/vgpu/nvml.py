@@ -186,27 +186,18 @@ def gpu_instance_profiles(module: Any = None) -> Dict[str, Dict[str, str]]:
     {} without the driver. NVML is initialised and shut down here: no session is
     left open (an NVML client holding a GPU leaves ``-mig 1`` pending).
     """
-    nvml = module if module is not None else Session()._load()
-    if nvml is None:
-        return {}
-    try:
-        nvml.nvmlInit()
-    except (nvml.NVMLError, OSError):
-        return {}
-    out: Dict[str, Dict[str, str]] = {}
-    try:
-        for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            address = bus_address(nvml.nvmlDeviceGetPciInfo(handle).busId)
-            out[address] = _profiles(nvml, handle)
-    except nvml.NVMLError:
-        pass  # what was read stands; the rest is left to the names
-    finally:
+    def read(nvml: Any) -> Dict[str, Dict[str, str]]:
+        out: Dict[str, Dict[str, str]] = {}
         try:
-            nvml.nvmlShutdown()
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                address = bus_address(nvml.nvmlDeviceGetPciInfo(handle).busId)
+                out[address] = _profiles(nvml, handle)
         except nvml.NVMLError:
-            pass
-    return out
+            pass  # what was read stands; the rest is left to the names
+        return out
+
+    return once(read, module) or {}
 
 
 def _profiles(nvml: Any, handle: Any) -> Dict[str, str]:
