@@ -174,7 +174,7 @@ def test_a_mig_backed_profile_out_of_mig_mode_is_refused_in_the_statuss_words(ct
     assert status.message.startswith("GPU 0000:42:00.0 is not in MIG mode")
     assert (results["verdict"], results["refused"]) == ("refused", status.message)
     assert results["gpus"]["gpu-0"]["mig-mode"] == "disabled"
-    assert results["gpus"]["gpu-0"]["gpu-instances"] == "4 x 1g.24gb for DC-1-24Q"
+    assert results["gpus"]["gpu-0"]["gpu-instances"] == "4 x 1g.24gb+gfx for DC-1-24Q"
     assert host.mig_mode("0000:42:00.0")["current"] == "Disabled"
 
 
@@ -187,6 +187,6 @@ def test_gpu_instances_the_hook_would_create_leave_the_types_unknown_until_appli
     results = preview(ctx, root, settled(ctx, deb), "{DC-1-24Q: ['42:00.0']}")
     assert results["verdict"] == "unknown until applied"
     assert results["gpus"]["gpu-0"]["types-on-offer"] == (
-        "unknown until applied: its GPU instances (4 x 1g.24gb) are created first, and its VFs "
+        "unknown until applied: its GPU instances (4 x 1g.24gb+gfx) are created first, and its VFs "
         "list MIG-backed types only then")
     assert host.gpu_instances("0000:42:00.0") == []  # none created by the preview

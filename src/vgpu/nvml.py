@@ -403,3 +403,7 @@ def _encode(structure: Any) -> str:
     import base64
 
     return base64.b64encode(bytes(structure)).decode("ascii")
+
+
+if __name__ == "__main__":
+    main()
