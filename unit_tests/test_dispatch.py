@@ -313,7 +313,11 @@ def test_a_unit_among_its_peers_publishes_once_and_the_leader_names_the_odd_driv
     assert ok_action(unit, "drain-plan").results["summary"] == (
         "no vGPU guest on this host: nothing to drain")
     report = ok_action(unit, "fleet-report").results
-    assert report["summary"].startswith("2 units, 3 GPUs; 1 inconsistencies")
+    # The driver first; then this host's own live-migration readiness (vgpu.virt): nova-compute
+    # here has live migration off, while the peer's record says nothing stands in its way.
+    assert report["summary"] == ("2 units, 3 GPUs; 2 inconsistencies, first: driver 570.172.08 "
+                                 "on 1 of 2 hosts: live migration between them fails")
+    assert any("not ready to live-migrate" in i for i in json.loads(report["inconsistencies"]))
 
 
 def ok_action(unit, name, **params):
