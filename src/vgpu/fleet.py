@@ -267,7 +267,7 @@ def encode(record: Record) -> str:
                "post-copy": record.readiness.post_copy,
                "blockers": [_cut(b, 200) for b in record.readiness.blockers[:MAX_BLOCKERS]],
                "on": record.readiness.live_migration, "src": _cut(record.readiness.source, 16),
-               "warnings": [_cut(w, 200) for w in record.readiness.warnings[:MAX_BLOCKERS]]},
+               "warnings": [_cut(w, 400) for w in record.readiness.warnings[:MAX_BLOCKERS]]},
         "gpus": gpus, "n": int(record.gpu_count),
         "since": int(record.tag_since),
     }
@@ -303,7 +303,7 @@ def decode(text: Optional[str]) -> Record:
                               _maybe_flag(lm, "post-copy"),
                               tuple(_strings(lm.get("blockers"), MAX_BLOCKERS)),
                               _maybe_flag(lm, "on"),
-                              tuple(_strings(lm.get("warnings", []), MAX_BLOCKERS)),
+                              tuple(_strings(lm.get("warnings", []), MAX_BLOCKERS, 400)),
                               _text(lm, "src", 16))
         gpus = data["gpus"]
         if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
@@ -536,10 +536,10 @@ def _number(data: Mapping, key: str, most: int = 1 << 20) -> int:
     return value
 
 
-def _strings(value: object, most: int) -> Iterable[str]:
+def _strings(value: object, most: int, limit: int = 200) -> Iterable[str]:
     if not isinstance(value, list):
         raise TypeError("list")
-    return [_cut(v, 200) for v in value[:most] if isinstance(v, str)]
+    return [_cut(v, limit) for v in value[:most] if isinstance(v, str)]
 
 
 def _version(text: str) -> Optional[Tuple[int, ...]]:
