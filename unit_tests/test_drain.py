@@ -74,7 +74,7 @@ def test_nova_defaults_live_migration_off_every_running_guest_moves_cold_and_say
 def test_a_live_destination_needs_the_same_board_type_unpaused_ready_and_driver():
     _, plan = plan_of(
         record(host="gpu-1"),                                             # 1: live
-        record(host="gpu-2", driver=NEW),                                 # 2: cold only
+        record(host="gpu-2", driver="570.100.01"),                        # 2: cold only
         record(host="gpu-3", gpus=(H200._replace(memory_gb=94),)),        # 3: cold only
         record(host="gpu-4", gpus=(H200._replace(type_id="nvidia-1201"),)),  # 4: no
         record(host="gpu-5", paused=True),                                # 5: no
@@ -82,6 +82,7 @@ def test_a_live_destination_needs_the_same_board_type_unpaused_ready_and_driver(
     )
     entry = plan["guests"][0]
     assert entry["move"] == "live" and entry["destinations"] == [unit(1)]
+    assert sorted(entry["then-cold"]) == [unit(2), unit(3), unit(6)]
     _, plan = plan_of(record(host="gpu-2", driver=NEW), record(host="gpu-3", readiness=OFF),
                       record(host="gpu-4", gpus=(H200._replace(type_id="nvidia-1201"),)),
                       record(host="gpu-5", paused=True))
@@ -89,6 +90,15 @@ def test_a_live_destination_needs_the_same_board_type_unpaused_ready_and_driver(
     assert entry["move"] == "cold" and set(entry["destinations"]) == {unit(1), unit(2)}
     assert entry["destinations"][0] == unit(1)  # on the newest driver: it never moves again
     assert entry["why"].startswith("no host takes it live: ")
+
+
+def test_without_nvidias_verdict_a_running_guest_goes_cold_once_to_an_upgraded_host():
+    """Issue 40.1: a live move to a host left on the old driver only delays the stop."""
+    _, plan = plan_of(record(host="gpu-1"), record(host="gpu-2", driver=NEW))
+    entry = plan["guests"][0]
+    assert (entry["move"], entry["destinations"], entry["or-live"]) == (
+        "cold", [unit(2)], [unit(1)])
+    assert "it stops once whichever way" in entry["why"]
 
 
 def test_nvidias_live_verdict_moves_a_guest_forward_once():

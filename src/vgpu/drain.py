@@ -111,8 +111,11 @@ def drain_plan(me: str, units: Sequence[Peer], guests: Sequence[Guest],
     nowhere: Counter = Counter()
     moves: Counter = Counter()
     for guest in guests:
-        move, why, ranked = _placement(own, guest, others, verdict, newest)
-        places = _spread(me, guest, ranked, load, others)
+        move, why, ranked, cold = _placement(own, guest, others, verdict, newest)
+        move, why, places, alternative = _choose(me, own, guest, move, why, ranked, cold, load,
+                                                 newest)
+        if places:
+            load[(places[0], guest.type_id or f"whole {guest.gpu}")] += 1
         if not places:
             move = MOVE_NONE
             nowhere[why] += 1
@@ -120,7 +123,8 @@ def drain_plan(me: str, units: Sequence[Peer], guests: Sequence[Guest],
         name = _type_label(own, guest)
         planned.append({"instance": guest.instance, "type": name,
                         "state": "running" if guest.running else "shut off", "move": move,
-                        "destinations": places, "why": why})
+                        "destinations": places, "why": why,
+                        **alternative})
         rows.append([guest.instance, name, "running" if guest.running else "shut off", move,
                      ", ".join(places) or "-",
                      _command(move, _host_of(others, places[0]) if places else "", guest, why)])
@@ -140,6 +144,38 @@ def drain_plan(me: str, units: Sequence[Peer], guests: Sequence[Guest],
     }, depth=1, records="table", what="guests")
 
 
+def _choose(me: str, own: Optional[Record], guest: Guest, move: str, why: str,
+            live: Sequence[_Place], cold: Sequence[_Place], load: Counter, newest: str
+            ) -> Tuple[str, str, List[str], Dict[str, List[str]]]:
+    """(move, why, destinations, the other kind of move's destinations) for one guest.
+
+    Without NVIDIA's LIVE verdict onto a newer driver, a running guest reaches an
+    upgraded host only by a cold move: it stops once whichever way, and a live move
+    onto a host left on the old driver only delays that stop (and adds moves: the
+    guests pile up on the last of those hosts). So where an upgraded host has room
+    for it, it goes there cold, once; the live destinations are the alternative.
+    """
+    if move != MOVE_LIVE:
+        places, _ = _spread(me, guest, cold, load)
+        return move, why, places, {}
+    forward = [p for p in live if p.rank == 0]
+    if not forward and own is not None and newest and own.driver != newest:
+        upgraded = [p for p in cold if p.rank == 0]
+        places, room = _spread(me, guest, upgraded, load)
+        if room:
+            return (MOVE_COLD, f"no host on driver {newest} takes it live (NVIDIA's verdict "
+                    "does not say LIVE): it stops once whichever way, and a live move to a "
+                    "host left on the old driver only delays that stop",
+                    places, {"or-live": [p.unit for p in live]})
+    places, room = _spread(me, guest, live, load)
+    if not room and cold:  # more of this drain's guests than the live destinations hold
+        places, _ = _spread(me, guest, cold, load)
+        return (MOVE_COLD, "the hosts that take it live have no place left for it in this "
+                "drain (each holds what its record says)", places, {})
+    rest = [p.unit for p in sorted(cold, key=lambda p: p.rank) if p.unit not in places]
+    return MOVE_LIVE, why, places, ({"then-cold": rest} if rest else {})
+
+
 # -- one guest ---------------------------------------------------------------------------
 
 class _Place(NamedTuple):
@@ -150,19 +186,20 @@ class _Place(NamedTuple):
 
 def _placement(own: Optional[Record], guest: Guest, others: Sequence[Peer],
                verdict: Optional[Verdict], newest: str
-               ) -> Tuple[str, str, List[_Place]]:
-    """(move, why, the destinations unordered with their rank and capacity) for one guest."""
+               ) -> Tuple[str, str, List[_Place], List[_Place]]:
+    """(move, why, its destinations, the cold ones) for one guest, unordered, ranked."""
     here = next((g for g in own.gpus if g.address == guest.gpu), None) if own else None
     if own is None:
-        return MOVE_NONE, "this unit's own record cannot be read", []
+        return MOVE_NONE, "this unit's own record cannot be read", [], []
     if here is None:
-        return MOVE_NONE, f"its GPU {guest.gpu} is not among this host's GPUs", []
+        return MOVE_NONE, f"its GPU {guest.gpu} is not among this host's GPUs", [], []
     if guest.whole:
-        found = [_Place(p.unit, 0, n) for p in others if p.record and not p.record.paused
+        found = [_Place(p.unit, 0 if newest and p.record.driver == newest else 1, n)
+                 for p in others if p.record and not p.record.paused
                  for n in [sum(1 for g in p.record.gpus if g.whole and g.board == here.board)]
                  if n]
-        return MOVE_COLD, "on a whole GPU, which never moves live", found if here.memory_gb \
-            else []
+        found = found if here.memory_gb else []
+        return MOVE_COLD, "on a whole GPU, which never moves live", found, found
     cold: List[_Place] = []
     live: List[_Place] = []
     reasons: Counter = Counter()
@@ -188,11 +225,11 @@ def _placement(own: Optional[Record], guest: Guest, others: Sequence[Peer],
             reasons[why] += 1
     stopped = _why_not_live(own, guest)
     if stopped:
-        return MOVE_COLD, stopped, cold
+        return MOVE_COLD, stopped, cold, cold
     if live:
-        return MOVE_LIVE, "", live
+        return MOVE_LIVE, "", live, cold
     why = reasons.most_common(1)[0][0] if reasons else "no other unit publishes"
-    return MOVE_COLD, f"no host takes it live: {why}", cold
+    return MOVE_COLD, f"no host takes it live: {why}", cold, cold
 
 
 def _why_not_live(own: Record, guest: Guest) -> str:
@@ -241,14 +278,16 @@ def _live(own: Record, here: GpuRecord, guest: Guest, there: Record,
 
 # -- spread ------------------------------------------------------------------------------
 
-def _spread(me: str, guest: Guest, places: Sequence[_Place], load: Counter,
-            others: Sequence[Peer]) -> List[str]:
-    """The ordered destinations: the first by weighted rotation over the best rank, then the rest.
+def _spread(me: str, guest: Guest, places: Sequence[_Place], load: Counter
+            ) -> Tuple[List[str], bool]:
+    """(the ordered destinations, whether the first has room left in this drain).
 
-    ``load`` counts first choices given per (unit, type) in this plan, and grows.
+    The first by weighted rotation over the best rank, then the rest. ``load``
+    counts first choices given per (unit, type) in this plan (the caller adds
+    the one it gives).
     """
     if not places:
-        return []
+        return [], False
     key = guest.type_id or f"whole {guest.gpu}"
     order = _rotation(me, [p.unit for p in places])
 
@@ -258,8 +297,7 @@ def _spread(me: str, guest: Guest, places: Sequence[_Place], load: Counter,
                 (given + 1) / max(place.capacity, 1), order.index(place.unit))
 
     ranked = sorted(places, key=share)
-    load[(ranked[0].unit, key)] += 1
-    return [p.unit for p in ranked]
+    return [p.unit for p in ranked], load[(ranked[0].unit, key)] < ranked[0].capacity
 
 
 def _rotation(me: str, units: Sequence[str]) -> List[str]:
