@@ -20,7 +20,6 @@ The figures printed (``pytest -s``) are the ones docs/how-to/upgrade-driver.md g
 
 import json
 import os
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -145,9 +144,11 @@ def _addresses(xml):
 
 
 def nvidia(live_across_versions):
-    """NVIDIA's verdict as NVML gives it: LIVE for the same board on the same driver, and
-    across the two versions only where ``live_across_versions`` (a later driver that takes
-    the earlier one's migration data)."""
+    """NVIDIA's verdict as NVML gives it: LIVE for the same board on the same driver.
+
+    Across the two versions only where ``live_across_versions`` (a later driver that
+    takes the earlier one's migration data).
+    """
     def verdict(vgpu, gpu):
         (board, source), (there, target) = vgpu.split("@"), gpu.split("@")
         if board != there:
@@ -189,30 +190,11 @@ def play(tmp_path, live_across_versions):
                 asked = sum(1 for g in plan["guests"] if g["destinations"][0] == unit
                             and kinds[g["instance"]] == kind)
                 assert asked <= capacity[kind], (unit, kind, asked)
-        by_unit = {h.unit: h for h in hosts}
         for entry in plan["guests"]:
-            uuid, move = entry["instance"], entry["move"]
-            assert move in ("live", "cold"), entry
-            if move == "live":  # never an incompatible live destination
-                assert kinds[uuid] == "vgpu" and ran[uuid]
-                for unit in entry["destinations"]:
-                    there = records[unit]
-                    assert there.ready() and there.gpus[0].board == own.gpus[0].board
-                    assert there.driver == me.driver or verdict(
-                        f"{L40S}@{me.driver}", there.gpus[0].metadata) == fleet.LIVE
-            tries = [(u, move) for u in entry["destinations"]] + [
-                (u, "cold") for u in entry.get("then-cold", [])]
-            for unit, move in tries:
-                target = by_unit[unit]
-                with target:
-                    if target.place(uuid, ran[uuid], kinds[uuid] == "whole"):
-                        break
-                refused_full += 1  # Nova's scheduler refuses the full host: the next one
-            else:
-                pytest.fail(f"{uuid} found no room: {entry}")
-            with me:
-                me.remove(uuid)
-            moves[uuid].append(move)
+            check_live(entry, me, own, records, kinds, ran, verdict)
+            move, skipped = apply(entry, me, {h.unit: h for h in hosts}, kinds, ran)
+            refused_full += skipped
+            moves[entry["instance"]].append(move)
         with me:
             assert me.guests() == {}, "drained"
         me.driver = NEW  # upgraded (and rebooted): the next host is drained
@@ -224,6 +206,35 @@ def play(tmp_path, live_across_versions):
             assert len([a for a in h.held() if a != WHOLE_GPU]) <= MOST
     assert {h.driver for h in hosts} == {NEW}
     return moves, kinds, ran, refused_full
+
+
+def check_live(entry, me, own, records, kinds, ran, verdict):
+    """A live move is never given an incompatible destination."""
+    uuid = entry["instance"]
+    assert entry["move"] in ("live", "cold"), entry
+    if entry["move"] != "live":
+        return
+    assert kinds[uuid] == "vgpu" and ran[uuid]
+    for unit in entry["destinations"]:
+        there = records[unit]
+        assert there.ready() and there.gpus[0].board == own.gpus[0].board
+        assert there.driver == me.driver or verdict(
+            f"{L40S}@{me.driver}", there.gpus[0].metadata) == fleet.LIVE
+
+
+def apply(entry, me, by_unit, kinds, ran):
+    """The move applied to the guest files: (the move made, full destinations skipped)."""
+    uuid = entry["instance"]
+    tries = [(u, entry["move"]) for u in entry["destinations"]] + [
+        (u, "cold") for u in entry.get("then-cold", [])]
+    for skipped, (unit, how) in enumerate(tries):
+        target = by_unit[unit]
+        with target:  # Nova's scheduler refuses a full host: the next destination
+            if target.place(uuid, ran[uuid], kinds[uuid] == "whole"):
+                with me:
+                    me.remove(uuid)
+                return how, skipped
+    pytest.fail(f"{uuid} found no room: {entry}")
 
 
 def stops(moves, kinds, ran):

@@ -30,7 +30,7 @@ import json
 import re
 import shlex
 from collections import Counter
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .record import NamedTuple
 
@@ -166,7 +166,7 @@ class Published(NamedTuple):
     tagged: Mapping[str, str] = {}  # {VF address: its device spec's live_migratable, "true"}
 
 
-def published(sections: Mapping) -> Published:
+def published(sections) -> Published:
     """:class:`Published` from ``vgpu.novaconf`` sections as the relation holds them."""
     from . import novaconf
 
@@ -186,7 +186,7 @@ def published(sections: Mapping) -> Published:
 
 
 def gpu_records(host, mapping: Mapping[str, Sequence[str]],
-                metadata: Mapping[str, str] = {}, given: Published = Published(), *,
+                metadata: Mapping[str, str] = {}, given: Optional[Published] = None, *,
                 learnt: Mapping[str, Mapping[str, str]] = {}, driver_version: str = "",
                 limit: Optional[int] = MAX_GPUS) -> Tuple[GpuRecord, ...]:
     """Each GPU of ``host`` (a ``pci.Host``) as its peers see it; reads nothing.
@@ -201,6 +201,7 @@ def gpu_records(host, mapping: Mapping[str, Sequence[str]],
     """
     from . import capacity, catalogue, pci
 
+    given = given or Published()
     out = []
     for gpu in host.gpus[:limit]:
         functions = {gpu.address, *(vf.address for vf in gpu.vfs)}
