@@ -275,3 +275,15 @@ def test_a_rollout_over_six_units_places_every_guest(tmp_path, monkeypatch,
            f"{sum(1 for u in moves if not ran[u])} | {cold_off} | {live} | {refused} |")
     guide = (Path(__file__).parents[1] / "docs/how-to/upgrade-driver.md").read_text()
     assert row in guide, f"docs/how-to/upgrade-driver.md gives other figures than: {row}"
+
+
+def test_a_vfio_guest_started_before_the_tag_changed_has_an_unknown_request(tmp_path):
+    """Its pid file is older than the record's ``since``: Nova kept its old PCI request."""
+    host = Host(tmp_path / "host-0", 0)
+    with host:
+        host.place("0000000a-0000-4000-8000-000000000000", True, False)
+        own = host.record(limit=None)
+        here = SimpleNamespace(pci=pci.discover(), loaded_driver_version=OLD)
+        (before,) = _guests(here, own)
+        (after,) = _guests(here, own._replace(tag_since=int(2 ** 40) - 1))
+    assert (before.request, after.request) == (drain.TRUE, drain.UNKNOWN)
