@@ -10,8 +10,10 @@ functions); this helper gathers its inputs and sets what it returns:
   pause, resume, upgrade and enable-mig actions) it builds this unit's record
   and writes it to its databag **only when it differs** from what the
   databag holds (no StoredState copy). update-status reads nothing new: the
-  boot result, the charm revision and NVML's metadata are taken from the
-  databag unless it holds none or the driver changed;
+  boot result, the charm revision, NVML's metadata and the libvirt and QEMU
+  versions are taken from the databag unless it holds none or the driver
+  changed, while nova-compute's live-migration settings come from the nova.conf
+  the hook reads anyway (so the status, the record and drain-plan agree);
 * on the leader, when a peer's data changed or left (and at election), the
   application status says the fleet's most important inconsistency; a
   relation-changed on any other unit returns at once;
@@ -21,13 +23,15 @@ Live-migration readiness (``vgpu.fleet.Readiness``) is what
 :mod:`vgpu.virt` and :mod:`vgpu.livemigration` tell the status and
 list-vgpu-types: the running libvirt and QEMU versions (``virsh``, so not on
 update-status, which keeps what the databag holds while the driver is the
-same), nova-compute's post-copy setting and every blocker.
+same), nova-compute's live migration, post-copy and downtime settings, every
+blocker and warning.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Dict, Optional
 
 import ops
@@ -125,7 +129,7 @@ class Fleet(ops.Object):
         # When this host's live_migratable tags last changed: guests started before it carry
         # the PCI request of the tag before (vgpu.drain). A first record counts as always.
         since = (before.tag_since if before is not None and held == tags
-                 else 0 if before is None else int(__import__("time").time()))
+                 else 0 if before is None else int(time.time()))
         return model.Record(
             host=socket.gethostname(), revision=revision, driver=driver,
             paused=bool(self._stored.paused), boot=boot, readiness=readiness, gpus=gpus,

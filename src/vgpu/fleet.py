@@ -1,4 +1,4 @@
-"""The fleet: what each unit tells its peers, the leader's report, and a host's drain plan.
+"""The fleet: what each unit tells its peers and the leader's report (the drain plan: vgpu.drain).
 
 Pure functions on plain data (no ops, no host access): the ops-facing helper
 ``src/fleet.py`` gathers the inputs and sets what these return.
@@ -21,7 +21,7 @@ migration between H100 and H200 boards, nor between the 80 GB PCIe and 94 GB
 NVL variants), the type mapped at the destination, and both hosts ready
 (:class:`Readiness`). Where NVML gave the metadata of the running vGPU and of
 the destination's GPU, NVIDIA's own verdict (``nvmlGetVgpuCompatibility``)
-decides instead of these rules.
+decides instead of these rules (:mod:`vgpu.drain` plans the moves).
 """
 
 from __future__ import annotations
