@@ -262,6 +262,14 @@ def test_each_placement_class_is_given_once_and_a_type_without_one_gets_a_note()
     assert len(notes) == 1 and notes[0].startswith("H200X-70C: Placement has no class for it")
 
 
+def test_the_report_carries_a_units_live_migration_warnings():
+    warned = READY._replace(warnings=("downtime far from what vGPU guests need",))
+    results = fleet.report(peers(record(readiness=warned), record()))
+    assert results["units"]["unit-0"]["live-migration-warnings"] == (
+        "downtime far from what vGPU guests need")
+    assert "live-migration-warnings" not in results["units"]["unit-1"]
+
+
 def test_a_cut_record_is_said():
     found = peers(record(gpus=(H200,))._replace(gpu_count=20))
     assert fleet.inconsistencies(found) == [

@@ -487,6 +487,8 @@ def _unit_entry(peer: Peer) -> Dict[str, object]:
             "driver": record.driver or "none", "paused": "yes" if record.paused else "no",
             "boot": record.boot or "none", "live-migration": "ready" if record.ready() else
             "; ".join(blockers(record)),
+            **({"live-migration-warnings": "; ".join(record.readiness.warnings)}
+               if record.readiness.warnings else {}),
             "gpus": {f"gpu-{i}": {"address": g.address, "board": g.board,
                                   "framework": g.framework or "none",
                                   "type": g.type_name or g.type_id or "none",
