@@ -69,7 +69,6 @@ FULL_HOST = ("Nova's scheduler still checks a pinned host and refuses a full one
              "next destination")
 
 
-
 class Guest(NamedTuple):
     """One guest of this host's GPUs: a vGPU (libvirt's XML; NVML where running) or a whole GPU."""
 
