@@ -10,8 +10,10 @@ functions); this helper gathers its inputs and sets what it returns:
   pause, resume, upgrade and enable-mig actions) it builds this unit's record
   and writes it to its databag **only when it differs** from what the
   databag holds (no StoredState copy). update-status reads nothing new: the
-  boot result, the charm revision and NVML's metadata are taken from the
-  databag unless it holds none or the driver changed;
+  boot result, the charm revision, NVML's metadata and the libvirt and QEMU
+  versions are taken from the databag unless it holds none or the driver
+  changed, while nova-compute's live-migration settings come from the nova.conf
+  the hook reads anyway (so the status, the record and drain-plan agree);
 * on the leader, when a peer's data changed or left (and at election), the
   application status says the fleet's most important inconsistency; a
   relation-changed on any other unit returns at once;
@@ -21,13 +23,15 @@ Live-migration readiness (``vgpu.fleet.Readiness``) is what
 :mod:`vgpu.virt` and :mod:`vgpu.livemigration` tell the status and
 list-vgpu-types: the running libvirt and QEMU versions (``virsh``, so not on
 update-status, which keeps what the databag holds while the driver is the
-same), nova-compute's post-copy setting and every blocker.
+same), nova-compute's live migration, post-copy and downtime settings, every
+blocker and warning.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Dict, Optional
 
 import ops
@@ -93,38 +97,65 @@ class Fleet(ops.Object):
         if self.model.unit.is_leader():
             self._set_app_status(relation)
 
-    def _record(self, before: Optional[model.Record], cheap: bool) -> model.Record:
-        """This unit's record; with ``cheap`` (update-status) what costs comes from ``before``."""
+    def _record(self, before: Optional[model.Record], cheap: bool,
+                limit: Optional[int] = model.MAX_GPUS) -> model.Record:
+        """This unit's record; with ``cheap`` (update-status) what costs comes from ``before``.
+
+        Readiness is what nova.conf decides now, read as the hook reads it (one
+        reading per dispatch, :meth:`vgpu.reconcile.Host.principal_conf`); only
+        libvirt's and QEMU's versions (virsh) are kept from ``before``.
+        """
         here = self._host.facts()
         driver = here.loaded_driver_version or ""
         keep = cheap and before is not None and before.driver == driver
         if keep and before is not None:
             metadata = {g.address: g.metadata for g in before.gpus if g.metadata}
-            boot, revision, readiness = before.boot, before.revision, before.readiness
+            boot, revision = before.boot, before.revision
+            readiness = self._readiness(here, before.readiness)
         else:
             metadata = self._gpu_metadata() if driver and here.pci.gpus else {}
             boot, revision, readiness = self._boot(), self._revision(), self._readiness(here)
-        mapping = reconcile.published_mapping(
-            [r.data[self.model.unit] for r in self.model.relations[RELATION]])
+        ours = [r.data[self.model.unit] for r in self.model.relations[RELATION]]
+        mapping = reconcile.published_mapping(ours)
+        from vgpu import novaconf
+
+        given = model.published(novaconf.sections_from_relation(ours[0]) if ours else {})
         import socket  # only when a record is built
 
+        gpus = model.gpu_records(here.pci, mapping, metadata, given, learnt=_learnt(here.pci),
+                                 driver_version=driver, limit=limit)
+        tags = sorted({(g.address, g.tag) for g in gpus})
+        held = sorted({(g.address, g.tag) for g in before.gpus}) if before is not None else None
+        # When this host's live_migratable tags last changed: guests started before it carry
+        # the PCI request of the tag before (vgpu.drain). A first record counts as always.
+        since = (before.tag_since if before is not None and held == tags
+                 else 0 if before is None else int(time.time()))
         return model.Record(
             host=socket.gethostname(), revision=revision, driver=driver,
-            paused=bool(self._stored.paused), boot=boot, readiness=readiness,
-            gpus=model.gpu_records(here.pci, mapping, metadata))
+            paused=bool(self._stored.paused), boot=boot, readiness=readiness, gpus=gpus,
+            gpu_count=len(here.pci.gpus), tag_since=since)
 
-    def _readiness(self, here) -> model.Readiness:
-        """Live-migration readiness as list-vgpu-types tells it (vgpu.virt); no GPUs: the option."""
+    def _readiness(self, here, before: Optional[model.Readiness] = None) -> model.Readiness:
+        """Live-migration readiness as list-vgpu-types tells it (vgpu.virt); no GPUs: the option.
+
+        ``before``: the versions come from it (no virsh); nova.conf is read as the hook reads it.
+        """
         vfio = bool(self.model.config.get(LIVE_MIGRATION))
         if not here.pci.gpus:
             return model.Readiness(vfio_live_migration=vfio)
-        from vgpu import virt
+        from vgpu import livemigration, virt
 
-        found = virt.readiness_of(here, vfio, self._host.principal_conf, principal_app(self.model))
+        known = None
+        if before is not None:
+            known = (livemigration.parse_version(before.libvirt) if before.libvirt else None,
+                     livemigration.parse_version(before.qemu) if before.qemu else None,
+                     before.source or livemigration.UNKNOWN)
+        found = virt.readiness_of(here, vfio, self._host.principal_conf, principal_app(self.model),
+                                  known=known)
         return model.Readiness(libvirt=_version(found.libvirt), qemu=_version(found.qemu),
                                vfio_live_migration=vfio, post_copy=found.post_copy,
-                               blockers=found.blockers)
-
+                               blockers=found.blockers, live_migration=found.live_migration,
+                               warnings=found.warnings, source=found.source)
 
     @staticmethod
     def _gpu_metadata() -> Dict[str, str]:
@@ -197,35 +228,34 @@ class Fleet(ops.Object):
         event.set_results(model.report(self._peers(relation)))
 
     def _on_drain_plan(self, event: ops.ActionEvent) -> None:
-        """Where each vGPU guest of this host could go; reads only (the host and the relation)."""
-        from vgpu import catalogue, guests, pci, usage
+        """Where each guest of this host's GPUs could go; reads only (the host and the relation).
+
+        The guests are the ones the upgrade action counts (vGPUs and whole GPUs),
+        running and shut off; this host's own GPUs come from its facts, every
+        one (its record keeps at most ``vgpu.fleet.MAX_GPUS``).
+        """
+        from vgpu import drain
 
         relation = self.model.get_relation(model.RELATION)
-        try:
+        units = self._peers(relation) if relation is not None else []
+        held = next((p.record for p in units if p.unit == self.model.unit.name), None)
+        try:  # as published, refreshed as update-status would (no virsh, no NVML when published)
             here = self._host.facts()
-            learnt = catalogue.load() if any(g.framework == pci.VFIO for g in here.pci.gpus) else {}
-            uses = usage.in_use(here.pci, learnt=learnt, driver_version=here.loaded_driver_version)
+            own = self._record(held, cheap=True, limit=None)
+            found = _guests(here, own)
         except HostReadError as error:
             event.fail(f"no plan: {error}")
             return
-        units = self._peers(relation) if relation is not None else []
-        if not any(p.unit == self.model.unit.name and p.record for p in units):
-            try:  # not published yet: this unit's record as it would publish it, not written
-                units = [p for p in units if p.unit != self.model.unit.name] + [model.Peer(
-                    self.model.unit.name, self._record(None, cheap=False))]
-            except HostReadError as error:
-                event.fail(f"no plan: {error}")
-                return
-        found = [model.Guest(u.instance_uuid, u.state == guests.RUNNING, u.type_id, u.profile,
-                             u.gpu, u.framework) for u in uses]
+        units = [p for p in units if p.unit != self.model.unit.name] + [
+            model.Peer(self.model.unit.name, own)]
         verdicts = self._verdicts(found, units) if found else None
+        verdict = None
         if verdicts is not None:
             metadata, answers = verdicts
             found = [g._replace(metadata=metadata.get(g.instance, "")) for g in found]
-            event.set_results(model.drain_plan(self.model.unit.name, units, found,
-                                               lambda a, b: answers.get((a, b))))
-            return
-        event.set_results(model.drain_plan(self.model.unit.name, units, found))
+            verdict = lambda a, b: answers.get((a, b))  # noqa: E731
+        event.set_results(drain.drain_plan(self.model.unit.name, units, found, verdict,
+                                           own_gpus=own.gpus))
 
     @staticmethod
     def _verdicts(found, units):
@@ -247,6 +277,56 @@ class Fleet(ops.Object):
             return running, answers
 
         return nvml.once(read)
+
+
+def _learnt(host):
+    """The catalogue where a VFIO GPU lists no type (every VF assigned); {} otherwise (not read)."""
+    from vgpu import catalogue, pci
+
+    if any(g.framework == pci.VFIO and g.vfs and not any(vf.types for vf in g.vfs)
+           for g in host.gpus):
+        return catalogue.load()
+    return {}
+
+
+def _guests(here, own: model.Record):
+    """This host's guests as the plan takes them: each vGPU, and each GPU given whole.
+
+    A VFIO guest's PCI request is the live_migratable tag of its GPU's VFs when
+    it started after the tag last changed (``own.tag_since``), else unknown:
+    its start is when libvirt wrote its pid file (``/run/libvirt/qemu/<name>.pid``).
+    """
+    from vgpu import catalogue, drain, guests, hostroot, pci, usage
+
+    domains = guests.domains()
+    learnt = catalogue.load() if any(g.framework == pci.VFIO for g in here.pci.gpus) else {}
+    uses = usage.in_use(here.pci, domains, learnt=learnt,
+                        driver_version=here.loaded_driver_version)
+    tags = {g.address: g.tag for g in own.gpus}
+    out = []
+    for use in uses:
+        request = drain.UNKNOWN
+        if use.framework == pci.VFIO:
+            started = _started(hostroot, guests, use.domain)
+            if started is not None and started > own.tag_since:
+                request = tags.get(use.gpu, "")
+        out.append(drain.Guest(use.instance_uuid, use.state == guests.RUNNING, use.type_id,
+                               use.profile, use.gpu, use.framework, request=request))
+    whole = {g.address for g in here.pci.gpus}
+    for domain in domains:
+        for address in domain.pci:
+            if address in whole:
+                out.append(drain.Guest(domain.uuid, domain.state == guests.RUNNING, "", "",
+                                       address, "", whole=True))
+    return out
+
+
+def _started(hostroot, guests, name: str) -> Optional[float]:
+    """When libvirt started domain ``name`` (its pid file's time); None when not told."""
+    try:
+        return os.stat(hostroot.path(guests.STATUS_DIR) / f"{name}.pid").st_mtime
+    except (OSError, ValueError):
+        return None
 
 
 def _version(found) -> str:

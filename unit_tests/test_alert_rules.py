@@ -135,3 +135,13 @@ def test_the_xid_alerts_split_the_runbooks_numbers_as_vgpu_xid_does():
     section = REFERENCE.read_text().split("\n### Xid numbers\n", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| ([0-9]+) \| [^|]+ \| ([a-z]+) \|", section, re.MULTILINE))
     assert {int(k): v for k, v in rows.items()} == {x.number: x.action for x in xid.RUNBOOK}
+
+
+def test_every_alert_the_docs_name_is_a_rule():
+    """Issue 40.8: upgrade-driver.md named `VgpuFleetDriverVersionsDiffer`, a rule that is not."""
+    names = {rule["alert"] for rule in alerts(PROMETHEUS_RULES)}
+    docs = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    named = {(path.name, found) for path in docs for line in path.read_text().splitlines()
+             if "alert" in line.lower()
+             for found in re.findall(r"`((?:Nvidia)?(?:Vgpu|Gpu)[A-Z][A-Za-z]+)`", line)}
+    assert {pair for pair in named if pair[1] not in names} == set()

@@ -93,7 +93,7 @@ def test_a_peer_that_cannot_be_read_never_fails_a_hook(ctx, ready, held):
     ctx.run(ctx.on.action("fleet-report"), out)
     assert json.loads(ctx.action_results["inconsistencies"])[0] == out.app_status.message
     ctx.run(ctx.on.action("drain-plan"), out)
-    assert ctx.action_results["summary"] == "no vGPU guest on this host: nothing to drain"
+    assert ctx.action_results["summary"] == "no guest on this host's GPUs: nothing to drain"
 
 
 def test_a_relation_changed_on_a_unit_that_is_not_the_leader_returns_at_once(
@@ -163,9 +163,17 @@ def test_drain_plan_lists_each_guest_with_where_it_can_go(ctx, ready, root, nvml
     files_before = sorted(p.name for p in root.rglob("*"))
     ctx.run(ctx.on.action("drain-plan"), out)
     plan = json.loads(ctx.action_results["plan"])
-    assert plan == {"guests": [{"instance": GUEST, "type": "V100-8Q", "live-migratable": "yes",
-                                "destinations": [f"{APP}/1"]}], "unplaceable": 0}
-    assert f"--live-migration --host gpu-1 {GUEST}" in ctx.action_results["table"]
+    assert plan == {"guests": [
+        {"instance": GUEST, "type": "V100-8Q", "state": "running", "move": "cold",
+         "destinations": [f"{APP}/2"], "or-live": [f"{APP}/1"],
+         "why": "no host on driver 570.172.08 takes it live (NVIDIA's verdict does not say "
+                "LIVE): it stops once whichever way, and a live move to a host left on the old "
+                "driver only delays that stop"},
+        {"instance": "3d9f1c52-2a7e-4b5e-8f3a-1c2d3e4f5a6b", "type": "whole GPU 0x1db4/16GB",
+         "state": "shut off", "move": "none", "destinations": [],
+         "why": "on a whole GPU, which never moves live"}],
+        "unplaceable": 1, "blocks-upgrade": 1}
+    assert f"openstack server migrate --host gpu-2 {GUEST}" in ctx.action_results["table"]
     assert sorted(p.name for p in root.rglob("*")) == files_before  # it only reads
 
 
@@ -173,7 +181,7 @@ def test_drain_plan_before_the_unit_published_uses_its_record_unwritten(ctx, rea
     st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, leader=False, resource=ready)
     out = ctx.run(ctx.on.action("drain-plan"), st)
     assert published(out, peer) is None
-    assert ctx.action_results["summary"] == "no vGPU guest on this host: nothing to drain"
+    assert ctx.action_results["summary"] == "no guest on this host's GPUs: nothing to drain"
 
 
 def test_the_record_carries_the_hosts_own_live_migration_readiness(ctx, ready, tools):
@@ -193,3 +201,52 @@ def test_the_record_carries_the_hosts_own_live_migration_readiness(ctx, ready, t
         resources=out.resources, stored_states=out.stored_states))
     assert len([c for c in tools.calls() if c.startswith("virsh")]) == calls  # kept, not read
     assert fleet.decode(published(again, peer)).readiness == mine.readiness
+
+
+def test_update_status_refreshes_readiness_from_nova_conf_and_the_plan_agrees(
+        ctx, ready, root, v100, tools, nvml):
+    """Issue 40.4: post-copy permitted after the record said ready, then live migration off."""
+    running_guest(root, "instance-0000002a", GUEST, mdev_uuid="5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
+    from unit_tests.fakehost import FakeHost
+    FakeHost(root).add_mdev("0000:c1:00.0", "nvidia-108", "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
+    tools.set_virsh("10.0.0", "8.2.2")
+    ready_peer = fleet.encode(fleet.Record("gpu-1", "12", "570.158.02", False, "ok",
+                                           fleet.Readiness(live_migration=True), (V100,)))
+    st, peer = fleet_state({1: {fleet.KEY: ready_peer}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    assert fleet.decode(published(out, peer)).ready()
+    virsh = len([c for c in tools.calls() if c.startswith("virsh")])
+    v100.principal_nova_conf(libvirt=live_migration_lines(post_copy=True))
+    out = ctx.run(ctx.on.update_status(), out)
+    mine = fleet.decode(published(out, peer))
+    assert not mine.ready() and any("post-copy" in b for b in fleet.blockers(mine))
+    ctx.run(ctx.on.action("drain-plan"), out)
+    entry = json.loads(ctx.action_results["plan"])["guests"][0]
+    assert entry["move"] == "cold" and "post-copy" in entry["why"]
+    assert "--live-migration" not in ctx.action_results["table"]
+    v100.principal_nova_conf(libvirt=live_migration_lines())
+    out = ctx.run(ctx.on.update_status(), out)
+    assert fleet.decode(published(out, peer)).ready()
+    ctx.run(ctx.on.action("drain-plan"), out)
+    assert json.loads(ctx.action_results["plan"])["guests"][0]["move"] == "live"
+    assert len([c for c in tools.calls() if c.startswith("virsh")]) == virsh  # none on update
+    warnings = fleet.decode(published(out, peer)).readiness.warnings
+    assert warnings and "live-migration-downtime=500000" in warnings[0]
+
+
+def test_the_plan_and_the_upgrade_refusal_agree_on_which_guests_block(ctx, ready, root):
+    """Issue 40.3: a running guest on a whole GPU blocks the upgrade and is in the plan."""
+    running_guest(root, "instance-0000002c", "4e8a2b63-3b8f-4c6f-9a4b-2d3e4f5a6b7c",
+                  pci_address="0000:e1:00.0")
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    ctx.run(ctx.on.action("drain-plan"), out)
+    plan = json.loads(ctx.action_results["plan"])
+    assert [(g["instance"], g["type"], g["move"]) for g in plan["guests"]] == [
+        ("4e8a2b63-3b8f-4c6f-9a4b-2d3e4f5a6b7c", "whole GPU 0x1db4/16GB", "none")]  # no peer gives it whole
+    assert plan["blocks-upgrade"] == 1
+    from vgpu import guests, pci  # what the upgrade action's guard asks (charm._guard_guests)
+
+    blocking = guests.running_vgpu_guests(set(pci.discover().addresses()))
+    assert [g.instance_uuid for g in blocking] == [
+        g["instance"] for g in plan["guests"] if g["state"] == "running"]

@@ -311,7 +311,7 @@ def test_a_unit_among_its_peers_publishes_once_and_the_leader_names_the_odd_driv
     steady = ok(unit.hook("update-status"))
     assert "relation-set" not in steady.tools()  # nothing changed, nothing written
     assert ok_action(unit, "drain-plan").results["summary"] == (
-        "no vGPU guest on this host: nothing to drain")
+        "no guest on this host's GPUs: nothing to drain")
     report = ok_action(unit, "fleet-report").results
     # The driver first; then this host's own live-migration readiness (vgpu.virt): nova-compute
     # here has live migration off, while the peer's record says nothing stands in its way.

@@ -13,13 +13,14 @@ import pytest
 
 from tools import benchhosts
 from unit_tests.fake_pynvml import pynvml as fake
-from vgpu import fleet, nvml, pci, table
+from vgpu import drain, fleet, nvml, pci, table
+from vgpu.drain import drain_plan
 
 APP = "nova-compute-nvidia-vgpu"
 OLD, NEW = "570.158.02", "570.172.08"
 H200 = fleet.GpuRecord("0000:c1:00.0", "0x2335", 141, "vfio", False, "nvidia-1200",
-                       "H200X-35C", 4, resource_class="CUSTOM_NVIDIA_1200")
-READY = fleet.Readiness(vfio_live_migration=True)
+                       "H200X-35C", 4, resource_class="CUSTOM_NVIDIA_1200", tag="true")
+READY = fleet.Readiness(vfio_live_migration=True, live_migration=True)
 
 
 def record(host="gpu-1", driver=OLD, gpus=(H200,), paused=False, readiness=READY):
@@ -37,8 +38,10 @@ def peers(*records):
 # -- the record ----------------------------------------------------------------------------
 
 def test_a_record_reads_back_as_published():
-    mine = record(gpus=(H200._replace(metadata="QUJD"),),
-                  readiness=fleet.Readiness("10.0.0", "8.2.2", True, False, ("a blocker",)))
+    mine = record(gpus=(H200._replace(metadata="QUJD"), H200._replace(whole=True, tag="")),
+                  readiness=fleet.Readiness("10.0.0", "8.2.2", True, False, ("a blocker",),
+                                            True, ("a warning",), "running"))
+    mine = mine._replace(gpu_count=20, tag_since=1_765_000_000)
     assert fleet.decode(fleet.encode(mine)) == mine
 
 
@@ -79,7 +82,7 @@ def test_an_eight_gpu_host_publishes_under_16_kib_with_nvidias_metadata(root):
 
     metadata = {g.address: nvml._encode(pynvml.c_nvmlVgpuPgpuMetadata_t()) for g in host.gpus}
     mapping = {"CUSTOM_NVIDIA_1139": [vf.address for g in host.gpus for vf in g.vfs[:4]]}
-    gpus = fleet.gpu_records(host, mapping, metadata)
+    gpus = fleet.gpu_records(host, mapping, metadata, fleet.Published(reporting=True))
     assert len(gpus) == 8 and all(g.metadata for g in gpus)
     assert {(g.type_id, g.resource_class, g.most, g.memory_gb) for g in gpus} == {
         ("nvidia-1139", "CUSTOM_NVIDIA_1139", 4, 48)}
@@ -88,6 +91,47 @@ def test_an_eight_gpu_host_publishes_under_16_kib_with_nvidias_metadata(root):
     text = fleet.encode(worst)
     assert len(text.encode()) < 16 * 1024
     assert fleet.decode(text).gpus == gpus  # nothing of the GPUs was cut
+
+
+def test_the_class_each_mode_really_has_and_the_published_tag(root):
+    """Issue 40.5: a VFIO class only with pci-in-placement; the VFs' live_migratable tag."""
+    benchhosts.sriov_host(root, "vfio", 1, 8)
+    host = pci.discover()
+    vfs = [vf.address for vf in host.gpus[0].vfs[:4]]
+    mapping = {"CUSTOM_NVIDIA_1139": vfs}
+    sections = {"pci": [["device_spec", json.dumps({"address": a, "live_migratable": "yes",
+                                                    "resource_class": "CUSTOM_NVIDIA_1139"})]
+                        for a in vfs]}
+    (gpu,) = fleet.gpu_records(host, mapping, given=fleet.published(sections))
+    assert (gpu.resource_class, gpu.tag) == ("", "true")
+    sections["pci"].append(["report_in_placement", "True"])
+    (gpu,) = fleet.gpu_records(host, mapping, given=fleet.published(sections))
+    assert gpu.resource_class == "CUSTOM_NVIDIA_1139"
+
+
+def test_an_mdev_type_with_its_own_class_names_it(root):
+    benchhosts.sriov_host(root, "mdev", 1, 16)
+    host = pci.discover()
+    mapping = {"nvidia-474": [vf.address for vf in host.gpus[0].vfs[:4]]}
+    given = fleet.Published(mdev_classes={"nvidia-474": "CUSTOM_VGPU_A100_10C"})
+    (gpu,) = fleet.gpu_records(host, mapping, given=given)
+    assert gpu.resource_class == "CUSTOM_VGPU_A100_10C"
+
+
+def test_a_fully_assigned_vfio_type_keeps_its_name_and_maximum(root):
+    """Issue 40.7: no VF lists nvidia-1139 once all four hold it; the catalogue learnt its name."""
+    from unit_tests.fakehost import FakeHost
+
+    host = FakeHost(root)
+    host.add_gpu("0000:c1:00.0", device="0x26b9", totalvfs=16)
+    for i in range(4):
+        host.add_vf("0000:c1:00.0", i, f"0000:c1:00.{i + 4}", vfio_types={}, current_type=1139)
+    found = pci.discover()
+    (gpu,) = fleet.gpu_records(found, {})
+    assert (gpu.type_id, gpu.type_name, gpu.most) == ("nvidia-1139", "", 0)  # nothing to go by
+    learnt = {"0x26b9 570.158.02": {"1139": "NVIDIA L40S-12Q"}}
+    (gpu,) = fleet.gpu_records(found, {}, learnt=learnt, driver_version=OLD)
+    assert (gpu.type_id, gpu.type_name, gpu.most) == ("nvidia-1139", "L40S-12Q", 4)
 
 
 def test_a_record_too_big_for_its_metadata_drops_the_metadata_first():
@@ -197,69 +241,56 @@ def test_inconsistencies_of_a_big_fleet_stay_a_json_list_juju_accepts():
     assert found[-1].startswith("... and ") and len(found) < 400
 
 
-# -- drain-plan ------------------------------------------------------------------------------
+def test_each_placement_class_is_given_once_and_a_type_without_one_gets_a_note():
+    """Issue 40.5: VGPU, CUSTOM_VGPU_* (mdev-class-per-profile), PCI classes only when reported."""
+    mdev = H200._replace(framework="mdev", type_id="nvidia-474", type_name="A100-10C",
+                         resource_class="CUSTOM_VGPU_A100_10C", tag="")
+    plain = mdev._replace(type_id="nvidia-475", type_name="A100-20C", resource_class="VGPU")
+    unnamed = H200._replace(type_name="")  # a peer that lost the name: the same class
+    unreported = H200._replace(type_id="nvidia-1201", type_name="H200X-70C", resource_class="")
+    evil = H200._replace(type_id="nvidia-9", resource_class="CUSTOM_X $(reboot)")
+    results = fleet.report(peers(record(gpus=(mdev, plain, H200)),
+                                 record(gpus=(unnamed, unreported, evil))))
+    assert json.loads(results["capacity-commands"]) == [
+        "openstack allocation candidate list --resource CUSTOM_NVIDIA_1200=1 "
+        "--os-placement-api-version 1.12  # H200X-35C, nvidia-1200",
+        "openstack allocation candidate list --resource CUSTOM_VGPU_A100_10C=1 "
+        "--os-placement-api-version 1.12  # A100-10C",
+        "openstack allocation candidate list --resource VGPU=1 "
+        "--os-placement-api-version 1.12  # A100-20C"]
+    notes = json.loads(results["capacity-notes"])
+    assert len(notes) == 1 and notes[0].startswith("H200X-70C: Placement has no class for it")
 
-GUEST = fleet.Guest("11111111-1111-4111-8111-111111111111", True, "nvidia-1200", "H200X-35C",
-                    "0000:c1:00.0", "vfio")
+
+def test_the_report_carries_a_units_live_migration_warnings():
+    warned = READY._replace(warnings=("downtime far from what vGPU guests need",))
+    results = fleet.report(peers(record(readiness=warned), record()))
+    assert results["units"]["unit-0"]["live-migration-warnings"] == (
+        "downtime far from what vGPU guests need")
+    assert "live-migration-warnings" not in results["units"]["unit-1"]
+
+
+def test_a_cut_record_is_said():
+    found = peers(record(gpus=(H200,))._replace(gpu_count=20))
+    assert fleet.inconsistencies(found) == [
+        f"{unit(0)}'s record was cut: it lists 1 of its 20 GPUs"]
+
+
+def test_nova_compute_with_live_migration_off_is_not_ready_even_from_an_older_record():
+    assert fleet.blockers(record(readiness=READY._replace(live_migration=False))) == [
+        "nova-compute has live migration off"]
+
+
+# -- NVIDIA's verdict --------------------------------------------------------------------------
+
+GUEST = drain.Guest("11111111-1111-4111-8111-111111111111", True, "nvidia-1200", "H200X-35C",
+                    "0000:c1:00.0", "vfio", request=drain.TRUE)
 
 
 def drain(*others, guests=(GUEST,), verdict=None, me=None):
     found = peers(me or record(host="gpu-0"), *others)
-    results = fleet.drain_plan(unit(0), found, guests, verdict)
+    results = drain_plan(unit(0), found, guests, verdict)
     return results, json.loads(results["plan"])
-
-
-def test_destinations_need_the_same_driver_board_type_unpaused_and_ready():
-    results, plan = drain(
-        record(host="gpu-1"),                                             # 1: takes it
-        record(host="gpu-2", driver=NEW),                                 # 2: another driver
-        record(host="gpu-3", gpus=(H200._replace(memory_gb=94),)),        # 3: another board
-        record(host="gpu-4", gpus=(H200._replace(device_id="0x2330"),)),  # 4: H100, not H200
-        record(host="gpu-5", gpus=(H200._replace(type_id="nvidia-1201"),)),  # 5: type not mapped
-        record(host="gpu-6", paused=True),                                # 6: paused
-        record(host="gpu-7", readiness=fleet.Readiness()),                # 7: not ready
-    )
-    assert plan == {"guests": [{"instance": GUEST.instance, "type": "H200X-35C",
-                                "live-migratable": "yes", "destinations": [unit(1)]}],
-                    "unplaceable": 0}
-    assert results["summary"] == "1 vGPU guests, each has a destination"
-    assert (f"openstack server migrate --live-migration --host gpu-1 {GUEST.instance}"
-            in results["table"])
-
-
-def test_a_guest_with_nowhere_to_go_is_counted_and_why():
-    results, plan = drain(record(host="gpu-1", driver=NEW), record(host="gpu-2", driver=NEW))
-    assert plan["unplaceable"] == 1 and plan["guests"][0]["destinations"] == []
-    assert results["summary"] == (
-        "1 of 1 vGPU guests have nowhere to go (1: driver 570.172.08, not 570.158.02): "
-        "migrate them cold or in a window")
-    assert "none: driver 570.172.08, not 570.158.02" in results["table"]
-
-
-def test_a_shut_off_guest_moves_cold():
-    results, plan = drain(record(host="gpu-1"), guests=(GUEST._replace(running=False),))
-    assert plan["guests"][0]["live-migratable"] == "unknown"
-    assert plan["guests"][0]["destinations"] == [unit(1)]
-    assert f"openstack server migrate --host gpu-1 {GUEST.instance}" in results["table"]
-
-
-def test_a_host_not_ready_itself_cannot_live_migrate_its_guests():
-    _, plan = drain(record(host="gpu-1"), me=record(host="gpu-0", readiness=fleet.Readiness()))
-    assert plan["guests"][0]["live-migratable"] == "no"
-
-
-def test_the_plan_of_a_full_host_stays_json_juju_accepts():
-    guests = [GUEST._replace(instance=f"{n:08d}-1111-4111-8111-111111111111") for n in range(300)]
-    results, plan = drain(record(host="gpu-1"), guests=guests)
-    assert len(results["plan"].encode()) <= table.MAX_VALUE_BYTES
-    assert plan["unplaceable"] == 0 and len(plan["guests"]) + plan["left-out"] == 300
-    assert results["summary"] == "300 vGPU guests, each has a destination"
-
-
-def test_no_guest_nothing_to_drain():
-    results, plan = drain(record(host="gpu-1"), guests=())
-    assert plan == {"guests": [], "unplaceable": 0}
-    assert results["summary"] == "no vGPU guest on this host: nothing to drain"
 
 
 def nvidia_host(driver, board, vgpu_board=None):
@@ -298,11 +329,12 @@ def test_nvidias_verdict_overrules_the_rules_where_both_sides_gave_metadata():
 
     results, plan = drain(record(host="gpu-1", gpus=(H200._replace(metadata=refused),)),
                           guests=(GUEST._replace(metadata=mine),), verdict=verdict)
-    assert plan["guests"][0]["destinations"] == []
-    assert "NVIDIA's verdict: incompatible" in results["summary"]
-    # The same destination without NVML (no verdict): the rules take it.
+    assert plan["guests"][0]["move"] == "cold"  # no live destination; cold carries no state
+    assert "NVIDIA's verdict: not live" in plan["guests"][0]["why"]
+    # The same destination without NVML (no verdict): the rules take it live.
     _, plan = drain(record(host="gpu-1", gpus=(H200._replace(metadata=refused),)),
                     guests=(GUEST._replace(metadata=mine),))
+    assert plan["guests"][0]["move"] == "live"
     assert plan["guests"][0]["destinations"] == [unit(1)]
 
 

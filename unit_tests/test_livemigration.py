@@ -125,3 +125,24 @@ def test_the_minimums_are_novas_own():
     assert livemigration.MIN_VFIO_QEMU == driver.MIN_VFIO_PCI_VARIANT_QEMU_VERSION
     assert livemigration.MIN_MDEV_LIBVIRT == driver.MIN_MDEV_LIVEMIG_LIBVIRT_VERSION
     assert livemigration.MIN_MDEV_QEMU == driver.MIN_MDEV_LIVEMIG_QEMU_VERSION
+
+
+def test_downtime_settings_far_from_what_vgpu_guests_need_warn_and_name_the_options():
+    """Issue 40.4: charm-nova-compute's defaults (500/10/75) against Nova's vGPU guide (500000/3/3)."""
+    from vgpu import livemigration
+
+    found = livemigration.assess((10, 0, 0), (8, 2, 2), livemigration.RUNNING,
+                                 vfio_live_migration=True, live_migration=True,
+                                 frameworks=("vfio",), downtime={})
+    assert found.ready and found.warnings == (
+        "nova-compute's live-migration downtime settings (500/10/75) are far from what vGPU "
+        "guests need (500000/3/3, Nova's vGPU guide): a vGPU guest's migration may not converge; "
+        "juju config nova-compute live-migration-downtime=500000 live-migration-downtime-steps=3 "
+        "live-migration-downtime-delay=3",)
+    assert found.data()["warnings"] == found.warnings[0]
+    tuned = {"live_migration_downtime": 500000, "live_migration_downtime_steps": 3,
+             "live_migration_downtime_delay": 3}
+    assert livemigration.assess((10, 0, 0), (8, 2, 2), livemigration.RUNNING,
+                                vfio_live_migration=True, live_migration=True,
+                                frameworks=("vfio",), downtime=tuned).warnings == ()
+    assert livemigration.downtime_warnings({**tuned, "live_migration_downtime_delay": 75})

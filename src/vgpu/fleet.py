@@ -1,4 +1,4 @@
-"""The fleet: what each unit tells its peers, the leader's report, and a host's drain plan.
+"""The fleet: what each unit tells its peers and the leader's report (the drain plan: vgpu.drain).
 
 Pure functions on plain data (no ops, no host access): the ops-facing helper
 ``src/fleet.py`` gathers the inputs and sets what these return.
@@ -21,14 +21,16 @@ migration between H100 and H200 boards, nor between the 80 GB PCIe and 94 GB
 NVL variants), the type mapped at the destination, and both hosts ready
 (:class:`Readiness`). Where NVML gave the metadata of the running vGPU and of
 the destination's GPU, NVIDIA's own verdict (``nvmlGetVgpuCompatibility``)
-decides instead of these rules.
+decides instead of these rules (:mod:`vgpu.drain` plans the moves).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from collections import Counter
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .record import NamedTuple
 
@@ -47,7 +49,15 @@ MINIMUM = {"vfio": (("libvirt", (10, 0, 0)), ("qemu", (8, 2, 2))),
            "mdev": (("libvirt", (8, 6, 0)), ("qemu", (8, 1, 0)))}
 UNREAD = "unknown"
 
-LIVE, COLD, NONE = "live", "cold", "none"  # NVIDIA's verdict on a vGPU and a destination GPU
+LIVE, COLD, NONE = "live", "cold", "none"
+RESOURCE_CLASS = re.compile(r"(VGPU|CUSTOM_[A-Z0-9_]{1,248})\Z")  # Placement's class names
+HOST_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z")
+
+
+def host_name(value: str) -> bool:
+    """Whether ``value`` is a host name (RFC 1123: letters, digits, hyphens, dotted labels)."""
+    return bool(HOST_NAME.match(value or ""))  # NVIDIA's verdict on a vGPU and a destination GPU
 
 
 class RecordError(ValueError):
@@ -67,6 +77,9 @@ class Readiness(NamedTuple):
     vfio_live_migration: bool = False
     post_copy: Optional[bool] = None  # [libvirt] live_migration_permit_post_copy
     blockers: Tuple[str, ...] = ()
+    live_migration: Optional[bool] = None  # nova-compute's live migration on; None unknown
+    warnings: Tuple[str, ...] = ()  # what does not block but should be changed (downtime)
+    source: str = ""  # where libvirt's and QEMU's versions came from (vgpu.livemigration)
 
 
 class GpuRecord(NamedTuple):
@@ -82,6 +95,8 @@ class GpuRecord(NamedTuple):
     most: int = 0  # how many of that type the GPU holds; 0: unknown
     metadata: str = ""  # nvmlDeviceGetVgpuMetadata, base64; "" where NVML did not give it
     resource_class: str = ""  # what Placement counts the type in (VGPU, CUSTOM_...); "" none
+    whole: bool = False  # given whole to guests (passthrough)
+    tag: str = ""  # its VFs' device spec live_migratable: "true", "false", "" (not set)
 
     @property
     def board(self) -> str:
@@ -99,6 +114,8 @@ class Record(NamedTuple):
     boot: str = ""  # the boot step's last result: ok, failed <n>, unreadable, "" (never ran)
     readiness: Readiness = Readiness()
     gpus: Tuple[GpuRecord, ...] = ()
+    gpu_count: int = 0  # the host's GPUs: more than MAX_GPUS means the record was cut
+    tag_since: int = 0  # when its VFs' live_migratable tag last changed (epoch seconds; 0 ever)
 
     def ready(self) -> bool:
         """Whether this host can live-migrate vGPUs (nothing blocks it)."""
@@ -128,6 +145,8 @@ def blockers(record: Record) -> List[str]:
     frameworks = {gpu.framework for gpu in record.gpus if gpu.framework}
     if "vfio" in frameworks and not ready.vfio_live_migration and "vfio-live-migration" not in said:
         out.append("vfio-live-migration is off")
+    if ready.live_migration is False and "live migration off" not in said:
+        out.append("nova-compute has live migration off")
     if ready.post_copy and "post-copy" not in said:
         out.append("post-copy is permitted (QEMU refuses VFIO migration with it)")
     for framework in sorted(frameworks):
@@ -139,18 +158,52 @@ def blockers(record: Record) -> List[str]:
     return list(dict.fromkeys(out))[:MAX_BLOCKERS]
 
 
+class Published(NamedTuple):
+    """What this unit publishes to nova-compute that its record tells (from the published sections)."""
+
+    mdev_classes: Mapping[str, str] = {}  # {mdev type: VGPU or its CUSTOM_VGPU_* mdev_class}
+    reporting: bool = False  # [pci] report_in_placement: VFIO VFs and whole GPUs have classes
+    tagged: Mapping[str, str] = {}  # {VF address: its device spec's live_migratable, "true"}
+
+
+def published(sections) -> Published:
+    """:class:`Published` from ``vgpu.novaconf`` sections as the relation holds them."""
+    from . import novaconf
+
+    tagged = {}
+    for key, value in sections.get("pci", []):
+        if key != "device_spec":
+            continue
+        try:
+            spec = json.loads(value)
+            flag = str(spec.get("live_migratable", "")).strip().lower()
+            tagged[str(spec["address"])] = (
+                "true" if flag in ("yes", "true", "1", "on") else "false" if flag else "")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return Published(novaconf.mdev_classes(sections), novaconf.reports_in_placement(sections),
+                     tagged)
+
+
 def gpu_records(host, mapping: Mapping[str, Sequence[str]],
-                metadata: Mapping[str, str] = {}) -> Tuple[GpuRecord, ...]:
+                metadata: Mapping[str, str] = {}, given: Optional[Published] = None, *,
+                learnt: Mapping[str, Mapping[str, str]] = {}, driver_version: str = "",
+                limit: Optional[int] = MAX_GPUS) -> Tuple[GpuRecord, ...]:
     """Each GPU of ``host`` (a ``pci.Host``) as its peers see it; reads nothing.
 
     ``mapping``: what nova-compute has, ``{type or resource class: addresses}``
     (mdev types are found there; a VFIO GPU's type is what its VFs hold).
     ``metadata``: NVML's migration metadata per GPU address, encoded.
+    ``given``: the published classes and tags. ``learnt``: the catalogue
+    (:func:`vgpu.catalogue.load`), which names a VFIO type no VF lists any more
+    (every one assigned). ``limit``: the record's bound; None for every GPU
+    (this host's own drain plan).
     """
     from . import capacity, catalogue, pci
 
+    given = given or Published()
     out = []
-    for gpu in host.gpus[:MAX_GPUS]:
+    for gpu in host.gpus[:limit]:
         functions = {gpu.address, *(vf.address for vf in gpu.vfs)}
         offered = {t.number: t for t in gpu.offered_types()}
         for vf in gpu.vfs:
@@ -166,17 +219,35 @@ def gpu_records(host, mapping: Mapping[str, Sequence[str]],
             sizes = [t.framebuffer_mb for t in offered.values() if t.framebuffer_mb]
             whole = round(max(sizes) / 1024) if sizes else whole
         kind = offered.get(numbers[0]) if numbers else None
+        if kind is None and numbers and gpu.framework == pci.VFIO:
+            # Every VF of the type assigned: none lists it; the catalogue learnt its name.
+            from .usage import vfio_type_name
+
+            name = vfio_type_name(gpu, numbers[0],
+                                  learnt.get(catalogue.key(gpu, driver_version or None)))
+            kind = pci.VgpuType(numbers[0], name, pci.VFIO) if name else None
+        given_whole = any(gpu.address in addresses for c, addresses in mapping.items()
+                          if not c.startswith("nvidia-"))
         classes = [c for c, addresses in mapping.items()
                    if not c.startswith("nvidia-") and functions & set(addresses)]
-        resource_class = classes[0] if gpu.framework == pci.VFIO and classes else (
-            "VGPU" if numbers else "")
+        if gpu.framework == pci.VFIO or given_whole:
+            resource_class = classes[0] if classes and given.reporting else ""
+        else:
+            resource_class = given.mdev_classes.get(f"nvidia-{numbers[0]}", "VGPU") \
+                if numbers else ""
         most = capacity.most(gpu, kind, whole) if kind is not None else None
+        if kind is not None and most is None and gpu.framework == pci.VFIO and numbers and \
+                not any(vf.types for vf in gpu.vfs if not vf.current_type):
+            most = sum(1 for vf in gpu.vfs if vf.current_type == numbers[0])  # all assigned
         name = (kind.name.split()[-1] if kind is not None and kind.name else "")
+        tags = {given.tagged.get(vf.address, "") for vf in gpu.vfs
+                if vf.address in given.tagged}
         out.append(GpuRecord(
             gpu.address, gpu.device_id, int(whole or 0), gpu.framework or "",
             bool(name and pci.mig_profile(name) is not None),
-            f"nvidia-{numbers[0]}" if numbers else "", name, int(most or 0),
-            metadata.get(gpu.address, ""), resource_class))
+            f"nvidia-{numbers[0]}" if numbers and not given_whole else "", name, int(most or 0),
+            metadata.get(gpu.address, ""), resource_class, given_whole,
+            tags.pop() if len(tags) == 1 else ""))
     return tuple(out)
 
 
@@ -187,7 +258,7 @@ def encode(record: Record) -> str:
          "fw": _cut(g.framework), "mig": bool(g.mig), "type": _cut(g.type_id),
          "name": _cut(g.type_name), "max": int(g.most),
          "md": g.metadata if len(g.metadata) <= MAX_METADATA else "",
-         "rc": _cut(g.resource_class)}
+         "rc": _cut(g.resource_class), "w": bool(g.whole), "lmt": _cut(g.tag, 8)}
         for g in record.gpus[:MAX_GPUS]]
     data = {
         "v": SCHEMA, "host": _cut(record.host), "revision": _cut(record.revision),
@@ -195,8 +266,11 @@ def encode(record: Record) -> str:
         "lm": {"libvirt": _cut(record.readiness.libvirt), "qemu": _cut(record.readiness.qemu),
                "vfio": bool(record.readiness.vfio_live_migration),
                "post-copy": record.readiness.post_copy,
-               "blockers": [_cut(b, 200) for b in record.readiness.blockers[:MAX_BLOCKERS]]},
-        "gpus": gpus,
+               "blockers": [_cut(b, 200) for b in record.readiness.blockers[:MAX_BLOCKERS]],
+               "on": record.readiness.live_migration, "src": _cut(record.readiness.source, 16),
+               "warnings": [_cut(w, 400) for w in record.readiness.warnings[:MAX_BLOCKERS]]},
+        "gpus": gpus, "n": int(record.gpu_count),
+        "since": int(record.tag_since),
     }
     text = json.dumps(data, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > LIMIT:  # metadata goes first: the rules still work without it
@@ -228,13 +302,17 @@ def decode(text: Optional[str]) -> Record:
         lm = data["lm"]
         readiness = Readiness(_text(lm, "libvirt"), _text(lm, "qemu"), _flag(lm, "vfio"),
                               _maybe_flag(lm, "post-copy"),
-                              tuple(_strings(lm.get("blockers"), MAX_BLOCKERS)))
+                              tuple(_strings(lm.get("blockers"), MAX_BLOCKERS)),
+                              _maybe_flag(lm, "on"),
+                              tuple(_strings(lm.get("warnings", []), MAX_BLOCKERS, 400)),
+                              _text(lm, "src", 16))
         gpus = data["gpus"]
         if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
             raise RecordError("publishes no GPU list")
         return Record(_text(data, "host"), _text(data, "revision"), _text(data, "driver"),
                       _flag(data, "paused"), _text(data, "boot"), readiness,
-                      tuple(_gpu(g) for g in gpus))
+                      tuple(_gpu(g) for g in gpus), _number(data, "n"),
+                      _number(data, "since", 1 << 40))
     except (KeyError, TypeError, AttributeError):
         raise RecordError("publishes a record that is not shaped as schema "
                           f"{SCHEMA} says") from None
@@ -246,13 +324,14 @@ def _gpu(entry: Mapping) -> GpuRecord:
     return GpuRecord(_text(entry, "a"), _text(entry, "dev"), _number(entry, "gb"),
                      _text(entry, "fw"), _flag(entry, "mig"), _text(entry, "type"),
                      _text(entry, "name"), _number(entry, "max"),
-                     _text(entry, "md", MAX_METADATA), _text(entry, "rc"))
+                     _text(entry, "md", MAX_METADATA), _text(entry, "rc"), _flag(entry, "w"),
+                     _text(entry, "lmt", 8))
 
 
 def peers(data: Mapping[str, Optional[str]]) -> List[Peer]:
     """Every unit's :class:`Peer`, by unit name: ``data`` maps it to what its databag holds."""
     out = []
-    for unit in sorted(data, key=_unit_order):
+    for unit in sorted(data, key=unit_order):
         try:
             out.append(Peer(unit, decode(data[unit])))
         except RecordError as error:
@@ -269,6 +348,12 @@ def inconsistencies(units: Sequence[Peer]) -> List[str]:
     out.extend(_board_differences(readable))
     out.extend(_readiness_differences(readable))
     out.extend(f"{p.unit} cannot be read: it {p.problem}" for p in units if p.record is None)
+    out.extend(f"{p.unit} publishes {p.record.host!r} as its host, which is not a host name "
+               "(RFC 1123): it is no destination of any drain plan"
+               for p in readable if p.record and not host_name(p.record.host))
+    out.extend(f"{p.unit}'s record was cut: it lists {len(p.record.gpus)} of its "
+               f"{p.record.gpu_count} GPUs" for p in readable
+               if p.record and p.record.gpu_count > len(p.record.gpus))
     return out
 
 
@@ -332,19 +417,47 @@ def report(units: Sequence[Peer]) -> Dict[str, object]:
                      "ready" if record.ready() else "no: " + "; ".join(blockers(record)),
                      record.boot or "-", "yes" if record.paused else "no"])
     found = inconsistencies(units)
-    classes = sorted({(g.type_name or g.type_id, g.resource_class) for p in units if p.record
-                      for g in p.record.gpus if g.type_id and g.resource_class})
+    commands, notes = capacity_commands(units)
     results: Dict[str, object] = {
         "summary": _summary(units, found),
         "inconsistencies": _json_list(found),
-        "capacity-commands": json.dumps(
-            [f"openstack allocation candidate list --resource {rc}=1 "
-             f"--os-placement-api-version 1.12  # {name}" for name, rc in classes]),
+        "capacity-commands": _json_list(commands),
+        "capacity-notes": _json_list(notes),
         "table": table.render(["unit", "host", "driver", "gpus", "boards", "types",
                                "live migration", "boot", "paused"], rows, what="units"),
         "units": nested,
     }
     return table.fit(results, depth=2, records="units", what="units")
+
+
+def capacity_commands(units: Sequence[Peer]) -> Tuple[List[str], List[str]]:
+    """(Placement's command per resource class, once; what to look at for types it has no class).
+
+    The class each mode really has: ``VGPU`` for mdev types, or the
+    ``CUSTOM_VGPU_*`` class of ``mdev_class`` (mdev-class-per-profile); a VFIO
+    type's or whole GPU's ``CUSTOM_*`` class only where the host reports PCI
+    devices in Placement (pci-in-placement), which the record says by
+    publishing a class at all. A class that is not one Placement could have is
+    a peer's text: it is left out, never printed into a command.
+    """
+    classes: Dict[str, set] = {}
+    unclassed: set = set()
+    for peer in units:
+        for gpu in peer.record.gpus if peer.record else ():
+            name = gpu.type_name or gpu.type_id or (f"whole GPU {gpu.board}" if gpu.whole else "")
+            if not name:
+                continue
+            if gpu.resource_class and RESOURCE_CLASS.match(gpu.resource_class):
+                classes.setdefault(gpu.resource_class, set()).add(name)
+            elif not gpu.resource_class:
+                unclassed.add(name)
+    commands = [f"openstack allocation candidate list --resource {shlex.quote(rc)}=1 "
+                f"--os-placement-api-version 1.12  # {', '.join(sorted(classes[rc]))}"
+                for rc in sorted(classes)]
+    notes = [f"{name}: Placement has no class for it (VFIO VFs without pci-in-placement); its "
+             "free VFs are in each unit's status and list-vgpu-types, and in Nova's PCI "
+             "devices (openstack hypervisor show)" for name in sorted(unclassed)]
+    return commands, notes
 
 
 def _json_list(items: Sequence[str]) -> str:
@@ -374,6 +487,8 @@ def _unit_entry(peer: Peer) -> Dict[str, object]:
             "driver": record.driver or "none", "paused": "yes" if record.paused else "no",
             "boot": record.boot or "none", "live-migration": "ready" if record.ready() else
             "; ".join(blockers(record)),
+            **({"live-migration-warnings": "; ".join(record.readiness.warnings)}
+               if record.readiness.warnings else {}),
             "gpus": {f"gpu-{i}": {"address": g.address, "board": g.board,
                                   "framework": g.framework or "none",
                                   "type": g.type_name or g.type_id or "none",
@@ -387,136 +502,6 @@ def _boards(record: Record) -> List[str]:
 
 def _types(record: Record) -> List[str]:
     return sorted({g.type_name or g.type_id for g in record.gpus if g.type_id})
-
-
-# -- the drain plan ---------------------------------------------------------------------
-
-class Guest(NamedTuple):
-    """One vGPU a guest holds on the host to drain (from libvirt's XML; NVML where running)."""
-
-    instance: str  # Nova's instance UUID
-    running: bool
-    type_id: str
-    type_name: str  # the profile; the type id when unknown
-    gpu: str  # its physical GPU's address
-    framework: str
-    metadata: str = ""  # nvmlVgpuInstanceGetMetadata of the running vGPU, base64; "" none
-
-
-Verdict = Callable[[str, str], Optional[str]]  # (vGPU metadata, GPU metadata) -> LIVE/COLD/NONE
-
-
-def drain_plan(me: str, units: Sequence[Peer], guests: Sequence[Guest],
-               verdict: Optional[Verdict] = None) -> Dict[str, object]:
-    """drain-plan's results for unit ``me`` (whose own record is among ``units``).
-
-    ``verdict``: NVIDIA's answer for a running vGPU's metadata against a
-    destination GPU's (None where NVML cannot be asked): it decides where both
-    are known; the rules of the module doc decide elsewhere.
-    """
-    from . import table
-
-    own = next((p.record for p in units if p.unit == me and p.record), None)
-    others = [p for p in units if p.unit != me and p.record is not None]
-    planned: List[Dict[str, object]] = []
-    rows: List[List[str]] = []
-    nowhere: Counter = Counter()
-    for guest in guests:
-        live, why, places = _placement(own, guest, others, verdict)
-        if not places:
-            nowhere[why] += 1
-        planned.append({"instance": guest.instance, "type": guest.type_name or guest.type_id,
-                        "live-migratable": live, "destinations": places})
-        host = _host_of(others, places[0]) if places else ""
-        command = (f"openstack server migrate --live-migration --host {host} {guest.instance}"
-                   if places and live == "yes" else
-                   f"openstack server migrate --host {host} {guest.instance}" if places else
-                   f"none: {why}")
-        rows.append([guest.instance, guest.type_name or guest.type_id,
-                     "running" if guest.running else "shut off", live,
-                     ", ".join(places) or "-", command])
-    unplaceable = sum(nowhere.values())
-    plan: Dict[str, object] = {"guests": planned, "unplaceable": unplaceable}
-    text = json.dumps(plan)
-    while len(text.encode()) > table.MAX_VALUE_BYTES and planned:
-        planned.pop()  # whole guests from the end; the table still lists them
-        plan["left-out"] = len(guests) - len(planned)
-        text = json.dumps(plan)
-    return table.fit({
-        "summary": _drain_summary(len(guests), nowhere),
-        "plan": text,
-        "table": table.render(["instance", "type", "state", "live", "destinations", "command"],
-                              rows, what="guests", where="plan"),
-    }, depth=1, records="table", what="guests")
-
-
-def _placement(own: Optional[Record], guest: Guest, others: Sequence[Peer],
-               verdict: Optional[Verdict]) -> Tuple[str, str, List[str]]:
-    """(live-migratable: yes/no/unknown, why nowhere, destinations) for one guest."""
-    here = next((g for g in own.gpus if g.address == guest.gpu), None) if own else None
-    if own is None or here is None:
-        return "unknown", "this unit's own record cannot be read", []
-    places: List[str] = []
-    live_any = False
-    reasons: Counter = Counter()
-    for peer in others:
-        record = peer.record
-        assert record is not None
-        can, moves_live, why = _destination(own, here, guest, record, verdict)
-        if can:
-            places.append(peer.unit)
-            live_any = live_any or moves_live
-        else:
-            reasons[why] += 1
-    live: str
-    if not guest.running:
-        live = "unknown"  # a shut-off guest has no running vGPU: a cold migration
-    elif not own.ready():
-        live = "no"
-    else:
-        live = "yes" if live_any else ("no" if places else "unknown")
-    why = reasons.most_common(1)[0][0] if reasons else "no other unit publishes"
-    return live, why, places
-
-
-def _destination(own: Record, here: GpuRecord, guest: Guest, there: Record,
-                 verdict: Optional[Verdict]) -> Tuple[bool, bool, str]:
-    """(can take it, live, why not) for one peer."""
-    if there.paused:
-        return False, False, "paused"
-    fits = [g for g in there.gpus if g.type_id == guest.type_id]
-    if not fits:
-        return False, False, f"{guest.type_name or guest.type_id} not mapped"
-    same_board = [g for g in fits if g.board == here.board and g.memory_gb]
-    if verdict is not None and guest.metadata and any(g.metadata for g in fits):
-        answers = [verdict(guest.metadata, g.metadata) for g in fits if g.metadata]
-        if LIVE in answers:
-            return True, own.ready() and there.ready(), ""
-        if COLD in answers:
-            return True, False, ""
-        if any(a == NONE for a in answers):
-            return False, False, "NVIDIA's verdict: incompatible"
-    if there.driver != own.driver:
-        return False, False, f"driver {there.driver or 'none'}, not {own.driver or 'none'}"
-    if not same_board:
-        return False, False, f"another board than {here.board}"
-    if not there.ready():
-        return False, False, "not ready to live-migrate"
-    return True, own.ready(), ""
-
-
-def _drain_summary(total: int, nowhere: Counter) -> str:
-    if not total:
-        return "no vGPU guest on this host: nothing to drain"
-    if not nowhere:
-        return f"{total} vGPU guests, each has a destination"
-    why = "; ".join(f"{n}: {reason}" for reason, n in nowhere.most_common())
-    return (f"{sum(nowhere.values())} of {total} vGPU guests have nowhere to go ({why}): "
-            "migrate them cold or in a window")
-
-
-def _host_of(units: Sequence[Peer], unit: str) -> str:
-    return next((p.record.host for p in units if p.unit == unit and p.record), unit)
 
 
 # -- bounded reading ----------------------------------------------------------------------
@@ -547,17 +532,17 @@ def _maybe_flag(data: Mapping, key: str) -> Optional[bool]:
     return value
 
 
-def _number(data: Mapping, key: str) -> int:
+def _number(data: Mapping, key: str, most: int = 1 << 20) -> int:
     value = data.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 20:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < most:
         raise TypeError(key)
     return value
 
 
-def _strings(value: object, most: int) -> Iterable[str]:
+def _strings(value: object, most: int, limit: int = 200) -> Iterable[str]:
     if not isinstance(value, list):
         raise TypeError("list")
-    return [_cut(v, 200) for v in value[:most] if isinstance(v, str)]
+    return [_cut(v, limit) for v in value[:most] if isinstance(v, str)]
 
 
 def _version(text: str) -> Optional[Tuple[int, ...]]:
@@ -574,6 +559,7 @@ def _listing(names: Sequence[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _unit_order(unit: str) -> Tuple[str, int]:
+def unit_order(unit: str) -> Tuple[str, int]:
+    """A unit name's sort key: application, then the unit's number (2 before 10)."""
     app, _, number = unit.rpartition("/")
     return (app, int(number) if number.isdigit() else -1)

@@ -29,6 +29,13 @@ Sources (each checked in the code named):
   settings from its options ``live-migration-permit-post-copy``,
   ``live-migration-downtime``, ``-steps`` and ``-delay``, only with
   ``enable-live-migration``: the fix is a ``juju config nova-compute``.
+  Its config.yaml (checked at 77f2e9e, 2026-06) defaults them to 500 ms, 10
+  steps and 75 s, Nova's own defaults (``nova/conf/libvirt.py``: 500, 10, 75;
+  minimums 100, 3, 3). Nova's vGPU guide and Red Hat's vGPU live-migration
+  configuration use 500000, 3 and 3: a vGPU's framebuffer takes long to copy,
+  and with the defaults the switchover waits up to 10 x 75 s per GiB before its
+  downtime grows. :func:`downtime_warnings` warns (it does not block) when a
+  value is more than twice as far from theirs.
 """
 
 from __future__ import annotations
@@ -56,6 +63,10 @@ POST_COPY_FIX = "juju config {principal} live-migration-permit-post-copy=false"
 # NVIDIA mdevs: Nova 34.0.0 doc/source/admin/virtual-gpu.rst, set through charm-nova-compute.
 DOWNTIME_SETTINGS = (("live-migration-downtime", "500000"), ("live-migration-downtime-steps", "3"),
                      ("live-migration-downtime-delay", "3"))
+# nova.conf's [libvirt] keys of those options, with Nova's (and charm-nova-compute's) defaults.
+DOWNTIME_KEYS = (("live_migration_downtime", "live-migration-downtime", 500),
+                 ("live_migration_downtime_steps", "live-migration-downtime-steps", 10),
+                 ("live_migration_downtime_delay", "live-migration-downtime-delay", 75))
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,7 @@ class Readiness:
     vfio_live_migration: bool  # the charm's option: VFIO device specs live_migratable
     frameworks: Tuple[str, ...] = ()  # vgpu.pci's frameworks of the published vGPUs
     blockers: Tuple[str, ...] = ()  # why guests cannot live-migrate; () when they can
+    warnings: Tuple[str, ...] = ()  # what lets them move but badly (downtime settings)
 
     @property
     def ready(self) -> bool:
@@ -84,7 +96,8 @@ class Readiness:
                 "post-copy": _flag(self.post_copy),
                 "vfio-live-migration": _flag(self.vfio_live_migration),
                 "ready": _flag(self.ready),
-                "why-not": "; ".join(self.blockers) or "nothing: guests can live-migrate"}
+                "why-not": "; ".join(self.blockers) or "nothing: guests can live-migrate",
+                **({"warnings": "; ".join(self.warnings)} if self.warnings else {})}
 
 
 def parse_version(value: str) -> Optional[Version]:
@@ -132,7 +145,8 @@ def parse_virsh(output: str) -> Tuple[Optional[Version], Optional[Version]]:
 def assess(libvirt: Optional[Version], qemu: Optional[Version], source: str, *,
            vfio_live_migration: bool, live_migration: Optional[bool] = None,
            post_copy: Optional[bool] = None, frameworks: Sequence[str] = (),
-           nova_major: Optional[int] = None, principal: str = "nova-compute") -> Readiness:
+           nova_major: Optional[int] = None, principal: str = "nova-compute",
+           downtime: Optional[Dict[str, int]] = None) -> Readiness:
     """The record, with every blocker, for guests on ``frameworks`` (``vfio``, ``mdev``)."""
     blockers = list(version_problems(libvirt, qemu, source, "vfio" in frameworks
                                      or not frameworks))
@@ -147,8 +161,30 @@ def assess(libvirt: Optional[Version], qemu: Optional[Version], source: str, *,
         blockers.append(f"{principal} has live migration off (enable-live-migration)")
     if post_copy:
         blockers.append(post_copy_problem(principal))
+    warnings = downtime_warnings(downtime or {}, principal) if live_migration else ()
     return Readiness(libvirt, qemu, source, live_migration, post_copy, vfio_live_migration,
-                     tuple(frameworks), tuple(blockers))
+                     tuple(frameworks), tuple(blockers), warnings)
+
+
+def downtime_warnings(values: Dict[str, int], principal: str = "nova-compute") -> Tuple[str, ...]:
+    """A warning when nova-compute's downtime settings are far from what vGPU guests need.
+
+    ``values``: nova.conf's ``[libvirt]`` ``live_migration_downtime*`` as read
+    (a key absent: Nova's default). Far: downtime below half of 500000 ms, or
+    steps or delay above twice 3 (Nova's vGPU guide; Red Hat's configuration).
+    """
+    wanted = dict(DOWNTIME_SETTINGS)
+    found = {option: values.get(key, default) for key, option, default in DOWNTIME_KEYS}
+    far = (found["live-migration-downtime"] < int(wanted["live-migration-downtime"]) // 2
+           or found["live-migration-downtime-steps"] > 2 * int(wanted["live-migration-downtime-steps"])
+           or found["live-migration-downtime-delay"] > 2 * int(wanted["live-migration-downtime-delay"]))
+    if not far:
+        return ()
+    now = "/".join(str(found[option]) for _, option, _ in DOWNTIME_KEYS)
+    fix = " ".join(f"{option}={value}" for option, value in DOWNTIME_SETTINGS)
+    return (f"{principal}'s live-migration downtime settings ({now}) are far from what vGPU "
+            f"guests need (500000/3/3, Nova's vGPU guide): a vGPU guest's migration may not "
+            f"converge; juju config {principal} {fix}",)
 
 
 def version_problems(libvirt: Optional[Version], qemu: Optional[Version], source: str,

@@ -24,7 +24,7 @@ update-status starts no virsh otherwise.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterable, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple
 
 from . import dpkg, run
 from .errors import CommandError, HostReadError, PrincipalConfigError
@@ -90,27 +90,46 @@ def nova_settings(conf) -> Tuple[Optional[bool], Optional[bool]]:
     return on, post_copy
 
 
+def downtime(conf) -> Dict[str, int]:
+    """nova.conf's ``[libvirt] live_migration_downtime*`` that read as numbers (a later file wins)."""
+    out: Dict[str, int] = {}
+    for _, parsed in conf or ():
+        section = parsed.get("libvirt", {})
+        for key in LIVE_MIGRATION_KEYS[1:4]:
+            values = section.get(key)
+            if values and values[-1].strip().isdigit():
+                out[key] = int(values[-1].strip())
+    return out
+
+
 def readiness(*, vfio_live_migration: bool, frameworks: Iterable[str], load=None,
               nova_major: Optional[int] = None, principal: str = "nova-compute",
-              read_versions: bool = True) -> "livemigration.Readiness":
+              read_versions: bool = True, known=None) -> "livemigration.Readiness":
     """The host's :class:`vgpu.livemigration.Readiness` (``load``: reads nova-compute's files).
 
     ``read_versions`` False asks nothing of libvirt or dpkg (the versions are
-    then unknown): for a note that needs only nova.conf.
+    then unknown): for a note that needs only nova.conf. ``known``: (libvirt,
+    QEMU, source) read before (update-status: no virsh), used as read.
     """
     from . import livemigration
 
-    live, post_copy = None, None
+    live, post_copy, times = None, None, {}
     if load is not None:
         try:
-            live, post_copy = nova_settings(load())
+            conf = load()
+            live, post_copy = nova_settings(conf)
+            times = downtime(conf)
         except (HostReadError, PrincipalConfigError) as error:  # the [pci] check says it too
             log.warning("cannot read %s's live-migration settings: %s", principal, error)
-    libvirt, qemu, source = versions() if read_versions else (None, None, livemigration.UNKNOWN)
+    if known is not None:
+        libvirt, qemu, source = known
+    else:
+        libvirt, qemu, source = versions() if read_versions else (None, None,
+                                                                  livemigration.UNKNOWN)
     return livemigration.assess(libvirt, qemu, source, vfio_live_migration=vfio_live_migration,
                                 live_migration=live, post_copy=post_copy,
                                 frameworks=tuple(sorted(set(frameworks))), nova_major=nova_major,
-                                principal=principal)
+                                principal=principal, downtime=times)
 
 
 def frameworks_of(gpus) -> Tuple[str, ...]:
@@ -119,12 +138,15 @@ def frameworks_of(gpus) -> Tuple[str, ...]:
 
 
 def readiness_of(here, vfio_live_migration: bool, load,
-                 principal: str = "nova-compute") -> "livemigration.Readiness":
-    """:func:`readiness` for the host ``here`` (vgpu.facts.Facts): its GPUs' frameworks, its Nova."""
+                 principal: str = "nova-compute", known=None) -> "livemigration.Readiness":
+    """:func:`readiness` for the host ``here`` (vgpu.facts.Facts): its GPUs' frameworks, its Nova.
+
+    ``known``: the versions read before (see :func:`readiness`), so no virsh runs.
+    """
     release = here.supported_release()
     return readiness(vfio_live_migration=vfio_live_migration, frameworks=frameworks_of(
         here.pci.gpus), load=load, nova_major=release.nova_major if release else None,
-        principal=principal)
+        principal=principal, known=known)
 
 
 def action_results(here, vfio_live_migration: bool, load,
