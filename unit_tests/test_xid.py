@@ -4,6 +4,7 @@ The metrics on a fixture host: test_metrics.py; the exporter's process: test_exp
 Prometheus evaluating the alerts: test_prometheus.py and unit_tests/prometheus/.
 """
 
+import json
 import threading
 import time
 
@@ -61,6 +62,79 @@ def test_an_xid_in_another_pci_domain_keeps_it():
     (event,) = xid.Parser().feed("NVRM: Xid (PCI:0001:C8:00): 48, An uncorrectable double bit "
                                  "error (DBE) has been detected on GPU in the framebuffer.", T0)
     assert event == xid.Event("0001:c8:00.0", 48, T0)
+
+
+# -- only the driver's own lines, of GPUs this host has ----------------------------------------
+
+# The kernel's line for a process that crashed (arch/x86/mm/fault.c's show_signal_msg: "<comm>[<pid>]:
+# segfault at <address> ip <ip> sp <sp> error <code> in <file>[<offset>]"): the process' name and
+# the file's are the user's to choose, so an unprivileged user can put a driver's words in them.
+SEGFAULT = ("foo[123]: segfault at 0 ip 00007f3a1c2b4e10 sp 00007ffd2c1d8e40 error 4 in NVRM: Xid "
+            "(PCI:0000:01:00): 79, GPU has fallen off the bus.[7f3a1c2b4000+1000]")
+# The same with a newline in the file's name and a process named "NVRM: x": every line starts
+# with the driver's prefix, the first is not one of its lines.
+SEGFAULT_LINES = ("NVRM: x[123]: segfault at 0 ip 00007f3a1c2b4e10 sp 00007ffd2c1d8e40 error 4 in "
+                  "a\nNVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.[7f3a1c2b4000+1000]")
+# The kernel's PCI core adding a GPU at boot (drivers/pci/probe.c, pci_setup_device's
+# "[%04x:%04x] type %02x class %#08x"; an H100's ids).
+ENUMERATED_01 = "pci 0000:01:00.0: [10de:2330] type 00 class 0x030200 PCIe Endpoint"
+
+
+@pytest.mark.parametrize("message", [
+    SEGFAULT, SEGFAULT_LINES,
+    "kernel: NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",  # not at the start
+    "audit: NVRM: The NVIDIA GPU 0000:01:00.0 has fallen off the bus",
+])
+def test_text_a_user_chose_in_a_kernel_message_is_no_xid(journal, message):
+    journal.kernel([ENUMERATED_01, message], T0)
+    watch = caught_up(xid.Watch())
+    samples = watch.samples(["0000:01:00.0"])
+    counts = series(samples, "nvidia_vgpu_xid_errors")
+    assert counts and not any(counts.values())  # the GPU's series, all 0
+    assert not series(samples, "nvidia_vgpu_xid_last_seen_timestamp_seconds")
+    assert not any(series(samples, "nvidia_vgpu_xid_gpu_lost").values())
+
+
+def test_only_the_kernels_transport_is_read():
+    line = json.dumps({"__CURSOR": "c1", "__REALTIME_TIMESTAMP": "1", "_TRANSPORT": "syslog",
+                       "MESSAGE": XID_63}) + "\n"
+    kernel = line.replace('"syslog"', '"kernel"').replace("c1", "c2")
+    unsaid = line.replace(', "_TRANSPORT": "syslog"', "").replace("c1", "c3")
+    entries = xid._entries((line + kernel + unsaid).encode())
+    assert [(e.cursor, e.message) for e in entries] == [("c1", ""), ("c2", XID_63), ("c3", "")]
+    assert "--output-fields=MESSAGE,_TRANSPORT" in xid.command(None)
+
+
+def test_a_gpu_the_kernel_added_this_boot_and_since_lost_is_counted(journal):
+    """Gone from sysfs before the exporter started: the kernel's own PCI line made it known."""
+    journal.kernel([ENUMERATED_01.replace("01:00.0", "2b:00.0"), *XID_79], T0)
+    samples = caught_up(xid.Watch()).samples(["0000:81:00.0"])
+    assert series(samples, "nvidia_vgpu_xid_errors")[("0000:2b:00.0", "79")] == 1
+    lost = series(samples, "nvidia_vgpu_xid_gpu_lost")
+    assert lost[("0000:2b:00.0", "kernel")] == 1 and lost[("0000:2b:00.0", "pci")] == 1
+
+
+def test_an_xid_of_a_gpu_this_host_never_had_is_never_served(journal):
+    journal.kernel(XID_79, T0)
+    samples = caught_up(xid.Watch()).samples(["0000:81:00.0"])
+    assert {dict(s.labels)["gpu"] for s in samples} == {"0000:81:00.0"}
+
+
+# NVIDIA's "NVIDIA A100 GPU Memory Error Management" (docs.nvidia.com/deploy/a100-gpu-mem-error-
+# mgmt/, "User Visible Statistics"): with MIG on the line names the GPU instance in the parentheses.
+XID_95_MIG = "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 95, pid=2345, name=qemu-system-x86, Uncontained"
+XID_94_MIG = ("NVRM: Xid (PCI:0000:01:00 GPU-I:01): 94, pid=2346, name=qemu-system-x86, Ch "
+              "00000008, errorString CTX SWITCH TIMEOUT, Info 0x0")
+
+
+def test_the_mig_form_counts_for_the_gpu_and_names_its_gpu_instance(journal):
+    journal.kernel([XID_95_MIG, XID_94_MIG, XID_95_MIG,
+                    "NVRM: Xid (PCI:0000:01:00 GPU-I:999): 95, too big an instance id"], T0)
+    samples = caught_up(xid.Watch()).samples(["0000:01:00.0"])
+    counts = series(samples, "nvidia_vgpu_xid_errors")
+    assert counts[("0000:01:00.0", "95")] == 3 and counts[("0000:01:00.0", "94")] == 1
+    assert series(samples, "nvidia_vgpu_xid_gpu_instance_errors") == {
+        ("0000:01:00.0", "5", "95"): 2, ("0000:01:00.0", "1", "94"): 1}
 
 
 # -- reading the journal -----------------------------------------------------------------------
@@ -138,7 +212,8 @@ def test_a_journalctl_that_fails_is_said_and_what_was_read_stays(journal):
     journal.fail()
     watch.poll()
     assert watch.journal_up() is False
-    assert series(watch.samples([]), "nvidia_vgpu_xid_errors")[("0000:10:1c.0", "63")] == 1
+    counts = series(watch.samples(["0000:10:1c.0"]), "nvidia_vgpu_xid_errors")
+    assert counts[("0000:10:1c.0", "63")] == 1
     journal.fail(False)
     watch.poll()
     assert watch.journal_up() is True
@@ -154,7 +229,8 @@ def test_without_journalctl_the_journal_is_said_unreadable(root, monkeypatch):
 def test_a_message_that_is_not_utf8_is_read(journal):
     journal.add("NVRM: Xid (PCI:0000:03:00): 31, name=\udcff\udcfe, MMU Fault", T0)
     watch = caught_up(xid.Watch())
-    assert series(watch.samples([]), "nvidia_vgpu_xid_errors")[("0000:03:00.0", "31")] == 1
+    counts = series(watch.samples(["0000:03:00.0"]), "nvidia_vgpu_xid_errors")
+    assert counts[("0000:03:00.0", "31")] == 1
 
 
 def test_an_exporter_restarted_reads_the_whole_boot_again(journal):
@@ -214,12 +290,22 @@ def test_sysfs_unread_says_nothing_of_pci(journal):
     assert lost == {("0000:81:00.0", "kernel"): 0}
 
 
-def test_a_flood_of_lines_cannot_grow_the_process(journal):
-    watch = xid.Watch(reader=lambda cursor: xid.Chunk(tuple(
-        xid.Entry(f"c{n}", T0, f"NVRM: Xid (PCI:{n:04x}:01:00): {n % 1000}, x")
-        for n in range(5000)), complete=True))
-    watch.poll()
-    assert len({dict(s.labels)["gpu"] for s in watch.samples([])}) == xid.MAX_GPUS
+def test_a_flood_of_made_up_gpus_takes_no_slot_and_drops_no_real_xid(journal):
+    """64 and more driver-shaped lines for GPUs this host lacks, then a real Xid 48: counted."""
+    real = "0000:81:00.0"
+    flood = [f"NVRM: Xid (PCI:{n:04x}:01:00): 79, GPU has fallen off the bus." for n in range(
+        1, 200)]
+    journal.kernel(flood + ["NVRM: Xid (PCI:0000:81:00): 48, An uncorrectable double bit "
+                            "error (DBE) has been detected on GPU in the framebuffer."], T0)
+    watch = caught_up(xid.Watch(known=lambda: [real]))
+    samples = watch.samples([real])
+    assert {dict(s.labels)["gpu"] for s in samples} == {real}  # no made-up GPU served
+    assert series(samples, "nvidia_vgpu_xid_errors")[(real, "48")] == 1
+    assert not any(v for (g, src), v in series(samples, "nvidia_vgpu_xid_gpu_lost").items())
+    # What waits for addresses not known is bounded: the first MAX_GPUS, no more.
+    later = [f"{n:04x}:01:00.0" for n in (1, xid.MAX_GPUS, xid.MAX_GPUS + 1)]
+    counts = series(watch.samples([real, *later]), "nvidia_vgpu_xid_errors")
+    assert [counts[(gpu, "79")] for gpu in later] == [1, 1, 0]
 
 
 def test_the_runbooks_reset_and_guest_xids_split_the_runbook():
