@@ -214,7 +214,7 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         assert active == {"NvidiaVgpuTypeCapacityExhausted", "NvidiaVgpuBootStepFailed",
                           "NvidiaVgpuPublishedVfWithoutType", "NvidiaVgpuMappingNotApplied",
                           "NvidiaVgpuUnlicensedPastGracePeriod", "NvidiaVgpuUnlicensed",
-                          "NvidiaGpuFallenOffTheBus", "NvidiaGpuXidNeedsReset", "NvidiaGpuXidError",
+                          "NvidiaGpuXidRebootNode", "NvidiaGpuXidResetGpu", "NvidiaGpuXidRestartGuest",
                           "NvidiaVgpuExporterSourceUnreadable"}  # nvml: the failed calls
         firing = {a["labels"]["alertname"]: a["labels"] for a in api(web, "alerts")["data"]["alerts"]
                   if a["state"] == "firing"}
@@ -223,10 +223,11 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         (summary,) = [a["annotations"]["summary"] for a in api(web, "alerts")["data"]["alerts"]
                       if a["labels"]["alertname"] == "NvidiaVgpuBootStepFailed"]
         assert summary.startswith("A hook doing the boot step's work did not restore GPU "), summary
-        assert firing["NvidiaGpuFallenOffTheBus"]["gpu"] == "0000:2b:00.0"  # gone from sysfs
-        assert (firing["NvidiaGpuXidNeedsReset"]["gpu"], firing["NvidiaGpuXidNeedsReset"]["xid"]) \
+        assert firing["NvidiaGpuXidRebootNode"]["gpu"] == "0000:2b:00.0"  # gone from sysfs
+        assert (firing["NvidiaGpuXidResetGpu"]["gpu"], firing["NvidiaGpuXidResetGpu"]["xid"]) \
             == (L40S, "48")
-        assert (firing["NvidiaGpuXidError"]["gpu"], firing["NvidiaGpuXidError"]["xid"]) == (L40S, "31")
+        assert (firing["NvidiaGpuXidRestartGuest"]["gpu"],
+                firing["NvidiaGpuXidRestartGuest"]["xid"]) == (L40S, "31")
         zero = api(web, "query", query=f'nvidia_vgpu_xid_errors{{gpu="{H200}",xid="79"}}')
         assert [r["value"][1] for r in zero["data"]["result"]] == ["0"]  # there from the start
         # Both vGPUs NVML cannot identify kept their series (none replaced the other), counted.

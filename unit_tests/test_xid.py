@@ -308,7 +308,27 @@ def test_a_flood_of_made_up_gpus_takes_no_slot_and_drops_no_real_xid(journal):
     assert [counts[(gpu, "79")] for gpu in later] == [1, 1, 0]
 
 
-def test_the_runbooks_reset_and_guest_xids_split_the_runbook():
-    assert set(xid.numbers(xid.RESET)) | set(xid.numbers(xid.GUEST)) == {
-        x.number for x in xid.RUNBOOK}
-    assert 79 in xid.numbers(xid.RESET) and 31 in xid.numbers(xid.GUEST)
+# NVIDIA's Xid catalogue for Ampere and later, docs.nvidia.com/deploy/xid-errors/analyzing-xid-
+# catalog.html (the rows as of CUDA 12.9 / driver R575, its newest "Xid 154 linkage" entries):
+# the "Resolution Bucket (Immediate Action)" column, word for word, per Xid the runbook names.
+CATALOGUE = {13: "RESTART_APP", 31: "RESTART_APP", 43: "IGNORE", 45: "WORKFLOW_XID_45",
+             48: "WORKFLOW_XID_48", 62: "RESET_GPU", 63: "IGNORE", 64: "RESET_GPU",
+             74: "WORKFLOW_NVLINK_ERR", 79: "RESTART_BM", 92: "IGNORE", 94: "RESTART_APP",
+             95: "RESET_GPU", 119: "RESET_GPU", 120: "RESET_GPU", 154: "XID_154"}
+
+
+def test_each_runbook_xid_has_the_catalogues_bucket_and_one_of_its_classes():
+    assert {x.number: x.bucket for x in xid.RUNBOOK} == CATALOGUE
+    classes = {x.number: x.action for x in xid.RUNBOOK}
+    assert set(classes.values()) == {xid.RESTART_GUEST, xid.RESET_GPU, xid.REBOOT_NODE,
+                                     xid.CONTACT_SUPPORT}
+    for number, bucket in CATALOGUE.items():  # the bucket decides where it names one class
+        wanted = {"RESTART_APP": xid.RESTART_GUEST, "RESET_GPU": xid.RESET_GPU,
+                  "RESTART_BM": xid.REBOOT_NODE}.get(bucket)
+        assert wanted is None or classes[number] == wanted, number
+    assert classes[79] == xid.REBOOT_NODE and classes[92] == xid.CONTACT_SUPPORT
+    # Hardware memory errors, not the guest's fault (the catalogue's rows for 92 and 94).
+    hardware = {x.number for x in xid.RUNBOOK if x.hardware}
+    assert {92, 94, 48, 63, 64, 95, 79} <= hardware and not {13, 31, 43, 45} & hardware
+    assert set(xid.numbers(xid.RESTART_GUEST)) | set(xid.numbers(xid.RESET_GPU)) | set(
+        xid.numbers(xid.REBOOT_NODE)) | set(xid.numbers(xid.CONTACT_SUPPORT)) == set(CATALOGUE)

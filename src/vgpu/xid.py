@@ -66,11 +66,20 @@ POLL_SECONDS = 10.0  # between reads once the journal's end was reached
 MAX_SERIES = 2048  # (GPU, Xid) pairs kept: a flood of odd lines cannot grow the process
 MAX_GPUS = 64  # GPUs named by the kernel that are kept
 
-# The Xid numbers the runbook (docs/reference/metrics.md, "Xid errors") names: what each is and
-# NVIDIA's first action for it (the Xid catalogue's "Resolution Bucket (Immediate Action)").
-# RESET: the GPU needs a reset, or the host a reboot (its guests lose their vGPUs);
-# GUEST: most often a guest's own application fault: the host is fine unless it repeats.
-RESET, GUEST = "reset", "guest"
+# The Xid numbers the runbook (docs/reference/metrics.md, "Xid numbers") names: what each is,
+# the Xid catalogue's "Resolution Bucket (Immediate Action)" word for word (NVIDIA's catalogue
+# for Ampere and later, docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, as of
+# CUDA 12.9 / driver R575), and the class that bucket puts it in, what the operator does:
+# RESTART_GUEST: restart the application, here the guest (RESTART_APP);
+# RESET_GPU: reset the GPU, or reboot the node (RESET_GPU; the workflows of 48 and NVLink, and
+#   154's line, say a reset or a reboot);
+# REBOOT_NODE: reboot the node (RESTART_BM);
+# CONTACT_SUPPORT: nothing now, the hardware's vendor when it goes on (IGNORE, then the
+#   investigatory CONTACT_SUPPORT).
+# ``hardware``: the GPU's fault (its memory, bus, firmware), not the guest's application.
+RESTART_GUEST, RESET_GPU, REBOOT_NODE, CONTACT_SUPPORT = (
+    "restart-guest", "reset-gpu", "reboot-node", "contact-support")
+CLASSES = (RESTART_GUEST, RESET_GPU, REBOOT_NODE, CONTACT_SUPPORT)
 
 
 class Xid(NamedTuple):
@@ -78,26 +87,31 @@ class Xid(NamedTuple):
 
     number: int
     meaning: str
-    action: str  # RESET or GUEST
+    action: str  # one of CLASSES
+    bucket: str  # the catalogue's Resolution Bucket (Immediate Action)
+    hardware: bool  # the GPU's fault, not the guest's application
 
 
 RUNBOOK: Tuple[Xid, ...] = (
-    Xid(13, "graphics engine exception", GUEST),
-    Xid(31, "GPU memory page fault", GUEST),
-    Xid(43, "GPU stopped processing (a channel was reset)", GUEST),
-    Xid(45, "preemptive cleanup after earlier errors", GUEST),
-    Xid(48, "double-bit ECC error", RESET),
-    Xid(62, "internal micro-controller halt", RESET),
-    Xid(63, "memory row marked for remapping (needs a GPU reset to apply)", RESET),
-    Xid(64, "memory row remapping failed", RESET),
-    Xid(74, "NVLink error", RESET),
-    Xid(79, "GPU has fallen off the bus", RESET),
-    Xid(92, "high single-bit ECC error rate", GUEST),
-    Xid(94, "contained ECC error (the guest using the memory is hit)", GUEST),
-    Xid(95, "uncontained ECC error", RESET),
-    Xid(119, "GSP RPC timeout", RESET),
-    Xid(120, "GSP error", RESET),
-    Xid(154, "GPU recovery action changed (the line says: reset or reboot)", RESET),
+    Xid(13, "graphics engine exception", RESTART_GUEST, "RESTART_APP", False),
+    Xid(31, "GPU memory page fault", RESTART_GUEST, "RESTART_APP", False),
+    Xid(43, "GPU stopped processing (the application was stopped)", RESTART_GUEST, "IGNORE",
+        False),
+    Xid(45, "preemptive cleanup after earlier errors", RESTART_GUEST, "WORKFLOW_XID_45", False),
+    Xid(48, "double-bit ECC error", RESET_GPU, "WORKFLOW_XID_48", True),
+    Xid(62, "internal micro-controller halt", RESET_GPU, "RESET_GPU", True),
+    Xid(63, "memory row marked for remapping (a GPU reset applies it)", RESET_GPU, "IGNORE", True),
+    Xid(64, "memory row remapping failed", RESET_GPU, "RESET_GPU", True),
+    Xid(74, "NVLink error", RESET_GPU, "WORKFLOW_NVLINK_ERR", True),
+    Xid(79, "GPU has fallen off the bus", REBOOT_NODE, "RESTART_BM", True),
+    Xid(92, "high single-bit ECC error rate", CONTACT_SUPPORT, "IGNORE", True),
+    Xid(94, "contained ECC error (one guest's application is hit)", RESTART_GUEST, "RESTART_APP",
+        True),
+    Xid(95, "uncontained ECC error", RESET_GPU, "RESET_GPU", True),
+    Xid(119, "GSP RPC timeout", RESET_GPU, "RESET_GPU", True),
+    Xid(120, "GSP error", RESET_GPU, "RESET_GPU", True),
+    Xid(154, "GPU recovery action changed (the line says: reset or reboot)", RESET_GPU, "XID_154",
+        True),
 )
 FALLEN_XID = 79
 
@@ -559,5 +573,5 @@ def _sample(name: str, value: float, **labels: str) -> Sample:
 
 
 def numbers(action: str) -> Sequence[int]:
-    """The runbook's Xid numbers whose first action is ``action`` (RESET or GUEST)."""
+    """The runbook's Xid numbers of the class ``action`` (one of :data:`CLASSES`)."""
     return tuple(x.number for x in RUNBOOK if x.action == action)
