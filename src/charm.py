@@ -405,6 +405,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                                         published=published, multi=multi, whole=given, mig_off=mig_off,
                                         **options),
             **live,
+            **({"nvml": f"{multi.nvml}: NVIDIA's rules give each type's most per instance"}
+               if multi.nvml else {}),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod

@@ -128,9 +128,15 @@ class Fleet(ops.Object):
 
     @staticmethod
     def _gpu_metadata() -> Dict[str, str]:
+        """NVML's migration metadata per GPU, asked in the bounded child; {} when unanswered."""
         from vgpu import nvml
 
-        return nvml.once(nvml.gpu_metadata) or {}
+        try:
+            said = nvml.ask("gpu-metadata")
+        except nvml.Unanswered as error:
+            logger.warning("%s: the GPUs' vGPU migration metadata is left out", error)
+            return {}
+        return {k: v for k, v in (said or {}).items() if isinstance(k, str) and isinstance(v, str)}
 
     @staticmethod
     def _boot() -> str:
@@ -198,7 +204,7 @@ class Fleet(ops.Object):
 
     def _on_drain_plan(self, event: ops.ActionEvent) -> None:
         """Where each vGPU guest of this host could go; reads only (the host and the relation)."""
-        from vgpu import catalogue, guests, pci, usage
+        from vgpu import catalogue, guests, nvml, pci, usage
 
         relation = self.model.get_relation(model.RELATION)
         try:
@@ -218,35 +224,45 @@ class Fleet(ops.Object):
                 return
         found = [model.Guest(u.instance_uuid, u.state == guests.RUNNING, u.type_id, u.profile,
                              u.gpu, u.framework) for u in uses]
-        verdicts = self._verdicts(found, units) if found else None
+        try:
+            verdicts = self._verdicts(found, units) if found else None
+        except nvml.Unanswered as error:  # the plan without NVIDIA's verdicts, and why
+            event.log(f"{error}: the plan is made without NVIDIA's verdicts")
+            verdicts, unanswered = None, str(error)
+        else:
+            unanswered = ""
         if verdicts is not None:
             metadata, answers = verdicts
             found = [g._replace(metadata=metadata.get(g.instance, "")) for g in found]
             event.set_results(model.drain_plan(self.model.unit.name, units, found,
                                                lambda a, b: answers.get((a, b))))
             return
-        event.set_results(model.drain_plan(self.model.unit.name, units, found))
+        results = model.drain_plan(self.model.unit.name, units, found)
+        if unanswered:
+            results = {**results, "nvml": f"{unanswered}: no NVIDIA verdicts in this plan"}
+        event.set_results(results)
 
     @staticmethod
     def _verdicts(found, units):
         """NVML's metadata of the running vGPUs, and its verdicts on each peer GPU's.
 
-        None where NVML cannot be asked.
+        None where NVML cannot be asked; asked in the bounded child (``python -m vgpu.nvml
+        verdicts``), so a hung driver costs the action at most its bound. Unanswered (from
+        vgpu.nvml) when the child did not answer.
         """
         from vgpu import nvml
 
-        targets = {g.metadata for p in units if p.record for g in p.record.gpus if g.metadata}
-
-        def read(module):
-            running = nvml.vgpu_metadata(module)
-            answers = {}
-            for guest in found:
-                mine = running.get(guest.instance, "")
-                for target in targets if mine else ():
-                    answers[(mine, target)] = nvml.compatibility(module, mine, target)
-            return running, answers
-
-        return nvml.once(read)
+        targets = sorted({g.metadata for p in units if p.record for g in p.record.gpus
+                          if g.metadata})
+        said = nvml.ask("verdicts", {"instances": sorted({g.instance for g in found}),
+                                     "targets": targets})
+        if not isinstance(said, dict):
+            return None
+        metadata = {k: v for k, v in (said.get("metadata") or {}).items()
+                    if isinstance(k, str) and isinstance(v, str)}
+        answers = {(a[0], a[1]): a[2] for a in said.get("answers") or ()
+                   if isinstance(a, list) and len(a) == 3}
+        return metadata, answers
 
 
 def _version(found) -> str:

@@ -622,3 +622,21 @@ def test_list_vgpu_types_counts_a_mig_backed_type_once_the_gpu_is_in_mig_mode(ct
                 if "0000:18:00.0" in g["addresses"])
     entry = next(e for e in h200["types"].values() if e["name"].endswith("H200X-1-18C"))
     assert "mig-mode" not in entry
+
+
+def test_list_vgpu_types_with_a_hung_nvml_says_so_and_answers_by_nvidias_rules(
+        ctx, root, tools, deb, monkeypatch):
+    """nvmlInit never returns: the per-VM maximum's child is stopped at its bound (issue 42)."""
+    import time
+
+    from unit_tests.fakehost import l40s_host
+
+    ready(l40s_host(root), root, tools, deb)
+    use_nvml(monkeypatch, root, {"driver": "570.158.02", "hang": ["nvmlInit"], "gpus": []})
+    monkeypatch.setattr("vgpu.nvml.NVML_TIMEOUT", 2.0)
+    started = time.monotonic()
+    ctx.run(ctx.on.action("list-vgpu-types"), state({}, resource=deb))
+    assert time.monotonic() - started < 30
+    assert ctx.action_results["nvml"] == ("NVML did not answer within 2s: NVIDIA's rules give "
+                                          "each type's most per instance")
+    assert ctx.action_results["gpus"]  # the rest answered
