@@ -633,7 +633,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                     done, clients = gpuclients.around(
                         lambda: mig.enable(address), address,
                         bool(event.params.get(gpuclients.STOP_PARAM)))
-        except gpuclients.ChangeFailed as error:  # what it stopped is said, whatever happened
+        except gpuclients.ModeChangeError as error:  # what it stopped is said, whatever happened
             self._left_stopped(error.clients)
             event.set_results({"gpu-clients": error.clients.said()})
             left = "".join(f"; {name} was stopped and NOT started again"

@@ -133,7 +133,7 @@ class Fleet(ops.Object):
 
         try:
             said = nvml.ask("gpu-metadata")
-        except nvml.Unanswered as error:
+        except nvml.UnansweredError as error:
             logger.warning("%s: the GPUs' vGPU migration metadata is left out", error)
             return {}
         return {k: v for k, v in (said or {}).items() if isinstance(k, str) and isinstance(v, str)}
@@ -226,7 +226,7 @@ class Fleet(ops.Object):
                              u.gpu, u.framework) for u in uses]
         try:
             verdicts = self._verdicts(found, units) if found else None
-        except nvml.Unanswered as error:  # the plan without NVIDIA's verdicts, and why
+        except nvml.UnansweredError as error:  # the plan without NVIDIA's verdicts, and why
             event.log(f"{error}: the plan is made without NVIDIA's verdicts")
             verdicts, unanswered = None, str(error)
         else:
@@ -247,7 +247,7 @@ class Fleet(ops.Object):
         """NVML's metadata of the running vGPUs, and its verdicts on each peer GPU's.
 
         None where NVML cannot be asked; asked in the bounded child (``python -m vgpu.nvml
-        verdicts``), so a hung driver costs the action at most its bound. Unanswered (from
+        verdicts``), so a hung driver costs the action at most its bound. UnansweredError (from
         vgpu.nvml) when the child did not answer.
         """
         from vgpu import nvml

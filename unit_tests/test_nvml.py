@@ -1,8 +1,8 @@
 """NVML's per-vGPU figures (vgpu.nvml), through the pynvml stand-in of unit_tests/fake_pynvml."""
 
 import ast
-import json
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -197,7 +197,7 @@ def test_a_hung_driver_costs_the_caller_the_childs_bound_and_says_so(child_nvml,
     for query, payload in (("gpu-metadata", None), ("verdicts", {"instances": [], "targets": []}),
                            ("per-vm", [1155])):
         started = time.monotonic()
-        with pytest.raises(nvml.Unanswered, match=r"^NVML did not answer within 2s$"):
+        with pytest.raises(nvml.UnansweredError, match=r"^NVML did not answer within 2s$"):
             nvml.ask(query, payload)
         assert time.monotonic() - started < 10
 
@@ -208,7 +208,7 @@ def test_a_child_that_fails_or_answers_nonsense_is_unanswered(child_nvml, monkey
         nvml.ask("no-such-query")
     monkeypatch.setattr("vgpu.run.run", lambda *a, **k: __import__("vgpu.run").run.Result(
         0, "<html>", ""))
-    with pytest.raises(nvml.Unanswered, match="could not be read"):
+    with pytest.raises(nvml.UnansweredError, match="could not be read"):
         nvml.ask("gpu-metadata")
 
 

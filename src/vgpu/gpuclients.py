@@ -154,13 +154,14 @@ def around(change: Callable[[], T], gpu: str, stop_neighbours: bool) -> Tuple[T,
         with ours_stopped(), stopped(clients, done=done):
             result = change()
     except VgpuError as error:  # the record goes with the failure: what was left stopped
-        raise ChangeFailed(str(error), done) from error
+        raise ModeChangeError(str(error), done) from error
     return result, done
 
 
-class ChangeFailed(MigError):
+class ModeChangeError(MigError):
     """The mode change failed; ``clients`` says which clients were stopped and started again."""
 
     def __init__(self, message: str, clients: Stopped) -> None:
+        """The mode change's failure, and the record of the clients around it."""
         super().__init__(message)
         self.clients = clients

@@ -169,7 +169,7 @@ def _per_vm(numbers: Iterable[int]) -> Tuple[Dict[int, int], str]:
     """:func:`per_vm` through the bounded child, and why NVML did not answer ("": it did)."""
     try:
         said = nvml_.ask("per-vm", sorted(set(numbers)))
-    except nvml_.Unanswered as error:
+    except nvml_.UnansweredError as error:
         logger.warning("%s: how many vGPUs one instance may have follows NVIDIA's rules", error)
         return {}, str(error)
     out: Dict[int, int] = {}

@@ -234,14 +234,14 @@ ANSWER_LIMIT = 1 << 22  # bytes of the child's answer read
 QUERIES = ("gpu-instance-profiles", "gpu-metadata", "verdicts", "per-vm")
 
 
-class Unanswered(Exception):
+class UnansweredError(Exception):
     """NVML did not answer: the child ran out of time, failed, or said nothing readable."""
 
 
 def ask(query: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
     """``python -m vgpu.nvml <query>``'s answer (JSON; None: no NVML on this host).
 
-    ``payload`` goes to the child's standard input as JSON. Unanswered, saying why, when
+    ``payload`` goes to the child's standard input as JSON. UnansweredError, saying why, when
     the child runs past ``timeout`` (default :data:`NVML_TIMEOUT`), fails or answers
     something that is not JSON.
     """
@@ -263,12 +263,12 @@ def ask(query: str, payload: Any = None, timeout: Optional[float] = None) -> Any
     except CommandError as error:
         if "timed out" in str(error) or "did not end" in str(error) or "out of time" in str(
                 error):
-            raise Unanswered(f"NVML did not answer within {bound:g}s") from None
-        raise Unanswered(f"NVML did not answer: {text.cause(str(error)) or error}") from None
+            raise UnansweredError(f"NVML did not answer within {bound:g}s") from None
+        raise UnansweredError(f"NVML did not answer: {text.cause(str(error)) or error}") from None
     try:
         return json.loads(result.stdout[:ANSWER_LIMIT] or "null")
     except ValueError:
-        raise Unanswered("NVML's answer could not be read") from None
+        raise UnansweredError("NVML's answer could not be read") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

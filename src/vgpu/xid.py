@@ -138,8 +138,11 @@ MAX_INSTANCE = 63  # GPU instance ids kept as a label (an A100 has at most 15); 
 
 
 class Event(NamedTuple):
-    """One thing the kernel said of a GPU: an Xid (``xid``), that it fell off the bus (0), or
-    that the PCI core added it this boot (-1)."""
+    """One thing the kernel said of a GPU: an Xid, it fell off the bus, or it was added.
+
+    ``xid``: the Xid's number; 0 when it fell off the bus; :data:`ENUMERATED` (-1) when the
+    kernel's PCI core added it this boot.
+    """
 
     gpu: str  # its PCI address as sysfs writes it: 0000:2b:00.0
     xid: int  # 0: fallen off the bus, said without an Xid line; -1: the GPU was enumerated
@@ -516,18 +519,8 @@ class Watch:
                        for gpu, t in self._tallies.items()}
         out: List[Sample] = []
         if caught_up:
-            runbook = {x.number for x in RUNBOOK}
             for gpu in sorted(known):
-                counts, last, instances, _ = tallies[gpu]
-                for number in sorted(runbook | set(counts)):
-                    out.append(_sample("nvidia_vgpu_xid_errors", counts.get(number, 0),
-                                       gpu=gpu, xid=str(number)))
-                for number, when in sorted(last.items()):
-                    out.append(_sample("nvidia_vgpu_xid_last_seen_timestamp_seconds", when,
-                                       gpu=gpu, xid=str(number)))
-                for (instance, number), count in sorted(instances.items()):
-                    out.append(_sample("nvidia_vgpu_xid_gpu_instance_errors", count, gpu=gpu,
-                                       gpu_instance=instance, xid=str(number)))
+                out.extend(_counted(gpu, *tallies[gpu][:3]))
         for gpu in sorted(known):
             if caught_up:
                 out.append(_sample("nvidia_vgpu_xid_gpu_lost", tallies[gpu][3], gpu=gpu,
@@ -539,6 +532,19 @@ class Watch:
                 out.append(_sample("nvidia_vgpu_xid_gpu_lost", gpu not in now, gpu=gpu,
                                    source="pci"))
         return out
+
+
+def _counted(gpu: str, counts: Dict[int, int], last: Dict[int, float],
+             instances: Dict[Tuple[str, int], int]) -> List[Sample]:
+    """One known GPU's Xid series: a count for each runbook Xid and each seen, times, instances."""
+    out = [_sample("nvidia_vgpu_xid_errors", counts.get(number, 0), gpu=gpu, xid=str(number))
+           for number in sorted({x.number for x in RUNBOOK} | set(counts))]
+    out += [_sample("nvidia_vgpu_xid_last_seen_timestamp_seconds", when, gpu=gpu,
+                    xid=str(number)) for number, when in sorted(last.items())]
+    out += [_sample("nvidia_vgpu_xid_gpu_instance_errors", count, gpu=gpu,
+                    gpu_instance=instance, xid=str(number))
+            for (instance, number), count in sorted(instances.items())]
+    return out
 
 
 def host_gpus() -> List[str]:
