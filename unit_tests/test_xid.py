@@ -332,3 +332,22 @@ def test_each_runbook_xid_has_the_catalogues_bucket_and_one_of_its_classes():
     assert {92, 94, 48, 63, 64, 95, 79} <= hardware and not {13, 31, 43, 45} & hardware
     assert set(xid.numbers(xid.RESTART_GUEST)) | set(xid.numbers(xid.RESET_GPU)) | set(
         xid.numbers(xid.REBOOT_NODE)) | set(xid.numbers(xid.CONTACT_SUPPORT)) == set(CATALOGUE)
+
+
+def test_the_exporters_gpus_are_sysfs_gpus_not_their_vfs(root):
+    """What the exporter's watch asks before each read (xid.host_gpus): the GPUs, never a VF."""
+    from unit_tests.fakehost import l40s_host
+
+    l40s_host(root)  # an L40S and an H200 with their VFs: 26 PCI functions
+    assert len(list((root / "sys/bus/pci/devices").iterdir())) == 26
+    assert sorted(xid.host_gpus()) == ["0000:81:00.0", "0000:c1:00.0"]
+
+
+def test_a_gpu_sysfs_lists_before_the_first_read_is_known_to_that_read(journal):
+    """The first read runs before any scrape: the watch asks sysfs itself (issue 42, item 1)."""
+    flood = [f"NVRM: Xid (PCI:{n:04x}:01:00): 79, x" for n in range(1, xid.MAX_GPUS + 10)]
+    journal.kernel(flood + [XID_63], T0)
+    watch = caught_up(xid.Watch(known=lambda: ["0000:10:1c.0"]))
+    counts = series(watch.samples(None), "nvidia_vgpu_xid_errors")
+    assert counts[("0000:10:1c.0", "63")] == 1
+    assert {g for g, _ in counts} == {"0000:10:1c.0"}
