@@ -312,7 +312,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             mapped=self._mapped() if status.missing_gpus(here, published) else (),
             notes=tuple(self._notes) + virt.status_notes(
                 here, self._publishes_sections(), bool(self.config.get(LIVE_MIGRATION)),
-                self._host.principal_conf, self._principal()) + self._monitoring.notes())
+                self._host.principal_conf, self._principal()) + self._monitoring.notes()
+            + self._fleet.notes())
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):

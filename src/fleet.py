@@ -58,6 +58,7 @@ class Fleet(ops.Object):
         # A peer's record changed (or a peer left): nothing of this unit's host changed, so
         # the charm's status check reads nothing either (Juju keeps the status it has).
         self.quiet = False
+        self.unanswered = ""  # why NVML did not answer this dispatch ("": it did, or not asked)
         on = charm.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start, on.update_status,
                       on[model.RELATION].relation_created, on.pause_action, on.resume_action,
@@ -68,6 +69,12 @@ class Fleet(ops.Object):
             self.framework.observe(event, self._on_peers)
         self.framework.observe(on.fleet_report_action, self._on_fleet_report)
         self.framework.observe(on.drain_plan_action, self._on_drain_plan)
+
+    def notes(self) -> tuple:
+        """What the active status adds: NVML did not answer for the record's metadata."""
+        if not self.unanswered:
+            return ()
+        return (f"{self.unanswered}: the fleet record has no vGPU migration metadata",)
 
     # -- publishing -----------------------------------------------------------------------
     def _on_publish(self, event: ops.EventBase) -> None:
@@ -126,8 +133,7 @@ class Fleet(ops.Object):
                                blockers=found.blockers)
 
 
-    @staticmethod
-    def _gpu_metadata() -> Dict[str, str]:
+    def _gpu_metadata(self) -> Dict[str, str]:
         """NVML's migration metadata per GPU, asked in the bounded child; {} when unanswered."""
         from vgpu import nvml
 
@@ -135,6 +141,7 @@ class Fleet(ops.Object):
             said = nvml.ask("gpu-metadata")
         except nvml.UnansweredError as error:
             logger.warning("%s: the GPUs' vGPU migration metadata is left out", error)
+            self.unanswered = str(error)
             return {}
         return {k: v for k, v in (said or {}).items() if isinstance(k, str) and isinstance(v, str)}
 

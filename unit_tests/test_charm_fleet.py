@@ -229,9 +229,6 @@ def test_a_hung_nvml_costs_a_hook_and_drain_plan_its_bound_and_says_so(
     """nvmlInit never returns (a wedged driver): the bounded child is stopped, the rest goes on."""
     monkeypatch.setattr("vgpu.nvml.NVML_TIMEOUT", 2.0)
     nvml.configure({**nvml.state, "hang": ["nvmlInit"]})
-    running_guest(root, "instance-0000002a", GUEST, mdev_uuid="5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
-    from unit_tests.fakehost import FakeHost
-    FakeHost(root).add_mdev("0000:c1:00.0", "nvidia-108", "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
     st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, leader=False, resource=ready)
     started = time.monotonic()
     out = ctx.run(ctx.on.config_changed(), st)
@@ -239,6 +236,11 @@ def test_a_hung_nvml_costs_a_hook_and_drain_plan_its_bound_and_says_so(
     assert "nvmlInit" in nvml.calls()  # NVML was asked, and did not answer
     mine = fleet.decode(published(out, peer))
     assert mine.gpus and not any(g.metadata for g in mine.gpus)  # left out, the rest published
+    assert out.unit_status.name == "active" and out.unit_status.message.endswith(
+        "; NVML did not answer within 2s: the fleet record has no vGPU migration metadata")
+    running_guest(root, "instance-0000002a", GUEST, mdev_uuid="5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
+    from unit_tests.fakehost import FakeHost
+    FakeHost(root).add_mdev("0000:c1:00.0", "nvidia-108", "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
     ctx.run(ctx.on.action("drain-plan"), out)
     assert ctx.action_results["nvml"] == (
         "NVML did not answer within 2s: no NVIDIA verdicts in this plan")
