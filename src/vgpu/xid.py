@@ -19,6 +19,17 @@ leptonai/gpud#1209)::
 
 and ``NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.`` (#1151 again).
 
+What is trusted: only entries of the kernel's own transport (``_TRANSPORT=kernel``, as
+``journalctl -k`` selects them), and of those only messages every line of which is one of the
+driver's, starting with its ``NVRM: `` prefix in a form above (:class:`Parser`). The kernel also
+logs text any local user chooses, a crashed process' name and file
+(``foo[123]: segfault at 0 ip ... in NVRM: Xid (PCI:0000:01:00): 79, ...``); such a message says
+nothing. And only GPUs this host has this boot are counted (:class:`Watch`): what the driver
+says of another address waits, bounded, and is never served, so made-up addresses can neither
+raise an alert nor take the place of a real GPU's Xid. With MIG on, an Xid line names the GPU
+instance too: ``NVRM: Xid (PCI:0000:01:00 GPU-I:05): 95, ...`` (NVIDIA's A100 memory error
+management guide, "User Visible Statistics"); it counts for the GPU, and per GPU instance.
+
 The exporter's unit has ``ProtectKernelLogs=`` (no ``/dev/kmsg``): it reads
 the kernel's messages as the journal keeps them, ``journalctl -k -b -o json``,
 incrementally: each read starts after the cursor of the last entry read, gives
