@@ -88,8 +88,10 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         # ``mdevctl_failed``: when and why apt last failed to install mdevctl ({}: it did not),
         # so that update-status tries again only hourly (whether it is there is read each hook).
         # ``exporter``: why the metrics exporter was last refused ({"problem": ...}; {}: it was not).
+        # ``clients_left``: neighbours' NVML clients enable-mig stopped and could not start
+        # again (not a host fact: who stopped them); forgotten once systemd says they run.
         self._stored.set_default(paused=False, masked=[], checked={}, attached={}, reported=False,
-                                 mdevctl_failed={}, exporter={})
+                                 mdevctl_failed={}, exporter={}, clients_left=[])
         self._host = reconcile.Host()  # this dispatch's reading of the host
         # This dispatch's inspection of the resource: a DebInfo or the error it raised.
         self._package: Union[driver.DebInfo, VgpuError, None] = None
@@ -289,6 +291,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.add_status(ops.WaitingStatus(message))
         if self._monitoring.problem():  # recorded when the exporter was last set up
             event.add_status(ops.BlockedStatus(self._monitoring.problem()))
+        for message in self._clients_left_stopped():  # a neighbour's client, not running
+            event.add_status(ops.BlockedStatus(message))
 
     def _status_inputs(self) -> status.Inputs:
         """Read what the status depends on; the mapping, driver and services only when it matters."""
@@ -308,7 +312,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             mapped=self._mapped() if status.missing_gpus(here, published) else (),
             notes=tuple(self._notes) + virt.status_notes(
                 here, self._publishes_sections(), bool(self.config.get(LIVE_MIGRATION)),
-                self._host.principal_conf, self._principal()) + self._monitoring.notes())
+                self._host.principal_conf, self._principal()) + self._monitoring.notes()
+            + self._fleet.notes())
         if not status.checks_host(here, forced, published):
             return inputs
         if any(gpu.sriov for gpu in here.pci.gpus):
@@ -405,6 +410,8 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                                         published=published, multi=multi, whole=given, mig_off=mig_off,
                                         **options),
             **live,
+            **({"nvml": f"{multi.nvml}: NVIDIA's rules give each type's most per instance"}
+               if multi.nvml else {}),
         }, depth=4, records="gpus", what="types"))
 
     @staticmethod
@@ -627,6 +634,13 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                     done, clients = gpuclients.around(
                         lambda: mig.enable(address), address,
                         bool(event.params.get(gpuclients.STOP_PARAM)))
+        except gpuclients.ModeChangeError as error:  # what it stopped is said, whatever happened
+            self._left_stopped(error.clients)
+            event.set_results({"gpu-clients": error.clients.said()})
+            left = "".join(f"; {name} was stopped and NOT started again"
+                           for name in error.clients.not_started)
+            event.fail(f"MIG mode not enabled: {error}{left}")
+            return
         except (ValueError, VgpuError) as error:
             event.fail(f"MIG mode not enabled: {error}")
             return
@@ -634,6 +648,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.fail(f"MIG mode not enabled: cannot take the host lock /{hostlock.FILE}: "
                        f"{error.strerror or error}")
             return
+        self._left_stopped(clients)
         event.set_results({**mig.enable_results(address, done), "gpu-clients": clients.said()})
         event.log("publishing to nova-compute: a mapping that waited for MIG mode applies now")
         self._refresh()
@@ -641,6 +656,32 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             self._publish()  # a mapping that waited for MIG mode applies now
         except HostReadError as error:
             logger.error("%s", error)
+
+    def _left_stopped(self, clients) -> None:
+        """Remember the neighbours' clients enable-mig stopped and could not start again."""
+        if clients.not_started:
+            self._stored.clients_left = sorted({*self._stored.clients_left,
+                                                *clients.not_started})
+
+    def _clients_left_stopped(self) -> List[str]:
+        """The status lines for clients enable-mig left stopped that are still not running.
+
+        Those systemd says run again are forgotten; where it cannot say, they are named.
+        """
+        from vgpu import gpuclients
+
+        names = list(self._stored.clients_left)
+        if not names:
+            return []
+        try:
+            running = set(gpuclients.active(names))
+        except (VgpuError, ValueError):
+            running = set()
+        left = [n for n in names if n not in running]
+        if left != names:
+            self._stored.clients_left = left
+        return [f"enable-mig stopped {n} and it did not start again: sudo systemctl start {n}"
+                for n in left]
 
     # -- leaving ------------------------------------------------------------
     def _on_remove(self, _event: ops.RemoveEvent) -> None:

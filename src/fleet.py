@@ -62,6 +62,7 @@ class Fleet(ops.Object):
         # A peer's record changed (or a peer left): nothing of this unit's host changed, so
         # the charm's status check reads nothing either (Juju keeps the status it has).
         self.quiet = False
+        self.unanswered = ""  # why NVML did not answer this dispatch ("": it did, or not asked)
         on = charm.on
         for event in (on.install, on.config_changed, on.upgrade_charm, on.start, on.update_status,
                       on[model.RELATION].relation_created, on.pause_action, on.resume_action,
@@ -72,6 +73,12 @@ class Fleet(ops.Object):
             self.framework.observe(event, self._on_peers)
         self.framework.observe(on.fleet_report_action, self._on_fleet_report)
         self.framework.observe(on.drain_plan_action, self._on_drain_plan)
+
+    def notes(self) -> tuple:
+        """What the active status adds: NVML did not answer for the record's metadata."""
+        if not self.unanswered:
+            return ()
+        return (f"{self.unanswered}: the fleet record has no vGPU migration metadata",)
 
     # -- publishing -----------------------------------------------------------------------
     def _on_publish(self, event: ops.EventBase) -> None:
@@ -157,11 +164,17 @@ class Fleet(ops.Object):
                                blockers=found.blockers, live_migration=found.live_migration,
                                warnings=found.warnings, source=found.source)
 
-    @staticmethod
-    def _gpu_metadata() -> Dict[str, str]:
+    def _gpu_metadata(self) -> Dict[str, str]:
+        """NVML's migration metadata per GPU, asked in the bounded child; {} when unanswered."""
         from vgpu import nvml
 
-        return nvml.once(nvml.gpu_metadata) or {}
+        try:
+            said = nvml.ask("gpu-metadata")
+        except nvml.UnansweredError as error:
+            logger.warning("%s: the GPUs' vGPU migration metadata is left out", error)
+            self.unanswered = str(error)
+            return {}
+        return {k: v for k, v in (said or {}).items() if isinstance(k, str) and isinstance(v, str)}
 
     @staticmethod
     def _boot() -> str:
@@ -234,7 +247,7 @@ class Fleet(ops.Object):
         running and shut off; this host's own GPUs come from its facts, every
         one (its record keeps at most ``vgpu.fleet.MAX_GPUS``).
         """
-        from vgpu import drain
+        from vgpu import drain, nvml
 
         relation = self.model.get_relation(model.RELATION)
         units = self._peers(relation) if relation is not None else []
@@ -248,35 +261,44 @@ class Fleet(ops.Object):
             return
         units = [p for p in units if p.unit != self.model.unit.name] + [
             model.Peer(self.model.unit.name, own)]
-        verdicts = self._verdicts(found, units) if found else None
+        try:
+            verdicts = self._verdicts(found, units) if found else None
+        except nvml.UnansweredError as error:  # the plan without NVIDIA's verdicts, and why
+            event.log(f"{error}: the plan is made without NVIDIA's verdicts")
+            verdicts, unanswered = None, str(error)
+        else:
+            unanswered = ""
         verdict = None
         if verdicts is not None:
             metadata, answers = verdicts
             found = [g._replace(metadata=metadata.get(g.instance, "")) for g in found]
             verdict = lambda a, b: answers.get((a, b))  # noqa: E731
-        event.set_results(drain.drain_plan(self.model.unit.name, units, found, verdict,
-                                           own_gpus=own.gpus))
+        results = drain.drain_plan(self.model.unit.name, units, found, verdict, own_gpus=own.gpus)
+        if unanswered:
+            results = {**results, "nvml": f"{unanswered}: no NVIDIA verdicts in this plan"}
+        event.set_results(results)
 
     @staticmethod
     def _verdicts(found, units):
         """NVML's metadata of the running vGPUs, and its verdicts on each peer GPU's.
 
-        None where NVML cannot be asked.
+        None where NVML cannot be asked; asked in the bounded child (``python -m vgpu.nvml
+        verdicts``), so a hung driver costs the action at most its bound. UnansweredError (from
+        vgpu.nvml) when the child did not answer.
         """
         from vgpu import nvml
 
-        targets = {g.metadata for p in units if p.record for g in p.record.gpus if g.metadata}
-
-        def read(module):
-            running = nvml.vgpu_metadata(module)
-            answers = {}
-            for guest in found:
-                mine = running.get(guest.instance, "")
-                for target in targets if mine else ():
-                    answers[(mine, target)] = nvml.compatibility(module, mine, target)
-            return running, answers
-
-        return nvml.once(read)
+        targets = sorted({g.metadata for p in units if p.record for g in p.record.gpus
+                          if g.metadata})
+        said = nvml.ask("verdicts", {"instances": sorted({g.instance for g in found}),
+                                     "targets": targets})
+        if not isinstance(said, dict):
+            return None
+        metadata = {k: v for k, v in (said.get("metadata") or {}).items()
+                    if isinstance(k, str) and isinstance(v, str)}
+        answers = {(a[0], a[1]): a[2] for a in said.get("answers") or ()
+                   if isinstance(a, list) and len(a) == 3}
+        return metadata, answers
 
 
 def _learnt(host):

@@ -109,7 +109,7 @@ def main(argv) -> int:
     from vgpu import nvml, serve, xid
 
     session = nvml.Session()
-    watch = xid.Watch()
+    watch = xid.Watch(known=xid.host_gpus)
     try:
         server = serve.Server(ADDRESS, args.port,
                               answerer(SharedSession(session), args.tenant_identities, watch),

@@ -3,7 +3,7 @@
 It answers the command line vgpu.xid runs as systemd's journalctl (252, Debian 12 and
 Ubuntu 24.04's 255 alike; ``man journalctl``) answers it: ``--dmesg`` keeps the kernel's
 messages only, ``--boot`` this boot's, ``--output=json`` prints one JSON object per entry and
-line, ``--output-fields=MESSAGE`` leaves MESSAGE and the fields always printed
+line, ``--output-fields=MESSAGE,_TRANSPORT`` leaves those and the fields always printed
 (``__CURSOR``, ``__REALTIME_TIMESTAMP``, ``__MONOTONIC_TIMESTAMP``, ``_BOOT_ID``), values as
 strings; ``--after-cursor=C`` starts after the entry of cursor C and a cursor it cannot parse
 fails ("Failed to seek to cursor: Invalid argument", status 1); ``--root=R`` reads R's
@@ -30,7 +30,10 @@ from pathlib import Path
 args = sys.argv[1:]
 root = Path("/")
 cursor = None
+fields_wanted = []
 for arg in args:
+    if arg.startswith("--output-fields="):
+        fields_wanted = arg.split("=", 1)[1].split(",")
     if arg.startswith("--root="):
         root = Path(arg.split("=", 1)[1])
     elif arg.startswith("--after-cursor="):
@@ -71,6 +74,8 @@ for seq, line in enumerate(lines):
     record = {{"__CURSOR": "s=5f0e;i=%x;b={boot};m=%x;t=%x;x=9a" % (seq, seq * 1000, micros),
               "__REALTIME_TIMESTAMP": str(micros), "__MONOTONIC_TIMESTAMP": str(seq * 1000),
               "_BOOT_ID": entry["boot"], "MESSAGE": message}}
+    if "_TRANSPORT" in fields_wanted:
+        record["_TRANSPORT"] = entry["transport"]
     out.write(json.dumps(record, separators=(",", ":")) + "\n")
 '''
 

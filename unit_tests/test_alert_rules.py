@@ -78,8 +78,9 @@ def test_promtool_notices_a_rule_that_no_longer_fires(tmp_path):
 
 
 @pytest.mark.parametrize("broken, instead, fails", [
-    ('xid="79"', 'xid="78"', "NvidiaGpuFallenOffTheBus"),  # an Xid 79 served at 1 after a restart
-    ("< 900", "< 0", "NvidiaGpuXidError"),  # an Xid the runbook does not name: its time says it
+    ('xid="79"', 'xid="78"', "NvidiaGpuXidRebootNode"),  # an Xid 79 served at 1 after a restart
+    ("< 900", "< 0", "NvidiaGpuXidRestartGuest"),  # an Xid the runbook does not name: its time
+    ('eq $labels.xid "94"', 'eq $labels.xid "95"', "NvidiaGpuXidRestartGuest"),  # 94: hardware
 ])
 def test_promtool_notices_an_xid_rule_that_no_longer_fires(tmp_path, broken, instead, fails):
     rules = REPO / "src/prometheus_alert_rules/nvidia-gpu-xid.rules"
@@ -124,17 +125,35 @@ def xid_sets(expr: str):
             for op, numbers in re.findall(r'xid(=~|!~)"([0-9|]+)"', expr)]
 
 
-def test_the_xid_alerts_split_the_runbooks_numbers_as_vgpu_xid_does():
+def test_the_xid_alerts_are_the_catalogues_classes_as_vgpu_xid_has_them():
+    """One alert per class of NVIDIA's Xid catalogue's resolution buckets (vgpu.xid.RUNBOOK)."""
     from vgpu import xid
 
-    rules = {r["alert"]: r["expr"] for r in alerts(PROMETHEUS_RULES)}
-    reset = set(xid.numbers(xid.RESET)) - {xid.FALLEN_XID}
-    assert xid_sets(rules["NvidiaGpuXidNeedsReset"]) == [("=~", reset)] * 2
-    assert xid_sets(rules["NvidiaGpuXidError"]) == [("!~", reset | {xid.FALLEN_XID})] * 2
-    assert 'nvidia_vgpu_xid_errors{xid="79"}' in rules["NvidiaGpuFallenOffTheBus"]
+    rules = {r["alert"]: r for r in alerts(PROMETHEUS_RULES)}
+    named = {"NvidiaGpuXidRebootNode": xid.REBOOT_NODE, "NvidiaGpuXidResetGpu": xid.RESET_GPU,
+             "NvidiaGpuXidContactSupport": xid.CONTACT_SUPPORT,
+             "NvidiaGpuXidRestartGuest": xid.RESTART_GUEST}
+    assert {n for n in rules if "Xid" in n} == set(named)
+    reset, support = set(xid.numbers(xid.RESET_GPU)), set(xid.numbers(xid.CONTACT_SUPPORT))
+    assert xid_sets(rules["NvidiaGpuXidResetGpu"]["expr"]) == [("=~", reset)] * 2
+    assert xid_sets(rules["NvidiaGpuXidContactSupport"]["expr"]) == [("=~", support)] * 2
+    others = set(xid.numbers(xid.RESET_GPU) + xid.numbers(xid.REBOOT_NODE)) | support
+    assert xid_sets(rules["NvidiaGpuXidRestartGuest"]["expr"]) == [("!~", others)] * 2
+    assert set(xid.numbers(xid.REBOOT_NODE)) == {xid.FALLEN_XID}
+    assert 'nvidia_vgpu_xid_errors{xid="79"}' in rules["NvidiaGpuXidRebootNode"]["expr"]
+    # The restart-guest Xids that are the GPU's fault (94) are said so, not blamed on the guest.
+    hardware = {x.number for x in xid.RUNBOOK if x.hardware and x.action == xid.RESTART_GUEST}
+    said = set(map(int, re.findall(r'eq \$labels\.xid "([0-9]+)"',
+                                   rules["NvidiaGpuXidRestartGuest"]["annotations"]["description"])))
+    assert said == hardware == {94}
+    for rule in rules.values():  # critical: the GPU must be reset or the node rebooted
+        assert (rule["labels"]["severity"] == "critical") == (named.get(rule["alert"]) in (
+            xid.RESET_GPU, xid.REBOOT_NODE)) or "Xid" not in rule["alert"]
     section = REFERENCE.read_text().split("\n### Xid numbers\n", 1)[1].split("\n## ", 1)[0]
-    rows = dict(re.findall(r"^\| ([0-9]+) \| [^|]+ \| ([a-z]+) \|", section, re.MULTILINE))
-    assert {int(k): v for k, v in rows.items()} == {x.number: x.action for x in xid.RUNBOOK}
+    rows = re.findall(r"^\| ([0-9]+) \| [^|]+ \| `([A-Z_0-9]+)` \| ([a-z-]+) \| (hardware|application) \|",
+                      section, re.MULTILINE)
+    assert {int(n): (b, a, c == "hardware") for n, b, a, c in rows} == {
+        x.number: (x.bucket, x.action, x.hardware) for x in xid.RUNBOOK}
 
 
 def test_every_alert_the_docs_name_is_a_rule():

@@ -70,7 +70,8 @@ def test_the_collector_gets_the_scrape_job_rules_and_dashboard(ctx, v100, root, 
     assert job["metrics_path"] == "/metrics"
     alerts = {r["alert"] for g in data["metrics_alert_rules"]["groups"] for r in g["rules"]}
     assert ALERTS <= alerts  # with the library's generic ones (HostMetricsMissing ...)
-    assert {"NvidiaGpuFallenOffTheBus", "NvidiaGpuXidNeedsReset", "NvidiaGpuXidError"} <= ALERTS
+    assert {"NvidiaGpuXidRebootNode", "NvidiaGpuXidResetGpu", "NvidiaGpuXidRestartGuest",
+            "NvidiaGpuXidContactSupport"} <= ALERTS
     assert not data["log_alert_rules"].get("groups")  # no Loki rule: one could never fire
     assert "NvidiaVgpuFleetDriverVersionsDiffer" in alerts  # src/prometheus_alert_rules/*.rules
     dashboards = [json.loads(LZMABase64.decompress(d)) for d in data["dashboards"]]

@@ -7,6 +7,8 @@ where the charm imports pynvml.
 
 import json
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from ops import testing
@@ -45,13 +47,40 @@ def published(out, peer):
 
 
 @pytest.fixture
-def nvml(monkeypatch):
+def nvml(monkeypatch, tmp_path):
     """NVML on this host: the stand-in as the charm's pynvml, two V100s with their metadata."""
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    fake.configure({"driver": "570.158.02", "gpus": [
+    return use_nvml(monkeypatch, tmp_path, {"driver": "570.158.02", "gpus": [
         {"bus_id": "00000000:C1:00.0", "metadata": "0x1db4/16", "vgpus": []},
         {"bus_id": "00000000:E1:00.0", "metadata": "0x1db4/16", "vgpus": []}]})
-    return fake
+
+
+class FakeNvml:
+    """The stand-in pynvml as the bounded child (python -m vgpu.nvml) imports it: FAKE_NVML."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def configure(self, state):
+        """The host NVML describes from now on; the calls made so far forgotten."""
+        self.state = state
+        self.path.write_text(json.dumps(state))
+        Path(f"{self.path}.calls").unlink(missing_ok=True)
+
+    def calls(self):
+        """The calls the child made since configure(), by name."""
+        log = Path(f"{self.path}.calls")
+        return log.read_text().splitlines() if log.exists() else []
+
+
+def use_nvml(monkeypatch, where, state):
+    path = where / "fake-nvml.json"
+    monkeypatch.syspath_prepend(str(Path(fake.__file__).parent))
+    monkeypatch.setenv("FAKE_NVML", str(path))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    fake.configure(None)
+    nvml = FakeNvml(path)
+    nvml.configure(state)
+    return nvml
 
 
 @pytest.fixture
@@ -117,7 +146,7 @@ def test_update_status_reads_nothing_new_and_publishes_nothing_when_nothing_chan
     out = ctx.run(ctx.on.config_changed(), st)
     before = published(out, peer)
     assert "nvmlDeviceGetVgpuMetadata" in nvml.calls()
-    nvml.configure(nvml._STATE["state"])  # forget the calls
+    nvml.configure(nvml.state)  # forget the calls
     writes = []
     real = fleet.encode
     monkeypatch.setattr("vgpu.fleet.encode", lambda r: writes.append(r) or real(r))
@@ -250,3 +279,26 @@ def test_the_plan_and_the_upgrade_refusal_agree_on_which_guests_block(ctx, ready
     blocking = guests.running_vgpu_guests(set(pci.discover().addresses()))
     assert [g.instance_uuid for g in blocking] == [
         g["instance"] for g in plan["guests"] if g["state"] == "running"]
+
+
+def test_a_hung_nvml_costs_a_hook_and_drain_plan_its_bound_and_says_so(
+        ctx, ready, root, nvml, monkeypatch):
+    """nvmlInit never returns (a wedged driver): the bounded child is stopped, the rest goes on."""
+    monkeypatch.setattr("vgpu.nvml.NVML_TIMEOUT", 2.0)
+    nvml.configure({**nvml.state, "hang": ["nvmlInit"]})
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, leader=False, resource=ready)
+    started = time.monotonic()
+    out = ctx.run(ctx.on.config_changed(), st)
+    assert time.monotonic() - started < 30  # the child's bound, not the driver's hang
+    assert "nvmlInit" in nvml.calls()  # NVML was asked, and did not answer
+    mine = fleet.decode(published(out, peer))
+    assert mine.gpus and not any(g.metadata for g in mine.gpus)  # left out, the rest published
+    assert out.unit_status.name == "active" and out.unit_status.message.endswith(
+        "; NVML did not answer within 2s: the fleet record has no vGPU migration metadata")
+    running_guest(root, "instance-0000002a", GUEST, mdev_uuid="5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
+    from unit_tests.fakehost import FakeHost
+    FakeHost(root).add_mdev("0000:c1:00.0", "nvidia-108", "5f4b8a3e-2d1c-4b0a-9e8f-7a6b5c4d3e2f")
+    ctx.run(ctx.on.action("drain-plan"), out)
+    assert ctx.action_results["nvml"] == (
+        "NVML did not answer within 2s: no NVIDIA verdicts in this plan")
+    assert json.loads(ctx.action_results["plan"])["guests"][0]["instance"] == GUEST

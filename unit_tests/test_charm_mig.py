@@ -622,3 +622,53 @@ def test_list_vgpu_types_counts_a_mig_backed_type_once_the_gpu_is_in_mig_mode(ct
                 if "0000:18:00.0" in g["addresses"])
     entry = next(e for e in h200["types"].values() if e["name"].endswith("H200X-1-18C"))
     assert "mig-mode" not in entry
+
+
+def test_list_vgpu_types_with_a_hung_nvml_says_so_and_answers_by_nvidias_rules(
+        ctx, root, tools, deb, monkeypatch):
+    """nvmlInit never returns: the per-VM maximum's child is stopped at its bound (issue 42)."""
+    import time
+
+    from unit_tests.fakehost import l40s_host
+
+    ready(l40s_host(root), root, tools, deb)
+    use_nvml(monkeypatch, root, {"driver": "570.158.02", "hang": ["nvmlInit"], "gpus": []})
+    monkeypatch.setattr("vgpu.nvml.NVML_TIMEOUT", 2.0)
+    started = time.monotonic()
+    ctx.run(ctx.on.action("list-vgpu-types"), state({}, resource=deb))
+    assert time.monotonic() - started < 30
+    assert ctx.action_results["nvml"] == ("NVML did not answer within 2s: NVIDIA's rules give "
+                                          "each type's most per instance")
+    assert ctx.action_results["gpus"]  # the rest answered
+
+
+def test_a_failed_enable_mig_says_which_clients_it_left_stopped_and_the_status_names_them(
+        ctx, root, tools, deb):
+    """-mig 1 fails and nv-hostengine does not start again: the result and the status say it."""
+    host = rtx(root, tools, deb, mode="Disabled")
+    for unit in DCGM:
+        tools.set_active(unit)
+    tools.fail_start(DCGM[0])
+    smi = root / "usr/bin/nvidia-smi"
+    smi.rename(smi.with_name("nvidia-smi.real"))
+    from unit_tests.faketools import stand_in
+
+    stand_in(smi, '#!/bin/sh\ncase "$*" in *"-mig 1"*) echo "nvidia-smi $*" >> "$FAKE_LOG"; '
+                  'echo "Unable to enable MIG Mode: Unknown Error" >&2; exit 3;; esac\n'
+                  f'exec {smi.with_name("nvidia-smi.real")} "$@"\n')
+    with pytest.raises(testing.ActionFailed, match=(
+            f"Unable to enable MIG Mode.*; {DCGM[0]} was stopped and NOT started again")) as failed:
+        ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU, "stop-gpu-clients": True}),
+                state(resource=deb))
+    said = failed.value.state  # the state the failed action left
+    assert ctx.action_results["gpu-clients"].startswith(
+        f"stopped {DCGM[0]}, {DCGM[1]} around the change; started again: {DCGM[1]}; "
+        f"NOT started again: {DCGM[0]} (")
+    assert host.mig_mode(GPU)["current"] == "Disabled"
+    out = ctx.run(ctx.on.update_status(), said)
+    assert out.unit_status.name == "blocked"
+    assert (f"enable-mig stopped {DCGM[0]} and it did not start again: "
+            f"sudo systemctl start {DCGM[0]}") in out.unit_status.message
+    (tools.state / DCGM[0]).write_text("active\n")  # the operator started it
+    out = ctx.run(ctx.on.update_status(), out)
+    assert DCGM[0] not in out.unit_status.message

@@ -53,3 +53,18 @@ def test_a_neighbour_active_refuses_unless_asked_and_systemd_silent_counts_as_he
     tools.no_bus()
     with pytest.raises(MigError, match="cannot tell which NVML clients run"):
         gpuclients.around(lambda: "changed", "0000:42:00.0", True)
+
+
+def test_a_failed_change_carries_what_was_stopped_and_what_did_not_start_again(tools):
+    """issue 42 item 5: the record is not dropped with the MIG error."""
+    tools.set_active("nvsm.service")
+    tools.fail_start("nvsm.service")
+
+    def change():
+        raise MigError("nvidia-smi -i 0000:42:00.0 -mig 1 failed: Unknown Error")
+
+    with pytest.raises(gpuclients.ModeChangeError, match="-mig 1 failed") as failed:
+        gpuclients.around(change, "0000:42:00.0", stop_neighbours=True)
+    assert isinstance(failed.value, MigError)  # still the MIG error to whoever catches that
+    assert failed.value.clients.stopped == ["nvsm.service"]
+    assert list(failed.value.clients.not_started) == ["nvsm.service"]

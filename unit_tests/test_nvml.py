@@ -2,6 +2,7 @@
 
 import ast
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,81 @@ def test_migration_metadata_and_verdict_through_the_stand_in():
     assert nvml.once(lambda m: nvml.compatibility(m, vgpus[VM_1], gpus["0000:81:00.0"]),
                      fake) == nvml.VERDICT_LIVE
     assert fake.calls()[-1] == "nvmlShutdown"  # NVML held only for the call
+
+
+# -- the bounded child: python -m vgpu.nvml <query> ------------------------------------------
+
+@pytest.fixture
+def child_nvml(monkeypatch, tmp_path):
+    """The stand-in as the child imports it: FAKE_NVML's file, the stand-in first on its path."""
+    path = tmp_path / "fake-nvml.json"
+    monkeypatch.syspath_prepend(str(Path(fake.__file__).parent))
+    monkeypatch.setenv("FAKE_NVML", str(path))
+
+    def configure(state):
+        path.write_text(json.dumps(state))
+    return configure
+
+
+def test_the_child_answers_each_query_as_nvml_does_in_process(child_nvml):
+    state = {"driver": "570.158.02", "per_vm": {"1155": 2}, "gpus": [
+        {"bus_id": "00000000:81:00.0", "metadata": "0x26b9/48", "vgpus": [
+            {"id": 7, "uuid": "u", "vm": VM_1.upper(), "type": 1139, "licensed": 1, "state": 5,
+             "fb": 1, "metadata": "0x26b9/48"}]}]}
+    child_nvml(state)
+    fake.configure(state)
+    gpus = nvml.ask("gpu-metadata")
+    assert gpus == nvml.once(nvml.gpu_metadata, fake) and list(gpus) == ["0000:81:00.0"]
+    said = nvml.ask("verdicts", {"instances": [VM_1, VM_2], "targets": [gpus["0000:81:00.0"]]})
+    mine = nvml.once(nvml.vgpu_metadata, fake)[VM_1]
+    assert said == {"metadata": {VM_1: mine},
+                    "answers": [[mine, gpus["0000:81:00.0"], nvml.VERDICT_LIVE]]}
+    assert nvml.ask("per-vm", [1155, 1139]) == {"1155": 2}
+    child_nvml({"driver": None})  # no libnvidia-ml: nothing, and no error
+    assert nvml.ask("gpu-metadata") is None
+
+
+def test_a_hung_driver_costs_the_caller_the_childs_bound_and_says_so(child_nvml, monkeypatch):
+    import time
+
+    child_nvml({"driver": "570.158.02", "hang": ["nvmlInit"], "gpus": []})
+    monkeypatch.setattr(nvml, "NVML_TIMEOUT", 2.0)
+    for query, payload in (("gpu-metadata", None), ("verdicts", {"instances": [], "targets": []}),
+                           ("per-vm", [1155])):
+        started = time.monotonic()
+        with pytest.raises(nvml.UnansweredError, match=r"^NVML did not answer within 2s$"):
+            nvml.ask(query, payload)
+        assert time.monotonic() - started < 10
+
+
+def test_a_child_that_fails_or_answers_nonsense_is_unanswered(child_nvml, monkeypatch):
+    child_nvml({"driver": "570.158.02", "gpus": []})
+    with pytest.raises(ValueError):
+        nvml.ask("no-such-query")
+    monkeypatch.setattr("vgpu.run.run", lambda *a, **k: __import__("vgpu.run").run.Result(
+        0, "<html>", ""))
+    with pytest.raises(nvml.UnansweredError, match="could not be read"):
+        nvml.ask("gpu-metadata")
+
+
+def test_no_hook_or_action_calls_nvml_in_its_own_process():
+    """Outside vgpu.nvml only the exporter holds a Session; every other NVML call is the child's.
+
+    A call of ``once`` with no pynvml module given would call the real NVML in the caller's
+    process: only the child (vgpu.nvml itself) may make one.
+    """
+    src = Path(nvml.__file__).parent.parent
+    for path in sorted(src.rglob("*.py")):
+        if path == Path(nvml.__file__):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert "pynvml" not in names, f"{path}: imports pynvml"
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+                if name == "once":
+                    assert len(node.args) >= 2, f"{path}:{node.lineno}: NVML in-process"
+                if name == "Session":
+                    assert path.name == "vgpu_exporter.py", f"{path}:{node.lineno}"

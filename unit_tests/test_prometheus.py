@@ -129,7 +129,13 @@ def scene(ctx, root, tools, packages, tmp_path, monkeypatch, bindir):
               for n in (3, 4))]}]}))
     journal = Journal(root, bindir)
     recent = time.time() - 120  # read from the boot's journal: the series first appear at 1
-    journal.kernel((XID_31.replace("03:00", "81:00"), XID_48) + XID_79, recent)
+    # The kernel's PCI core added the third GPU at boot (drivers/pci/probe.c): this host's.
+    added = "pci 0000:2b:00.0: [10de:2330] type 00 class 0x030200 PCIe Endpoint"
+    # A contained ECC error in a MIG GPU instance of the H200 (NVIDIA's A100 memory error
+    # management guide, "User Visible Statistics", gives the form): the GPU's fault.
+    mig_94 = (f"NVRM: Xid (PCI:{H200[:-2]} GPU-I:03): 94, pid=4242, name=qemu-system-x86, "
+              "Contained: SM (0x1). RST: No, D-RST: No")
+    journal.kernel((added, XID_31.replace("03:00", "81:00"), XID_48, mig_94) + XID_79, recent)
     return {"root": root, "port": port, "published": published, "nvml": nvml_state,
             "work": tmp_path, "bindir": bindir}
 
@@ -212,7 +218,7 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         assert active == {"NvidiaVgpuTypeCapacityExhausted", "NvidiaVgpuBootStepFailed",
                           "NvidiaVgpuPublishedVfWithoutType", "NvidiaVgpuMappingNotApplied",
                           "NvidiaVgpuUnlicensedPastGracePeriod", "NvidiaVgpuUnlicensed",
-                          "NvidiaGpuFallenOffTheBus", "NvidiaGpuXidNeedsReset", "NvidiaGpuXidError",
+                          "NvidiaGpuXidRebootNode", "NvidiaGpuXidResetGpu", "NvidiaGpuXidRestartGuest",
                           "NvidiaVgpuExporterSourceUnreadable"}  # nvml: the failed calls
         firing = {a["labels"]["alertname"]: a["labels"] for a in api(web, "alerts")["data"]["alerts"]
                   if a["state"] == "firing"}
@@ -221,10 +227,19 @@ def test_prometheus_scrapes_the_exporter_and_evaluates_every_query_and_alert(sce
         (summary,) = [a["annotations"]["summary"] for a in api(web, "alerts")["data"]["alerts"]
                       if a["labels"]["alertname"] == "NvidiaVgpuBootStepFailed"]
         assert summary.startswith("A hook doing the boot step's work did not restore GPU "), summary
-        assert firing["NvidiaGpuFallenOffTheBus"]["gpu"] == "0000:2b:00.0"  # gone from sysfs
-        assert (firing["NvidiaGpuXidNeedsReset"]["gpu"], firing["NvidiaGpuXidNeedsReset"]["xid"]) \
+        assert firing["NvidiaGpuXidRebootNode"]["gpu"] == "0000:2b:00.0"  # gone from sysfs
+        assert (firing["NvidiaGpuXidResetGpu"]["gpu"], firing["NvidiaGpuXidResetGpu"]["xid"]) \
             == (L40S, "48")
-        assert (firing["NvidiaGpuXidError"]["gpu"], firing["NvidiaGpuXidError"]["xid"]) == (L40S, "31")
+        restart = [a for a in api(web, "alerts")["data"]["alerts"]
+                   if a["labels"]["alertname"] == "NvidiaGpuXidRestartGuest"]
+        assert sorted((a["labels"]["gpu"], a["labels"]["xid"]) for a in restart) == sorted(
+            [(L40S, "31"), (H200, "94")])
+        (hardware,) = [a for a in restart if a["labels"]["xid"] == "94"]
+        assert "the GPU's and not the guest's fault" in hardware["annotations"]["description"]
+        (instance,) = api(web, "query", query="nvidia_vgpu_xid_gpu_instance_errors")["data"][
+            "result"]
+        assert (instance["metric"]["gpu"], instance["metric"]["gpu_instance"],
+                instance["metric"]["xid"], instance["value"][1]) == (H200, "3", "94", "1")
         zero = api(web, "query", query=f'nvidia_vgpu_xid_errors{{gpu="{H200}",xid="79"}}')
         assert [r["value"][1] for r in zero["data"]["result"]] == ["0"]  # there from the start
         # Both vGPUs NVML cannot identify kept their series (none replaced the other), counted.

@@ -4,6 +4,7 @@ The metrics on a fixture host: test_metrics.py; the exporter's process: test_exp
 Prometheus evaluating the alerts: test_prometheus.py and unit_tests/prometheus/.
 """
 
+import json
 import threading
 import time
 
@@ -61,6 +62,79 @@ def test_an_xid_in_another_pci_domain_keeps_it():
     (event,) = xid.Parser().feed("NVRM: Xid (PCI:0001:C8:00): 48, An uncorrectable double bit "
                                  "error (DBE) has been detected on GPU in the framebuffer.", T0)
     assert event == xid.Event("0001:c8:00.0", 48, T0)
+
+
+# -- only the driver's own lines, of GPUs this host has ----------------------------------------
+
+# The kernel's line for a process that crashed (arch/x86/mm/fault.c's show_signal_msg: "<comm>[<pid>]:
+# segfault at <address> ip <ip> sp <sp> error <code> in <file>[<offset>]"): the process' name and
+# the file's are the user's to choose, so an unprivileged user can put a driver's words in them.
+SEGFAULT = ("foo[123]: segfault at 0 ip 00007f3a1c2b4e10 sp 00007ffd2c1d8e40 error 4 in NVRM: Xid "
+            "(PCI:0000:01:00): 79, GPU has fallen off the bus.[7f3a1c2b4000+1000]")
+# The same with a newline in the file's name and a process named "NVRM: x": every line starts
+# with the driver's prefix, the first is not one of its lines.
+SEGFAULT_LINES = ("NVRM: x[123]: segfault at 0 ip 00007f3a1c2b4e10 sp 00007ffd2c1d8e40 error 4 in "
+                  "a\nNVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.[7f3a1c2b4000+1000]")
+# The kernel's PCI core adding a GPU at boot (drivers/pci/probe.c, pci_setup_device's
+# "[%04x:%04x] type %02x class %#08x"; an H100's ids).
+ENUMERATED_01 = "pci 0000:01:00.0: [10de:2330] type 00 class 0x030200 PCIe Endpoint"
+
+
+@pytest.mark.parametrize("message", [
+    SEGFAULT, SEGFAULT_LINES,
+    "kernel: NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",  # not at the start
+    "audit: NVRM: The NVIDIA GPU 0000:01:00.0 has fallen off the bus",
+])
+def test_text_a_user_chose_in_a_kernel_message_is_no_xid(journal, message):
+    journal.kernel([ENUMERATED_01, message], T0)
+    watch = caught_up(xid.Watch())
+    samples = watch.samples(["0000:01:00.0"])
+    counts = series(samples, "nvidia_vgpu_xid_errors")
+    assert counts and not any(counts.values())  # the GPU's series, all 0
+    assert not series(samples, "nvidia_vgpu_xid_last_seen_timestamp_seconds")
+    assert not any(series(samples, "nvidia_vgpu_xid_gpu_lost").values())
+
+
+def test_only_the_kernels_transport_is_read():
+    line = json.dumps({"__CURSOR": "c1", "__REALTIME_TIMESTAMP": "1", "_TRANSPORT": "syslog",
+                       "MESSAGE": XID_63}) + "\n"
+    kernel = line.replace('"syslog"', '"kernel"').replace("c1", "c2")
+    unsaid = line.replace(', "_TRANSPORT": "syslog"', "").replace("c1", "c3")
+    entries = xid._entries((line + kernel + unsaid).encode())
+    assert [(e.cursor, e.message) for e in entries] == [("c1", ""), ("c2", XID_63), ("c3", "")]
+    assert "--output-fields=MESSAGE,_TRANSPORT" in xid.command(None)
+
+
+def test_a_gpu_the_kernel_added_this_boot_and_since_lost_is_counted(journal):
+    """Gone from sysfs before the exporter started: the kernel's own PCI line made it known."""
+    journal.kernel([ENUMERATED_01.replace("01:00.0", "2b:00.0"), *XID_79], T0)
+    samples = caught_up(xid.Watch()).samples(["0000:81:00.0"])
+    assert series(samples, "nvidia_vgpu_xid_errors")[("0000:2b:00.0", "79")] == 1
+    lost = series(samples, "nvidia_vgpu_xid_gpu_lost")
+    assert lost[("0000:2b:00.0", "kernel")] == 1 and lost[("0000:2b:00.0", "pci")] == 1
+
+
+def test_an_xid_of_a_gpu_this_host_never_had_is_never_served(journal):
+    journal.kernel(XID_79, T0)
+    samples = caught_up(xid.Watch()).samples(["0000:81:00.0"])
+    assert {dict(s.labels)["gpu"] for s in samples} == {"0000:81:00.0"}
+
+
+# NVIDIA's "NVIDIA A100 GPU Memory Error Management" (docs.nvidia.com/deploy/a100-gpu-mem-error-
+# mgmt/, "User Visible Statistics"): with MIG on the line names the GPU instance in the parentheses.
+XID_95_MIG = "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 95, pid=2345, name=qemu-system-x86, Uncontained"
+XID_94_MIG = ("NVRM: Xid (PCI:0000:01:00 GPU-I:01): 94, pid=2346, name=qemu-system-x86, Ch "
+              "00000008, errorString CTX SWITCH TIMEOUT, Info 0x0")
+
+
+def test_the_mig_form_counts_for_the_gpu_and_names_its_gpu_instance(journal):
+    journal.kernel([XID_95_MIG, XID_94_MIG, XID_95_MIG,
+                    "NVRM: Xid (PCI:0000:01:00 GPU-I:999): 95, too big an instance id"], T0)
+    samples = caught_up(xid.Watch()).samples(["0000:01:00.0"])
+    counts = series(samples, "nvidia_vgpu_xid_errors")
+    assert counts[("0000:01:00.0", "95")] == 3 and counts[("0000:01:00.0", "94")] == 1
+    assert series(samples, "nvidia_vgpu_xid_gpu_instance_errors") == {
+        ("0000:01:00.0", "5", "95"): 2, ("0000:01:00.0", "1", "94"): 1}
 
 
 # -- reading the journal -----------------------------------------------------------------------
@@ -138,7 +212,8 @@ def test_a_journalctl_that_fails_is_said_and_what_was_read_stays(journal):
     journal.fail()
     watch.poll()
     assert watch.journal_up() is False
-    assert series(watch.samples([]), "nvidia_vgpu_xid_errors")[("0000:10:1c.0", "63")] == 1
+    counts = series(watch.samples(["0000:10:1c.0"]), "nvidia_vgpu_xid_errors")
+    assert counts[("0000:10:1c.0", "63")] == 1
     journal.fail(False)
     watch.poll()
     assert watch.journal_up() is True
@@ -154,7 +229,8 @@ def test_without_journalctl_the_journal_is_said_unreadable(root, monkeypatch):
 def test_a_message_that_is_not_utf8_is_read(journal):
     journal.add("NVRM: Xid (PCI:0000:03:00): 31, name=\udcff\udcfe, MMU Fault", T0)
     watch = caught_up(xid.Watch())
-    assert series(watch.samples([]), "nvidia_vgpu_xid_errors")[("0000:03:00.0", "31")] == 1
+    counts = series(watch.samples(["0000:03:00.0"]), "nvidia_vgpu_xid_errors")
+    assert counts[("0000:03:00.0", "31")] == 1
 
 
 def test_an_exporter_restarted_reads_the_whole_boot_again(journal):
@@ -214,15 +290,64 @@ def test_sysfs_unread_says_nothing_of_pci(journal):
     assert lost == {("0000:81:00.0", "kernel"): 0}
 
 
-def test_a_flood_of_lines_cannot_grow_the_process(journal):
-    watch = xid.Watch(reader=lambda cursor: xid.Chunk(tuple(
-        xid.Entry(f"c{n}", T0, f"NVRM: Xid (PCI:{n:04x}:01:00): {n % 1000}, x")
-        for n in range(5000)), complete=True))
-    watch.poll()
-    assert len({dict(s.labels)["gpu"] for s in watch.samples([])}) == xid.MAX_GPUS
+def test_a_flood_of_made_up_gpus_takes_no_slot_and_drops_no_real_xid(journal):
+    """64 and more driver-shaped lines for GPUs this host lacks, then a real Xid 48: counted."""
+    real = "0000:81:00.0"
+    flood = [f"NVRM: Xid (PCI:{n:04x}:01:00): 79, GPU has fallen off the bus." for n in range(
+        1, 200)]
+    journal.kernel(flood + ["NVRM: Xid (PCI:0000:81:00): 48, An uncorrectable double bit "
+                            "error (DBE) has been detected on GPU in the framebuffer."], T0)
+    watch = caught_up(xid.Watch(known=lambda: [real]))
+    samples = watch.samples([real])
+    assert {dict(s.labels)["gpu"] for s in samples} == {real}  # no made-up GPU served
+    assert series(samples, "nvidia_vgpu_xid_errors")[(real, "48")] == 1
+    assert not any(v for (g, src), v in series(samples, "nvidia_vgpu_xid_gpu_lost").items())
+    # What waits for addresses not known is bounded: the first MAX_GPUS, no more.
+    later = [f"{n:04x}:01:00.0" for n in (1, xid.MAX_GPUS, xid.MAX_GPUS + 1)]
+    counts = series(watch.samples([real, *later]), "nvidia_vgpu_xid_errors")
+    assert [counts[(gpu, "79")] for gpu in later] == [1, 1, 0]
 
 
-def test_the_runbooks_reset_and_guest_xids_split_the_runbook():
-    assert set(xid.numbers(xid.RESET)) | set(xid.numbers(xid.GUEST)) == {
-        x.number for x in xid.RUNBOOK}
-    assert 79 in xid.numbers(xid.RESET) and 31 in xid.numbers(xid.GUEST)
+# NVIDIA's Xid catalogue for Ampere and later, docs.nvidia.com/deploy/xid-errors/analyzing-xid-
+# catalog.html (the rows as of CUDA 12.9 / driver R575, its newest "Xid 154 linkage" entries):
+# the "Resolution Bucket (Immediate Action)" column, word for word, per Xid the runbook names.
+CATALOGUE = {13: "RESTART_APP", 31: "RESTART_APP", 43: "IGNORE", 45: "WORKFLOW_XID_45",
+             48: "WORKFLOW_XID_48", 62: "RESET_GPU", 63: "IGNORE", 64: "RESET_GPU",
+             74: "WORKFLOW_NVLINK_ERR", 79: "RESTART_BM", 92: "IGNORE", 94: "RESTART_APP",
+             95: "RESET_GPU", 119: "RESET_GPU", 120: "RESET_GPU", 154: "XID_154"}
+
+
+def test_each_runbook_xid_has_the_catalogues_bucket_and_one_of_its_classes():
+    assert {x.number: x.bucket for x in xid.RUNBOOK} == CATALOGUE
+    classes = {x.number: x.action for x in xid.RUNBOOK}
+    assert set(classes.values()) == {xid.RESTART_GUEST, xid.RESET_GPU, xid.REBOOT_NODE,
+                                     xid.CONTACT_SUPPORT}
+    for number, bucket in CATALOGUE.items():  # the bucket decides where it names one class
+        wanted = {"RESTART_APP": xid.RESTART_GUEST, "RESET_GPU": xid.RESET_GPU,
+                  "RESTART_BM": xid.REBOOT_NODE}.get(bucket)
+        assert wanted is None or classes[number] == wanted, number
+    assert classes[79] == xid.REBOOT_NODE and classes[92] == xid.CONTACT_SUPPORT
+    # Hardware memory errors, not the guest's fault (the catalogue's rows for 92 and 94).
+    hardware = {x.number for x in xid.RUNBOOK if x.hardware}
+    assert {92, 94, 48, 63, 64, 95, 79} <= hardware and not {13, 31, 43, 45} & hardware
+    assert set(xid.numbers(xid.RESTART_GUEST)) | set(xid.numbers(xid.RESET_GPU)) | set(
+        xid.numbers(xid.REBOOT_NODE)) | set(xid.numbers(xid.CONTACT_SUPPORT)) == set(CATALOGUE)
+
+
+def test_the_exporters_gpus_are_sysfs_gpus_not_their_vfs(root):
+    """What the exporter's watch asks before each read (xid.host_gpus): the GPUs, never a VF."""
+    from unit_tests.fakehost import l40s_host
+
+    l40s_host(root)  # an L40S and an H200 with their VFs: 26 PCI functions
+    assert len(list((root / "sys/bus/pci/devices").iterdir())) == 26
+    assert sorted(xid.host_gpus()) == ["0000:81:00.0", "0000:c1:00.0"]
+
+
+def test_a_gpu_sysfs_lists_before_the_first_read_is_known_to_that_read(journal):
+    """The first read runs before any scrape: the watch asks sysfs itself (issue 42, item 1)."""
+    flood = [f"NVRM: Xid (PCI:{n:04x}:01:00): 79, x" for n in range(1, xid.MAX_GPUS + 10)]
+    journal.kernel(flood + [XID_63], T0)
+    watch = caught_up(xid.Watch(known=lambda: ["0000:10:1c.0"]))
+    counts = series(watch.samples(None), "nvidia_vgpu_xid_errors")
+    assert counts[("0000:10:1c.0", "63")] == 1
+    assert {g for g, _ in counts} == {"0000:10:1c.0"}

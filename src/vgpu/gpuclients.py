@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable, Dict, Iterable, Iterator, List, Tuple, TypeVar
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 from . import services
-from .errors import ServiceError
+from .errors import MigError, ServiceError, VgpuError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -78,14 +78,16 @@ class Stopped:
 
 
 @contextlib.contextmanager
-def stopped(names: Iterable[str], wait: bool = True) -> Iterator[Stopped]:
+def stopped(names: Iterable[str], wait: bool = True,
+            done: Optional[Stopped] = None) -> Iterator[Stopped]:
     """Stop each unit of ``names`` for the block; start each again afterwards, whatever happened.
 
     A stop that fails raises ServiceError after those already stopped are
     started again. ``wait`` False starts them with ``--no-block`` (the boot
-    step: a unit ordered after it would wait for it).
+    step: a unit ordered after it would wait for it). ``done``: the record to fill (the
+    caller keeps it when the block raises).
     """
-    done = Stopped()
+    done = Stopped() if done is None else done
     try:
         for name in names:
             services.stop(name)
@@ -138,8 +140,6 @@ def around(change: Callable[[], T], gpu: str, stop_neighbours: bool) -> Tuple[T,
     (MigError) unless ``stop_neighbours``: then they are stopped, the change made,
     and they are started again whatever happened in between (see :class:`Stopped`).
     """
-    from .errors import MigError
-
     try:
         clients = active()
     except (ServiceError, ValueError) as error:  # what cannot be told counts as held
@@ -149,6 +149,19 @@ def around(change: Callable[[], T], gpu: str, stop_neighbours: bool) -> Tuple[T,
                        "MIG mode change needs none holding it (NVIDIA's MIG-backed vGPU guide), "
                        f"and the charm never stops a neighbour's service unasked: run again with "
                        f"{STOP_PARAM}=true to stop them, change the mode and start them again")
-    with ours_stopped(), stopped(clients) as done:
-        result = change()
+    done = Stopped()
+    try:
+        with ours_stopped(), stopped(clients, done=done):
+            result = change()
+    except VgpuError as error:  # the record goes with the failure: what was left stopped
+        raise ModeChangeError(str(error), done) from error
     return result, done
+
+
+class ModeChangeError(MigError):
+    """The mode change failed; ``clients`` says which clients were stopped and started again."""
+
+    def __init__(self, message: str, clients: Stopped) -> None:
+        """The mode change's failure, and the record of the clients around it."""
+        super().__init__(message)
+        self.clients = clients

@@ -125,6 +125,10 @@ METRICS: Tuple[Metric, ...] = (
     Metric("nvidia_vgpu_xid_last_seen_timestamp_seconds",
            "When the kernel last logged the Xid for the GPU this boot, in seconds since the "
            "epoch; absent while it has not", ("gpu", "xid")),
+    Metric("nvidia_vgpu_xid_gpu_instance_errors",
+           "Xid errors the kernel logged this boot for a MIG GPU instance of the GPU (NVRM: Xid "
+           "(PCI:... GPU-I:n) lines); also counted in nvidia_vgpu_xid_errors",
+           ("gpu", "gpu_instance", "xid")),
     Metric("nvidia_vgpu_xid_gpu_lost",
            "1 when the GPU is lost as the source says: kernel (Xid 79 or fallen off the bus), "
            "nvml (GPU is lost) or pci (gone from sysfs); 0 otherwise", ("gpu", "source")),

@@ -48,6 +48,7 @@ class Multi(NamedTuple):
     nova_major: Optional[int] = None  # this host's Nova (None: not installed)
     fractional: Mapping[str, bool] = {}  # GPU -> Fractional Multi-vGPU supported (nvidia-smi -q)
     per_vm: Mapping[int, int] = {}  # type number -> NVML's nvmlVgpuTypeGetMaxInstancesPerVm
+    nvml: str = ""  # why NVML did not answer ("": it did, or there is none)
 
 
 def read(host: pci.Host, offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]],
@@ -57,8 +58,9 @@ def read(host: pci.Host, offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]
                for t in (offered or {}).get(gpu.address) or gpu.offered_types()}
     if not numbers:
         return Multi(nova_major=release.nova_major if release is not None else None)
+    answered, why = _per_vm(numbers)
     return Multi(nova_major=release.nova_major if release is not None else None,
-                 fractional=read_fractional(), per_vm=per_vm(numbers))
+                 fractional=read_fractional(), per_vm=answered, nvml=why)
 
 
 def most_per_instance(framework: Optional[str], *, full: bool, mig: bool,
@@ -151,16 +153,27 @@ def read_fractional() -> Dict[str, bool]:
 
 
 def per_vm(type_numbers: Iterable[int], module: Any = None) -> Dict[int, int]:
-    """NVML's ``nvmlVgpuTypeGetMaxInstancesPerVm`` per type; {} where NVML cannot be asked."""
-    def read(nvml: Any) -> Dict[int, int]:
-        out: Dict[int, int] = {}
-        for number in sorted(set(type_numbers)):
-            try:
-                out[number] = int(nvml.nvmlVgpuTypeGetMaxInstancesPerVm(number))
-            except nvml.NVMLError:
-                continue  # this type unknown to NVML, or the call unsupported: NVIDIA's rules
-        return out
+    """NVML's ``nvmlVgpuTypeGetMaxInstancesPerVm`` per type; {} where NVML cannot be asked.
 
-    return nvml_.once(read, module) or {}
+    Asked in the bounded child (``python -m vgpu.nvml per-vm``): a hung driver costs the
+    action at most its bound, and then NVIDIA's rules decide (logged). ``module``: a pynvml
+    stand-in asked in this process instead (the tests).
+    """
+    numbers = sorted(set(type_numbers))
+    if module is not None:
+        return nvml_.once(lambda nvml: nvml_.max_per_vm(nvml, numbers), module) or {}
+    return _per_vm(numbers)[0]
 
 
+def _per_vm(numbers: Iterable[int]) -> Tuple[Dict[int, int], str]:
+    """:func:`per_vm` through the bounded child, and why NVML did not answer ("": it did)."""
+    try:
+        said = nvml_.ask("per-vm", sorted(set(numbers)))
+    except nvml_.UnansweredError as error:
+        logger.warning("%s: how many vGPUs one instance may have follows NVIDIA's rules", error)
+        return {}, str(error)
+    out: Dict[int, int] = {}
+    for key, value in (said.items() if isinstance(said, dict) else ()):
+        if isinstance(key, str) and key.isdigit() and isinstance(value, int):
+            out[int(key)] = value
+    return out, ""

@@ -220,12 +220,113 @@ def _profiles(nvml: Any, handle: Any) -> Dict[str, str]:
     return out
 
 
-def main() -> None:
-    """``python -m vgpu.nvml``: :func:`gpu_instance_profiles` as JSON (vgpu.mig runs it, bounded)."""
+# -- the bounded child: every NVML call of a hook or an action ----------------------------------
+#
+# NVML is a C library: a call that hangs in the driver (nvmlInit on a wedged GPU) cannot be
+# stopped from the process that made it, and Juju runs nothing else on the unit while a hook
+# hangs. A hook or an action therefore asks NVML only through ``python -m vgpu.nvml <query>``
+# (:func:`ask`), a process of its own that is killed, with its process group, after
+# :data:`NVML_TIMEOUT` seconds (vgpu.run), and whose NVML session ends with it. The exporter keeps
+# its own :class:`Session` in its own process, which holds no machine lock.
+
+NVML_TIMEOUT = 20.0  # seconds a query may take, NVML's initialisation included
+ANSWER_LIMIT = 1 << 22  # bytes of the child's answer read
+QUERIES = ("gpu-instance-profiles", "gpu-metadata", "verdicts", "per-vm")
+
+
+class UnansweredError(Exception):
+    """NVML did not answer: the child ran out of time, failed, or said nothing readable."""
+
+
+def ask(query: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
+    """``python -m vgpu.nvml <query>``'s answer (JSON; None: no NVML on this host).
+
+    ``payload`` goes to the child's standard input as JSON. UnansweredError, saying why, when
+    the child runs past ``timeout`` (default :data:`NVML_TIMEOUT`), fails or answers
+    something that is not JSON.
+    """
+    import json
+    import os
+    import sys
+
+    from . import run, text
+    from .errors import CommandError
+
+    if query not in QUERIES:
+        raise ValueError(f"no NVML query {query!r}")
+    bound = NVML_TIMEOUT if timeout is None else timeout
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        result = run.run([sys.executable, "-m", "vgpu.nvml", query], bound, env=env,
+                         what=f"NVML ({query})",
+                         stdin=json.dumps(payload) if payload is not None else None)
+    except CommandError as error:
+        if "timed out" in str(error) or "did not end" in str(error) or "out of time" in str(
+                error):
+            raise UnansweredError(f"NVML did not answer within {bound:g}s") from None
+        raise UnansweredError(f"NVML did not answer: {text.cause(str(error)) or error}") from None
+    try:
+        return json.loads(result.stdout[:ANSWER_LIMIT] or "null")
+    except ValueError:
+        raise UnansweredError("NVML's answer could not be read") from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m vgpu.nvml [query]``: one of :data:`QUERIES`, its answer as JSON on stdout.
+
+    ``gpu-instance-profiles`` (the default; vgpu.mig): :func:`gpu_instance_profiles`;
+    ``gpu-metadata``: :func:`gpu_metadata`; ``verdicts`` (stdin: ``{"instances": [...],
+    "targets": [...]}``): :func:`verdicts`; ``per-vm`` (stdin: type numbers):
+    :func:`max_per_vm`. ``null`` where NVML cannot be asked.
+    """
     import json
     import sys
 
-    sys.stdout.write(json.dumps(gpu_instance_profiles(), sort_keys=True))
+    args = list(sys.argv[1:] if argv is None else argv)
+    query = args[0] if args else "gpu-instance-profiles"
+    if query == "gpu-instance-profiles":
+        answer: Any = gpu_instance_profiles()
+    elif query == "gpu-metadata":
+        answer = once(gpu_metadata)
+    elif query in ("verdicts", "per-vm"):
+        payload = json.loads(sys.stdin.read(ANSWER_LIMIT) or "null")
+        if query == "verdicts":
+            payload = payload if isinstance(payload, dict) else {}
+            instances = [str(i) for i in payload.get("instances") or () if isinstance(i, str)]
+            targets = [str(t) for t in payload.get("targets") or () if isinstance(t, str)]
+            answer = once(lambda module: verdicts(module, instances, targets))
+        else:
+            numbers = [int(n) for n in payload or () if isinstance(n, int)]
+            answer = once(lambda module: {str(k): v for k, v in max_per_vm(module, numbers).items()})
+    else:
+        sys.stderr.write(f"no NVML query {query!r}: one of {', '.join(QUERIES)}\n")
+        sys.exit(2)
+    sys.stdout.write(json.dumps(answer, sort_keys=True))
+
+
+def verdicts(nvml: Any, instances: Sequence[str], targets: Sequence[str]) -> Dict[str, Any]:
+    """The running vGPUs' metadata of ``instances`` and NVIDIA's verdict on each of ``targets``.
+
+    ``{"metadata": {instance: encoded}, "answers": [[encoded vGPU, encoded GPU, verdict]]}``.
+    """
+    running = vgpu_metadata(nvml)
+    answers = []
+    for instance in instances:
+        mine = running.get(instance, "")
+        for target in targets if mine else ():
+            answers.append([mine, target, compatibility(nvml, mine, target)])
+    return {"metadata": {i: running[i] for i in instances if i in running}, "answers": answers}
+
+
+def max_per_vm(nvml: Any, type_numbers: Sequence[int]) -> Dict[int, int]:
+    """``nvmlVgpuTypeGetMaxInstancesPerVm`` per type; a type NVML does not answer for is left out."""
+    out: Dict[int, int] = {}
+    for number in sorted(set(type_numbers)):
+        try:
+            out[number] = int(nvml.nvmlVgpuTypeGetMaxInstancesPerVm(number))
+        except nvml.NVMLError:
+            continue  # this type unknown to NVML, or the call unsupported: NVIDIA's rules
+    return out
 
 
 def _vgpu(nvml: Any, instance: Any, address: str, usage: Tuple[Tuple[str, float], ...],

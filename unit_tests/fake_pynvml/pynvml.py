@@ -11,12 +11,14 @@ long, as nvml.h declares it). unit_tests/test_nvml.py checks that every name
 here is one the real module has.
 
 What the host holds comes from :func:`configure`, or from the JSON file
-``FAKE_NVML`` names when the exporter runs as its own process::
+``FAKE_NVML`` names when the exporter or the bounded child (``python -m vgpu.nvml``) runs as
+its own process (each call is then also appended to ``<FAKE_NVML>.calls``)::
 
     {"driver": "570.158.02",            # null: no driver (libnvidia-ml missing)
      # per GPU also "vgpu_types": [{"id": 2033, "name": "...", "gi_profile": 47}] (no
      # gi_profile: not MIG-backed) and "gi_profiles": {"47": "MIG 1g.24gb+gfx"}
      "fail": {"nvmlVgpuInstanceGetLicenseInfo_v2": 3},   # calls that fail, NVML code
+     "hang": ["nvmlInit"],              # calls that never return (a wedged driver)
      # (a vGPU's own "fail" fails a call for that vGPU alone: NVML answers per instance)
      "per_vm": {"1155": 4},             # nvmlVgpuTypeGetMaxInstancesPerVm per type id
      "gpus": [{"bus_id": "00000000:81:00.0",   # "lost": true: fallen off the bus
@@ -120,6 +122,13 @@ def _host():
 def _call(name):
     _STATE["calls"].append(name)
     host = _host()
+    if _STATE["state"] is None and os.environ.get("FAKE_NVML"):  # another process may ask
+        with open(os.environ["FAKE_NVML"] + ".calls", "a", encoding="utf-8") as log:
+            log.write(name + "\n")
+    if name in host.get("hang", ()):  # a wedged driver: the call never returns
+        import time
+
+        time.sleep(3600)
     code = host.get("fail", {}).get(name)
     if code is not None:
         raise NVMLError(code)
