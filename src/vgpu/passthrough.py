@@ -80,18 +80,13 @@ def ensure_rules(addresses: Iterable[str], current: Optional[str] = None) -> boo
     return True
 
 
-def take(address: str, driver: Optional[str], vfs: int = 0) -> Optional[str]:
-    """Give the GPU at ``address`` (bound to ``driver`` now) to vfio-pci; why not, else None.
+def take(address: str, driver: Optional[str]) -> Optional[str]:
+    """Give the GPU at ``address`` (bound to ``driver`` now, no VFs) to vfio-pci; why not, else None.
 
-    ``vfs``: how many VFs it has enabled (it served vGPUs): it is not
-    unbound under them; ``sriov-manage -d`` once no guest uses them, or a
-    reboot, ends them.
+    vfio-pci must be loaded first (:func:`load`); whether it took the GPU is
+    read back afterwards (:func:`bound`): the probe's write says nothing.
     """
     device = hostroot.path(DEVICES, address)
-    if vfs and driver != VFIO_PCI:
-        return (f"GPU {address} still has {vfs} VFs enabled (it served vGPUs), so it stays on "
-                f"{driver or 'no driver'} for now: run /usr/lib/nvidia/sriov-manage -d {address} "
-                "once no guest uses them, or reboot (driver_override and a udev rule take it then)")
     try:
         if _read(device / "driver_override") != VFIO_PCI:
             _write(device / "driver_override", VFIO_PCI)
@@ -133,6 +128,63 @@ def overridden(text: str) -> List[str]:
         if line.startswith('ACTION=="add"') and 'KERNEL=="' in line:
             out.append(line.split('KERNEL=="', 1)[1].split('"', 1)[0])
     return out
+
+
+MODPROBE_TIMEOUT = 60  # one modprobe vfio-pci
+
+
+def load() -> Optional[str]:
+    """``modprobe vfio-pci`` (bounded); None once loaded, else why not.
+
+    Writing ``drivers_probe`` loads no module: with driver_override set and
+    vfio-pci not loaded the GPU is left unbound. ``nvidia_vgpu_vfio`` loads
+    ``vfio_pci_core``, not ``vfio-pci``, so a vGPU host has it only once asked.
+    """
+    from . import run
+    from .errors import CommandError
+
+    try:
+        run.run(["modprobe", VFIO_PCI], MODPROBE_TIMEOUT, what=f"modprobe {VFIO_PCI}")
+    except CommandError as error:
+        return str(error)
+    return None
+
+
+def bound(address: str) -> Optional[str]:
+    """The driver holding ``address`` now, read back from sysfs (None: none).
+
+    vfio-pci's directory is listed first: the kernel lists there each device it holds.
+    """
+    try:
+        if address in os.listdir(hostroot.path(DRIVERS, VFIO_PCI)):
+            return VFIO_PCI
+    except OSError:
+        pass
+    try:
+        return os.path.basename(os.readlink(hostroot.path(DEVICES, address, "driver")))
+    except OSError:
+        return None
+
+
+def free(address: str) -> bool:
+    """Whether no client holds the GPU through the nvidia driver (its unbindLock), left as it was.
+
+    The lock is taken and given back at once: how the driver answers the
+    question (``nv-procfs.c``: 1 reads back only while the GPU's usage count is 0).
+    """
+    lock = hostroot.path(UNBIND_LOCK.format(address=address))
+    if not lock.exists():
+        return True
+    before = hostroot.read_text(lock, clean=False) or "0\n"
+    try:
+        taken = _unbind_lock(address)
+    except OSError:
+        return False
+    try:
+        _write(lock, before if before.strip() in ("0", "1") else "0\n")
+    except OSError:
+        pass
+    return taken
 
 
 def _unbind_lock(address: str) -> bool:
