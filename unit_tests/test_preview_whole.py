@@ -10,10 +10,17 @@ import pytest
 
 from unit_tests.fakehost import whole_and_vgpu_host
 from unit_tests.libvirt import defined_guest
-from unit_tests.test_charm_passthrough import GUEST, H200, H200_VF, WHOLE, deb, specs  # noqa: F401
+from unit_tests.test_charm_passthrough import GUEST, H200, H200_VF, WHOLE, specs
 from unit_tests.test_charm_sriov import again, ready
 from unit_tests.test_preview import preview, settled
 from vgpu import sriov
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory):
+    from unit_tests import debs
+
+    return debs.host_driver(tmp_path_factory.mktemp("debs"))
 
 
 def host_with_vfs(root, tools, deb, held=False, guest=False):

@@ -521,8 +521,9 @@ def _publish(hook: _Hook) -> None:
         ok = ok and _mdevs_may_change(hook, sections) and _mdevctl_ready(hook, sections, release)
         # The principal's [pci] is checked before any VF takes a type from the plan.
         accepted = _principal_accepts(hook, sections)
-        ok = (ok and accepted and _mig_ready(hook, plan) and not vf_type_holders(hook, plan)
-              and _give_vfs_types(hook, plan))
+        # VF types next: their guard (guests on VFs whose type would change) refuses before
+        # any VF changes, and the whole GPUs move only after it accepted.
+        ok = ok and accepted and _mig_ready(hook, plan) and _give_vfs_types(hook, plan)
         if ok and decision is not None and (decision.moves or plan.passthrough):
             plan = _whole_gpus(hook, plan, decision)  # only what vfio-pci holds is published
             sections = plan_sections(hook, plan, release)
@@ -671,7 +672,11 @@ def _whole_decision(hook: _Hook, plan):
 
 
 def vf_type_holders(hook: _Hook, plan) -> List[str]:
-    """The guests holding VFs whose type the plan would change (each named): a refusal."""
+    """The guests holding VFs whose type the plan would change (each named): a refusal.
+
+    What :func:`_give_vfs_types`' guard (vgpu.vfio.ensure_types) refuses, read only:
+    preview-mappings asks it.
+    """
     from . import vfio
 
     changes = vfio.desired(plan, hook.facts().pci)

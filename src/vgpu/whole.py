@@ -107,7 +107,8 @@ def decide(host: pci.Host, plan, published: Sequence[Mapping[str, str]],
         if address in before:
             give_back.append(address)
     refusals[:0] = _guests(host, guarded)
-    rules_change = passthrough.rules(whole) != rules_text and bool(whole or rules_text)
+    rules_change = (passthrough.rules(whole) != rules_text
+                    or passthrough.modprobe_conf(whole) != passthrough.current_conf())
     return Decision(tuple(refusals), tuple(disable), tuple(take), tuple(give_back),
                     tuple(sorted(whole)), rules_change)
 
