@@ -151,18 +151,19 @@ class Host:
         """
         if self._validation is None:
             here = self.facts()
-            offered = whole = None
+            offered = whole = others = None
             if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
                 version = here.loaded_driver_version
                 table = catalogue.learn(here.pci, version, problems=problems,
                                         save_grown=not self.dry)
                 offered = catalogue.offered(here.pci, version, table)
                 whole = catalogue.whole_gpus(here.pci, table)
+                others = catalogue.other_drivers(here.pci, version, table)
             self._validation = mappings.against_host(
                 checked(), here.pci, here.supported_release(), offered,
                 pci_in_placement=pci_in_placement, live_migration=live_migration,
                 whole_gpus=whole, vanished=vanished(here, published)[1],
-                one_time_use=one_time_use)
+                one_time_use=one_time_use, other_drivers=others)
         return self._validation
 
 
