@@ -316,3 +316,22 @@ def test_two_mdev_vgpus_need_nova_33(root, major, expected):
     assert full["max-per-instance"] == expected  # a full-framebuffer type: one per GPU, 2 GPUs
     if expected == "2":
         assert full["flavor-property-for-two"] == "resources1:VGPU=1 resources2:VGPU=1 group_policy=isolate"
+
+
+def test_max_per_instance_counts_only_the_gpus_mapped_to_the_type(root):
+    """Issue 41, item 6: a full-framebuffer type mapped to one of two V100s: one per instance."""
+    from unit_tests.fakehost import v100_host
+    from vgpu import novaconf, releases
+
+    v100_host(root)
+    host = pci.with_available(pci.discover())
+    multi = report.Multi(nova_major=33)
+    every = report.gpu_results(host, multi=multi)
+    full_id, full = next((t, e) for t, e in every["gpu-0"]["types"].items()
+                         if e.get("max-instances") == "1")
+    assert full["max-per-instance"] == "2"  # unmapped: what mapping it on both would give
+    published = novaconf.sections({full_id: ("0000:c1:00.0",)}, releases.from_major(33))
+    one = report.gpu_results(host, multi=multi, published=published)
+    entries = [g["types"][full_id] for g in one.values() if full_id in g.get("types", {})]
+    assert {e["max-per-instance"] for e in entries} == {"1"}
+    assert all("flavor-property-for-two" not in e for e in entries)
