@@ -283,7 +283,33 @@ def _multi_entry(gpu, vgpu_type: VgpuType, entry: Mapping[str, str],
     if most > 1:
         out["flavor-property-for-two"] = multivgpu.flavor_for(
             gpu.framework, entry["flavor-property"], 2)
+        if gpu.framework != VFIO:
+            out.update(_group_policy(out["flavor-property-for-two"],
+                                     full=capacity.most(gpu, vgpu_type, None) == 1))
     return out
+
+
+ISOLATE = "group_policy=isolate"
+
+
+def _group_policy(flavor: str, *, full: bool) -> Dict[str, str]:
+    """The flavor for two mdev vGPUs with the group policy the type needs, and why.
+
+    Placement needs a ``group_policy`` once a flavor has numbered resource
+    groups. ``isolate`` takes each group from another resource provider (another
+    GPU): what Nova's vGPU guide (doc/source/admin/virtual-gpu.rst) asks for
+    vGPUs that must be on distinct GPUs, as NVIDIA's full-framebuffer types are
+    (one per GPU). Fractional vGPUs of one type may share their GPU (NVIDIA's
+    Fractional Multi-vGPU): ``none`` lets Placement take both from one GPU.
+    """
+    if full:
+        return {"flavor-property-for-two": flavor,
+                "flavor-note-for-two": f"{ISOLATE}: each vGPU from a distinct GPU (a "
+                                       "full-framebuffer type is one per GPU; Nova's vGPU guide)"}
+    return {"flavor-property-for-two": flavor.replace(ISOLATE, "group_policy=none"),
+            "flavor-note-for-two": "group_policy=none: fractional vGPUs of one type may share "
+                                   "the same GPU (NVIDIA's Fractional Multi-vGPU), so Placement "
+                                   "may take both from one GPU"}
 
 
 def _whole_result(group, pci_in_placement: bool) -> Dict[str, str]:
@@ -364,10 +390,13 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
             ])
             most = limits.get((gpu.address, vgpu_type.number), 1)
             if most > 1 and not refused(gpu, vgpu_type):
+                two = multivgpu.flavor_for(gpu.framework, flavor_property(
+                    vgpu_type, gpu.framework, mdev_class), 2)
+                if gpu.framework != VFIO:  # the group policy the type needs, as the results say
+                    two = _group_policy(two, full=capacity.most(gpu, vgpu_type, None) == 1)[
+                        "flavor-property-for-two"]
                 several.setdefault(vgpu_type.id, f"  {vgpu_type.id} ({vgpu_type.name}), up to "
-                                   f"{most}: " + multivgpu.flavor_for(
-                                       gpu.framework, flavor_property(
-                                           vgpu_type, gpu.framework, mdev_class), 2))
+                                   f"{most}: {two}")
             if gpu.framework == VFIO and gpu.vfs:
                 name = alias_name(vgpu_type.name)
                 aliases.setdefault(name, json.dumps(novaconf.alias(
