@@ -121,7 +121,9 @@ def main(argv) -> int:
     threading.Thread(target=watch.run, args=(stop,), name="journal", daemon=True).start()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: server.stop())
-    logging.getLogger("vgpu").warning("serving http://%s:%d/metrics", ADDRESS, args.port)
+    started = logging.getLogger("vgpu_exporter")
+    started.setLevel(logging.INFO)  # a normal start is news, not a warning
+    started.info("serving http://%s:%d/metrics", ADDRESS, args.port)
     server.serve()
     stop.set()
     watch.close()

@@ -19,6 +19,14 @@ charmhelpers, as nova-compute reads it).
     make demo ARGS="--host l40s --config pci-in-placement=true"   # any other option
     make demo ARGS="--host l40s --reboot-upgrade"   # driver branch 550 -> 570 and a reboot
     make demo ARGS="--host l40s --guest"            # then a guest holds a vGPU: vgpu-usage
+    make demo ARGS="--host l40s --mappings '{L40S-12Q: all, passthrough: [c1:00.0]}'"
+    make demo ARGS="--host l40s --action preview-mappings --param mappings='{L40S-24Q: all}'"
+    make demo ARGS="--host rtxpro6000-mig --action enable-mig --param gpu=0000:8c:00.0"
+    make demo ARGS="--action fleet-report"          # with two sample peers; drain-plan too
+
+``--action`` runs any action after the mapping is applied and prints its results
+as ``juju run`` prints them (YAML); list-vgpu-types, vgpu-usage, preview-mappings,
+enable-mig (a sample DCGM unit runs), fleet-report and drain-plan (two sample peers).
 
 systemctl and update-initramfs are stand-ins that record their calls, so
 nothing on this machine is touched.
@@ -58,6 +66,7 @@ DEFAULT_NOVA = {"l40s": "3:31.0.0-0ubuntu1", "rtxpro6000": "3:31.0.0-0ubuntu1",
 UNIT = "nova-compute-nvidia-vgpu/0"
 OLD_BRANCH, NEW_BRANCH = "550", "570"  # --reboot-upgrade: L40S-12Q is nvidia-1153, then 1139
 L40S_ADDRESS = "0000:81:00.0"
+RTX_PRO_6000_GPUS = ("0000:42:00.0", "0000:8c:00.0", "0001:04:00.0", "0001:c8:00.0")
 
 
 def arguments(argv=None) -> argparse.Namespace:
@@ -78,6 +87,10 @@ def arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--guest", action="store_true",
                         help="then a running guest holds the first published vGPU, as after "
                              "openstack server create: the status and vgpu-usage")
+    parser.add_argument("--action", metavar="NAME",
+                        help="then run this action and print its results as juju run does")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a parameter of --action; may repeat")
     parser.add_argument("--keep", action="store_true", help="keep the sample host tree")
     args = parser.parse_args(argv)
     if args.reboot_upgrade and args.host != "l40s":
@@ -100,9 +113,7 @@ def main(argv=None) -> int:
     branch = {"branch": OLD_BRANCH} if args.reboot_upgrade else {}
     host = build(args.host, root, nova=args.nova or DEFAULT_NOVA.get(args.host, "3:29.0.0-0ubuntu1"),
                  **branch)
-    for unit in ("nvidia-vgpu-mgr", "nvidia-vgpud"):
-        tools.set_active(unit)
-    package = driver_package(work, root)
+    package = prepare(args, host, tools, work)
 
     ctx = testing.Context(NovaComputeNvidiaVgpuCharm)
     relation = testing.SubordinateRelation("nova-vgpu", remote_app_name="nova-compute")
@@ -114,6 +125,8 @@ def main(argv=None) -> int:
     print(f"$ juju attach-resource nova-compute-nvidia-vgpu nvidia-vgpu-software=./{package.name}")
     state = ctx.run(ctx.on.install(), state)
     print(f"  installed: {debs.dpkg_query(root, package.name.split('_')[0]) or 'nothing'}")
+    if (root / "usr/lib/nvidia/sriov-manage").exists():
+        host.install_sriov_manage()  # the package's sriov-manage is a placeholder
     for key in sorted(config):
         if key != "vgpu-device-mappings":
             print(f"$ juju config nova-compute-nvidia-vgpu {key}={str(config[key]).lower()}")
@@ -152,10 +165,23 @@ def main(argv=None) -> int:
     if args.guest:
         state = boot_guest(ctx, state, host, config)
         status = state.unit_status
+    if args.action:
+        run_action(ctx, state, config, args.action, options(args.param))
     if not args.keep:
         import shutil
         shutil.rmtree(work)
     return 0 if status.name == "active" else 1
+
+
+def prepare(args, host, tools, work: Path) -> Path:
+    """The vGPU manager up, nvidia-smi where the host has MIG, a DCGM for enable-mig; the package."""
+    for unit in ("nvidia-vgpu-mgr", "nvidia-vgpud"):
+        tools.set_active(unit)
+    if args.host == "rtxpro6000":  # the driver brings nvidia-smi: MIG mode off, as shipped
+        host.install_nvidia_smi({g: "Disabled" for g in RTX_PRO_6000_GPUS}, "RTX PRO 6000")
+    if args.action == "enable-mig":
+        tools.set_active(SAMPLE_DCGM)  # a neighbour's NVML client: the action names it
+    return driver_package(work, host.root)
 
 
 GUEST = ("instance-0000002a", "3d9f1c52-8b1e-4c3a-9f6d-2a7e5b0c4d11")  # libvirt's and Nova's names
@@ -311,12 +337,81 @@ def gpu_instances(root: Path):
 
 
 def options(pairs):
-    """``--config`` values as ops.testing wants them: booleans for true/false."""
+    """``--config`` (and ``--param``) values as ops.testing wants them: booleans for true/false."""
     out = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
         out[key] = {"true": True, "false": False}.get(value.lower(), value)
     return out
+
+
+SAMPLE_DCGM = "nvidia-dcgm.service"
+FLEET_ACTIONS = ("fleet-report", "drain-plan")
+
+
+def run_action(ctx, state, config: dict, name: str, params: dict) -> None:
+    """Run action ``name`` on the unit as it is now; print its results as ``juju run`` does."""
+    state = testing.State(config=config, relations=state.relations,
+                          stored_states=state.stored_states, resources=state.resources,
+                          leader=True)
+    if name in FLEET_ACTIONS:
+        state = with_sample_peers(ctx, state)
+    shown = " ".join(f"{k}={shlex_quote(str(v).lower() if isinstance(v, bool) else str(v))}"
+                     for k, v in params.items())
+    print()
+    print(f"$ juju run {UNIT} {name}{' ' + shown if shown else ''}")
+    try:
+        ctx.run(ctx.on.action(name, params=params), state)
+    except testing.ActionFailed as failed:
+        print(f"ERROR {failed.message}")
+        return
+    print(juju_yaml(ctx.action_results or {}), end="")
+
+
+def shlex_quote(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)
+
+
+def with_sample_peers(ctx, state):
+    """The fleet peer relation with two sample peers: this unit's record on two other hosts."""
+    from vgpu import fleet
+
+    peer = testing.PeerRelation("fleet")
+    state = ctx.run(ctx.on.update_status(), testing.State(
+        config=state.config, relations=[*state.relations, peer], leader=True,
+        stored_states=state.stored_states, resources=state.resources))
+    mine = fleet.decode(state.get_relation(peer.id).local_unit_data.get(fleet.KEY))
+    peers = {1: {fleet.KEY: fleet.encode(mine._replace(host="gpu-host-2"))},
+             2: {fleet.KEY: fleet.encode(mine._replace(host="gpu-host-3",
+                                                       driver=SAMPLE_PEER_DRIVER))}}
+    print(f"  (sample peers: gpu-host-2 as this host, gpu-host-3 on driver {SAMPLE_PEER_DRIVER})")
+    others = [r for r in state.relations if r.endpoint != "fleet"]
+    return testing.State(config=state.config, leader=True, stored_states=state.stored_states,
+                         resources=state.resources,
+                         relations=[*others, testing.PeerRelation(
+                             "fleet", id=peer.id, peers_data=peers,
+                             local_unit_data=dict(state.get_relation(peer.id).local_unit_data))])
+
+
+SAMPLE_PEER_DRIVER = "570.172.08"
+
+
+def juju_yaml(results: dict) -> str:
+    """Results as ``juju run`` prints them: YAML, nested keys sorted, text blocks literal."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(results, Dumper=Dumper, sort_keys=True, default_flow_style=False,
+                     width=10_000, allow_unicode=True)
 
 
 def held_types(root: Path):
@@ -346,7 +441,12 @@ def flavor_lines(gpus: dict, context: dict, held: dict):
                      if k == "device_spec")
     lines, seen, aliases = [], set(), []
     for gpu in gpus.values():
-        types = gpu["types"] if isinstance(gpu["types"], dict) else {}
+        if "passthrough" in gpu:  # a GPU given whole: its own flavor property and alias
+            lines.append(f"  {gpu['model']} (whole GPU): openstack flavor set <flavor> "
+                         f"--property {gpu['flavor-property']}")
+            aliases.append(gpu["pci-alias"])
+            continue
+        types = gpu.get("types") if isinstance(gpu.get("types"), dict) else {}
         for type_id, entry in types.items():
             if type_id in published and entry["name"] not in seen:
                 seen.add(entry["name"])

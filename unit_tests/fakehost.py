@@ -565,8 +565,29 @@ def _driver_kernel(event, args):
                 _unbind(device)
             elif control == "bind" and os.path.exists(device) and _driver_of(device) is None:
                 _bind(device, driver)
+        _probe(root, drivers)
     finally:
         _HOOK.busy = False
+
+
+def _probe(root: Path, drivers: Path) -> None:
+    """``drivers_probe``: an unbound device goes to the driver its driver_override names.
+
+    drivers/pci/pci-driver.c (``pci_match_device``): with driver_override set,
+    only that driver may probe the device, and only once its module is loaded
+    (its directory under ``sys/bus/pci/drivers``); else the device stays unbound.
+    """
+    probe = root / "sys/bus/pci/drivers_probe"
+    value = probe.read_text().strip() if probe.is_file() else ""
+    if not value:
+        return
+    probe.write_text("")
+    device = root / "sys/bus/pci/devices" / value
+    if not os.path.exists(device) or _driver_of(device) is not None:
+        return
+    override = (device / "driver_override").read_text().strip()
+    if override not in ("", "(null)") and (drivers / override).is_dir():
+        _bind(device, drivers / override)
 _HELD: set = set()  # unbindLock files of GPUs a client holds (see FakeHost.hold)
 
 
@@ -743,7 +764,13 @@ class FakeHost:
                         vfio_types=vfio, device=recipe["device"])
 
     def enable_recorded_vfs(self, args: Sequence[str]) -> int:
-        """What sriov-manage does: ``-e <address>`` or ``-e ALL`` creates the recorded VFs."""
+        """What sriov-manage does: ``-e <address>`` or ``-e ALL`` creates the recorded VFs.
+
+        ``-d <address>`` disables them: the GPU must be on nvidia, as for ``-e``
+        (NVIDIA's script unbinds it, writes 0 to ``sriov_numvfs`` and binds it back).
+        """
+        if len(args) == 2 and args[0] == "-d":
+            return self.disable_vfs(args[1])
         if len(args) != 2 or args[0] != "-e":
             print("usage: sriov-manage -e <address>|ALL", file=sys.stderr)
             return 2
@@ -772,6 +799,34 @@ class FakeHost:
                 self._create_vfs(address, recipe)
                 self._sriov_on_mig(address, recipe.get("wipes_mig", True))
         return 0
+
+    def disable_vfs(self, address: str) -> int:
+        """``sriov-manage -d <address>``: the GPU's VFs gone, the GPU back on nvidia."""
+        why = self._unbound(address)
+        if why:
+            print(why.replace("enable", "disable").replace("Enabling", "Disabling"),
+                  file=sys.stderr)
+            return 1
+        if self._recipes().get(address, {}).get("fails"):
+            print(f"Disabling VFs on {address} failed: Input/output error", file=sys.stderr)
+            self.left_on_stub(address)
+            return 1
+        self.remove_vfs(address)
+        return 0
+
+    def remove_vfs(self, address: str) -> None:
+        """What sriov_numvfs=0 does: each VF unbound, its bus and mdev links and directory gone."""
+        pf = (self.bus / address).resolve()
+        for name in sorted(os.listdir(pf)):
+            if name.startswith("virtfn"):
+                vf = (pf / name).resolve()
+                _unbind(vf)
+                for link in (self.bus / vf.name, self.root / "sys/class/mdev_bus" / vf.name):
+                    if os.path.lexists(link):
+                        link.unlink()
+                shutil.rmtree(vf)
+                (pf / name).unlink()
+        (pf / "sriov_numvfs").write_text("0\n")
 
     def _raced(self, wanted: Sequence[str]) -> int:
         """A run started while another is inside: its GPU is left on pci-pf-stub, its id registered.

@@ -102,6 +102,18 @@ done
 # virsh uses, then the running hypervisor (virConnectGetVersion) and, with --daemon, the daemon
 # (virConnectGetLibVersion). State: $FAKE_STATE/virsh holds "<libvirt> <qemu>" (Ubuntu 24.04's
 # 10.0.0 and 8.2.2 when absent) or "down": libvirtd does not answer, as virsh says then.
+FAKE_MODPROBE = """#!/bin/sh
+# modprobe: a module named with - or _ loads; vfio-pci's driver directory appears (sysfs).
+echo "modprobe $*" >> "$FAKE_LOG"
+[ -e "$FAKE_STATE/modprobe.fail" ] && { echo "modprobe: FATAL: Module $* not found" >&2; exit 1; }
+for last; do :; done
+case "$last" in
+  vfio-pci|vfio_pci)
+    d="$VGPU_HOST_ROOT/sys/bus/pci/drivers/vfio-pci"
+    mkdir -p "$d" && touch "$d/bind" "$d/unbind" "$d/new_id" "$d/remove_id" ;;
+esac
+"""
+
 FAKE_VIRSH = """#!/bin/sh
 echo "virsh $*" >> "$FAKE_LOG"
 state="$FAKE_STATE/virsh"
@@ -136,7 +148,7 @@ class Tools:
         self.log.touch()
         for name, text in (("systemctl", FAKE_SYSTEMCTL),
                            ("update-initramfs", FAKE_UPDATE_INITRAMFS), ("apt-get", FAKE_APT_GET),
-                           ("virsh", FAKE_VIRSH)):
+                           ("virsh", FAKE_VIRSH), ("modprobe", FAKE_MODPROBE)):
             self._script(name, text)
 
     def calls(self):

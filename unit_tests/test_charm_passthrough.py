@@ -11,7 +11,7 @@ from unit_tests.libvirt import defined_guest
 from unit_tests.test_charm import ours, state
 from unit_tests.test_charm_sriov import again, ready
 from unit_tests.test_nova_rules import nova_devspec
-from vgpu import passthrough
+from vgpu import passthrough, sriov
 
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
 MAPPING = "{L40S-12Q: all, passthrough: [c1:00.0]}"
@@ -33,7 +33,8 @@ def test_a_gpu_still_on_nvidia_goes_to_vfio_pci_and_is_published_whole(ctx, root
     host.unbind_lock(H200)
     out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
     assert (root / f"sys/bus/pci/devices/{H200}/driver_override").read_text() == "vfio-pci"
-    assert (root / "sys/bus/pci/drivers/nvidia/unbind").read_text() == H200
+    assert "modprobe vfio-pci" in tools.calls()  # loaded before the probe: nothing else loads it
+    assert sriov.driver_of(H200) == "vfio-pci"  # read back: the probe's write says nothing
     assert H200 in (root / passthrough.RULES).read_text()
     assert not list((root / f"sys/bus/pci/devices/{H200}").glob("virtfn*"))  # no VFs enabled
     whole = [s for s in specs(out) if s["address"] == H200]
@@ -91,3 +92,85 @@ def test_remove_takes_the_udev_rule_away_and_leaves_the_gpu_where_it_is(ctx, roo
     ctx.run(ctx.on.remove(), again(first))
     assert not (root / passthrough.RULES).exists()
     assert (root / f"sys/bus/pci/devices/{H200}/driver_override").read_text().strip() == "vfio-pci"
+
+
+# -- issue 41: a whole GPU moves in one hook, only once the mapping is accepted -------------
+
+WHOLE = "{L40S-12Q: all, passthrough: [c1:00.0]}"
+H200_VF = "0000:c1:00.4"
+
+
+def booted_with_vfs(root, tools, deb):
+    """The L40S and H200, the H200 on nvidia with its VFs enabled (NVIDIA's sriov unit's doing)."""
+    host = ready(whole_and_vgpu_host(root, moved=False), root, tools, deb)
+    assert host.enable_recorded_vfs(["-e", H200]) == 0
+    host.unbind_lock(H200)
+    return host
+
+
+def untouched(root):
+    """The H200 as the boot left it: on nvidia, VFs there, no driver_override, no udev rule."""
+    return (sriov.driver_of(H200) == "nvidia"
+            and (root / f"sys/bus/pci/devices/{H200}/virtfn0").exists()
+            and (root / f"sys/bus/pci/devices/{H200}/driver_override").read_text().strip() == "(null)"
+            and not (root / passthrough.RULES).exists())
+
+
+def test_vfs_no_guest_holds_are_disabled_and_the_gpu_goes_whole_in_the_same_hook(ctx, root,
+                                                                                 tools, deb):
+    booted_with_vfs(root, tools, deb)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": WHOLE}, resource=deb))
+    calls = tools.calls()
+    assert f"sriov-manage -d {H200}" in calls
+    assert calls.index(f"sriov-manage -d {H200}") < calls.index("modprobe vfio-pci")
+    assert not list((root / f"sys/bus/pci/devices/{H200}").glob("virtfn*"))
+    assert sriov.driver_of(H200) == "vfio-pci"
+    assert [s["address"] for s in specs(out) if s["address"] == H200] == [H200]
+    assert out.unit_status.name == "active", out.unit_status.message
+    assert "served vGPUs" not in out.unit_status.message
+
+
+def test_a_guest_on_a_vf_refuses_the_move_naming_it_and_nothing_moves(ctx, root, tools, deb):
+    booted_with_vfs(root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{L40S-12Q: all}"}, resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    defined_guest(root, "instance-00000007", GUEST, pci_address=H200_VF)
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": WHOLE}))
+    assert out.unit_status.name == "blocked"
+    assert "instance-00000007" in out.unit_status.message and H200 in out.unit_status.message
+    assert ours(out).get("subordinate_configuration", published) == published
+    assert untouched(root)
+    assert f"sriov-manage -d {H200}" not in tools.calls()
+
+
+def test_a_gpu_held_through_nvidia_refuses_the_move_and_nothing_moves(ctx, root, tools, deb):
+    booted_with_vfs(root, tools, deb).unbind_lock(H200, held=True)
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": WHOLE}, resource=deb))
+    assert out.unit_status.name == "blocked"
+    assert "held through the nvidia driver" in out.unit_status.message
+    assert untouched(root)
+
+
+def test_a_refusal_elsewhere_leaves_the_whole_gpu_where_it_was(ctx, root, tools, deb):
+    """A guest on an L40S VF whose type would change refuses the mapping: the H200 stays put."""
+    booted_with_vfs(root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{L40S-12Q: [81:00.0]}"}, resource=deb))
+    assert first.unit_status.name == "active", first.unit_status.message
+    defined_guest(root, "instance-00000008", GUEST, pci_address="0000:81:00.4")
+    out = ctx.run(ctx.on.config_changed(), again(
+        first, {"vgpu-device-mappings": "{L40S-24Q: [81:00.0], passthrough: [c1:00.0]}"}))
+    assert out.unit_status.name == "blocked"
+    assert "instance-00000008" in out.unit_status.message
+    assert untouched(root)
+
+
+def test_a_gpu_vfio_pci_does_not_take_is_not_published(ctx, root, tools, deb):
+    ready(whole_and_vgpu_host(root, moved=False), root, tools, deb).unbind_lock(H200)
+    (tools.state / "modprobe.fail").touch()
+    out = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": WHOLE}, resource=deb))
+    assert [s for s in specs(out) if s["address"] == H200] == []
+    assert out.unit_status.name == "blocked"
+    assert "vfio-pci could not be loaded" in out.unit_status.message
+    assert sriov.driver_of(H200) != "vfio-pci"

@@ -1002,3 +1002,22 @@ def test_a_mapping_by_name_survives_a_driver_branch_with_other_type_ids(
     assert str(number) not in sriov.unit_path().read_text()  # no type id frozen into the unit
     boot = json.loads(sriov.data_path().read_text())["gpus"]
     assert {vf["name"] for gpu in boot for vf in gpu["vfs"]} == {"NVIDIA L40S-12Q"}
+
+
+# -- typos under `all` (issue 41, item 5) -----------------------------------------------
+
+def test_a_typo_of_this_boards_name_under_all_is_refused_keeping_the_last_good(ctx, vfio, deb):
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    published = ours(first)["subordinate_configuration"]
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": "{L40S-99Q: all}"}))
+    assert out.unit_status.name == "blocked"
+    assert "L40S-99Q" in out.unit_status.message and "L40S-12Q" in out.unit_status.message
+    assert ours(out)["subordinate_configuration"] == published
+
+
+def test_a_mixed_fleets_mapping_applies_and_says_which_types_no_gpu_here_offers(ctx, vfio, deb):
+    out = ctx.run(ctx.on.config_changed(), state(
+        {"vgpu-device-mappings": "{A100-4C: all, L4-2Q: all}"}, resource=deb))
+    assert out.unit_status.name == "active", out.unit_status.message
+    assert "set vgpu-device-mappings" not in out.unit_status.message
+    assert "no GPU here offers A100-4C, L4-2Q" in out.unit_status.message

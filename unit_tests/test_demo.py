@@ -178,3 +178,34 @@ def test_a_transcript_line_the_demo_does_not_print_is_found():
     assert _shown_in_order(["b ... c"], out) is None
     assert _shown_in_order(["d", "a"], out) == "a"
     assert _shown_in_order(["x"], out) == "x"
+
+
+# -- issue 41, item 7: whole GPUs and every action on the sample host ------------------------
+
+def test_a_mapping_with_passthrough_runs_and_shows_the_whole_gpus_flavor(environ, capsys):
+    assert demo.main(["--host", "l40s", "--mappings",
+                      "{L40S-12Q: all, passthrough: [c1:00.0]}"]) == 0
+    out = capsys.readouterr().out
+    assert '"address": "0000:c1:00.0"' in out  # published whole
+    assert "  H200 SXM 141GB (whole GPU): openstack flavor set <flavor> --property " \
+           "pci_passthrough:alias=gpu-h200-sxm-141gb:1\n" in out
+
+
+@pytest.mark.parametrize("argv, lines", [
+    (["--host", "l40s", "--action", "list-vgpu-types"], ["max-per-instance: "]),
+    (["--host", "l40s", "--action", "preview-mappings", "--param", "mappings={L40S-24Q: all}"],
+     ["verdict: would apply", "vf-changes: |"]),
+    (["--host", "l40s", "--action", "vgpu-usage"], ["summary: no vGPU in use on this host"]),
+    (["--host", "v100", "--action", "fleet-report"], ["table: |", "gpu-host-3  570.172.08"]),
+    (["--host", "v100", "--action", "drain-plan"], ["host: "]),
+    (["--host", "rtxpro6000", "--action", "enable-mig", "--param", "gpu=0000:8c:00.0"],
+     ["nvidia-dcgm.service"]),
+])
+def test_each_action_is_run_and_printed_as_juju_run_prints_it(environ, capsys, argv, lines):
+    demo.main(argv)
+    out = capsys.readouterr().out
+    name = argv[argv.index("--action") + 1]
+    assert f"$ juju run nova-compute-nvidia-vgpu/0 {name}" in out
+    after = out.split(f"$ juju run nova-compute-nvidia-vgpu/0 {name}", 1)[1]
+    for line in lines:
+        assert line in after, after[:2000]

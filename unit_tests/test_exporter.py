@@ -114,6 +114,10 @@ def test_the_units_command_line_serves_the_hosts_metrics_on_127_0_0_1_only(host,
                      if c.status == psutil.CONN_LISTEN]
         assert listening == [("127.0.0.1", port)]
     assert process.returncode == 0  # SIGTERM: a clean stop
+    said = process.stdout.read()
+    # A normal start is news, not a warning (issue 41): INFO, and nothing at WARNING or above.
+    assert f"INFO vgpu_exporter: serving http://127.0.0.1:{port}/metrics" in said
+    assert "WARNING vgpu: serving" not in said
 
 
 def test_nvml_figures_reach_the_scrape(host, root, tmp_path):

@@ -42,3 +42,22 @@ def test_the_udev_rule_names_each_whole_gpu_and_goes_with_the_last(root):
     assert not passthrough.ensure_rules([H200])  # unchanged
     assert passthrough.ensure_rules([])
     assert not (root / passthrough.RULES).exists()
+
+
+def test_at_boot_vfio_pci_is_loaded_before_nvidia_and_sets_each_whole_gpus_override(root):
+    """Whatever loads nvidia first, vfio-pci loads before it, overrides set first.
+
+    A udev event of another GPU or the initramfs may load nvidia: modprobe loads
+    vfio-pci before it (softdep), and loading vfio-pci sets each whole GPU's
+    driver_override first (install): nvidia's probe passes them by (pci-driver.c).
+    """
+    whole_and_vgpu_host(root)
+    assert passthrough.ensure_rules([H200])
+    conf = (root / passthrough.MODPROBE_CONF).read_text()
+    lines = [line for line in conf.splitlines() if line and not line.startswith("#")]
+    assert lines[0] == "softdep nvidia pre: vfio-pci"
+    assert lines[1].startswith("install vfio-pci ")
+    assert f"/sys/bus/pci/devices/{H200}/driver_override" in lines[1]
+    assert lines[1].endswith("/sbin/modprobe --ignore-install vfio-pci $CMDLINE_OPTS")
+    assert passthrough.ensure_rules([])
+    assert not (root / passthrough.MODPROBE_CONF).exists()

@@ -736,3 +736,47 @@ def test_one_time_use_needs_nova_32_and_placement(root, major, placement, refusa
         assert built.errors == ()
     else:
         assert any(refusal in e for e in built.errors), built.errors
+
+
+# -- typos under `all` (issue 41, item 5) ---------------------------------------
+
+@pytest.mark.parametrize("name, board", [
+    ("L40S-12Q", "L40S"), ("L40-12Q", "L40"), ("NVIDIA L40S-12Q", "L40S"),
+    ("H200X-1-18C", "H200X"), ("A100-4C", "A100"), ("A100D-4C", "A100D"),
+    ("GRID A100-1-5CME", "A100"), ("RTX6000-Ada-12Q", "RTX6000-ADA"),
+    ("NVIDIA RTX PRO 6000 Blackwell DC-4-24C", "DC"), ("nvidia-1139", None), ("L40S", None),
+])
+def test_a_names_board_is_the_part_before_its_profile(name, board):
+    assert plan.board(name) == board
+
+
+def test_a_name_of_this_boards_that_it_never_offers_is_refused_under_all(root):
+    a100_host(root)
+    built = build("{A100-99C: all}")
+    assert len(built.errors) == 1
+    assert "A100-99C" in built.errors[0] and "A100-20C" in built.errors[0]  # what it offers
+    assert built.notes == ()
+
+
+@pytest.mark.parametrize("key", ["A100D-4C", "L40S-12Q", "A100X-4C"])
+def test_another_boards_name_under_all_is_a_note_so_a_mixed_fleets_mapping_applies(root, key):
+    a100_host(root)
+    built = build(f"{{A100-20C: all, {key}: all}}")
+    assert built.errors == ()
+    assert built.notes == (f"{key}: no GPU on this host offers it, nothing published for it",)
+    assert built.mdev_mapping()
+
+
+def test_l40_is_not_the_l40s_board(root):
+    l40s_host(root)
+    assert build("{L40-12Q: all}").errors == ()
+    assert "L40S-99Q" in " ".join(build("{L40S-99Q: all}").errors)
+
+
+def test_a_name_a_newer_driver_offers_on_this_board_is_refused_naming_that_driver(root):
+    l40s_host(root)
+    checked = mappings.check_text("{L40S-99Q: all}")
+    built = plan.build(checked.mapping, pci.discover(), CARACAL,
+                       other_drivers={"0000:81:00.0": {"L40S-99Q": "595.10"}})
+    assert len(built.errors) == 1
+    assert "595.10" in built.errors[0] and "L40S-99Q" in built.errors[0]

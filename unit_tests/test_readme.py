@@ -1280,3 +1280,12 @@ def test_the_status_check_finds_wrong_kinds_unknown_and_repeated_messages():
 ])
 def test_two_texts_with_open_parts_meet_where_one_text_can_match_both(p, q, meet):
     assert globs_meet(p, q) is meet and globs_meet(q, p) is meet
+
+
+def test_the_readmes_docs_table_names_every_how_to_page():
+    """The README's table of the docs links each page of docs/how-to (issue 41)."""
+    readme = (REPO / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| How-to |"))
+    missing = [p.name for p in sorted((REPO / "docs/how-to").glob("*.md"))
+               if f"(docs/how-to/{p.name})" not in row]
+    assert missing == []

@@ -316,3 +316,47 @@ def test_two_mdev_vgpus_need_nova_33(root, major, expected):
     assert full["max-per-instance"] == expected  # a full-framebuffer type: one per GPU, 2 GPUs
     if expected == "2":
         assert full["flavor-property-for-two"] == "resources1:VGPU=1 resources2:VGPU=1 group_policy=isolate"
+
+
+def test_max_per_instance_counts_only_the_gpus_mapped_to_the_type(root):
+    """Issue 41, item 6: a full-framebuffer type mapped to one of two V100s: one per instance."""
+    from unit_tests.fakehost import v100_host
+    from vgpu import novaconf, releases
+
+    v100_host(root)
+    host = pci.with_available(pci.discover())
+    multi = report.Multi(nova_major=33)
+    every = report.gpu_results(host, multi=multi)
+    full_id, full = next((t, e) for t, e in every["gpu-0"]["types"].items()
+                         if e.get("max-instances") == "1")
+    assert full["max-per-instance"] == "2"  # unmapped: what mapping it on both would give
+    published = novaconf.sections({full_id: ("0000:c1:00.0",)}, releases.from_major(33))
+    one = report.gpu_results(host, multi=multi, published=published)
+    entries = [g["types"][full_id] for g in one.values() if full_id in g.get("types", {})]
+    assert {e["max-per-instance"] for e in entries} == {"1"}
+    assert all("flavor-property-for-two" not in e for e in entries)
+
+
+def test_isolate_only_where_each_vgpu_must_come_from_another_gpu_and_the_flavor_says_why(root):
+    """group_policy=isolate only for a full-framebuffer type; the flavor says why (issue 41).
+
+    Nova's vGPU guide asks for isolate to take each vGPU from a distinct GPU; NVIDIA
+    puts a full-framebuffer type one per GPU. Fractional vGPUs may share their GPU
+    (Fractional Multi-vGPU): Placement then needs group_policy=none.
+    """
+    from unit_tests.fakehost import v100_host
+
+    v100_host(root)
+    host = pci.with_available(pci.discover())
+    fractional = {g.address: True for g in host.gpus}
+    results = report.gpu_results(host, multi=report.Multi(nova_major=33, fractional=fractional))
+    types = results["gpu-0"]["types"].values()
+    full = next(e for e in types if e.get("max-instances") == "1")
+    assert full["flavor-property-for-two"].endswith("group_policy=isolate")
+    assert "distinct GPU" in full["flavor-note-for-two"]
+    part = next(e for e in types if e.get("max-instances") not in (None, "1")
+                and "flavor-property-for-two" in e)
+    assert part["flavor-property-for-two"].endswith("group_policy=none")
+    assert "same GPU" in part["flavor-note-for-two"]
+    table = report.types_table(host, multi=report.Multi(nova_major=33, fractional=fractional))
+    assert part["flavor-property-for-two"] in table and full["flavor-property-for-two"] in table

@@ -187,3 +187,27 @@ def offered(host: pci.Host, driver_version: Optional[str],
                     number=vf.current_type, name=f"nvidia-{vf.current_type}", framework=pci.VFIO)
         out[gpu.address] = tuple(sorted(seen.values()))  # by number first: ids are unique
     return out
+
+
+def other_drivers(host: pci.Host, driver_version: Optional[str],
+                  table: Table) -> Dict[str, Dict[str, str]]:
+    """Per VFIO GPU, the profile names (upper-cased) learnt for its model under other drivers.
+
+    ``{GPU address: {"L40S-99Q": "595.10"}}``: what a newer (or older) driver
+    offers on this board that the running one may not (a driver rollout).
+    """
+    out: Dict[str, Dict[str, str]] = {}
+    for gpu in host.gpus:
+        if gpu.framework != pci.VFIO:
+            continue
+        mine = key(gpu, driver_version)
+        names: Dict[str, str] = {}
+        for entry, types in table.items():
+            device, _, version = entry.partition(" ")
+            if device != gpu.device_id or entry == mine or version == WHOLE:
+                continue
+            for name in types.values() if isinstance(types, dict) else ():
+                names.setdefault(pci.key_form(pci.profile_name(str(name))), version)
+        if names:
+            out[gpu.address] = names
+    return out

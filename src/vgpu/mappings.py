@@ -160,7 +160,8 @@ def check_text(text: Optional[str]) -> Validation:
 
 def against_host(checked: Validation, host, release=None, offered=None, *,
                  pci_in_placement: bool = False, live_migration: bool = False,
-                 whole_gpus=None, vanished=(), one_time_use: bool = False) -> Validation:
+                 whole_gpus=None, vanished=(), one_time_use: bool = False,
+                 other_drivers=None) -> Validation:
     """``checked`` (from check_text) resolved on the host into a plan.
 
     The host's and the release's objections become its errors. ``offered``:
@@ -168,7 +169,8 @@ def against_host(checked: Validation, host, release=None, offered=None, *,
     charm options of those names (see plan.option_problems); ``whole_gpus``:
     each VFIO GPU's framebuffer in GB when known (catalogue.whole_gpus);
     ``vanished``: published functions not found now (see plan.build);
-    ``one_time_use``: the passthrough-one-time-use option. The ``passthrough``
+    ``one_time_use``: the passthrough-one-time-use option; ``other_drivers``: names
+    learnt for each GPU's board under other drivers (catalogue.other_drivers). The ``passthrough``
     GPUs of ``checked`` join the plan (whole GPUs).
     """
     if not checked.ok:
@@ -178,7 +180,7 @@ def against_host(checked: Validation, host, release=None, offered=None, *,
     built = plan.build(checked.mapping, host, release, offered,
                        pci_in_placement=pci_in_placement, live_migration=live_migration,
                        whole_gpus=whole_gpus, vanished=vanished, passthrough=checked.passthrough,
-                       one_time_use=one_time_use)
+                       one_time_use=one_time_use, other_drivers=other_drivers)
     return Validation(checked.mapping, built.errors, built, checked.passthrough)
 
 

@@ -16,10 +16,24 @@ it) and must never be taken by ``nvidia`` at boot. Two things do that:
   ``driver_override`` set, and the unit says so (stop what holds it, or
   reboot: the udev rule takes it at the next boot). No service is stopped
   by the charm.
-* at every boot: a udev rule sets ``driver_override`` when the kernel adds
-  the device, before 80-drivers.rules loads a driver for it
-  (``IMPORT{builtin}="kmod load $env{MODALIAS}"``), and loads vfio-pci,
-  which binds it.
+* at every boot, two ways, since either alone can lose to nvidia:
+
+  - a modprobe configuration (:data:`MODPROBE_CONF`): ``softdep nvidia pre:
+    vfio-pci`` makes every ``modprobe nvidia`` load vfio-pci first, and
+    vfio-pci's ``install`` line sets each whole GPU's ``driver_override``
+    before it loads (``modprobe --ignore-install``). So whatever loads nvidia
+    first (the udev event of another GPU, a ``modprobe`` in the initramfs or a
+    unit), the nvidia driver registers after the overrides are set, and its
+    probe passes those GPUs by: with driver_override set only the named driver
+    may bind (the kernel's ``driver_override`` ABI, sysfs-bus-pci; the same
+    pattern for one GPU of a model on vfio-pci and another on the host driver:
+    heiko-sieger.info, "Blacklisting Graphics Driver"; ArchWiki, "PCI
+    passthrough via OVMF", driver_override).
+  - a udev rule sets ``driver_override`` when the kernel adds the device,
+    before 80-drivers.rules loads a driver for it
+    (``IMPORT{builtin}="kmod load $env{MODALIAS}"``), and loads vfio-pci,
+    which binds it. Alone it races: an nvidia already registered (loaded for
+    an earlier GPU) probes a device at its ``add``, before udev's rule runs.
 
 This module never imports ops; every path is under ``VGPU_HOST_ROOT``.
 """
@@ -37,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 VFIO_PCI = "vfio-pci"
 RULES = f"etc/udev/rules.d/70-{APP}-passthrough.rules"
+MODPROBE_CONF = f"etc/modprobe.d/{APP}-passthrough.conf"
 UNBIND_LOCK = "proc/driver/nvidia/gpus/{address}/unbindLock"
 DEVICES = "sys/bus/pci/devices"
 DRIVERS = "sys/bus/pci/drivers"
@@ -56,22 +71,47 @@ def rules(addresses: Iterable[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def modprobe_conf(addresses: Iterable[str]) -> str:
+    """The modprobe configuration that loads vfio-pci, overrides set, before nvidia ("": none)."""
+    chosen = sorted(set(addresses))
+    if not chosen:
+        return ""
+    overrides = "; ".join(f"echo {VFIO_PCI} > /sys/bus/pci/devices/{a}/driver_override"
+                          for a in chosen)
+    return (f"# Written by the {APP} charm: GPUs given whole to guests (passthrough).\n"
+            "# nvidia loads after vfio-pci, and vfio-pci after each whole GPU's driver_override.\n"
+            f"softdep nvidia pre: {VFIO_PCI}\n"
+            f"install {VFIO_PCI} {{ {overrides}; }} 2>/dev/null; "
+            f"/sbin/modprobe --ignore-install {VFIO_PCI} $CMDLINE_OPTS\n")
+
+
+def current_conf() -> str:
+    """The modprobe configuration as it is ("" when absent)."""
+    return hostroot.read_text(hostroot.path(MODPROBE_CONF), clean=False) or ""
+
+
 def current_rules() -> str:
     """The udev rules file as it is ("" when absent): read once per hook."""
     return hostroot.read_text(hostroot.path(RULES), clean=False) or ""
 
 
 def ensure_rules(addresses: Iterable[str], current: Optional[str] = None) -> bool:
-    """The udev rules file says exactly ``addresses`` (removed when none); True when it changed.
+    """The udev rules and the modprobe configuration say exactly ``addresses`` (removed when none).
 
-    ``current``: the file's text as :func:`current_rules` read it (read here when None).
+    True when either changed. ``current``: the rules file's text as
+    :func:`current_rules` read it (read here when None).
     """
-    from . import files
-
-    target = hostroot.path(RULES)
-    wanted = rules(addresses)
+    addresses = sorted(set(addresses))
+    changed = _ensure(hostroot.path(MODPROBE_CONF), modprobe_conf(addresses),
+                      current_conf())
     if current is None:
         current = current_rules()
+    return _ensure(hostroot.path(RULES), rules(addresses), current) or changed
+
+
+def _ensure(target: Path, wanted: str, current: str) -> bool:
+    from . import files
+
     if current == wanted:
         return False
     if not wanted:
@@ -80,18 +120,13 @@ def ensure_rules(addresses: Iterable[str], current: Optional[str] = None) -> boo
     return True
 
 
-def take(address: str, driver: Optional[str], vfs: int = 0) -> Optional[str]:
-    """Give the GPU at ``address`` (bound to ``driver`` now) to vfio-pci; why not, else None.
+def take(address: str, driver: Optional[str]) -> Optional[str]:
+    """Give the GPU at ``address`` (bound to ``driver`` now, no VFs) to vfio-pci; why not, else None.
 
-    ``vfs``: how many VFs it has enabled (it served vGPUs): it is not
-    unbound under them; ``sriov-manage -d`` once no guest uses them, or a
-    reboot, ends them.
+    vfio-pci must be loaded first (:func:`load`); whether it took the GPU is
+    read back afterwards (:func:`bound`): the probe's write says nothing.
     """
     device = hostroot.path(DEVICES, address)
-    if vfs and driver != VFIO_PCI:
-        return (f"GPU {address} still has {vfs} VFs enabled (it served vGPUs), so it stays on "
-                f"{driver or 'no driver'} for now: run /usr/lib/nvidia/sriov-manage -d {address} "
-                "once no guest uses them, or reboot (driver_override and a udev rule take it then)")
     try:
         if _read(device / "driver_override") != VFIO_PCI:
             _write(device / "driver_override", VFIO_PCI)
@@ -133,6 +168,63 @@ def overridden(text: str) -> List[str]:
         if line.startswith('ACTION=="add"') and 'KERNEL=="' in line:
             out.append(line.split('KERNEL=="', 1)[1].split('"', 1)[0])
     return out
+
+
+MODPROBE_TIMEOUT = 60  # one modprobe vfio-pci
+
+
+def load() -> Optional[str]:
+    """``modprobe vfio-pci`` (bounded); None once loaded, else why not.
+
+    Writing ``drivers_probe`` loads no module: with driver_override set and
+    vfio-pci not loaded the GPU is left unbound. ``nvidia_vgpu_vfio`` loads
+    ``vfio_pci_core``, not ``vfio-pci``, so a vGPU host has it only once asked.
+    """
+    from . import run
+    from .errors import CommandError
+
+    try:
+        run.run(["modprobe", VFIO_PCI], MODPROBE_TIMEOUT, what=f"modprobe {VFIO_PCI}")
+    except CommandError as error:
+        return str(error)
+    return None
+
+
+def bound(address: str) -> Optional[str]:
+    """The driver holding ``address`` now, read back from sysfs (None: none).
+
+    vfio-pci's directory is listed first: the kernel lists there each device it holds.
+    """
+    try:
+        if address in os.listdir(hostroot.path(DRIVERS, VFIO_PCI)):
+            return VFIO_PCI
+    except OSError:
+        pass
+    try:
+        return os.path.basename(os.readlink(hostroot.path(DEVICES, address, "driver")))
+    except OSError:
+        return None
+
+
+def free(address: str) -> bool:
+    """Whether no client holds the GPU through the nvidia driver (its unbindLock), left as it was.
+
+    The lock is taken and given back at once: how the driver answers the
+    question (``nv-procfs.c``: 1 reads back only while the GPU's usage count is 0).
+    """
+    lock = hostroot.path(UNBIND_LOCK.format(address=address))
+    if not lock.exists():
+        return True
+    before = hostroot.read_text(lock, clean=False) or "0\n"
+    try:
+        taken = _unbind_lock(address)
+    except OSError:
+        return False
+    try:
+        _write(lock, before if before.strip() in ("0", "1") else "0\n")
+    except OSError:
+        pass
+    return taken
 
 
 def _unbind_lock(address: str) -> bool:

@@ -112,6 +112,26 @@ def whole_gpu(gpu: pci.Gpu) -> Whole:
                  TYPE_PF if gpu.sriov else TYPE_PCI, gpu.driver)
 
 
+# A type name's board and profile, as NVIDIA names them: ``L40S-12Q``, ``H200X-1-18C`` (MIG-backed:
+# slices, then framebuffer and series), ``RTX6000-Ada-12Q``, ``DC-4-24C`` (the RTX PRO 6000
+# Blackwell's last word). The board is everything before the profile.
+_BOARD = re.compile(r"(?P<board>.+?)-(?:\d+-)?\d+[A-Z]+", re.IGNORECASE)
+
+
+def unoffered_note(key: str) -> str:
+    """The plan's note for a key of value ``all`` no GPU here offers."""
+    return f"{key}: no GPU on this host offers it, nothing published for it"
+
+
+def board(name: str) -> Optional[str]:
+    """The board a type name is of (upper-cased): ``L40S`` in ``L40S-12Q``; None for an id.
+
+    ``A100`` and ``A100D``, ``L40`` and ``L40S`` are different boards.
+    """
+    match = _BOARD.fullmatch(pci.short_name(pci.profile_name(name)))
+    return match.group("board").upper() if match else None
+
+
 class Plan(NamedTuple):
     """Which function gets which type, or why the mapping cannot be applied here."""
     assignments: Tuple[Assignment, ...] = ()
@@ -119,6 +139,7 @@ class Plan(NamedTuple):
     notes: Tuple[str, ...] = ()  # e.g. a key of value `all` that no GPU here offers
     missing_vfs: Tuple[str, ...] = ()  # SR-IOV GPUs whose VFs are not enabled yet
     passthrough: Tuple[Whole, ...] = ()  # GPUs given whole to guests, by address
+    unoffered: Tuple[str, ...] = ()  # keys of value `all` no GPU here offers (another board's)
 
     @property
     def ok(self) -> bool:
@@ -190,7 +211,8 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
           offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]]] = None, *,
           pci_in_placement: bool = False, live_migration: bool = False,
           whole_gpus: Optional[Mapping[str, int]] = None, vanished: Collection[str] = (),
-          passthrough: Sequence[str] = (), one_time_use: bool = False) -> Plan:
+          passthrough: Sequence[str] = (), one_time_use: bool = False,
+          other_drivers: Optional[Mapping[str, Mapping[str, str]]] = None) -> Plan:
     """The plan for a checked mapping on ``host``; ``offered`` adds learnt VFIO types per GPU.
 
     ``pci_in_placement`` and ``live_migration`` are the charm options of
@@ -203,8 +225,11 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
     ``passthrough``: GPUs given whole to guests (never part of ``all``, never
     also under a type); ``one_time_use``: the option asking Nova to mark them
     used up once a guest had them (see :func:`option_problems`).
+    ``other_drivers``: per GPU, the profile names (upper-cased) the catalogue
+    learnt for its model under another driver, with that driver's version.
     """
     draft = _Draft(host, offered, whole_gpus)
+    draft.other_drivers = dict(other_drivers or {})
     draft.vanished = tuple(vanished)
     draft.take_whole(passthrough)
     mixed = _mig_mixed(mapping, host)  # refused by name: a VF lists no type without its instance
@@ -229,7 +254,8 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
                                  one_time_use=one_time_use))
     return Plan(assignments=tuple(sorted(assignments, key=lambda a: a.address)),
                 errors=tuple(dict.fromkeys(errors)), notes=tuple(draft.notes),
-                missing_vfs=tuple(sorted(set(draft.missing))), passthrough=wholes)
+                missing_vfs=tuple(sorted(set(draft.missing))), passthrough=wholes,
+                unoffered=tuple(draft.unoffered))
 
 
 def whole_problems(wholes: Sequence[Whole], release, *, pci_in_placement: bool,
@@ -285,6 +311,8 @@ class _Draft:
         self.mig = _MigClaims()  # GPU -> its MIG-backed profiles' claims (see vgpu.mig)
         self.vanished: Tuple[str, ...] = ()  # published functions not found now (see build)
         self.passthrough: Set[str] = set()  # GPUs given whole to guests (the passthrough key)
+        self.other_drivers: Dict[str, Mapping[str, str]] = {}  # GPU -> {profile: driver}
+        self.unoffered: List[str] = []  # keys of value `all` no GPU here offers
 
     def take_whole(self, addresses: Sequence[str]) -> None:
         """The ``passthrough`` key's GPUs: each must be a GPU here, named by its own address."""
@@ -331,7 +359,47 @@ class _Draft:
             else:
                 self.claim(key, gpu, gpu.address)
         if not found:
-            self.notes.append(f"{key}: no GPU on this host offers it, nothing published for it")
+            never = self.never_offered(key)
+            if never:
+                self.errors.append(never)
+            else:
+                self.notes.append(unoffered_note(key))
+                self.unoffered.append(key)
+
+    def never_offered(self, key: str) -> Optional[str]:
+        """Why ``key`` under ``all`` is refused: a name of a board here that it never offers.
+
+        Only a name whose board (:func:`board`) is exactly that of names a GPU
+        here offers, that no GPU here offers in either MIG mode (a MIG-backed
+        name on a MIG-capable board may be offered once in MIG mode) and that
+        the catalogue never learnt for this board. A name another driver
+        offers on this board is refused as an address would be, naming that
+        driver. Any other name is another board's: a mixed fleet's mapping.
+        """
+        wanted = board(key)
+        if wanted is None:
+            return None
+        for gpu in self.host.gpus:
+            if gpu.address in self.passthrough:
+                continue
+            types = self.types_of(gpu)
+            if wanted not in {board(t.name) for t in types}:
+                continue
+            if _mig_table(gpu) is not None and (
+                    pci.mig_profile(key) is not None
+                    or not any(pci.mig_profile(t.name) is None for t in types)):
+                return None  # the other MIG mode may offer it
+            profile = pci.key_form(pci.profile_name(key))
+            newer = self.other_drivers.get(gpu.address, {}).get(profile)
+            offers = _summary(sorted({pci.profile_name(t.name) for t in types}))
+            where = f"GPU {gpu.address} ({gpu.model})"
+            if newer:
+                return (f"{key}: {where} does not offer it under this host's driver (driver "
+                        f"{newer} offers it on this board); upgrade this host's driver or map "
+                        f"{key} by address on the hosts that have it; it offers {offers}")
+            return (f"{key}: no GPU here offers it, and {where}, of the same board, never does "
+                    f"(a typo?); it offers {offers}")
+        return None
 
     def at(self, key: str, addresses: Sequence[str]) -> None:
         """``key: [addresses]``: each address must be a GPU here or one of its VFs."""

@@ -5,7 +5,11 @@ The value goes through the very code a config-changed runs (:mod:`vgpu.mappings`
 :mod:`vgpu.novaconf`), on a :class:`vgpu.reconcile.Host` read dry: type names
 learnt from the VFs are not saved, no VF takes a type, no GPU instance is made,
 no MIG mode changes, no apt runs, no relation data or StoredState is set and
-the host lock is not taken (nothing here writes). What the hook would do first
+the host lock is not taken. The one write is the nvidia driver's unbindLock of a GPU
+the value would give whole, taken and given back at once: how that driver says
+whether a client holds the GPU (:func:`vgpu.passthrough.free`), as the hook asks
+it. Whole GPUs are decided by the hook's own :func:`vgpu.whole.decide`, so the
+preview refuses what the hook would refuse. What the hook would do first
 and the preview cannot (enable VFs, install the driver, create GPU instances)
 leaves the types those GPUs offer "unknown until applied": a VF lists only
 what it can take now, so the preview never guesses them.
@@ -15,9 +19,9 @@ A refusal is said in the words the unit's status would use.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from . import OPTION, mappings, mig, novaconf, pci, reconcile, status, table, vfio
+from . import mappings, mig, novaconf, pci, reconcile, sriov, status, table, vfio
 from . import plan as plans
 from .errors import MigError
 
@@ -46,21 +50,27 @@ def preview(text: Optional[str], host: reconcile.Host, given: reconcile.Inputs) 
     first = _prerequisites(here, given)
     if first:
         return _refused(first)
-    unknown = _unknown(here, checked.mapping)
+    unknown = _unknown(here, checked)
     validation = hook.mapping()
     plan = reconcile._addressable(hook, validation.plan)
     errors = [e for e in validation.errors if not any(a in e for a in unknown)]
     if errors:
         hook.problems.append(status.mapping_message(validation._replace(errors=tuple(errors)),
                                                     in_force))
-    sections = _sections(hook, plan) if plan is not None and not errors else None
+    decision = sections = None
+    if plan is not None and not errors and not hook.problems:
+        # The hook's own decisions, in its order: the whole GPUs, nova.conf, the VF types.
+        decision = reconcile._whole_decision(hook, plan)
+    if decision is not None and not decision.refusals:
+        sections = reconcile.plan_sections(hook, plan, here.supported_release())
     changes = vfio.desired(plan, here.pci) if plan is not None else {}
-    blocking = _blocking(hook, plan, changes) if not hook.problems and plan is not None else []
+    blocking = reconcile.vf_type_holders(hook, plan) if not hook.problems and plan is not None \
+        else []
     if sections is not None and not unknown:
         reconcile._mdevs_may_change(hook, sections)
         reconcile._principal_accepts(hook, sections)
         reconcile._mig_ready(hook, plan)
-    return _results(hook, plan, sections, changes, unknown, blocking)
+    return _results(hook, plan, sections, changes, unknown, blocking, decision)
 
 
 def _prerequisites(here, given: reconcile.Inputs) -> List[str]:
@@ -79,25 +89,51 @@ def _principal(given: reconcile.Inputs) -> str:
     return relations[0].app if relations else reconcile.PRINCIPAL
 
 
-def _unknown(here, mapping: Mapping[str, Tuple[str, ...]]) -> Dict[str, str]:
-    """``{GPU: why}``: GPUs whose types on offer only the hook itself can learn.
+def _unknown(here, checked: mappings.Validation) -> Dict[str, str]:
+    """``{GPU: why}``: GPUs the mapping's types touch whose types on offer only the hook can learn.
 
-    Their VFs are not enabled yet (the hook runs sriov-manage -e first), the
-    driver is not installed, or their GPU instances are made by the hook
-    before the mapping is checked (a VF lists a MIG-backed type only then).
+    Their VFs are not enabled yet (the hook runs sriov-manage -e first for the
+    GPUs it selects), the driver is not installed, or their GPU instances are
+    made by the hook before the mapping is checked (a VF lists a MIG-backed
+    type only then). A GPU the mapping leaves alone, or gives whole, is never
+    unknown: its types play no part.
     """
     out: Dict[str, str] = {}
     installed = here.driver is not None and here.driver.installed
+    mapping = checked.mapping
+    touched = _touched(here.pci, mapping, checked.passthrough)
+    selected = set(sriov.selected(mapping, here.pci, checked.passthrough).wanted)
     for gpu in here.pci.gpus:
+        if gpu.address not in touched:
+            continue
         if not installed:
             out[gpu.address] = "the vGPU host driver is not installed yet"
-        elif gpu.vfs_missing and gpu.driver == "nvidia":
+        elif gpu.vfs_missing and gpu.driver == "nvidia" and gpu.address in selected:
             out[gpu.address] = "its VFs are not enabled yet (sriov-manage -e runs first)"
     needs = _mig_needs(mapping, here)
     for address, need in needs.items():
         if address not in out and _mig_on(address, needs) and not _instances_in_place(need):
             out[address] = (f"its GPU instances ({need.gis} x {need.instance}) are created "
                             "first, and its VFs list MIG-backed types only then")
+    return out
+
+
+def _touched(host: pci.Host, mapping: Mapping[str, Sequence[str]],
+             whole: Sequence[str]) -> set:
+    """The GPUs a mapping's type keys may give vGPUs: every one not whole for ``all``, else by address."""
+    owners = host.owners()
+    out: set = set()
+    for addresses in mapping.values():
+        if tuple(addresses) == ("all",):
+            out.update(g.address for g in host.gpus if g.address not in whole)
+            continue
+        for address in addresses:
+            gpu = owners.get(address)
+            if gpu is not None:
+                out.add(gpu.address)
+            else:  # a VF address of a GPU whose VFs do not exist yet: its bus
+                bus = address.rsplit(":", 1)[0]
+                out.update(g.address for g in host.gpus if g.address.rsplit(":", 1)[0] == bus)
     return out
 
 
@@ -127,45 +163,13 @@ def _instances_in_place(need: mig.Need) -> bool:
     return sum(1 for gi in found if gi.profile == need.instance) >= need.gis
 
 
-def _sections(hook, plan) -> Optional[novaconf.Sections]:
-    """The sections the hook would publish for ``plan`` (None: it would publish nothing new)."""
-    options = hook.given.options
-    here = hook.facts()
-    try:
-        return novaconf.keep_published(novaconf.plan_sections(
-            plan, here.supported_release(), mdev_class=bool(options.get(reconcile.MDEV_CLASS)),
-            pci_in_placement=bool(options.get(reconcile.PCI_IN_PLACEMENT)),
-            keep_placement_reporting=hook.published_reporting(),
-            live_migratable=bool(options.get(reconcile.LIVE_MIGRATION))),
-            *reconcile.vanished(here, hook.published()))
-    except ValueError as error:  # as the hook says it
-        hook.problems.append(f"not publishing: {error}")
-        return None
-
-
-def _blocking(hook, plan, changes: Mapping[str, Tuple[int, int]]) -> List[str]:
-    """The guests, running or shut off, holding VFs whose type would change: the hook's refusal."""
-    published = reconcile._published_classes(hook)
-    guarded = vfio.guarded_changes(plan, changes, published) if changes else []
-    if not guarded:
-        return []
-    from . import guests
-    from .errors import GuestsRunningError
-
-    held = guests.vgpu_guests(guarded, defined=True)
-    if held:
-        hook.problems.append(f"{OPTION} not applied, no VF changed: {GuestsRunningError(held)}; "
-                             "move them or restore the mapping")
-    return [guest.describe() for guest in held]
-
-
 def _refused(problems: Sequence[str]) -> Dict[str, Any]:
     return {"verdict": REFUSED, "refused": "\n".join(dict.fromkeys(problems)),
             "summary": f"refused: {problems[0]}"}
 
 
 def _results(hook, plan, sections, changes, unknown: Mapping[str, str],
-             blocking: List[str]) -> Dict[str, Any]:
+             blocking: List[str], decision=None) -> Dict[str, Any]:
     """The action's results: verdict, per GPU, the VF changes, nova.conf, guests, waits."""
     here = hook.facts()
     out: Dict[str, Any] = {"gpus": _gpus(here, plan, unknown)}
@@ -180,7 +184,8 @@ def _results(hook, plan, sections, changes, unknown: Mapping[str, str],
         out.update(verdict=UNKNOWN, summary=f"{UNKNOWN} on {len(unknown)} GPU(s): "
                    + "; ".join(f"GPU {a}: {why}" for a, why in sorted(unknown.items())))
     else:
-        same = not changes and sections == novaconf.sections_from_relation(
+        moves = decision is not None and decision.moves
+        same = not changes and not moves and sections == novaconf.sections_from_relation(
             next(iter(hook.published()), {}))
         served = mappings.summary(novaconf.mapping_from_sections(sections or {}))
         out.update(verdict=NO_CHANGE if same else APPLIES,
@@ -192,6 +197,8 @@ def _results(hook, plan, sections, changes, unknown: Mapping[str, str],
         else "nothing new: the last published sections stay")
     if blocking:
         out["guests-blocking"] = "\n".join(blocking)
+    if decision is not None and decision.moves:
+        out["whole-gpus"] = "\n".join(decision.lines(here.pci)) or "the udev rule rewritten"
     if hook.waits:
         out["waits"] = "\n".join(hook.waits)
     notes = list(plan.notes) if plan is not None else []

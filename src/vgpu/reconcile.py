@@ -151,18 +151,19 @@ class Host:
         """
         if self._validation is None:
             here = self.facts()
-            offered = whole = None
+            offered = whole = others = None
             if any(gpu.framework == pci.VFIO for gpu in here.pci.gpus):
                 version = here.loaded_driver_version
                 table = catalogue.learn(here.pci, version, problems=problems,
                                         save_grown=not self.dry)
                 offered = catalogue.offered(here.pci, version, table)
                 whole = catalogue.whole_gpus(here.pci, table)
+                others = catalogue.other_drivers(here.pci, version, table)
             self._validation = mappings.against_host(
                 checked(), here.pci, here.supported_release(), offered,
                 pci_in_placement=pci_in_placement, live_migration=live_migration,
                 whole_gpus=whole, vanished=vanished(here, published)[1],
-                one_time_use=one_time_use)
+                one_time_use=one_time_use, other_drivers=others)
         return self._validation
 
 
@@ -512,27 +513,23 @@ def _publish(hook: _Hook) -> None:
         plan = _addressable(hook, validation.plan)
         ok = (validation.ok and release is not None and plan is not None
               and not plan.missing_vfs and _live_migratable_accepted(hook, plan))
-        if ok:  # whole GPUs to vfio-pci (and back) before Nova is told of them
-            plan = _whole_gpus(hook, plan)
-            ok = plan is not None
-            here = hook.facts()
-        sections = None
-        if ok:
-            try:  # with what was published for GPUs discovery no longer finds
-                sections = novaconf.keep_published(novaconf.plan_sections(
-                    plan, release, mdev_class=bool(hook.given.options.get(MDEV_CLASS)),
-                    pci_in_placement=bool(hook.given.options.get(PCI_IN_PLACEMENT)),
-                    keep_placement_reporting=hook.published_reporting(),
-                    live_migratable=bool(hook.given.options.get(LIVE_MIGRATION)),
-                    one_time_use=bool(hook.given.options.get(ONE_TIME_USE))),
-                    *vanished(here, hook.published()))
-            except ValueError as error:  # sysfs gave something nova.conf must not get
-                hook.problems.append(f"not publishing: {error}")
-                ok = False
+        # Every check that can refuse the mapping runs before the host changes (whole GPUs
+        # moved, VFs typed): a refusal leaves each GPU as it was.
+        decision = _whole_decision(hook, plan) if ok else None
+        ok = decision is not None and not decision.refusals
+        sections = plan_sections(hook, plan, release) if ok else None
+        ok = ok and sections is not None
         ok = ok and _mdevs_may_change(hook, sections) and _mdevctl_ready(hook, sections, release)
         # The principal's [pci] is checked before any VF takes a type from the plan.
         accepted = _principal_accepts(hook, sections)
+        # VF types next: their guard (guests on VFs whose type would change) refuses before
+        # any VF changes, and the whole GPUs move only after it accepted.
         ok = ok and accepted and _mig_ready(hook, plan) and _give_vfs_types(hook, plan)
+        if ok and decision is not None and (decision.moves or plan.passthrough):
+            plan = _whole_gpus(hook, plan, decision)  # only what vfio-pci holds is published
+            sections = plan_sections(hook, plan, release)
+            ok = sections is not None
+            here = hook.facts()
         sections = sections if ok else None
         boot_plan = plan if ok else None
     elif hook.published_mapping() or hook.published_reporting():
@@ -646,67 +643,69 @@ def _addressable(hook: _Hook, plan):
     return plan._replace(assignments=tuple(a for a in plan.assignments if a.gpu not in wide))
 
 
-def _whole_gpus(hook: _Hook, plan):
-    """``plan`` with its whole GPUs on vfio-pci; None (blocked) when a move would strand a guest.
+def plan_sections(hook: _Hook, plan, release) -> Optional[novaconf.Sections]:
+    """What nova-compute would get for ``plan``, with what was published for vanished GPUs.
 
-    A GPU moving between whole and vGPU is refused while a guest (running or
-    shut off) holds it, its VFs or its mdevs, as a type change is: the last
-    good mapping stays. Each whole GPU gets driver_override and the udev rule
-    (:mod:`vgpu.passthrough`); one that cannot leave nvidia yet (something
-    holds it, VFs enabled) is not published, the problem says why. A GPU the
-    charm gave whole before and the mapping no longer does is handed back.
+    None (the problem said) when sysfs gave something nova.conf must not get.
     """
-    from . import passthrough
-
-    host = hook.facts().pci
-    rules = passthrough.current_rules()
-    before = set(passthrough.overridden(rules))
-    whole = {w.address for w in plan.passthrough}
-    published = novaconf.device_classes(novaconf.sections_from_relation(
-        hook.published()[0])) if hook.published() else {}
-    was_whole = {a for a, rc in published.items() if rc.startswith(novaconf.WHOLE_CLASS)} | before
-    was_vgpu = {a for t, addresses in hook.published_mapping().items() for a in addresses
-                if a not in was_whole}
-    moving = [g for g in host.gpus if (g.address in whole and _gpu_functions(g) & was_vgpu)
-              or (g.address in was_whole and g.address not in whole)]
-    if moving:
-        from . import guests
-
-        addresses = sorted(set().union(*(_gpu_functions(g) for g in moving)))
-        holders = guests.vgpu_guests(addresses, defined=True)
-        if holders:
-            hook.problems.append(
-                f"{OPTION} not applied: {holders[0].describe()} holds GPU "
-                f"{moving[0].address} ({moving[0].model}), which the new mapping moves between "
-                f"whole (passthrough) and vGPU (or out of the mapping); move or delete the "
-                "instance first")
-            return None
-    for address in sorted(before - whole):
-        gpu = host.gpu(address)
-        why = passthrough.give_back(address, gpu.driver if gpu is not None else None)
-        if why:
-            hook.problems.append(why)
-    taken = []
-    for w in plan.passthrough:
-        gpu = host.gpu(w.address)
-        why = passthrough.take(w.address, w.driver, len(gpu.vfs) if gpu is not None else 0)
-        if why:
-            hook.problems.append(why)
-        else:
-            taken.append(w._replace(driver=passthrough.VFIO_PCI))
+    options = hook.given.options
     try:
-        passthrough.ensure_rules(whole, rules)
-    except OSError as error:
-        hook.problems.append(f"cannot write /{passthrough.RULES}: {error.strerror or error}")
-    if before != whole or len(taken) != len(plan.passthrough) or any(
-            w.driver != passthrough.VFIO_PCI for w in plan.passthrough):
+        return novaconf.keep_published(novaconf.plan_sections(
+            plan, release, mdev_class=bool(options.get(MDEV_CLASS)),
+            pci_in_placement=bool(options.get(PCI_IN_PLACEMENT)),
+            keep_placement_reporting=hook.published_reporting(),
+            live_migratable=bool(options.get(LIVE_MIGRATION)),
+            one_time_use=bool(options.get(ONE_TIME_USE))),
+            *vanished(hook.facts(), hook.published()))
+    except ValueError as error:
+        hook.problems.append(f"not publishing: {error}")
+        return None
+
+
+def _whole_decision(hook: _Hook, plan):
+    """What the plan's whole GPUs need, read only (:func:`vgpu.whole.decide`); refusals said."""
+    from . import passthrough, whole
+
+    decision = whole.decide(hook.facts().pci, plan, hook.published(), hook.published_mapping(),
+                            passthrough.current_rules())
+    hook.problems.extend(decision.refusals)
+    return decision
+
+
+def vf_type_holders(hook: _Hook, plan) -> List[str]:
+    """The guests holding VFs whose type the plan would change (each named): a refusal.
+
+    What :func:`_give_vfs_types`' guard (vgpu.vfio.ensure_types) refuses, read only:
+    preview-mappings asks it.
+    """
+    from . import vfio
+
+    changes = vfio.desired(plan, hook.facts().pci)
+    guarded = vfio.guarded_changes(plan, changes, _published_classes(hook)) if changes else []
+    if not guarded:
+        return []
+    from . import guests
+
+    held = guests.vgpu_guests(guarded, defined=True)
+    if held:
+        hook.problems.append(f"{OPTION} not applied, no VF changed: {GuestsRunningError(held)}; "
+                             "move them or restore the mapping")
+    return [guest.describe() for guest in held]
+
+
+def _whole_gpus(hook: _Hook, plan, decision):
+    """``plan`` with only the whole GPUs vfio-pci holds, once ``decision`` was carried out.
+
+    Called only after every check accepted the mapping (:func:`vgpu.whole.act`).
+    """
+    from . import passthrough, whole
+
+    moved = whole.act(decision, hook.facts().pci)
+    hook.problems.extend(moved.problems)
+    if decision.moves:
         hook.refresh()
-    return plan._replace(passthrough=tuple(taken))
-
-
-def _gpu_functions(gpu) -> set:
-    """A GPU's own address and its VFs'."""
-    return {gpu.address, *(vf.address for vf in gpu.vfs)}
+    return plan._replace(passthrough=tuple(w._replace(driver=passthrough.VFIO_PCI)
+                                           for w in plan.passthrough if w.address in moved.held))
 
 
 def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:

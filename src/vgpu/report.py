@@ -94,7 +94,8 @@ def gpu_results(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     """
     out: Dict[str, dict] = {}
     notes = shared_class_notes(published)
-    limits = per_instance(host, offered, whole_gb, multi) if multi is not None else {}
+    limits = per_instance(host, offered, whole_gb, multi, mapped_gpus(host, published)) \
+        if multi is not None else {}
     for index, group in enumerate(_groups(host, offered, whole_gb, held, whole, mig_off)):
         gpu, rows = group[0]
         if gpu.address in whole:
@@ -212,13 +213,39 @@ def _type_entry(gpu, vgpu_type: VgpuType, mdev_class: bool, pci_in_placement: bo
     return entry
 
 
+def mapped_gpus(host: Host, published: Optional[novaconf.Sections]) -> Dict[int, set]:
+    """``{type number: GPU addresses}`` the published sections give the type (mdev and VFIO)."""
+    if not published:
+        return {}
+    owners = host.owners()
+    out: Dict[int, set] = {}
+    for type_id, addresses in novaconf.mapping_from_sections(
+            {k: v for k, v in published.items() if k != "pci"}).items():
+        number = type_id.rsplit("-", 1)[-1]
+        for address in addresses:
+            gpu = owners.get(address)
+            if gpu is not None and number.isdigit():
+                out.setdefault(int(number), set()).add(gpu.address)
+    for address in novaconf.device_classes(published):
+        gpu = owners.get(address)
+        if gpu is None:
+            continue
+        vf = next((v for v in gpu.vfs if v.address == address), None)
+        if vf is not None and vf.current_type:
+            out.setdefault(vf.current_type, set()).add(gpu.address)
+    return out
+
+
 def per_instance(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
-                 whole_gb: Optional[Mapping[str, int]], multi: Multi) -> Dict[Tuple[str, int], int]:
+                 whole_gb: Optional[Mapping[str, int]], multi: Multi,
+                 mapped: Optional[Mapping[int, set]] = None) -> Dict[Tuple[str, int], int]:
     """``{(GPU address, type number): most vGPUs of it one instance may have}`` on this host.
 
-    Counted over every GPU here offering the type: how many GPUs, and how
-    many vGPUs they hold at most (VFIO: VFs; mdev: resource providers, the
-    GPU itself or each VF), then :func:`vgpu.multivgpu.most_per_instance`.
+    Counted over the GPUs the mapping in force gives the type (``mapped``,
+    :func:`mapped_gpus`), or, for a type it gives none, over every GPU here
+    offering it: how many GPUs, and how many vGPUs they hold at most (VFIO:
+    VFs; mdev: resource providers, the GPU itself or each VF), then
+    :func:`vgpu.multivgpu.most_per_instance`.
     """
     gpus: Dict[int, int] = {}
     functions: Dict[int, int] = {}
@@ -227,6 +254,9 @@ def per_instance(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]
         for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
             most = capacity.most(gpu, vgpu_type, (whole_gb or {}).get(gpu.address))
             fits[(gpu.address, vgpu_type.number)] = most
+            if mapped and vgpu_type.number in mapped and gpu.address not in mapped[
+                    vgpu_type.number]:
+                continue  # a GPU the mapping does not give this type: no instance gets it here
             gpus[vgpu_type.number] = gpus.get(vgpu_type.number, 0) + 1
             providers = 1 if gpu.framework == MDEV and not gpu.vfs else (most or 1)
             functions[vgpu_type.number] = functions.get(vgpu_type.number, 0) + providers
@@ -238,7 +268,8 @@ def per_instance(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]
                 gpu.framework, full=most == 1, mig=mig_profile(vgpu_type.name) is not None,
                 fractional=multi.fractional.get(gpu.address),
                 per_vm=multi.per_vm.get(vgpu_type.number), nova_major=multi.nova_major,
-                gpus=gpus[vgpu_type.number], functions=functions[vgpu_type.number])
+                gpus=gpus.get(vgpu_type.number, 1),
+                functions=functions.get(vgpu_type.number, 1))
     return out
 
 
@@ -252,7 +283,33 @@ def _multi_entry(gpu, vgpu_type: VgpuType, entry: Mapping[str, str],
     if most > 1:
         out["flavor-property-for-two"] = multivgpu.flavor_for(
             gpu.framework, entry["flavor-property"], 2)
+        if gpu.framework != VFIO:
+            out.update(_group_policy(out["flavor-property-for-two"],
+                                     full=capacity.most(gpu, vgpu_type, None) == 1))
     return out
+
+
+ISOLATE = "group_policy=isolate"
+
+
+def _group_policy(flavor: str, *, full: bool) -> Dict[str, str]:
+    """The flavor for two mdev vGPUs with the group policy the type needs, and why.
+
+    Placement needs a ``group_policy`` once a flavor has numbered resource
+    groups. ``isolate`` takes each group from another resource provider (another
+    GPU): what Nova's vGPU guide (doc/source/admin/virtual-gpu.rst) asks for
+    vGPUs that must be on distinct GPUs, as NVIDIA's full-framebuffer types are
+    (one per GPU). Fractional vGPUs of one type may share their GPU (NVIDIA's
+    Fractional Multi-vGPU): ``none`` lets Placement take both from one GPU.
+    """
+    if full:
+        return {"flavor-property-for-two": flavor,
+                "flavor-note-for-two": f"{ISOLATE}: each vGPU from a distinct GPU (a "
+                                       "full-framebuffer type is one per GPU; Nova's vGPU guide)"}
+    return {"flavor-property-for-two": flavor.replace(ISOLATE, "group_policy=none"),
+            "flavor-note-for-two": "group_policy=none: fractional vGPUs of one type may share "
+                                   "the same GPU (NVIDIA's Fractional Multi-vGPU), so Placement "
+                                   "may take both from one GPU"}
 
 
 def _whole_result(group, pci_in_placement: bool) -> Dict[str, str]:
@@ -306,7 +363,8 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
                               "FLAVOR"]]
     aliases: Dict[str, str] = {}
     notes = shared_class_notes(published)
-    limits = per_instance(host, offered, whole_gb, multi) if multi is not None else {}
+    limits = per_instance(host, offered, whole_gb, multi, mapped_gpus(host, published)) \
+        if multi is not None else {}
     several: Dict[str, str] = {}
     for group in _groups(host, offered, whole_gb, held, whole, mig_off):
         gpu, types = group[0]
@@ -332,10 +390,13 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
             ])
             most = limits.get((gpu.address, vgpu_type.number), 1)
             if most > 1 and not refused(gpu, vgpu_type):
+                two = multivgpu.flavor_for(gpu.framework, flavor_property(
+                    vgpu_type, gpu.framework, mdev_class), 2)
+                if gpu.framework != VFIO:  # the group policy the type needs, as the results say
+                    two = _group_policy(two, full=capacity.most(gpu, vgpu_type, None) == 1)[
+                        "flavor-property-for-two"]
                 several.setdefault(vgpu_type.id, f"  {vgpu_type.id} ({vgpu_type.name}), up to "
-                                   f"{most}: " + multivgpu.flavor_for(
-                                       gpu.framework, flavor_property(
-                                           vgpu_type, gpu.framework, mdev_class), 2))
+                                   f"{most}: {two}")
             if gpu.framework == VFIO and gpu.vfs:
                 name = alias_name(vgpu_type.name)
                 aliases.setdefault(name, json.dumps(novaconf.alias(

@@ -159,6 +159,20 @@ def enable_one(address: str, timeout: float) -> str:
     (:func:`rebind`; StackHPC writes the address to ``nvidia/bind`` before every
     run), since every later run fails on it.
     """
+    return _manage("-e", address, timeout)
+
+
+def disable_one(address: str, timeout: float = TIMEOUT) -> str:
+    """Run ``sriov-manage -d <address>`` once: its VFs gone (a GPU going whole); '' or why not.
+
+    The same discipline as :func:`enable_one`: one run at a time in this
+    process, the host lock held by the caller (the hook's steps hold it), and
+    a GPU a failed run left unbound bound to nvidia again.
+    """
+    return _manage("-d", address, timeout)
+
+
+def _manage(flag: str, address: str, timeout: float) -> str:
     tool = hostroot.path(SRIOV_MANAGE)
     if not tool.exists():
         return f"/{SRIOV_MANAGE} not found (is the vGPU host driver installed?)"
@@ -167,16 +181,16 @@ def enable_one(address: str, timeout: float) -> str:
             why = rebind(address)
             if why:
                 return why
-        why = _run_once(tool, address, timeout)
+        why = _run_once(tool, address, timeout, flag)
         if why and _present(address) and unbound(driver_of(address)) and not rebind(address):
             why += "; the GPU, left unbound, is bound to nvidia again"
         return why
 
 
-def _run_once(tool: Path, address: str, timeout: float) -> str:
-    what = f"sriov-manage -e {address}"
+def _run_once(tool: Path, address: str, timeout: float, flag: str = "-e") -> str:
+    what = f"sriov-manage {flag} {address}"
     try:
-        out = run.run([str(tool), "-e", address], round(timeout, 1), check=False, what=what)
+        out = run.run([str(tool), flag, address], round(timeout, 1), check=False, what=what)
     except CommandError as error:  # could not run, or ran out of time
         return str(error)
     if out.returncode != 0:  # the script may say why on either stream

@@ -100,6 +100,11 @@ def statuses(inputs: Inputs) -> List[Status]:
     out.extend(_vf_statuses(inputs))
     if validation is not None and validation.plan is not None:
         notes.extend(validation.plan.notes)
+        if not inputs.published and validation.plan.unoffered:  # the serving message says it
+            from . import plan as plans  # already imported: the plan was built
+
+            said = {plans.unoffered_note(key) for key in validation.plan.unoffered}
+            notes[:] = [n for n in notes if n not in said]
     if inputs.reporting_kept:
         notes.append(REPORTING_KEPT)
     if inputs.boot_unit_masked:
@@ -330,6 +335,12 @@ def serving_message(inputs: Inputs) -> str:
     count = len(host.gpus)
     head = f"{count} GPU{'s' if count != 1 else ''} {gpus}" if count else "no NVIDIA GPU (forced)"
     served = inputs.published
-    line = (f"{head}, {mappings.summary(served)}" if served
-            else f"{head}, no vGPU type mapped: set {OPTION}")
+    plan = inputs.validation.plan if inputs.validation is not None else None
+    unoffered = plan.unoffered if plan is not None else ()
+    if served:
+        line = f"{head}, {mappings.summary(served)}"
+    elif unoffered:
+        line = f"{head}, no vGPU type served: no GPU here offers {', '.join(unoffered)}"
+    else:
+        line = f"{head}, no vGPU type mapped: set {OPTION}"
     return f"{line}; {inputs.capacity}" if inputs.capacity else line
