@@ -197,7 +197,8 @@ def test_a_mapping_with_passthrough_runs_and_shows_the_whole_gpus_flavor(environ
      ["verdict: would apply", "vf-changes: |"]),
     (["--host", "l40s", "--action", "vgpu-usage"], ["summary: no vGPU in use on this host"]),
     (["--host", "v100", "--action", "fleet-report"], ["table: |", "gpu-host-3  570.172.08"]),
-    (["--host", "v100", "--action", "drain-plan"], ["host: "]),
+    (["--host", "v100", "--action", "drain-plan"],
+     ["summary: 'no guest on this host''s GPUs: nothing to drain'", "blocks-upgrade"]),
     (["--host", "rtxpro6000", "--action", "enable-mig", "--param", "gpu=0000:8c:00.0"],
      ["nvidia-dcgm.service"]),
 ])
