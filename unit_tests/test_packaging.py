@@ -55,8 +55,9 @@ def test_the_licence_is_apache_2_0_and_every_place_names_it():
     assert "Apache License" in licence and "Version 2.0, January 2004" in licence
     assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in licence
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["license"] == {"text": "Apache-2.0"}
-    assert "License :: OSI Approved :: Apache Software License" in project["classifiers"]
+    # PEP 639: an SPDX expression and the file; no licence classifier (setuptools 77 deprecates it).
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert not [c for c in project.get("classifiers", ()) if c.startswith("License ::")]
     metadata = yaml.safe_load((ROOT / "metadata.yaml").read_text())
     assert "Apache-2.0" in metadata["description"]
     assert "Apache-2.0" in (ROOT / "charmcraft.yaml").read_text()
@@ -109,3 +110,22 @@ def test_every_page_gives_the_juju_version_the_charm_assumes():
         assert not re.search(r"Juju 2\.9|Juju 3\.[0-5]\b(?! to 3\.5 are past)|Juju 3\.x", text), page.name
     for name in ("README.md", "docs/tutorial/first-deployment.md", "docs/how-to/monitor-with-cos.md"):
         assert "Juju 3.6 or later" in (ROOT / name).read_text(), name
+
+
+def test_the_first_make_builds_the_project_without_a_setuptools_deprecation(tmp_path):
+    """Issue 41.7: the licence table made setuptools warn on every first ``make``.
+
+    pip builds the project as ``make`` does (an isolated build with what
+    ``[build-system]`` requires, from PyPI), verbosely, so the backend's warnings show.
+    """
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v",
+                          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True,
+                         timeout=300, check=False)
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said[-3000:]
+    assert "adding license file 'LICENSE'" in said  # the backend's output is there to read
+    warned = [line for line in said.splitlines()
+              if "Warning" in line or "deprecated" in line.lower()]  # SetuptoolsDeprecationWarning,
+    assert not warned, said[-3000:]  # or BuildBackendWarning in later setuptools
