@@ -8,7 +8,7 @@ module's kill rate in a fraction of the time of a whole run.
 
 mutmut reads its configuration from pyproject.toml's ``[tool.mutmut]`` only;
 this wrapper sets ``only_mutate`` from the ``MODULE`` environment variable
-(a glob such as ``src/vgpu/releases.py`` or ``src/vgpu/*``) and then runs
+(a glob such as ``src/vgpu/releases.py`` or ``src/vgpu/*``, or several separated by commas) and then runs
 mutmut's own command line with the arguments given (``run``, ``results``,
 ``show <mutant>``...). Without MODULE every module under src/ is mutated.
 With ``SAMPLE=N`` and ``run`` without mutant names, the mutants are generated
@@ -101,7 +101,7 @@ if __name__ == "__main__":
 
     module = os.environ.get("MODULE", "").strip()
     if module:
-        configuration.config().only_mutate = [module]
+        configuration.config().only_mutate = [glob.strip() for glob in module.split(",") if glob.strip()]
     every = int(os.environ.get("SAMPLE", "0") or 0)
     args = sys.argv[1:]
     if every > 1 and args[:1] == ["run"] and not [a for a in args[1:] if not a.startswith("-")
