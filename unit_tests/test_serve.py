@@ -137,3 +137,39 @@ def test_an_answer_that_fails_is_a_500_and_the_server_goes_on(server):
         get(made.port)
     assert error.value.code == 500
     assert get(made.port) == (200, "fine\n")
+
+
+def test_a_head_request_gets_the_head_alone(server):
+    made = server()
+    request = urllib.request.Request(f"http://127.0.0.1:{made.port}/metrics", method="HEAD")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 200 and answer.headers["Content-Type"] == "text/plain"
+        assert answer.headers["Content-Length"] == "0"
+
+
+def test_a_500_says_failed_as_plain_text_and_logs_the_path(server, caplog):
+    def failing(uid, path):
+        raise RuntimeError("an unforeseen fault")
+
+    made = server(answer=failing)
+    with pytest.raises(urllib.error.HTTPError) as error:
+        get(made.port, "/metrics?name=x")
+    assert error.value.headers["Content-Type"] == "text/plain" and error.value.read() == b"failed\n"
+    assert "answering /metrics?name=x" in [r.getMessage() for r in caplog.records
+                                            if r.name == "vgpu.serve"]
+
+
+@pytest.mark.parametrize("family, host", [
+    (socket.AF_INET, "127.0.0.200"),  # the last byte's high bit: the kernel's hex is unsigned
+    (socket.AF_INET6, "::1"),  # /proc/net/tcp6: four words in host byte order
+])
+def test_the_peer_is_found_over_any_local_address(family, host):
+    try:
+        listener = socket.create_server((host, 0), family=family)
+    except OSError:  # pragma: no cover - a machine without IPv6 on loopback
+        pytest.skip(f"cannot listen on {host}")
+    with listener:
+        client = socket.create_connection(listener.getsockname()[:2])
+        accepted, _ = listener.accept()
+        with client, accepted:
+            assert serve.peer_uid(accepted) == os.getuid()
