@@ -53,3 +53,12 @@ def test_a_neighbour_active_refuses_unless_asked_and_systemd_silent_counts_as_he
     tools.no_bus()
     with pytest.raises(MigError, match="cannot tell which NVML clients run"):
         gpuclients.around(lambda: "changed", "0000:42:00.0", True)
+
+
+@pytest.mark.parametrize("state, holds", [("active", True), ("reloading", True), ("activating", True),
+                                          ("deactivating", False), ("inactive", False),
+                                          ("failed", False)])
+def test_a_client_starting_or_reloading_counts_as_holding_the_gpu(tools, state, holds):
+    # A starting dcgm has NVML open, or will have before MIG mode changes: it counts.
+    tools.set_state("nvidia-dcgm.service", state)
+    assert gpuclients.active() == (["nvidia-dcgm.service"] if holds else [])

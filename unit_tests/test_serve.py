@@ -8,6 +8,7 @@ connections than its unit's tasks: test_exporter.py.
 import os
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -173,3 +174,22 @@ def test_the_peer_is_found_over_any_local_address(family, host):
         accepted, _ = listener.accept()
         with client, accepted:
             assert serve.peer_uid(accepted) == os.getuid()
+
+
+def test_a_head_longer_than_its_bound_is_closed_unanswered(server):
+    made = server()
+    with socket.create_connection(("127.0.0.1", made.port)) as connection:
+        connection.sendall(b"GET /" + b"x" * serve.HEAD)  # no end of head, past the bound
+        assert closed_by_server(connection)
+
+
+def test_stopping_closes_the_connections_still_waiting_and_serve_returns(server):
+    made = serve.Server("127.0.0.1", 0, lambda uid, path: ("200 OK", "text/plain", b""))
+    thread = threading.Thread(target=made.serve, daemon=True)
+    thread.start()
+    with socket.create_connection(("127.0.0.1", made.port)) as connection:
+        connection.sendall(b"GET /metrics HTTP/1.0\r\n")  # a head not yet whole: pending
+        time.sleep(0.2)  # accepted and read by the server
+        made.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive() and closed_by_server(connection)
