@@ -58,6 +58,11 @@ def equivalents() -> set:
     return set(re.findall(r"`([\w.\u01c1]+__mutmut_\d+)`", listed))
 
 
+def module_of(name: str) -> str:
+    """The module of a mutant's name: ``vgpu.xid`` of ``vgpu.xid.x_read__mutmut_13``."""
+    return re.split(r"\.x[_\u01c1]", name, maxsplit=1)[0]
+
+
 def summary() -> int:
     """Each module's kill rate among the mutants not listed as equivalent.
 
@@ -72,7 +77,7 @@ def summary() -> int:
         if ": " not in line:
             continue
         name, status = (part.strip() for part in line.split(": ", 1))
-        module = name.split(".x")[0]
+        module = module_of(name)
         row = counts.setdefault(module, {"killed": 0, "timeout": 0, "survived": 0, "equivalent": 0,
                                          "other": 0})
         if status == "survived" and name in equivalent:
