@@ -8,7 +8,7 @@ module's kill rate in a fraction of the time of a whole run.
 
 mutmut reads its configuration from pyproject.toml's ``[tool.mutmut]`` only;
 this wrapper sets ``only_mutate`` from the ``MODULE`` environment variable
-(a glob such as ``src/vgpu/releases.py`` or ``src/vgpu/*``) and then runs
+(a glob such as ``src/vgpu/releases.py`` or ``src/vgpu/*``, or several separated by commas) and then runs
 mutmut's own command line with the arguments given (``run``, ``results``,
 ``show <mutant>``...). Without MODULE every module under src/ is mutated.
 With ``SAMPLE=N`` and ``run`` without mutant names, the mutants are generated
@@ -58,6 +58,11 @@ def equivalents() -> set:
     return set(re.findall(r"`([\w.\u01c1]+__mutmut_\d+)`", listed))
 
 
+def module_of(name: str) -> str:
+    """The module of a mutant's name: ``vgpu.xid`` of ``vgpu.xid.x_read__mutmut_13``."""
+    return re.split(r"\.x[_\u01c1]", name, maxsplit=1)[0]
+
+
 def summary() -> int:
     """Each module's kill rate among the mutants not listed as equivalent.
 
@@ -72,7 +77,7 @@ def summary() -> int:
         if ": " not in line:
             continue
         name, status = (part.strip() for part in line.split(": ", 1))
-        module = name.split(".x")[0]
+        module = module_of(name)
         row = counts.setdefault(module, {"killed": 0, "timeout": 0, "survived": 0, "equivalent": 0,
                                          "other": 0})
         if status == "survived" and name in equivalent:
@@ -101,7 +106,7 @@ if __name__ == "__main__":
 
     module = os.environ.get("MODULE", "").strip()
     if module:
-        configuration.config().only_mutate = [module]
+        configuration.config().only_mutate = [glob.strip() for glob in module.split(",") if glob.strip()]
     every = int(os.environ.get("SAMPLE", "0") or 0)
     args = sys.argv[1:]
     if every > 1 and args[:1] == ["run"] and not [a for a in args[1:] if not a.startswith("-")

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shlex
+import stat
 import subprocess
 import sys
 import threading
@@ -426,6 +427,16 @@ def test_a_gpu_whose_gpu_instances_cannot_be_created_is_not_waited_for(root, too
     assert not [line for line in lines if "lists nothing creatable" in line]
 
 
+def test_a_vf_whose_mig_backed_type_finds_no_room_says_what_the_type_needs(root, tools, journal):
+    """The boot data asks one 1g.18gb instance for two H200X-1-18C VFs: the second finds none."""
+    host = mig_host(root, tools, vfs=3)
+    assert boot.restore(data(mig_gpu(H200_A, "H200X-1-18C", "1g.18gb", 1, 2))) == 1
+    assert host.gpu_instances(H200_A) == ["1:1g.18gb@0"] and types_of(root, H200_A, 3) == [1414, 0, 0]
+    assert ("GPU 0000:18:00.0: VF 0000:18:00.5 (virtfn1) lists nothing creatable: H200X-1-18C not "
+            "given; MIG-backed H200X-1-18C needs MIG mode and a GPU instance with room on GPU "
+            "0000:18:00.0 (nvidia-smi mig -i 00000000:18:00.0 -lgi)") in said(journal)
+
+
 def test_sriov_manage_runs_one_gpu_at_a_time_then_mig_steps_side_by_side(root, tools, journal,
                                                                         tmp_path):
     """Issue 33.1: never two sriov-manage runs at once; every GPU's before any MIG step.
@@ -807,6 +818,16 @@ def test_the_mark_says_whether_a_hook_still_has_the_boot_steps_work_to_do(root):
     assert bootfile.left_behind(bootfile.left()) == []
     bootfile.write(bootfile.BY_HOOK, 0, [])
     assert bootfile.left() is None
+
+
+def test_the_mark_and_what_was_left_are_root_s_alone(root):
+    """Both say what the host did since this boot: nobody but root reads or writes them (0600)."""
+    from vgpu import bootfile
+
+    bootfile.write(bootfile.BY_HOOK, 1, [{"uuid": M3, "parent": E1, "type": "nvidia-109",
+                                          "why": "its parent is gone"}])
+    assert stat.S_IMODE((root / bootfile.MARK).stat().st_mode) == 0o600
+    assert stat.S_IMODE((root / bootfile.LEFT).stat().st_mode) == 0o600
 
 
 @pytest.mark.parametrize("step", ["_prepare", "_give_types"])

@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import types
 
 import pytest
 
@@ -426,6 +427,29 @@ def test_another_branch_that_dpkg_cannot_remove_stops_the_install_naming_it(
     assert debs.dpkg_query(root) == ""
     assert ("INFO", f"removing {older} before installing {debs.HOST}") in [
         (r.levelname, r.getMessage()) for r in caplog.records]
+
+
+def test_an_install_budget_spent_on_removing_another_branch_runs_no_dpkg_install(
+        tmp_path, monkeypatch, bindir, deb):
+    # Removing the other branch ends with less than a second left of the install budget:
+    # dpkg --install is not started (it could only be cut short), and the error says why.
+    root = debs.make_root(tmp_path)
+    monkeypatch.setenv(hostroot.ENV, str(root))
+    older = "nvidia-vgpu-ubuntu-550"
+    driver.install(driver.inspect_deb(debs.older_branch(tmp_path)))
+    log = tmp_path / "dpkg.log"
+    shell_tool(bindir, "dpkg", f'case "$*" in *--install*) echo install >> {log};; esac\n'
+                               f'exec {REAL_DPKG} "$@"\n')
+    # The install's clock: the budget starts, the removal starts at once and takes all but
+    # half a second of it.
+    readings = iter([0.0, 0.0, driver.INSTALL_BUDGET - 0.5])
+    monkeypatch.setattr(driver, "time", types.SimpleNamespace(monotonic=lambda: next(readings)))
+    with pytest.raises(InstallError) as error:
+        driver.install(driver.inspect_deb(deb))
+    assert str(error.value) == (f"dpkg did not install {debs.HOST} {debs.OLD}: "
+                                f"no time left of the {driver.INSTALL_BUDGET}s install budget")
+    assert not log.exists()  # dpkg --install never ran
+    assert debs.dpkg_query(root, older) == ""  # the removal itself was done
 
 
 def test_a_dpkg_that_says_success_but_installed_nothing_is_not_believed(tmp_path, monkeypatch, bindir,

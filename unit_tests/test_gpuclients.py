@@ -68,3 +68,12 @@ def test_a_failed_change_carries_what_was_stopped_and_what_did_not_start_again(t
     assert isinstance(failed.value, MigError)  # still the MIG error to whoever catches that
     assert failed.value.clients.stopped == ["nvsm.service"]
     assert list(failed.value.clients.not_started) == ["nvsm.service"]
+
+
+@pytest.mark.parametrize("state, holds", [("active", True), ("reloading", True), ("activating", True),
+                                          ("deactivating", False), ("inactive", False),
+                                          ("failed", False)])
+def test_a_client_starting_or_reloading_counts_as_holding_the_gpu(tools, state, holds):
+    # A starting dcgm has NVML open, or will have before MIG mode changes: it counts.
+    tools.set_state("nvidia-dcgm.service", state)
+    assert gpuclients.active() == (["nvidia-dcgm.service"] if holds else [])

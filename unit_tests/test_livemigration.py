@@ -102,6 +102,15 @@ def test_virt_reads_the_running_versions_then_dpkg_where_libvirtd_does_not_answe
     assert virt.versions() == ((10, 0, 0), (8, 2, 2), INSTALLED)
 
 
+def test_a_libvirtd_that_does_not_answer_is_said_with_virsh_s_reason(root, tools, caplog):
+    tools.set_virsh("down")
+    with caplog.at_level("WARNING", logger="vgpu.virt"):
+        virt.versions()
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "vgpu.virt"]
+    assert said.startswith("libvirtd does not answer (virsh -r version --daemon ")
+    assert said.endswith("); reading the installed versions from dpkg")
+
+
 def test_virt_reads_nova_computes_live_migration_settings_as_it_renders_them(root):
     host = FakeHost(root)
     host.principal_nova_conf()

@@ -52,6 +52,14 @@ def test_each_mdev_an_instance_holds_is_recorded_with_its_parent_and_type(host, 
                                        e["domain"]) for e in EXPECTED]
 
 
+def test_the_record_is_logged_when_written_and_only_then(host, root, caplog):
+    caplog.set_level(logging.INFO, logger="vgpu.mdevs")
+    mdevs.refresh(pci.discover())
+    mdevs.refresh(pci.discover())  # the same record: not written, not logged again
+    assert [r.getMessage() for r in caplog.records if r.name == "vgpu.mdevs"] == [
+        f"the boot step's record in /{mdevs.FILE} now holds mdevs: 3"]
+
+
 def test_mdevs_on_an_a100s_virtual_functions_are_recorded_on_their_vf(root):
     fake = a100_host(root, gpus=2, vfs=4)
     fake.add_mdev("0000:41:00.5", "nvidia-474", M1)

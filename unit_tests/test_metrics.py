@@ -268,6 +268,20 @@ def test_a_learnt_table_edited_by_hand_is_no_failed_scrape(mapped, root):
     assert by_series(samples, "nvidia_vgpu_type_used_instances")[(L40S, "nvidia-1139")] == 1
 
 
+@pytest.mark.parametrize("learnt, holds", [("NVIDIA L40S-12Q", 1), ("NVIDIA L40S-24Q", 0), (None, 0)])
+def test_a_full_gpu_s_types_are_named_from_the_learnt_table(mapped, root, learnt, holds):
+    """Boot data without type ids: only the catalogue's names say what the full GPU's VFs hold."""
+    from vgpu import catalogue
+
+    sriov.write_boot_data(data(gpu(L40S, ["NVIDIA L40S-12Q"] * 4)))  # no ids (number 0)
+    if learnt:
+        (root / catalogue.FILE).write_text(json.dumps({"0x26b9 570.158.02": {"1139": learnt}}))
+    samples = metrics.collect()
+    assert by_series(samples, "nvidia_vgpu_published_vf_holds_type") == {
+        (L40S, vf, "L40S-12Q"): holds for vf in L40S_VFS}
+    assert by_series(samples, "nvidia_vgpu_mapping_applied") == {(L40S,): holds}
+
+
 def test_nvml_failing_in_any_way_is_a_sample(mapped):
     class Broken:
         def read(self):

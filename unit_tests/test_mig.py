@@ -14,6 +14,54 @@ def profile(name):
     return pci.profile(name)
 
 
+# Every row of each GPU model's GPU instance profiles, written out from the sources in
+# vgpu.mig's module doc: NVIDIA's MIG user guide, "Supported MIG Profiles" (names, compute
+# slices, instances per GPU) and the placements nvidia-smi mig -lgipp prints (start:size, in
+# memory slices); the RTX PRO 6000's placements inferred as the module doc says.
+# (name, compute slices, GB, memory slices, placements, most per GPU, media)
+HOPPER_ROWS = [  # 1g, 1g+me, 1g x2 memory, 2g, 3g, 4g, 7g; GB of the H200 141GB, then the H100 80GB
+    ("1g.{}gb", 1, 1, (0, 1, 2, 3, 4, 5, 6), 7, False),
+    ("1g.{}gb+me", 1, 1, (0, 1, 2, 3, 4, 5, 6), 1, True),
+    ("1g.{}gb", 1, 2, (0, 2, 4, 6), 4, False),
+    ("2g.{}gb", 2, 2, (0, 2, 4), 3, False),
+    ("3g.{}gb", 3, 4, (0, 4), 2, False),
+    ("4g.{}gb", 4, 4, (0,), 1, False),
+    ("7g.{}gb", 7, 8, (0,), 1, False),
+]
+GUIDE = {
+    "H200 141GB": (7, 8, [(name.format(gb), slices, gb, size, starts, most, media)
+                          for (name, slices, size, starts, most, media), gb
+                          in zip(HOPPER_ROWS, (18, 18, 35, 35, 71, 71, 141))]),
+    "H100 80GB": (7, 8, [(name.format(gb), slices, gb, size, starts, most, media)
+                         for (name, slices, size, starts, most, media), gb
+                         in zip(HOPPER_ROWS, (10, 10, 20, 20, 40, 40, 80))]),
+    "RTX PRO 6000 Blackwell Server Edition": (4, 4, [
+        ("1g.24gb", 1, 24, 1, (0, 1, 2, 3), 4, False),
+        ("2g.48gb", 2, 48, 2, (0, 2), 2, False),
+        ("4g.96gb", 4, 96, 4, (0,), 1, False),
+    ]),
+}
+
+
+@pytest.mark.parametrize("device_id, model", [
+    ("0x2335", "H200 141GB"), ("0x233b", "H200 141GB"), ("0x2330", "H100 80GB"),
+    ("0x2331", "H100 80GB"), ("0x2bb5", "RTX PRO 6000 Blackwell Server Edition"),
+])
+def test_every_gpu_instance_profile_row_is_the_guide_s(device_id, model):
+    shape = mig.GEOMETRIES[device_id]
+    compute, memory, rows = GUIDE[model]
+    assert (shape.model, shape.compute_slices, shape.memory_slices) == (model, compute, memory)
+    assert [(gi.name, gi.slices, gi.memory_gb, gi.size, gi.starts, gi.most, gi.media)
+            for gi in shape.profiles] == rows
+    for gi in shape.profiles:  # each placement lies within the GPU's memory slices
+        assert all(start % gi.size == 0 or gi.size == 1 for start in gi.starts), gi.name
+        assert max(gi.starts) + gi.size <= shape.memory_slices, gi.name
+
+
+def test_the_geometries_cover_the_guide_s_models_and_no_others():
+    assert {shape.model for shape in mig.GEOMETRIES.values()} == set(GUIDE)
+
+
 @pytest.mark.parametrize("name, fits, gi", [
     # NVIDIA's Hopper vGPU table: H200X-1-18C 7, -1-35C 4, -2-35C 3, -3-71C 2, -4-71C 1, -7-141C 1.
     ("H200X-1-18C", 7, "1g.18gb"), ("H200X-1-35C", 4, "1g.35gb"), ("H200X-2-35C", 3, "2g.35gb"),

@@ -69,3 +69,13 @@ def test_each_listed_mutant_is_in_a_bullet_that_gives_a_reason():
         (bullet,) = [" ".join(b) for b in bullets if f"`{name}`" in " ".join(b)]
         reason = bullet.rsplit("): ", 1)[-1]
         assert reason != bullet and len(reason) > 20, bullet
+
+
+@pytest.mark.parametrize("name, module", [
+    ("vgpu.xid.x_read__mutmut_13", "vgpu.xid"),  # a module whose name starts with x
+    ("vgpu.serve.xǁServerǁ_work__mutmut_21", "vgpu.serve"),
+    ("charm.xǁNovaComputeNvidiaVgpuCharmǁ_on_pause__mutmut_26", "charm"),
+    ("vgpu.releases.x_from_version__mutmut_8", "vgpu.releases"),
+])
+def test_summary_counts_each_mutant_under_its_own_module(name, module):
+    assert _tool().module_of(name) == module

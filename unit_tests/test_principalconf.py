@@ -109,6 +109,20 @@ def test_specs_and_aliases_come_out_as_oslo_config_gives_them_to_nova(tmp_path, 
     assert len(specs) >= 2 and aliases
 
 
+@pytest.mark.parametrize("last", [
+    '[pci]\nalias = {"name": "nic", "vendor_id": "15b3", "product_id": "101e"}',
+    '[pci]\ndevice_spec = {"vendor_id": "15b3",\n  "product_id": "101e"}',  # continued
+])
+def test_an_option_on_the_last_line_without_a_newline_is_read(tmp_path, last):
+    # A file written without a final newline ends on the option itself: it still counts.
+    content = MESSY + last
+    specs, aliases = oslo_pci(tmp_path, content)
+    parsed = principalconf.principal(principalconf.parse(content))
+    assert [e.value for e in parsed.specs] == specs
+    assert [e.value for e in parsed.aliases] == aliases
+    assert last.partition(" = ")[2].replace("\n  ", "\n") in specs + aliases
+
+
 def test_merged_sections_repeated_keys_and_the_old_names_in_nova_s_order():
     parsed = principalconf.principal(principalconf.parse(MESSY))
     assert [(e.option, e.value[:24]) for e in parsed.specs] == [

@@ -8,6 +8,7 @@ connections than its unit's tasks: test_exporter.py.
 import os
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -137,3 +138,58 @@ def test_an_answer_that_fails_is_a_500_and_the_server_goes_on(server):
         get(made.port)
     assert error.value.code == 500
     assert get(made.port) == (200, "fine\n")
+
+
+def test_a_head_request_gets_the_head_alone(server):
+    made = server()
+    request = urllib.request.Request(f"http://127.0.0.1:{made.port}/metrics", method="HEAD")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 200 and answer.headers["Content-Type"] == "text/plain"
+        assert answer.headers["Content-Length"] == "0"
+
+
+def test_a_500_says_failed_as_plain_text_and_logs_the_path(server, caplog):
+    def failing(uid, path):
+        raise RuntimeError("an unforeseen fault")
+
+    made = server(answer=failing)
+    with pytest.raises(urllib.error.HTTPError) as error:
+        get(made.port, "/metrics?name=x")
+    assert error.value.headers["Content-Type"] == "text/plain" and error.value.read() == b"failed\n"
+    assert "answering /metrics?name=x" in [r.getMessage() for r in caplog.records
+                                            if r.name == "vgpu.serve"]
+
+
+@pytest.mark.parametrize("family, host", [
+    (socket.AF_INET, "127.0.0.200"),  # the last byte's high bit: the kernel's hex is unsigned
+    (socket.AF_INET6, "::1"),  # /proc/net/tcp6: four words in host byte order
+])
+def test_the_peer_is_found_over_any_local_address(family, host):
+    try:
+        listener = socket.create_server((host, 0), family=family)
+    except OSError:  # pragma: no cover - a machine without IPv6 on loopback
+        pytest.skip(f"cannot listen on {host}")
+    with listener:
+        client = socket.create_connection(listener.getsockname()[:2])
+        accepted, _ = listener.accept()
+        with client, accepted:
+            assert serve.peer_uid(accepted) == os.getuid()
+
+
+def test_a_head_longer_than_its_bound_is_closed_unanswered(server):
+    made = server()
+    with socket.create_connection(("127.0.0.1", made.port)) as connection:
+        connection.sendall(b"GET /" + b"x" * serve.HEAD)  # no end of head, past the bound
+        assert closed_by_server(connection)
+
+
+def test_stopping_closes_the_connections_still_waiting_and_serve_returns(server):
+    made = serve.Server("127.0.0.1", 0, lambda uid, path: ("200 OK", "text/plain", b""))
+    thread = threading.Thread(target=made.serve, daemon=True)
+    thread.start()
+    with socket.create_connection(("127.0.0.1", made.port)) as connection:
+        connection.sendall(b"GET /metrics HTTP/1.0\r\n")  # a head not yet whole: pending
+        time.sleep(0.2)  # accepted and read by the server
+        made.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive() and closed_by_server(connection)

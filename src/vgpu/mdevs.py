@@ -233,8 +233,7 @@ def refresh(host: pci.Host) -> List[Mdev]:
     content = render(record, now)
     if raw is None or raw.decode("utf-8", errors="replace") != content:
         files.write_atomic(target, content)
-        log.info("recorded %d mdev%s for the boot step in /%s", len(record),
-                 "" if len(record) == 1 else "s", FILE)
+        log.info("the boot step's record in /%s now holds mdevs: %d", FILE, len(record))
     return record
 
 
