@@ -62,7 +62,11 @@ def test_the_capability_lines_are_read_per_gpu_from_real_output():
     (pci.VFIO, 31, {"fractional": True}, 8),            # what the GPU says allows any count here
     (pci.VFIO, 31, {"fractional": False}, 1),
     (pci.VFIO, 31, {"fractional": None}, 1),            # unknown counts as not supported
-    (pci.VFIO, 31, {"fractional": True, "mig": True}, 1),
+    (pci.VFIO, 31, {"fractional": True, "mig": True}, 1),  # a MIG-backed Q, B or A type: one
+    # NVIDIA AI Enterprise 8.1, "Multi-vGPU": vGPU for Compute's MIG-backed types, several
+    # (each on a GPU instance of its own), capped by what this host holds.
+    (pci.VFIO, 31, {"mig": True, "compute": True}, 8),
+    (pci.VFIO, 31, {"mig": True, "compute": True, "per_vm": 2}, 2),  # NVML's answer first
     (pci.VFIO, 31, {"per_vm": 4}, 4),                   # NVML's answer first
     (pci.VFIO, 31, {"per_vm": 64}, 8),                  # never more than this host holds
 ])

@@ -293,10 +293,17 @@ def test_max_per_instance_and_the_flavor_for_two(vfio_host):
     # Fractional L40S-12Q on a GPU that says Fractional Multi-vGPU: Supported: its 4 VFs.
     assert types["nvidia-1139"]["max-per-instance"] == "4"
     assert types["nvidia-1139"]["flavor-property-for-two"] == "pci_passthrough:alias=vgpu-l40s-12q:2"
-    # Without that line (the H200 here): one per instance; a single full-framebuffer GPU: one.
-    assert {e["max-per-instance"] for e in results["gpu-1"]["types"].values()
-            if "flavor-property" in e} == {"1"}
-    assert all("flavor-property-for-two" not in e for e in results["gpu-1"]["types"].values())
+    # Without that line (the H200 here): one time-sliced vGPU per instance; a single
+    # full-framebuffer GPU: one. Its MIG-backed vGPU for Compute types: one per GPU instance
+    # (NVIDIA AI Enterprise 8.1, "Multi-vGPU"), as many as the GPU holds of the type.
+    h200 = {e["name"]: e for e in results["gpu-1"]["types"].values() if "flavor-property" in e}
+    mig = {name for name in h200 if pci.mig_profile(name) is not None}
+    assert mig and {h200[n]["max-per-instance"] for n in h200 if n not in mig} == {"1"}
+    assert all("flavor-property-for-two" not in h200[n] for n in h200 if n not in mig)
+    assert {n: h200[n]["max-per-instance"] for n in mig} == {
+        n: h200[n]["max-instances"] for n in mig}
+    assert all(h200[n]["flavor-property-for-two"].endswith(":2") for n in mig
+               if h200[n]["max-instances"] != "1")
     table = report.types_table(vfio_host, multi=multi)
     assert "pci_passthrough:alias=vgpu-l40s-12q:2" in table
     # NVML's answer wins over NVIDIA's rules.

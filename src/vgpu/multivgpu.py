@@ -8,8 +8,15 @@ Two judges must both agree:
   (one per GPU) may be combined, one vGPU per physical GPU; a fractional type
   only where the GPU says ``Fractional Multi-vGPU : Supported`` under
   ``vGPU Device Capability`` in ``nvidia-smi -q`` (vGPU 16 and later; NVML's
-  ``NVML_DEVICE_VGPU_CAP_FRACTIONAL_MULTI_VGPU``). MIG-backed types: one,
-  unless NVML says more. Whatever cannot be read counts as one.
+  ``NVML_DEVICE_VGPU_CAP_FRACTIONAL_MULTI_VGPU``). MIG-backed types of vGPU
+  for Compute (series C): several, each on a GPU instance of its own (NVIDIA
+  AI Enterprise 8.1, "Multi-vGPU": the devices "may be time-sliced or
+  MIG-backed", of one board and one series, e.g. an ``A100-4-20C`` beside an
+  ``A100-2-10C``; its support tables give "All NVIDIA vGPU for Compute" for the
+  Hopper and Blackwell boards on KVM and Ubuntu,
+  docs.nvidia.com/ai-enterprise/release-8/8.1/infra-software/vgpu/features/multi-vgpu.html).
+  Other MIG-backed types (the RTX PRO 6000's Q, B and A series): one, unless
+  NVML says more. Whatever cannot be read counts as one.
 * Nova. VFIO vGPUs are PCI devices: a flavor asks for several through the
   alias count (``pci_passthrough:alias=<alias>:2``). Mediated-device vGPUs:
   Nova 33 (2026.1) and later honour several resource groups
@@ -65,10 +72,12 @@ def read(host: pci.Host, offered: Optional[Mapping[str, Tuple[pci.VgpuType, ...]
 
 def most_per_instance(framework: Optional[str], *, full: bool, mig: bool,
                       fractional: Optional[bool], per_vm: Optional[int],
-                      nova_major: Optional[int], gpus: int, functions: int) -> int:
+                      nova_major: Optional[int], gpus: int, functions: int,
+                      compute: bool = False) -> int:
     """How many vGPUs of one type one instance may have on this host (at least 1).
 
     ``full``: the type fills its GPU (one per GPU); ``mig``: MIG-backed;
+    ``compute``: of vGPU for Compute (series C);
     ``fractional``: the GPU's ``Fractional Multi-vGPU`` (None: unknown);
     ``per_vm``: NVML's answer (None: not asked or no answer); ``gpus``: the
     GPUs here offering the type; ``functions``: the vGPUs of it this host
@@ -79,7 +88,7 @@ def most_per_instance(framework: Optional[str], *, full: bool, mig: bool,
     if per_vm is not None and per_vm > 0:
         wanted = per_vm
     elif mig:
-        wanted = 1
+        wanted = functions if compute else 1  # each vGPU on its own GPU instance
     elif full:
         wanted = gpus
     elif fractional:

@@ -264,8 +264,10 @@ def per_instance(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]
     for gpu in host.gpus:
         for vgpu_type in (offered or {}).get(gpu.address) or gpu.offered_types():
             most = fits[(gpu.address, vgpu_type.number)]
+            mig = mig_profile(vgpu_type.name)
             out[(gpu.address, vgpu_type.number)] = multivgpu.most_per_instance(
-                gpu.framework, full=most == 1, mig=mig_profile(vgpu_type.name) is not None,
+                gpu.framework, full=most == 1, mig=mig is not None,
+                compute=mig is not None and mig.series == "C",
                 fractional=multi.fractional.get(gpu.address),
                 per_vm=multi.per_vm.get(vgpu_type.number), nova_major=multi.nova_major,
                 gpus=gpus.get(vgpu_type.number, 1),
