@@ -8,10 +8,14 @@ and relation event: it gathers what only the charm knows (options, relation
 data, StoredState, the attached resource) into ``vgpu.reconcile.Inputs``,
 runs the steps in :mod:`vgpu.reconcile` and applies what they return
 (relation data, problems, the paused flag). Status is computed in one
-collect-unit-status handler; actions and remove have their own handlers (a
-subordinate has nothing to do on stop). What the host is and does lives in
-the ``vgpu`` package, which never imports ops; the metrics exporter and the
-cos-agent relation are wired in ``monitoring.py``.
+collect-unit-status handler; remove has its own (a subordinate has nothing to
+do on stop). Each action is wired in an ops-facing helper beside this file:
+``inspecting.py`` (list-vgpu-types, vgpu-usage), ``maintenance.py`` (pause,
+resume, upgrade, forget-gpus), ``migmode.py`` (enable-mig), ``previewing.py``
+(preview-mappings) and ``fleet.py`` (the fleet peer relation, fleet-report,
+drain-plan); the metrics exporter and the cos-agent relation are wired in
+``monitoring.py``. What the host is and does lives in the ``vgpu`` package,
+which never imports ops.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from typing import Dict, List, Mapping, Union
 
 import ops
 
-from fleet import DRAIN_HINT, Fleet, principal_app
+from fleet import Fleet, principal_app
+from inspecting import Inspecting
+from maintenance import Maintenance
+from migmode import MigMode
 from monitoring import Monitoring
 from previewing import Previewing
 from vgpu import (
@@ -43,17 +50,14 @@ from vgpu import (
     neighbours,
     novaconf,
     passthrough,
-    pci,
     reconcile,
     services,
     sriov,
     status,
-    text,
     upstream,
     virt,
 )
 from vgpu.errors import (
-    GuestsRunningError,
     HostReadError,
     ResourceInvalidError,
     ResourceMissingError,
@@ -62,8 +66,6 @@ from vgpu.errors import (
 )
 
 logger = logging.getLogger(__name__)
-
-MDEV_CLASS = reconcile.MDEV_CLASS
 
 
 class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
@@ -110,13 +112,12 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                       on[RELATION].relation_changed, on["juju-info"].relation_joined):
             framework.observe(event, self._reconcile)
         framework.observe(on.collect_unit_status, self._on_collect_status)
-        framework.observe(on.list_vgpu_types_action, self._on_list_vgpu_types)
-        framework.observe(on.vgpu_usage_action, self._on_vgpu_usage)
-        framework.observe(on.pause_action, self._on_pause)
-        framework.observe(on.resume_action, self._on_resume)
-        framework.observe(on.forget_gpus_action, self._on_forget_gpus)
-        framework.observe(on.upgrade_action, self._on_upgrade)
-        framework.observe(on.enable_mig_action, self._on_enable_mig)
+        # The actions, each in its helper; created before the fleet helper, whose record
+        # is published after pause, resume, upgrade and enable-mig have run.
+        self._inspecting = Inspecting(self, self._host, self._checked_text)  # list-vgpu-types, vgpu-usage
+        self._maintenance = Maintenance(self, self._host, self._stored, checked=self._checked_text,
+                                        attached=self._attached, publish=self._publish)
+        self._mig = MigMode(self, self._host, self._stored, publish=self._publish)  # enable-mig
         framework.observe(on.remove, self._on_remove)
         self._monitoring = Monitoring(self, self._stored)  # the exporter, cos-agent
         self._fleet = Fleet(self, self._host, self._stored)  # the fleet peer relation, its actions
@@ -188,10 +189,6 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             raise self._package
         return self._package
 
-    def _wants_driver(self) -> bool:
-        return reconcile.wants_driver(self._facts(), self.config,
-                                      lambda: self._checked_text().passthrough)
-
     # -- reconcile ----------------------------------------------------------
     def _reconcile(self, event: ops.EventBase) -> None:
         new_revision = isinstance(event, (ops.InstallEvent, ops.UpgradeCharmEvent))
@@ -249,10 +246,6 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         """Every vGPU service the installed driver ships: the status checks them all."""
         return list(self._facts().services)
 
-    def _daemons(self) -> List[str]:
-        """The driver's daemons (see reconcile.daemons): what pause stops."""
-        return reconcile.daemons(self._facts())
-
     def _ours(self) -> List[Mapping[str, str]]:
         """This unit's data on each nova-vgpu relation (read when first looked into)."""
         return [r.data[self.unit] for r in self.model.relations[RELATION]]
@@ -291,7 +284,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             event.add_status(ops.WaitingStatus(message))
         if self._monitoring.problem():  # recorded when the exporter was last set up
             event.add_status(ops.BlockedStatus(self._monitoring.problem()))
-        for message in self._clients_left_stopped():  # a neighbour's client, not running
+        for message in self._mig.left_stopped():  # a neighbour's client, not running
             event.add_status(ops.BlockedStatus(message))
 
     def _status_inputs(self) -> status.Inputs:
@@ -377,312 +370,6 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
 
         return capacity.capacity_text(capacity.capacity(self._facts().pci, served))
 
-    # -- actions ------------------------------------------------------------
-    def _on_list_vgpu_types(self, event: ops.ActionEvent) -> None:
-        from vgpu import capacity, multivgpu, report, table
-
-        try:
-            here = self._facts()
-            host = pci.with_available(here.pci)  # what each function can still create
-            held = capacity.held()  # what guests hold: counted as the status and the exporter do
-        except HostReadError as error:
-            event.fail(str(error))
-            return
-        learnt = self._learnt(host)
-        offered = catalogue.offered(host, here.loaded_driver_version, learnt)
-        options = {"mdev_class": bool(self.config.get(MDEV_CLASS)),
-                   "pci_in_placement": bool(self.config.get(PCI_IN_PLACEMENT)),
-                   "live_migration": bool(self.config.get(LIVE_MIGRATION))}
-        mig_off = report.not_in_mig_mode(host, offered)  # MIG-backed types: none available there
-        # What nova-compute has now: published types that share a resource class are flagged.
-        published = next(map(novaconf.sections_from_relation, self._ours()[:1]), {})
-        whole = catalogue.whole_gpus(host, learnt)  # counts time-sliced VFIO types on full GPUs
-        live = virt.action_results(here, options["live_migration"], self._host.principal_conf,
-                                   self._principal())
-        # Several vGPUs per instance (NVML, nvidia-smi -q, Nova); GPUs given whole (passthrough).
-        multi = multivgpu.read(host, offered, here.supported_release())
-        given = self._checked_text().passthrough
-        event.set_results(table.fit({
-            "gpus": report.gpu_results(host, offered=offered, whole_gb=whole, held=held,
-                                       published=published, multi=multi, whole=given, mig_off=mig_off,
-                                       **options),
-            "table": report.types_table(host, offered, whole_gb=whole, held=held,
-                                        published=published, multi=multi, whole=given, mig_off=mig_off,
-                                        **options),
-            **live,
-            **({"nvml": f"{multi.nvml}: NVIDIA's rules give each type's most per instance"}
-               if multi.nvml else {}),
-        }, depth=4, records="gpus", what="types"))
-
-    @staticmethod
-    def _learnt(host: pci.Host) -> catalogue.Table:
-        """The VFIO type names learnt while VFs were free; none read on a host without VFIO GPUs."""
-        return catalogue.load() if any(g.framework == pci.VFIO for g in host.gpus) else {}
-
-    def _on_vgpu_usage(self, event: ops.ActionEvent) -> None:
-        from vgpu import usage  # XML parsing: actions only
-
-        try:
-            here = self._facts()
-        except HostReadError as error:
-            event.fail(str(error))
-            return
-        event.set_results(usage.results(usage.in_use(
-            here.pci, learnt=self._learnt(here.pci), driver_version=here.loaded_driver_version)))
-
-    def _on_forget_gpus(self, event: ops.ActionEvent) -> None:
-        """Drop what was published for GPUs removed for good; refused for GPUs present."""
-        from vgpu import plan as plans
-
-        try:
-            host = self._facts().pci
-            named = [mappings.normalise_address(a)
-                     for a in str(event.params.get("gpus") or "").replace(",", " ").split()]
-            published, missing = reconcile.vanished(self._facts(), self._ours())
-        except (ValueError, HostReadError) as error:
-            event.fail(f"nothing forgotten: {error}")
-            return
-        present = [a for a in named if host.gpu(a) is not None]
-        without_vfs = {a: gpu for a in named if a not in present
-                       for gpu in [status.present_gpu(self._facts(), a)] if gpu}
-        unknown = [a for a in named if not plans.same_gpu(missing, [a])]
-        if not named:
-            event.fail("nothing forgotten: give gpus=<address>[,<address>...]")
-            return
-        if present:
-            event.fail(f"nothing forgotten: {text.listing(present)} "
-                       f"{'is' if len(present) == 1 else 'are'} on this host; a GPU present is "
-                       f"changed through {OPTION}")
-            return
-        if without_vfs:
-            vf, gpu = next(iter(without_vfs.items()))
-            event.fail(f"nothing forgotten: {vf} is a VF of GPU {gpu}, which is on this host "
-                       f"without its VFs: sriov-manage -e failed (read journalctl -u "
-                       f"{sriov.UNIT.removesuffix('.service')} and the unit's status); once "
-                       "its VFs are back the next hook serves them again")
-            return
-        if unknown:
-            event.fail(f"nothing forgotten: {unknown[0]} is no GPU whose published devices are "
-                       f"missing (missing: {text.listing(missing) or 'none'})")
-            return
-        gone = plans.same_gpu(missing, named)
-        event.log(f"dropping the published devices of {', '.join(gone)}")
-        data = novaconf.relation_data(novaconf.drop_published(published, gone))
-        event.log("publishing to nova-compute")
-        for relation in self.model.relations[RELATION]:
-            relation.data[self.unit]["subordinate_configuration"] = data["subordinate_configuration"]
-        logger.info("forgot the published devices of %s", ", ".join(gone))
-        event.set_results({"forgotten": ", ".join(gone)})
-
-    def _guard_guests(self, force: bool) -> None:
-        from vgpu import guests  # XML parsing: actions only, not every hook
-
-        guests.ensure_no_guests(set(self._facts().pci.addresses()), force=force)
-
-    def _on_pause(self, event: ops.ActionEvent) -> None:
-        try:
-            names = self._daemons()
-        except HostReadError as error:
-            event.fail(f"not paused: {error}")
-            return
-        if not names:
-            event.fail("not paused: the vGPU host driver is not installed, so no service runs")
-            return
-        try:
-            event.log("checking that no running guest uses a vGPU")
-            self._guard_guests(bool(event.params.get("force")))
-            services.pause(names, progress=event.log)
-        except (GuestsRunningError, HostReadError) as error:
-            event.fail(f"not paused: {error}")
-            return
-        except ServiceError as error:
-            # pause undid what it did; should some of that have failed, remember it as ours.
-            try:
-                self._stored.masked = services.masked(names)
-            except ServiceError:
-                self._stored.masked = names
-            event.fail(f"not paused: {error}")
-            return
-        self._stored.paused = True
-        self._stored.masked = names
-        event.set_results({"stopped": ", ".join(names)})
-
-    def _masked_by_us(self) -> List[str]:
-        """What this charm masked; a pause by an older version of it masked every service."""
-        if self._stored.masked:
-            return list(self._stored.masked)
-        return self._vgpu_services() if self._stored.paused else []
-
-    def _on_resume(self, event: ops.ActionEvent) -> None:
-        try:
-            wanted = set(self._daemons()) | set(self._masked_by_us())
-        except HostReadError as error:
-            event.fail(f"not resumed: {error}")
-            return
-        names = [n for n in driver.SERVICES if n in wanted] + sorted(wanted - set(driver.SERVICES))
-        try:
-            services.resume(names, progress=event.log)
-        except ServiceError as error:
-            event.fail(f"not resumed: {error}")
-            return
-        self._stored.paused = False
-        self._stored.masked = []
-        event.set_results({"started": ", ".join(names) or "none"})
-
-    def _on_upgrade(self, event: ops.ActionEvent) -> None:
-        try:
-            wanted = self._wants_driver()
-        except HostReadError as error:
-            event.fail(f"not upgraded: {error}")
-            return
-        if not wanted:
-            event.fail("not upgraded: no NVIDIA GPU on this host, so no vGPU driver belongs here")
-            return
-        before = self._facts().driver
-        try:
-            package = self._attached(fetch=True)
-            if not self._upgrade_wanted(event, package, before):
-                return
-            if self._stored.paused:
-                event.fail("not upgraded: the unit is paused and its services masked, which the "
-                           "driver's install scripts need; run resume first")
-                return
-            event.log("checking that no running guest uses a vGPU")
-            self._guard_guests(bool(event.params.get("force")))
-        except VgpuError as error:
-            hint = DRAIN_HINT.format(unit=self.unit.name) if isinstance(error, GuestsRunningError) else ""
-            event.fail(f"not upgraded: {error}{hint}")
-            return
-        try:
-            event.log("taking the host lock (the boot step may hold it)")
-            with hostlock.held(hostlock.HOOK_WAIT):  # a driver install reloads what the boot step restores
-                driver.install(package, progress=event.log)
-        except VgpuError as error:
-            event.fail(f"not upgraded: {error}")
-            return
-        except OSError as error:  # the lock file (a link on the way)
-            event.fail(f"not upgraded: cannot take the host lock /{hostlock.FILE}: "
-                       f"{error.strerror or error}")
-            return
-        finally:
-            # Whatever dpkg did, the status and nova-compute get dpkg's answer now.
-            event.log("publishing to nova-compute what the host serves now")
-            self._refresh()
-            try:
-                self._publish()
-            except HostReadError as error:
-                logger.error("%s", error)
-        event.set_results(self._upgrade_results(package, before, "installed"))
-
-    def _upgrade_wanted(self, event: ops.ActionEvent, package: driver.DebInfo, before) -> bool:
-        """False when the action ends here: the attached package is installed, or older.
-
-        Raises ResourceInvalidError when dpkg cannot order the two versions.
-        """
-        if before is None or not before.installed:
-            return True
-        try:
-            order = dpkg.compare_versions(package.version, before.version)
-        except ValueError as error:
-            raise ResourceInvalidError(f"cannot compare {package.version} with "
-                                       f"{before.version}: {error}") from None
-        if order == 0 and package.package == before.name:
-            event.set_results(self._upgrade_results(package, before, "already installed"))
-            return False
-        if order < 0 and not event.params.get("allow-downgrade"):
-            event.fail(f"not upgraded: attached {package.version} is older than installed "
-                       f"{before.version}; run with allow-downgrade=true to install it")
-            return False
-        return True
-
-    def _upgrade_results(self, package: driver.DebInfo, before, done: str) -> dict:
-        try:
-            reasons = self._facts().reboot_reasons()
-            reboot, why = ("yes", "; ".join(reasons)) if reasons else ("no", "no reboot needed")
-        except HostReadError as error:  # installed all the same: say so, and what is unknown
-            reboot, why = "unknown", f"cannot tell whether a reboot is needed: {error}"
-        return {
-            "package": package.package,
-            "version": package.version,
-            "previous": f"{before.name} {before.version}" if before is not None else "none",
-            "reboot-required": reboot,
-            "message": f"{package.package} {package.version} {done}; {why}",
-        }
-
-    def _on_enable_mig(self, event: ops.ActionEvent) -> None:
-        """Turn MIG mode on for one GPU with nvidia-smi; refused while a guest holds its vGPUs."""
-        from vgpu import gpuclients, guests, mig
-        from vgpu.errors import MigError
-
-        try:
-            address = mappings.normalise_address(str(event.params.get("gpu") or ""))
-            gpu = self._facts().pci.gpu(address)
-            if gpu is None or gpu.address != address:
-                raise MigError(f"{address} is not an NVIDIA GPU on this host (GPUs: "
-                               f"{', '.join(g.address for g in self._facts().pci.gpus) or 'none'})")
-            # A guest holding a vGPU there (running or shut off) stops it; a shut-off one whose
-            # VF lost its type at a reboot does not: MIG mode is what its type needs again.
-            event.log(f"checking that no guest holds a vGPU on GPU {address}")
-            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)])
-            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs
-                                                    if vf.current_type)], defined=True)
-            before = mig.modes([address])[address]
-            done, clients = None, gpuclients.Stopped()
-            if not before.enabled:
-                event.log(f"turning MIG mode on: {mig.enable_command(address)}")
-                with hostlock.held(hostlock.HOOK_WAIT):  # not while the boot step restores
-                    done, clients = gpuclients.around(
-                        lambda: mig.enable(address), address,
-                        bool(event.params.get(gpuclients.STOP_PARAM)))
-        except gpuclients.ModeChangeError as error:  # what it stopped is said, whatever happened
-            self._left_stopped(error.clients)
-            event.set_results({"gpu-clients": error.clients.said()})
-            left = "".join(f"; {name} was stopped and NOT started again"
-                           for name in error.clients.not_started)
-            event.fail(f"MIG mode not enabled: {error}{left}")
-            return
-        except (ValueError, VgpuError) as error:
-            event.fail(f"MIG mode not enabled: {error}")
-            return
-        except OSError as error:  # the lock file (a link on the way)
-            event.fail(f"MIG mode not enabled: cannot take the host lock /{hostlock.FILE}: "
-                       f"{error.strerror or error}")
-            return
-        self._left_stopped(clients)
-        event.set_results({**mig.enable_results(address, done), "gpu-clients": clients.said()})
-        event.log("publishing to nova-compute: a mapping that waited for MIG mode applies now")
-        self._refresh()
-        try:
-            self._publish()  # a mapping that waited for MIG mode applies now
-        except HostReadError as error:
-            logger.error("%s", error)
-
-    def _left_stopped(self, clients) -> None:
-        """Remember the neighbours' clients enable-mig stopped and could not start again."""
-        if clients.not_started:
-            self._stored.clients_left = sorted({*self._stored.clients_left,
-                                                *clients.not_started})
-
-    def _clients_left_stopped(self) -> List[str]:
-        """The status lines for clients enable-mig left stopped that are still not running.
-
-        Those systemd says run again are forgotten; where it cannot say, they are named.
-        """
-        from vgpu import gpuclients
-
-        names = list(self._stored.clients_left)
-        if not names:
-            return []
-        try:
-            running = set(gpuclients.active(names))
-        except (VgpuError, ValueError):
-            running = set()
-        left = [n for n in names if n not in running]
-        if left != names:
-            self._stored.clients_left = left
-        return [f"enable-mig stopped {n} and it did not start again: sudo systemctl start {n}"
-                for n in left]
-
     # -- leaving ------------------------------------------------------------
     def _on_remove(self, _event: ops.RemoveEvent) -> None:
         """Undo what the charm changed; the driver package stays installed."""
@@ -719,7 +406,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
                            getattr(error, "strerror", None) or error)
         # Whatever this charm masked is unmasked and started, as the package set them up.
         try:
-            masked = self._masked_by_us()
+            masked = self._maintenance.masked_by_us()
             if masked:
                 services.resume(masked)
         except (HostReadError, ServiceError) as error:

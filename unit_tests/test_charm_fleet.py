@@ -274,7 +274,7 @@ def test_the_plan_and_the_upgrade_refusal_agree_on_which_guests_block(ctx, ready
     assert [(g["instance"], g["type"], g["move"]) for g in plan["guests"]] == [
         ("4e8a2b63-3b8f-4c6f-9a4b-2d3e4f5a6b7c", "whole GPU 0x1db4/16GB", "none")]  # no peer gives it whole
     assert plan["blocks-upgrade"] == 1
-    from vgpu import guests, pci  # what the upgrade action's guard asks (charm._guard_guests)
+    from vgpu import guests, pci  # what the upgrade action's guard asks (maintenance.py's _guard_guests)
 
     blocking = guests.running_vgpu_guests(set(pci.discover().addresses()))
     assert [g.instance_uuid for g in blocking] == [

@@ -157,6 +157,11 @@ def test_the_unpacked_charm_keeps_git_modes_and_charmcraft_dispatch(packed, tmp_
         assert not (charm / left_out).exists(), left_out
     shipped = {rel: mode for rel, mode in packing.git_modes().items() if (charm / rel).is_file()}
     assert "src/charm.py" in shipped and "src/vgpu/pci.py" in shipped
+    # charm.py's ops-facing helpers beside it (fleet.py, maintenance.py ...): every one git stores.
+    helpers = {rel for rel in packing.git_modes() if rel.startswith("src/") and rel.count("/") == 1
+               and rel.endswith(".py")}
+    assert {"src/fleet.py", "src/maintenance.py", "src/migmode.py", "src/inspecting.py"} <= helpers
+    assert sorted(helpers - set(shipped)) == []
     for rel, mode in shipped.items():
         assert os.access(charm / rel, os.X_OK) == (mode == packing.GIT_EXECUTABLE), rel
 
