@@ -3,7 +3,7 @@
 import pytest
 
 from unit_tests.fakehost import h200_sxm_host, rtx_pro_6000_host
-from vgpu import mig, pci
+from vgpu import mig, pci, profiles
 from vgpu.errors import MigError, MigInUseError
 
 H200_GPU = pci.Gpu("0000:18:00.0", "0x2335", "H200 SXM 141GB", "nvidia", "0x030200")
@@ -11,7 +11,7 @@ RTX_GPU = pci.Gpu("0000:42:00.0", "0x2bb5", "RTX PRO 6000", "nvidia", "0x030200"
 
 
 def profile(name):
-    return pci.profile(name)
+    return profiles.profile(name)
 
 
 @pytest.mark.parametrize("name, fits, gi", [
@@ -21,9 +21,9 @@ def profile(name):
     ("H200X-1-18CME", 1, "1g.18gb+me"),
 ])
 def test_h200_counts_come_from_the_profile_and_its_gpu_instance(name, fits, gi):
-    found = mig.slot(mig.H200, profile(name))
+    found = profiles.slot(profiles.H200, profile(name))
     assert (found.fits, found.instance.name) == (fits, gi)
-    assert mig.fits(H200_GPU, profile(name)) == fits
+    assert profiles.fits(H200_GPU, profile(name)) == fits
 
 
 @pytest.mark.parametrize("name, fits, per", [
@@ -31,15 +31,15 @@ def test_h200_counts_come_from_the_profile_and_its_gpu_instance(name, fits, gi):
     ("DC-2-48Q", 2, 1), ("DC-2-12Q", 8, 4), ("DC-4-96Q", 1, 1), ("DC-4-24Q", 4, 4),
 ])
 def test_rtx_pro_6000_counts(name, fits, per):
-    found = mig.slot(mig.RTX_PRO_6000, profile(f"NVIDIA RTX Pro 6000 Blackwell {name}"))
+    found = profiles.slot(profiles.RTX_PRO_6000, profile(f"NVIDIA RTX Pro 6000 Blackwell {name}"))
     assert (found.fits, found.per_instance) == (fits, per)
 
 
 def test_no_gpu_instance_or_no_table_gives_no_count():
-    assert mig.slot(mig.H200, profile("H200X-5-71C")) is None  # no 5g profile
-    assert mig.slot(mig.H200, profile("H200X-1-72C")) is None  # more memory than a 1g holds
-    assert mig.slot(mig.H200, profile("H200X-18C")) is None  # time-sliced
-    assert mig.fits(H200_GPU._replace(device_id="0x20f1"), profile("A100-1-5C")) is None
+    assert profiles.slot(profiles.H200, profile("H200X-5-71C")) is None  # no 5g profile
+    assert profiles.slot(profiles.H200, profile("H200X-1-72C")) is None  # more memory than a 1g holds
+    assert profiles.slot(profiles.H200, profile("H200X-18C")) is None  # time-sliced
+    assert profiles.fits(H200_GPU._replace(device_id="0x20f1"), profile("A100-1-5C")) is None
 
 
 def test_addresses_in_both_spellings():
@@ -241,19 +241,19 @@ def test_every_rtx_pro_6000_mig_type_sits_on_gfx_instances_and_gfx_names_it_too(
     ``DC-1-24QGFX`` means ``DC-1-24Q`` on ``1g.24gb+gfx`` (the suffix stripped).
     """
     assert (profile("NVIDIA RTX Pro 6000 Blackwell DC-1-24QGFX")
-            == pci.Profile("RTX Pro 6000 Blackwell DC-1-24QGFX", "RTX Pro 6000 Blackwell DC", 24,
+            == profiles.Profile("RTX Pro 6000 Blackwell DC-1-24QGFX", "RTX Pro 6000 Blackwell DC", 24,
                            "Q", True, 1, gfx=True))
     assert not profile("DC-1-24Q").gfx and profile("DC-1-24CGFX").series == "C"
-    assert pci.without_gfx("NVIDIA RTX Pro 6000 Blackwell DC-1-24QGFX") == (
+    assert profiles.without_gfx("NVIDIA RTX Pro 6000 Blackwell DC-1-24QGFX") == (
         "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q")
-    assert pci.without_gfx("DC-1-24Q") is None and pci.without_gfx("DC-24Q") is None
-    shape = mig.RTX_PRO_6000
+    assert profiles.without_gfx("DC-1-24Q") is None and profiles.without_gfx("DC-24Q") is None
+    shape = profiles.RTX_PRO_6000
     for name in ("DC-1-24Q", "DC-1-24QGFX"):
-        assert mig.instance_name(mig.slot(shape, profile(name)).instance, profile(name),
+        assert profiles.instance_name(profiles.slot(shape, profile(name)).instance, profile(name),
                                  shape) == "1g.24gb+gfx"
-    assert mig.instance_name(mig.slot(mig.H200, profile("H200X-1-18C")).instance,
-                             profile("H200X-1-18C"), mig.H200) == "1g.18gb"
-    assert mig.slot(mig.H200, profile("H200X-1-18CGFX")) is None  # no +gfx profiles there
+    assert profiles.instance_name(profiles.slot(profiles.H200, profile("H200X-1-18C")).instance,
+                             profile("H200X-1-18C"), profiles.H200) == "1g.18gb"
+    assert profiles.slot(profiles.H200, profile("H200X-1-18CGFX")) is None  # no +gfx profiles there
     host = rtx_pro_6000_host(root, vfs=8, gpus=2, mig="Enabled")
     found = mig.mapped({"DC-2-12QGFX": ("0000:42:00.0",), "DC-1-24Q": ("0000:8c:00.0",)},
                        pci.discover())

@@ -75,6 +75,7 @@ from . import (
     kernel,
     mdevs,
     pci,
+    profiles,
     services,
     sriov,
     vfio,
@@ -418,14 +419,14 @@ def _mig_first(vfs: Sequence[VfPlan]) -> List[VfPlan]:
 
     See :func:`vgpu.vfio.write_order`; time-sliced profiles keep virtfn order.
     """
-    return sorted(vfs, key=lambda vf: (-getattr(pci.profile(vf.name), "slices", 0), vf.virtfn))
+    return sorted(vfs, key=lambda vf: (-getattr(profiles.profile(vf.name), "slices", 0), vf.virtfn))
 
 
 def _mig_hint(gpu: str, name: str) -> str:
     """What a MIG-backed profile that failed needs; '' for a time-sliced one."""
-    if pci.mig_profile(name) is None:
+    if profiles.mig_profile(name) is None:
         return ""
-    return (f"; MIG-backed {pci.profile_name(name)} needs MIG mode and a GPU instance with room "
+    return (f"; MIG-backed {profiles.profile_name(name)} needs MIG mode and a GPU instance with room "
             f"on GPU {gpu} (nvidia-smi mig -i {_smi_address(gpu)} -lgi)")
 
 
@@ -505,7 +506,7 @@ def _write(where: str, address: str, vf: VfPlan, listed: Sequence[pci.VgpuType],
     found = named(vf, listed)
     if found is None:
         log.error("%s does not list %s; it lists %s%s", where, vf.name,
-                  ", ".join(pci.profile_name(t.name) for t in listed), hint)
+                  ", ".join(profiles.profile_name(t.name) for t in listed), hint)
         return False
     try:
         vfio.assign(address, found.number)
@@ -526,8 +527,8 @@ def named(vf: VfPlan, listed: Sequence[pci.VgpuType]) -> Optional[pci.VgpuType]:
     for vgpu_type in listed:
         if " ".join(vgpu_type.name.split()).upper() == wanted:
             return vgpu_type
-    short = pci.profile_name(wanted)
-    found = [t for t in listed if pci.profile_name(t.name).upper() == short]
+    short = profiles.profile_name(wanted)
+    found = [t for t in listed if profiles.profile_name(t.name).upper() == short]
     if len(found) == 1:
         return found[0]
     if _UNNAMED.match(vf.name):

@@ -6,12 +6,9 @@ with 18 GB, ``NVIDIA RTX Pro 6000 Blackwell DC-2-12Q`` two slices shared by
 geometry; what fits is a property of the GPU model, never of what a VF lists
 as still creatable. This module holds:
 
-* the geometry of the GPUs the charm knows (:data:`GEOMETRIES`): their GPU
-  instance profiles, the memory slices each takes and where it may start
-  (its placements), from NVIDIA's MIG user guide;
-* which GI profile a vGPU profile sits on, how many vGPUs one GI holds and how
-  many the GPU holds (:func:`fits`); one MIG-backed profile per GPU (Nova gives
-  all VFs of one GPU one resource class: :mod:`vgpu.plan` refuses two);
+* one MIG-backed profile per GPU (Nova gives all VFs of one GPU one resource
+  class: :mod:`vgpu.plan` refuses two); where each sits and how many fit is
+  :mod:`vgpu.profiles`' (the GPU-instance geometry, below this module and plan);
 * MIG mode: read with ``nvidia-smi --query-gpu`` (:func:`modes`) only when a
   MIG-backed profile is mapped, and turned on (:func:`enable`) for a new
   mapping only by the ``enable-mig`` action; after a reboot, for the mapping in
@@ -28,29 +25,8 @@ as still creatable. This module holds:
   again (Hopper and Blackwell lose it at every reboot) and the GPU instances
   created again. Never a GPU reset (refused with VFs or persistence mode on).
 
-Sources (cited where used):
-
-* NVIDIA Multi-Instance GPU User Guide, "Supported GPUs"
-  (docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-gpus.html): at most
-  7 instances on H200 SXM5 and H200 NVL (141 GB), 4 on RTX PRO 6000 Blackwell
-  Server Edition (96 GB);
-* the same guide, "Supported MIG Profiles": H100/H200 GPUs have 7 compute and 8
-  memory slices; profiles 1g (7 instances), 1g with twice the memory (4),
-  2g (3), 3g (2), 4g (1), 7g (1), with H200 141 GB named 1g.18gb, 1g.35gb,
-  2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb; placements (``nvidia-smi mig -lgipp``
-  start:size) 1g {0..6}:1, 1g.35gb {0,2,4,6}:2, 2g {0,2,4}:2, 3g {0,4}:4,
-  4g {0}:4, 7g {0}:8; one ``+me`` (media extensions) 1g instance per GPU;
-* RTX PRO 6000 Blackwell: 1g.24gb (4), 2g.48gb (2), 4g.96gb (1), and 2 x 1g.24gb
-  beside 1 x 2g.48gb (aws/sagemaker-hyperpod-cli PR 403, its mig-configs for
-  g7e). Inferred, not seen in a table: 4 memory slices with placements
-  1g {0,1,2,3}:1, 2g {0,2}:2, 4g {0}:4, as on the A30, NVIDIA's other 4-slice GPU.
-
-Inferred (not in NVIDIA's tables, marked where used): a vGPU profile sits on
-the smallest GI profile with its compute slices whose memory holds its
-framebuffer (``H200X-1-18C`` on 1g.18gb, ``H200X-1-35C`` on 1g.35gb), and one
-GI holds ``GI memory // profile framebuffer`` vGPUs of it (bigstack-oss/cubecos
-PR 1223: 48 ``DC-1-2Q`` per RTX PRO 6000, 12 per 1g.24gb instance; one vGPU
-type per GI).
+The GPU-instance geometry and the profile names it is read from live in
+:mod:`vgpu.profiles` (its sources cited there).
 """
 
 from __future__ import annotations
@@ -63,7 +39,7 @@ import sys
 import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import PCI_ADDRESS, hostroot, pci, run, text
+from . import PCI_ADDRESS, hostroot, pci, profiles, run, text
 from .errors import CommandError, HostReadError, MigError, MigInUseError
 from .record import NamedTuple
 
@@ -75,117 +51,6 @@ ENABLED = "Enabled"
 # bigstack-oss/cubecos PR 903 reads the mode the same way, per GPU:
 # ``nvidia-smi -i <bus id> --query-gpu=mig.mode.current --format=csv,noheader,nounits``.
 QUERY = ("--query-gpu=pci.bus_id,mig.mode.current,mig.mode.pending", "--format=csv,noheader")
-
-
-class GiProfile(NamedTuple):
-    """One GPU instance profile of a GPU model."""
-
-    name: str  # 1g.18gb
-    slices: int  # compute slices
-    memory_gb: int  # the GB in its name
-    size: int  # memory slices it takes
-    starts: Tuple[int, ...]  # the memory slices it may start at (its placements)
-    limit: int = 0  # at most this many per GPU (+me profiles: 1); 0: one per placement
-    media: bool = False  # +me: with media extensions (the CME/ME vGPU series)
-
-    @property
-    def most(self) -> int:
-        """How many instances of this profile one GPU holds at most."""
-        return self.limit or len(self.starts)
-
-
-class Geometry(NamedTuple):
-    """How MIG divides one GPU model."""
-
-    model: str
-    compute_slices: int
-    memory_slices: int
-    profiles: Tuple[GiProfile, ...]
-    # It offers GPU instance profiles with the GFX attribute (``+gfx``): the RTX PRO 6000
-    # Blackwell (NVIDIA/mig-parted).
-    gfx: bool = False
-    # The vGPU model names its MIG-backed types use, upper-cased (H200X-1-18C: H200X).
-    names: Tuple[str, ...] = ()
-    # Every MIG-backed vGPU type sits on a ``+gfx`` GPU instance, though no type name says
-    # GFX. NVIDIA/vgpu-device-manager pkg/vgpu/config.go (main, SetVGPUConfig): "for RTX Pro
-    # 6000 Blackwell, all the MIG-backed vGPU types are only supported on MIG instances
-    # created with the GFX attribute, but none of the vGPU type names contain the GFX
-    # suffix"; its ``DC-1-24QGFX`` key is ``DC-1-24Q`` on ``1g.24gb+gfx`` (documentation
-    # only: no transcript of such a host). Where the driver answers, NVML says it per type
-    # (:func:`driver_profiles`), and its answer is taken over this.
-    gfx_only: bool = False
-
-
-def _hopper(gb: Tuple[int, int, int, int], model: str, names: Tuple[str, ...]) -> Geometry:
-    """An H100/H200-shaped GPU: 7 compute, 8 memory slices; ``gb`` of 1g, 1g x2, 3g, 7g."""
-    one, two, three, seven = gb
-    return Geometry(model, 7, 8, (
-        GiProfile(f"1g.{one}gb", 1, one, 1, (0, 1, 2, 3, 4, 5, 6)),
-        GiProfile(f"1g.{one}gb+me", 1, one, 1, (0, 1, 2, 3, 4, 5, 6), limit=1, media=True),
-        GiProfile(f"1g.{two}gb", 1, two, 2, (0, 2, 4, 6)),
-        GiProfile(f"2g.{two}gb", 2, two, 2, (0, 2, 4)),
-        GiProfile(f"3g.{three}gb", 3, three, 4, (0, 4)),
-        GiProfile(f"4g.{three}gb", 4, three, 4, (0,)),
-        GiProfile(f"7g.{seven}gb", 7, seven, 8, (0,)),
-    ), names=names)
-
-
-H200 = _hopper((18, 35, 71, 141), "H200 141GB", ("H200X", "H200"))
-# H100 80GB (MIG user guide, "H100 MIG Profiles": 1g.10gb ... 7g.80gb); its vGPU names (H100XM on
-# SXM5, H100 on PCIe) from NVIDIA's Hopper vGPU tables; documentation only.
-H100 = _hopper((10, 20, 40, 80), "H100 80GB", ("H100XM", "H100"))
-RTX_PRO_6000 = Geometry("RTX PRO 6000 Blackwell Server Edition", 4, 4, (
-    GiProfile("1g.24gb", 1, 24, 1, (0, 1, 2, 3)),
-    GiProfile("2g.48gb", 2, 48, 2, (0, 2)),
-    GiProfile("4g.96gb", 4, 96, 4, (0,)),
-), gfx=True, names=("DC", "RTX PRO 6000 BLACKWELL DC"), gfx_only=True)
-# By the GPU's PCI device id (pci.ids: 2335 GH100 [H200 SXM 141GB], 233b GH100 [H200 NVL],
-# 2bb5 GB202GL [RTX PRO 6000 Blackwell Server Edition], 2330 GH100 [H100 SXM5 80GB],
-# 2331 GH100 [H100 PCIe]).
-GEOMETRIES: Dict[str, Geometry] = {"0x2335": H200, "0x233b": H200, "0x2bb5": RTX_PRO_6000,
-                                   "0x2330": H100, "0x2331": H100}
-
-
-class Slot(NamedTuple):
-    """Where a MIG-backed vGPU profile lives on a GPU model."""
-
-    instance: GiProfile  # its GPU instance profile
-    per_instance: int  # vGPUs of the profile one GI holds
-
-    @property
-    def fits(self) -> int:
-        """vGPUs of the profile one GPU holds: instances times vGPUs per instance."""
-        return self.instance.most * self.per_instance
-
-
-def geometry(gpu: pci.Gpu) -> Optional[Geometry]:
-    """The MIG geometry of ``gpu``'s model, or None when the charm has no table for it."""
-    return GEOMETRIES.get(gpu.device_id.lower())
-
-
-def slot(shape: Geometry, profile: pci.Profile) -> Optional[Slot]:
-    """The GI profile a MIG-backed profile sits on and how many one GI holds (None: none fits).
-
-    Inferred (see the module): the smallest GI profile with the profile's compute
-    slices whose memory holds its framebuffer; media profiles (CME) on the +me one.
-    """
-    if not profile.mig or profile.framebuffer_gb <= 0 or (profile.gfx and not shape.gfx):
-        return None
-    media = profile.series.endswith("ME")
-    candidates = sorted((gi for gi in shape.profiles if gi.slices == profile.slices
-                         and gi.media == media and gi.memory_gb >= profile.framebuffer_gb),
-                        key=lambda gi: gi.memory_gb)
-    if not candidates:
-        return None
-    gi = candidates[0]
-    return Slot(gi, max(1, gi.memory_gb // profile.framebuffer_gb))
-
-
-def fits(gpu: pci.Gpu, profile: pci.Profile) -> Optional[int]:
-    """How many vGPUs of a MIG-backed ``profile`` one GPU of ``gpu``'s model holds; None: unknown."""
-    shape = geometry(gpu)
-    found = slot(shape, profile) if shape is not None else None
-    return found.fits if found is not None else None
 
 
 # -- MIG mode: nvidia-smi -----------------------------------------------------------------
@@ -338,8 +203,8 @@ def by_gpu(assignments: Sequence) -> Dict[str, List[str]]:
     """``{GPU address: [MIG-backed profiles, NVIDIA's short form]}`` of a plan's assignments."""
     out: Dict[str, List[str]] = {}
     for a in assignments:
-        found = pci.mig_profile(a.name)
-        short = pci.short_name(found.name) if found is not None else ""
+        found = profiles.mig_profile(a.name)
+        short = profiles.short_name(found.name) if found is not None else ""
         if found is not None and short not in out.setdefault(a.gpu, []):
             out[a.gpu].append(short)
     return out
@@ -494,19 +359,6 @@ class Layout(NamedTuple):
     held: Tuple[str, ...] = ()  # the VFs whose vGPUs are in GPU instances in the way
 
 
-def instance_name(gi: GiProfile, profile: pci.Profile, shape: Optional[Geometry] = None) -> str:
-    """The GPU instance profile nvidia-smi creates for ``profile`` on ``gi``: ``1g.24gb+gfx``.
-
-    ``+gfx`` for every MIG-backed type of a GPU whose types all need it
-    (:attr:`Geometry.gfx_only`: the RTX PRO 6000, NVIDIA/vgpu-device-manager's
-    config.go), and for a type spelt ``...GFX`` as that project's
-    ``ToMigConfigSpecSlice`` (api/spec/v1/spec.go) does; :func:`slot` refuses a GFX
-    spelling on a GPU without ``+gfx`` profiles.
-    """
-    gfx = profile.gfx or (shape is not None and shape.gfx_only)
-    return gi.name + ("+gfx" if gfx and not gi.media else "")
-
-
 _INSTANCE = re.compile(r"[0-9]g\.[0-9]+gb(?:\+[a-z]+)?")  # what the boot data takes (boot_needs)
 NVML_TIMEOUT = 20  # seconds for the NVML probe (a Python process); a hung driver must not stall
 
@@ -540,26 +392,26 @@ def driver_profiles(timeout: float = NVML_TIMEOUT) -> Dict[str, Dict[str, str]]:
 
 def _said(driver: Optional[Mapping[str, Mapping[str, str]]], gpu: str, name: str) -> str:
     """The GPU instance profile the driver says type ``name`` needs on ``gpu``; "" when unsaid."""
-    wanted = pci.key_form(name)
+    wanted = profiles.key_form(name)
     for listed, found in ((driver or {}).get(gpu) or {}).items():
-        if wanted in pci.name_keys(listed):
+        if wanted in profiles.name_keys(listed):
             return found
     return ""
 
 
-def _need(address: str, shape: Geometry, name: str, count: int, per_gpu: bool,
+def _need(address: str, shape: profiles.Geometry, name: str, count: int, per_gpu: bool,
           driver: Optional[Mapping[str, Mapping[str, str]]]) -> Optional[Need]:
     """The GPU instances ``count`` vGPUs of type ``name`` take (``per_gpu``: as many as fit)."""
-    named = pci.profile(pci.canonical(name) if shape.gfx_only else name)
-    found = slot(shape, named) if named is not None else None
+    named = profiles.profile(profiles.canonical(name) if shape.gfx_only else name)
+    found = profiles.slot(shape, named) if named is not None else None
     if found is None or named is None:
         return None
-    instance = _said(driver, address, named.name) or instance_name(found.instance, named, shape)
+    instance = _said(driver, address, named.name) or profiles.instance_name(found.instance, named, shape)
     base = next((gi for gi in shape.profiles if gi.name == instance.split("+")[0]), None)
     if base is not None and base.name != found.instance.name:  # the driver's, counted by its size
-        found = Slot(base, max(1, base.memory_gb // named.framebuffer_gb))
+        found = profiles.Slot(base, max(1, base.memory_gb // named.framebuffer_gb))
     count = min(found.fits if per_gpu else count, found.fits)
-    return Need(address, pci.short_name(named.name), instance, -(-count // found.per_instance))
+    return Need(address, profiles.short_name(named.name), instance, -(-count // found.per_instance))
 
 
 def needs(assignments: Sequence, host: pci.Host,
@@ -570,13 +422,13 @@ def needs(assignments: Sequence, host: pci.Host,
     """
     counts: Dict[str, Dict[str, int]] = {}
     for a in assignments:
-        if pci.mig_profile(a.name) is not None:
+        if profiles.mig_profile(a.name) is not None:
             counts.setdefault(a.gpu, {}).setdefault(a.name, 0)
             counts[a.gpu][a.name] += 1
     out: Dict[str, Need] = {}
     for address, named in counts.items():
         gpu = host.gpu(address)
-        shape = geometry(gpu) if gpu is not None else None
+        shape = profiles.geometry(gpu) if gpu is not None else None
         for name, count in named.items():  # one MIG-backed profile per GPU (vgpu.plan)
             found = _need(address, shape, name, count, False, driver) if shape else None
             if found is not None:
@@ -597,13 +449,13 @@ def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host,
     """
     counts: Dict[str, Dict[str, Tuple[str, int, bool]]] = {}
     for key, where in mapping.items():
-        named = pci.mig_profile(key)
+        named = profiles.mig_profile(key)
         if named is None:
             continue
         everywhere = tuple(where) == ("all",)
         for gpu in host.gpus:
-            shape = geometry(gpu)
-            found = slot(shape, named) if shape is not None and gpu.framework == pci.VFIO \
+            shape = profiles.geometry(gpu)
+            found = profiles.slot(shape, named) if shape is not None and gpu.framework == pci.VFIO \
                 and named.model.upper() in shape.names else None
             if found is None or gpu.vfs_missing:
                 continue
@@ -611,13 +463,13 @@ def mapped(mapping: Mapping[str, Sequence[str]], host: pci.Host,
             whole = everywhere or gpu.address in mine
             if shape is not None and (whole or mine):  # one entry per type: DC-1-24QGFX is
                 # DC-1-24Q on a GPU whose MIG-backed types are all on +gfx instances
-                name = pci.short_name(pci.canonical(named.name) if shape.gfx_only else named.name)
+                name = profiles.short_name(profiles.canonical(named.name) if shape.gfx_only else named.name)
                 _, before, all_of = counts.setdefault(gpu.address, {}).get(name, (key, 0, False))
                 counts[gpu.address][name] = (key, before + len(mine), whole or all_of)
     out: Dict[str, Need] = {}
     for address, named_counts in counts.items():
         owner = host.gpu(address)
-        shape = geometry(owner) if owner is not None else None
+        shape = profiles.geometry(owner) if owner is not None else None
         if len(named_counts) != 1 or shape is None:
             continue
         (key, count, whole), = named_counts.values()

@@ -40,7 +40,7 @@ from typing import (
     Tuple,
 )
 
-from . import LIVE_MIGRATION, ONE_TIME_USE, PCI_IN_PLACEMENT, pci, releases
+from . import LIVE_MIGRATION, ONE_TIME_USE, PCI_IN_PLACEMENT, pci, profiles, releases
 from .record import NamedTuple
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def board(name: str) -> Optional[str]:
 
     ``A100`` and ``A100D``, ``L40`` and ``L40S`` are different boards.
     """
-    match = _BOARD.fullmatch(pci.short_name(pci.profile_name(name)))
+    match = _BOARD.fullmatch(profiles.short_name(profiles.profile_name(name)))
     return match.group("board").upper() if match else None
 
 
@@ -166,7 +166,7 @@ class Plan(NamedTuple):
 
 def resource_class(name: str) -> str:
     """``NVIDIA L40S-12Q`` -> ``CUSTOM_VGPU_L40S_12Q`` (already in Placement's normal form)."""
-    short = pci.profile_name(name)
+    short = profiles.profile_name(name)
     return CLASS_PREFIX + re.sub(r"[^A-Z0-9]", "_", short.upper())
 
 
@@ -185,7 +185,7 @@ def refused(gpu: pci.Gpu, vgpu_type: pci.VgpuType) -> Optional[str]:
     A MIG-backed profile on mediated devices (an A100's ``A100-4-20C``): the
     charm configures MIG-backed profiles on the vendor-specific VFIO framework only.
     """
-    if pci.mig_profile(vgpu_type.name) is not None and gpu.framework != pci.VFIO:
+    if profiles.mig_profile(vgpu_type.name) is not None and gpu.framework != pci.VFIO:
         return ("MIG-backed; this charm configures MIG-backed profiles on NVIDIA's "
                 "vendor-specific VFIO framework only (Hopper, Blackwell)")
     return None
@@ -204,7 +204,7 @@ def vfio_fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, whole_gb: Optional[int] = N
 
 def alias_name(name: str) -> str:
     """``NVIDIA L40S-12Q`` -> ``vgpu-l40s-12q`` (a [pci] alias name)."""
-    return "vgpu-" + re.sub(r"[^a-z0-9]+", "-", pci.profile_name(name).lower()).strip("-")
+    return "vgpu-" + re.sub(r"[^a-z0-9]+", "-", profiles.profile_name(name).lower()).strip("-")
 
 
 def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
@@ -238,7 +238,7 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
         if tuple(addresses) == (ALL,):
             draft.everywhere(key)
         else:
-            mig_backed = pci.mig_profile(key) is not None
+            mig_backed = profiles.mig_profile(key) is not None
             draft.at(key, [a for a in addresses if not (
                 mig_backed and getattr(host.gpu(a), "address", "") in mixed)])
     assignments = draft.assignments(release)
@@ -386,12 +386,12 @@ class _Draft:
             if wanted not in {board(t.name) for t in types}:
                 continue
             if _mig_table(gpu) is not None and (
-                    pci.mig_profile(key) is not None
-                    or not any(pci.mig_profile(t.name) is None for t in types)):
+                    profiles.mig_profile(key) is not None
+                    or not any(profiles.mig_profile(t.name) is None for t in types)):
                 return None  # the other MIG mode may offer it
-            profile = pci.key_form(pci.profile_name(key))
+            profile = profiles.key_form(profiles.profile_name(key))
             newer = self.other_drivers.get(gpu.address, {}).get(profile)
-            offers = _summary(sorted({pci.profile_name(t.name) for t in types}))
+            offers = _summary(sorted({profiles.profile_name(t.name) for t in types}))
             where = f"GPU {gpu.address} ({gpu.model})"
             if newer:
                 return (f"{key}: {where} does not offer it under this host's driver (driver "
@@ -423,7 +423,7 @@ class _Draft:
                                f"({PASSTHROUGH}) and to {key}: a GPU goes whole to one guest or "
                                "is split into vGPUs, not both; remove it from one of them")
             return
-        named = pci.mig_profile(key)  # vgpu.mig (its tables) only for a MIG-backed key
+        named = profiles.mig_profile(key)  # vgpu.mig (its tables) only for a MIG-backed key
         if named is not None and gpu.framework == pci.VFIO and _mig_table(gpu) is None:
             # Its VFs list the type only once a GPU instance exists, which needs the table.
             self.errors.append(f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the "
@@ -555,7 +555,7 @@ def _shared_class_problems(assignments: Sequence["Assignment"]) -> List[str]:
     """Distinct profiles whose resource classes normalise to the same name."""
     classes: Dict[str, set] = {}
     for a in assignments:
-        classes.setdefault(a.resource_class, set()).add(pci.profile_name(a.name))
+        classes.setdefault(a.resource_class, set()).add(profiles.profile_name(a.name))
     return [f"profiles {', '.join(sorted(names))} would share Placement's resource class {cls}"
             for cls, names in sorted(classes.items()) if len(names) > 1]
 
@@ -577,14 +577,14 @@ def option_problems(assignments: Sequence["Assignment"], release, *, pci_in_plac
                         f"{minimum.codename}) or later; this host runs {release}: upgrade Nova "
                         f"or set {LIVE_MIGRATION}=false")
     if not pci_in_placement:
-        profiles: Dict[str, set] = {}
+        by_product: Dict[str, set] = {}
         for a in assignments:
             if a.framework == pci.VFIO:
-                profiles.setdefault(a.product_id, set()).add(pci.profile_name(a.name))
+                by_product.setdefault(a.product_id, set()).add(profiles.profile_name(a.name))
         problems.extend(
             f"profiles {', '.join(sorted(names))} share VF product id {product}, which a PCI "
             f"alias by vendor and product id cannot tell apart: map one profile per GPU model "
-            f"or set {PCI_IN_PLACEMENT}=true" for product, names in sorted(profiles.items())
+            f"or set {PCI_IN_PLACEMENT}=true" for product, names in sorted(by_product.items())
             if len(names) > 1)
     return problems
 
@@ -645,20 +645,20 @@ def _unknown_types(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]) -> Opt
 
 
 def _by_name(key: str, where: str, types: Sequence[pci.VgpuType]):
-    """([types], problem): the types ``key`` names in any spelling :func:`pci.name_keys` gives.
+    """([types], problem): the types ``key`` names in any spelling :func:`profiles.name_keys` gives.
 
     A key that names two types (``A100-20C`` for ``GRID A100-20C`` and ``NVIDIA
     A100-20C``, or NVIDIA's short form for two models) is refused with the candidates.
     A MIG-backed ``...GFX`` key no type is named names the type without the suffix
-    (:func:`vgpu.pci.without_gfx`).
+    (:func:`vgpu.profiles.without_gfx`).
     """
-    wanted = pci.key_form(key)
-    found = [t for t in types if wanted in pci.name_keys(t.name)]
-    stripped = pci.without_gfx(wanted) if not found else None
+    wanted = profiles.key_form(key)
+    found = [t for t in types if wanted in profiles.name_keys(t.name)]
+    stripped = profiles.without_gfx(wanted) if not found else None
     if stripped:  # DC-1-24QGFX: DC-1-24Q on +gfx GPU instances (vgpu-device-manager's config.go)
-        found = [t for t in types if stripped in pci.name_keys(t.name)]
+        found = [t for t in types if stripped in profiles.name_keys(t.name)]
     if not found:
-        shown = [pci.profile_name(t.name) for t in types]
+        shown = [profiles.profile_name(t.name) for t in types]
         return [], (f"{key}: {where} offers no vGPU type of that name; it offers "
                     f"{_summary(shown)}" if types else
                     f"{key}: {where} offers no vGPU types yet (is the vGPU host driver "
@@ -806,15 +806,15 @@ class _MigClaims:
               time_sliced: Optional[Tuple[pci.VgpuType, str, str]]) -> Optional[str]:
         """None: not MIG-backed on a GPU without MIG claims; '' claimed; else why refused."""
         mine = self.claims.get(gpu.address, {})
-        profile = pci.mig_profile(vgpu_type.name)
+        profile = profiles.mig_profile(vgpu_type.name)
         other = time_sliced[0] if time_sliced is not None else None
         if profile is None and mine:
             other = next(iter(mine.values())).vgpu_type
         if other is not None and (profile is not None or mine):
             timed, backed = (vgpu_type, other) if profile is None else (other, vgpu_type)
             return (f"GPU {gpu.address} is mapped to both time-sliced "
-                    f"{pci.profile_name(timed.name)} and MIG-backed "
-                    f"{pci.profile_name(backed.name)}: one GPU serves either time-sliced or "
+                    f"{profiles.profile_name(timed.name)} and MIG-backed "
+                    f"{profiles.profile_name(backed.name)}: one GPU serves either time-sliced or "
                     "MIG-backed profiles, never both")
         if profile is None:
             return None
@@ -832,13 +832,12 @@ class _MigClaims:
         mine = self.claims.get(gpu.address)
         if not mine:
             return [], []
-        from . import mig
 
         claims = [mine[n] for n in sorted(mine)]
         problem = _mig_gpu_problem(gpu, claims, release)
         if problem:
             return [], [problem]
-        shape = mig.geometry(gpu)
+        shape = profiles.geometry(gpu)
         made: List[Assignment] = []
         problems: List[str] = []
         taken: Dict[str, str] = {}
@@ -855,13 +854,13 @@ def _mig_mixed(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str
     """GPUs whose addresses the mapping gives two MIG-backed profiles or more, with their names."""
     named: Dict[str, Dict[str, None]] = {}
     for key, addresses in mapping.items():
-        mine = pci.mig_profile(key)
+        mine = profiles.mig_profile(key)
         if mine is None or tuple(addresses) == (ALL,):
             continue
         for address in addresses:
             gpu = host.gpu(address)
             if gpu is not None:
-                named.setdefault(gpu.address, {})[pci.short_name(pci.canonical(mine.name))] = None
+                named.setdefault(gpu.address, {})[profiles.short_name(profiles.canonical(mine.name))] = None
     return {gpu: sorted(names) for gpu, names in named.items() if len(names) > 1}
 
 
@@ -875,35 +874,29 @@ def _one_per_gpu(gpu: Optional[pci.Gpu], names: Sequence[str]) -> str:
 
 
 def _mig_table(gpu: pci.Gpu):
-    """The MIG geometry of ``gpu``'s model (see :data:`vgpu.mig.GEOMETRIES`), or None."""
-    from . import mig
-
-    return mig.geometry(gpu)
+    """The MIG geometry of ``gpu``'s model (see :data:`vgpu.profiles.GEOMETRIES`), or None."""
+    return profiles.geometry(gpu)
 
 
 def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:
     """Why none of ``gpu``'s MIG-backed profiles can be planned: Nova, geometry, sharing."""
-    from . import mig
-
-    names = ", ".join(pci.profile_name(c.vgpu_type.name) for c in claims)
+    names = ", ".join(profiles.profile_name(c.vgpu_type.name) for c in claims)
     if release is not None and not release.managed_no:
         return (f"GPU {gpu.address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO framework, "
                 f"which needs Nova 31 (2025.1 epoxy) or later; this host runs {release}")
-    if mig.geometry(gpu) is None:
+    if profiles.geometry(gpu) is None:
         return (f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the charm has no MIG "
                 f"table for this model, so MIG-backed {names} cannot be counted")
     if len(claims) > 1:
-        return _one_per_gpu(gpu, [pci.profile_name(c.vgpu_type.name) for c in claims])
+        return _one_per_gpu(gpu, [profiles.profile_name(c.vgpu_type.name) for c in claims])
     return ""
 
 
 def _mig_vfs(gpu: pci.Gpu, held: _MigClaim, shape, taken: Dict[str, str]):
     """(VFs, problems): the VFs one MIG-backed profile takes; ``taken`` records VF -> profile."""
-    from . import mig
-
-    name = pci.profile_name(held.vgpu_type.name)
+    name = profiles.profile_name(held.vgpu_type.name)
     named = held.vgpu_type.profile
-    found = mig.slot(shape, named) if named is not None else None
+    found = profiles.slot(shape, named) if named is not None else None
     if found is None:
         return [], [f"{held.key}: {name} fits no GPU instance profile of {shape.model} "
                     f"(GPU {gpu.address})"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from . import mappings, mig, novaconf, pci, reconcile, sriov, status, table, vfio
+from . import mappings, mig, novaconf, pci, profiles, reconcile, sriov, status, table, vfio
 from . import plan as plans
 from .errors import MigError
 
@@ -138,7 +138,7 @@ def _touched(host: pci.Host, mapping: Mapping[str, Sequence[str]],
 
 
 def _mig_needs(mapping, here) -> Dict[str, mig.Need]:
-    if not any(pci.mig_profile(key) is not None for key in mapping):
+    if not any(profiles.mig_profile(key) is not None for key in mapping):
         return {}
     return mig.mapped(mapping, here.pci)
 
@@ -233,7 +233,7 @@ def _on_offer(gpu: pci.Gpu, why: Optional[str]) -> str:
     if gpu.framework == pci.VFIO and held:
         return (f"{UNKNOWN}: its VFs hold {', '.join(held)}, and a VF lists only what it can "
                 "take beside them")
-    return ", ".join(pci.profile_name(t.name) for t in gpu.offered_types()) or "none"
+    return ", ".join(profiles.profile_name(t.name) for t in gpu.offered_types()) or "none"
 
 
 def _served(assignments: Sequence[plans.Assignment], why: Optional[str]) -> str:
@@ -264,7 +264,7 @@ def _type_name(here, vf: str, number: int, plan=None) -> str:
         return "none"
     for a in plan.assignments if plan is not None else ():
         if a.address == vf and a.number == number:
-            return f"{pci.profile_name(a.name)} (nvidia-{number})"
+            return f"{profiles.profile_name(a.name)} (nvidia-{number})"
     return f"nvidia-{number}"
 
 

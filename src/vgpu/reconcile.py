@@ -64,6 +64,7 @@ from . import (
     novaconf,
     pci,
     principalconf,
+    profiles,
     services,
     sriov,
     status,
@@ -961,7 +962,7 @@ def _with_mig(data: dict, plan, host, driver=None) -> dict:
 
 def _mig_backed(names: Iterable[str]) -> bool:
     """Whether any of the type names (mapping keys, planned types) is a MIG-backed profile."""
-    return any(pci.mig_profile(name) is not None for name in names)
+    return any(profiles.mig_profile(name) is not None for name in names)
 
 
 # -- the boot unit and the mdev record -----------------------------------------------------------

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from . import capacity, multivgpu, novaconf, table, text
-from .pci import MDEV, VFIO, Gpu, Host, VgpuType, mig_profile
+from . import capacity, multivgpu, novaconf, profiles, table, text
+from .pci import MDEV, VFIO, Gpu, Host, VgpuType
+from .profiles import mig_profile
 
 Multi = multivgpu.Multi  # what says how many vGPUs of a type one instance may have
 ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
@@ -417,14 +418,13 @@ def _mig_entry(gpu, vgpu_type: VgpuType) -> Dict[str, str]:
     named = mig_profile(vgpu_type.name)
     if named is None:
         return {}
-    from . import mig
 
-    shape = mig.geometry(gpu)
-    found = mig.slot(shape, named) if shape is not None else None
+    shape = profiles.geometry(gpu)
+    found = profiles.slot(shape, named) if shape is not None else None
     entry = {"mig-slices": str(named.slices)}
     if found is not None:
         entry["gpu-instance-profile"] = (
-            f"{mig.instance_name(found.instance, named, shape)} (at most {found.instance.most}, "
+            f"{profiles.instance_name(found.instance, named, shape)} (at most {found.instance.most}, "
             f"{found.per_instance} vGPU each)")
     if shape is not None and shape.gfx_only and not named.gfx:
         # NVIDIA/vgpu-device-manager's config key for it (pkg/vgpu/config.go): the same type.

@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Dict, List, Mapping, Optional, Set, Tuple
 
-from . import hostroot, pci
+from . import hostroot, pci, profiles
 from .errors import VfTypeError
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ def write_order(plan, changes) -> List[str]:
     only matters across GPUs; larger first is kept as harmless. Time-sliced
     types keep address (virtfn) order.
     """
-    slices = {a.address: getattr(pci.profile(a.name), "slices", 0) for a in plan.vfio()}
+    slices = {a.address: getattr(profiles.profile(a.name), "slices", 0) for a in plan.vfio()}
     return sorted(changes, key=lambda address: (-slices.get(address, 0), address))
 
 
