@@ -40,7 +40,7 @@ from typing import (
     Tuple,
 )
 
-from . import LIVE_MIGRATION, ONE_TIME_USE, PCI_IN_PLACEMENT, pci, profiles, releases
+from . import LIVE_MIGRATION, ONE_TIME_USE, PCI_IN_PLACEMENT, migplan, pci, profiles, releases
 from .record import NamedTuple
 
 if TYPE_CHECKING:
@@ -179,18 +179,6 @@ def flavor_property(vgpu_type: pci.VgpuType, framework: Optional[str], mdev_clas
     return "resources:VGPU=1"
 
 
-def refused(gpu: pci.Gpu, vgpu_type: pci.VgpuType) -> Optional[str]:
-    """Why no mapping of ``vgpu_type`` on ``gpu`` is ever planned, whatever else is mapped; else None.
-
-    A MIG-backed profile on mediated devices (an A100's ``A100-4-20C``): the
-    charm configures MIG-backed profiles on the vendor-specific VFIO framework only.
-    """
-    if profiles.mig_profile(vgpu_type.name) is not None and gpu.framework != pci.VFIO:
-        return ("MIG-backed; this charm configures MIG-backed profiles on NVIDIA's "
-                "vendor-specific VFIO framework only (Hopper, Blackwell)")
-    return None
-
-
 def vfio_fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, whole_gb: Optional[int] = None) -> Optional[int]:
     """How many vGPUs of a time-sliced VFIO type one GPU holds, counted as a mapping counts them.
 
@@ -232,8 +220,8 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
     draft.other_drivers = dict(other_drivers or {})
     draft.vanished = tuple(vanished)
     draft.take_whole(passthrough)
-    mixed = _mig_mixed(mapping, host)  # refused by name: a VF lists no type without its instance
-    draft.errors.extend(_one_per_gpu(host.gpu(gpu), names) for gpu, names in mixed.items())
+    mixed = migplan.mixed(mapping, host)  # refused by name: a VF lists no type without its instance
+    draft.errors.extend(migplan.one_per_gpu(host.gpu(gpu), names) for gpu, names in mixed.items())
     for key, addresses in mapping.items():
         if tuple(addresses) == (ALL,):
             draft.everywhere(key)
@@ -308,7 +296,7 @@ class _Draft:
         # This draft's own indexes: each function's GPU, each GPU's types (asked per address).
         self.owner: Dict[str, pci.Gpu] = host.owners()  # as host.gpu() finds each
         self.types: Dict[str, Tuple[pci.VgpuType, ...]] = {}
-        self.mig = _MigClaims()  # GPU -> its MIG-backed profiles' claims (see vgpu.mig)
+        self.mig = migplan.Claims()  # GPU -> its MIG-backed profiles' claims (see vgpu.migplan)
         self.vanished: Tuple[str, ...] = ()  # published functions not found now (see build)
         self.passthrough: Set[str] = set()  # GPUs given whole to guests (the passthrough key)
         self.other_drivers: Dict[str, Mapping[str, str]] = {}  # GPU -> {profile: driver}
@@ -385,7 +373,7 @@ class _Draft:
             types = self.types_of(gpu)
             if wanted not in {board(t.name) for t in types}:
                 continue
-            if _mig_table(gpu) is not None and (
+            if profiles.geometry(gpu) is not None and (
                     profiles.mig_profile(key) is not None
                     or not any(profiles.mig_profile(t.name) is None for t in types)):
                 return None  # the other MIG mode may offer it
@@ -424,7 +412,7 @@ class _Draft:
                                "is split into vGPUs, not both; remove it from one of them")
             return
         named = profiles.mig_profile(key)  # vgpu.mig (its tables) only for a MIG-backed key
-        if named is not None and gpu.framework == pci.VFIO and _mig_table(gpu) is None:
+        if named is not None and gpu.framework == pci.VFIO and profiles.geometry(gpu) is None:
             # Its VFs list the type only once a GPU instance exists, which needs the table.
             self.errors.append(f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the "
                                "charm has no MIG table for this model, so MIG-backed "
@@ -464,9 +452,10 @@ class _Draft:
             self.errors.extend(problems)
             out.extend(made)
         for gpu in self.host.gpus:
-            made, problems = self.mig.functions(gpu, release)
+            typed, problems = self.mig.functions(gpu, release)
             self.errors.extend(problems)
-            out.extend(made)
+            out.extend(Assignment(gpu.address, vf.address, vgpu_type.number, vgpu_type.name,
+                                  pci.VFIO, _hex4(vf.device_id)) for vf, vgpu_type in typed)
         return out
 
 
@@ -773,141 +762,3 @@ def _summary(items, limit: int = 4) -> str:
         return "none"
     shown = ", ".join(items[:limit])
     return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
-
-
-# -- MIG-backed profiles ------------------------------------------------------------------
-
-class _MigClaim(NamedTuple):
-    """One MIG-backed profile claimed on one GPU: whole (by the GPU's address) or VF by VF."""
-
-    vgpu_type: pci.VgpuType
-    key: str
-    whole: bool = False
-    vfs: Tuple[str, ...] = ()
-
-
-class _MigClaims:
-    """The MIG-backed profiles each GPU is mapped to; counted from :mod:`vgpu.mig`'s tables.
-
-    A GPU serves time-sliced or MIG-backed profiles, never both, and one
-    MIG-backed profile at most: Nova puts all VFs of one PF in one resource
-    class (``PlacementPciMixedResourceClassException`` in
-    nova/compute/pci_placement_translator.py stops nova-compute otherwise), and
-    without Placement it tells VFs apart only by vendor and product id, which
-    every VF of a GPU shares. How many VFs a profile takes comes from the
-    profile and the GPU's geometry (``H200X-1-18C``: 7), never from what the
-    VFs list as creatable now.
-    """
-
-    def __init__(self):
-        self.claims: Dict[str, Dict[int, _MigClaim]] = {}
-
-    def claim(self, key: str, gpu: pci.Gpu, address: str, vgpu_type: pci.VgpuType,
-              time_sliced: Optional[Tuple[pci.VgpuType, str, str]]) -> Optional[str]:
-        """None: not MIG-backed on a GPU without MIG claims; '' claimed; else why refused."""
-        mine = self.claims.get(gpu.address, {})
-        profile = profiles.mig_profile(vgpu_type.name)
-        other = time_sliced[0] if time_sliced is not None else None
-        if profile is None and mine:
-            other = next(iter(mine.values())).vgpu_type
-        if other is not None and (profile is not None or mine):
-            timed, backed = (vgpu_type, other) if profile is None else (other, vgpu_type)
-            return (f"GPU {gpu.address} is mapped to both time-sliced "
-                    f"{profiles.profile_name(timed.name)} and MIG-backed "
-                    f"{profiles.profile_name(backed.name)}: one GPU serves either time-sliced or "
-                    "MIG-backed profiles, never both")
-        if profile is None:
-            return None
-        why = refused(gpu, vgpu_type)
-        if why:
-            return f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {gpu.address} ({gpu.model}) is {why}"
-        held = mine.get(vgpu_type.number, _MigClaim(vgpu_type, key))
-        held = (held._replace(whole=True) if address == gpu.address
-                else held._replace(vfs=held.vfs + (address,)))
-        self.claims.setdefault(gpu.address, {})[vgpu_type.number] = held
-        return ""
-
-    def functions(self, gpu: pci.Gpu, release) -> Tuple[List[Assignment], List[str]]:
-        """The VFs each MIG-backed profile of ``gpu`` takes, or why they cannot."""
-        mine = self.claims.get(gpu.address)
-        if not mine:
-            return [], []
-
-        claims = [mine[n] for n in sorted(mine)]
-        problem = _mig_gpu_problem(gpu, claims, release)
-        if problem:
-            return [], [problem]
-        shape = profiles.geometry(gpu)
-        made: List[Assignment] = []
-        problems: List[str] = []
-        taken: Dict[str, str] = {}
-        for held in claims:
-            vfs, why = _mig_vfs(gpu, held, shape, taken)
-            problems.extend(why)
-            made.extend(Assignment(gpu.address, vf.address, held.vgpu_type.number,
-                                   held.vgpu_type.name, pci.VFIO, _hex4(vf.device_id))
-                        for vf in vfs)
-        return ([] if problems else made), problems
-
-
-def _mig_mixed(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, List[str]]:
-    """GPUs whose addresses the mapping gives two MIG-backed profiles or more, with their names."""
-    named: Dict[str, Dict[str, None]] = {}
-    for key, addresses in mapping.items():
-        mine = profiles.mig_profile(key)
-        if mine is None or tuple(addresses) == (ALL,):
-            continue
-        for address in addresses:
-            gpu = host.gpu(address)
-            if gpu is not None:
-                named.setdefault(gpu.address, {})[profiles.short_name(profiles.canonical(mine.name))] = None
-    return {gpu: sorted(names) for gpu, names in named.items() if len(names) > 1}
-
-
-def _one_per_gpu(gpu: Optional[pci.Gpu], names: Sequence[str]) -> str:
-    """Why one GPU takes one MIG-backed profile at most (Nova's rule, with or without Placement)."""
-    where = f"{gpu.address} ({gpu.model})" if gpu is not None else "?"
-    return (f"GPU {where} is mapped to MIG-backed {', '.join(names)}: one MIG-backed "
-            "profile per GPU. Nova gives all VFs of one GPU one resource class in Placement "
-            "(two stop nova-compute: PlacementPciMixedResourceClassException) and, without "
-            "pci-in-placement, cannot tell VFs of one product id apart; map one of them")
-
-
-def _mig_table(gpu: pci.Gpu):
-    """The MIG geometry of ``gpu``'s model (see :data:`vgpu.profiles.GEOMETRIES`), or None."""
-    return profiles.geometry(gpu)
-
-
-def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:
-    """Why none of ``gpu``'s MIG-backed profiles can be planned: Nova, geometry, sharing."""
-    names = ", ".join(profiles.profile_name(c.vgpu_type.name) for c in claims)
-    if release is not None and not release.managed_no:
-        return (f"GPU {gpu.address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO framework, "
-                f"which needs Nova 31 (2025.1 epoxy) or later; this host runs {release}")
-    if profiles.geometry(gpu) is None:
-        return (f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the charm has no MIG "
-                f"table for this model, so MIG-backed {names} cannot be counted")
-    if len(claims) > 1:
-        return _one_per_gpu(gpu, [profiles.profile_name(c.vgpu_type.name) for c in claims])
-    return ""
-
-
-def _mig_vfs(gpu: pci.Gpu, held: _MigClaim, shape, taken: Dict[str, str]):
-    """(VFs, problems): the VFs one MIG-backed profile takes; ``taken`` records VF -> profile."""
-    name = profiles.profile_name(held.vgpu_type.name)
-    named = held.vgpu_type.profile
-    found = profiles.slot(shape, named) if named is not None else None
-    if found is None:
-        return [], [f"{held.key}: {name} fits no GPU instance profile of {shape.model} "
-                    f"(GPU {gpu.address})"]
-    chosen = [vf for vf in gpu.vfs if vf.address not in taken][:found.fits] if held.whole else []
-    chosen += [vf for vf in (gpu.function(a) for a in held.vfs) if vf not in chosen]
-    problems = [f"{held.key}: VF {vf.address} is mapped to both {taken[vf.address]} and {name}"
-                for vf in chosen if taken.get(vf.address, name) != name]
-    taken.update((vf.address, name) for vf in chosen)
-    if len(chosen) > found.fits:
-        problems.append(
-            f"{held.key}: {len(chosen)} virtual functions of GPU {gpu.address} are mapped but "
-            f"{name} fits {found.fits} per GPU ({found.instance.most} x {found.instance.name} "
-            f"GPU instances, {found.per_instance} each)")
-    return sorted(chosen, key=lambda vf: vf.index), problems

@@ -195,7 +195,8 @@ def _groups(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
 def _type_entry(gpu, vgpu_type: VgpuType, mdev_class: bool, pci_in_placement: bool,
                 live_migration: bool) -> Dict[str, str]:
     """id, name, framework, the flavor property and (VFIO) the alias of one type."""
-    from .plan import flavor_property, refused, resource_class
+    from .migplan import refused
+    from .plan import flavor_property, resource_class
 
     entry = {"id": vgpu_type.id, "name": vgpu_type.name, "framework": vgpu_type.framework}
     why = refused(gpu, vgpu_type)
@@ -356,7 +357,8 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     then (``multi``) the flavor for two of each type one instance may have
     several of. GPUs given ``whole`` are a row each group, with their alias.
     """
-    from .plan import alias_name, flavor_property, refused, whole_gpu
+    from .migplan import refused
+    from .plan import alias_name, flavor_property, whole_gpu
 
     if not host.gpus:
         return "no NVIDIA GPU on this host"
