@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from . import mappings, mig, novaconf, pci, profiles, reconcile, sriov, status, table, vfio
+from . import mappings, mdevs, mig, novaconf, pci, profiles, reconcile, sriov, status, table, vfio, whole
 from . import plan as plans
 from .errors import MigError
 
@@ -60,14 +60,14 @@ def preview(text: Optional[str], host: reconcile.Host, given: reconcile.Inputs) 
     decision = sections = None
     if plan is not None and not errors and not hook.problems:
         # The hook's own decisions, in its order: the whole GPUs, nova.conf, the VF types.
-        decision = reconcile._whole_decision(hook, plan)
+        decision = whole.step_decide(hook, plan)
     if decision is not None and not decision.refusals:
         sections = reconcile.plan_sections(hook, plan, here.supported_release())
     changes = vfio.desired(plan, here.pci) if plan is not None else {}
-    blocking = reconcile.vf_type_holders(hook, plan) if not hook.problems and plan is not None \
+    blocking = vfio.step_holders(hook, plan) if not hook.problems and plan is not None \
         else []
     if sections is not None and not unknown:
-        reconcile._mdevs_may_change(hook, sections)
+        mdevs.step_may_change(hook, sections)
         reconcile._principal_accepts(hook, sections)
         reconcile._mig_ready(hook, plan)
     return _results(hook, plan, sections, changes, unknown, blocking, decision)
@@ -213,7 +213,7 @@ def _gpus(here, plan, unknown: Mapping[str, str]) -> Dict[str, Dict[str, str]]:
     planned: Dict[str, List[plans.Assignment]] = {}
     for a in assignments:
         planned.setdefault(a.gpu, []).append(a)
-    needs = mig.needs(assignments, here.pci) if reconcile._mig_backed(
+    needs = mig.needs(assignments, here.pci) if profiles.mig_backed(
         a.name for a in assignments) else {}
     out: Dict[str, Dict[str, str]] = {}
     for index, gpu in enumerate(here.pci.gpus):
