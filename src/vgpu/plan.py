@@ -40,10 +40,11 @@ from typing import (
     Tuple,
 )
 
-from . import LIVE_MIGRATION, ONE_TIME_USE, PCI_IN_PLACEMENT, migplan, pci, profiles, releases
+from . import LIVE_MIGRATION, ONE_TIME_USE, PCI_IN_PLACEMENT, pci, profiles, releases
 from .record import NamedTuple
 
 if TYPE_CHECKING:
+    from . import migplan
     from .guests import HeldMdev
 
 CLASS_PREFIX = "CUSTOM_VGPU_"  # the Placement resource class of a profile: CUSTOM_VGPU_L40S_12Q
@@ -220,8 +221,11 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
     draft.other_drivers = dict(other_drivers or {})
     draft.vanished = tuple(vanished)
     draft.take_whole(passthrough)
-    mixed = migplan.mixed(mapping, host)  # refused by name: a VF lists no type without its instance
-    draft.errors.extend(migplan.one_per_gpu(host.gpu(gpu), names) for gpu, names in mixed.items())
+    if profiles.mig_backed(mapping):  # refused by name: a VF lists no type without its instance
+        from . import migplan
+
+        mixed = migplan.mixed(mapping, host)
+        draft.errors.extend(migplan.one_per_gpu(host.gpu(gpu), names) for gpu, names in mixed.items())
     for key, addresses in mapping.items():
         if tuple(addresses) == (ALL,):
             draft.everywhere(key)
@@ -296,7 +300,8 @@ class _Draft:
         # This draft's own indexes: each function's GPU, each GPU's types (asked per address).
         self.owner: Dict[str, pci.Gpu] = host.owners()  # as host.gpu() finds each
         self.types: Dict[str, Tuple[pci.VgpuType, ...]] = {}
-        self.mig = migplan.Claims()  # GPU -> its MIG-backed profiles' claims (see vgpu.migplan)
+        # GPU -> its MIG-backed profiles' claims (vgpu.migplan, imported at the first MIG-backed type)
+        self.mig: Optional["migplan.Claims"] = None
         self.vanished: Tuple[str, ...] = ()  # published functions not found now (see build)
         self.passthrough: Set[str] = set()  # GPUs given whole to guests (the passthrough key)
         self.other_drivers: Dict[str, Mapping[str, str]] = {}  # GPU -> {profile: driver}
@@ -422,7 +427,12 @@ class _Draft:
         if problem:
             self.errors.append(problem)
             return
-        problem = self.mig.claim(key, gpu, address, vgpu_type, self.chosen.get(gpu.address))
+        problem = None  # no claim yet and not MIG-backed: nothing for vgpu.migplan to say
+        if self.mig is not None or profiles.mig_profile(vgpu_type.name) is not None:
+            from . import migplan
+
+            self.mig = self.mig or migplan.Claims()
+            problem = self.mig.claim(key, gpu, address, vgpu_type, self.chosen.get(gpu.address))
         if problem is not None:
             if problem:
                 self.errors.append(problem)
@@ -451,6 +461,8 @@ class _Draft:
                                         self.whole_gpus.get(gpu.address))
             self.errors.extend(problems)
             out.extend(made)
+        if self.mig is None:
+            return out  # no MIG-backed type: vgpu.migplan has nothing to add
         for gpu in self.host.gpus:
             typed, problems = self.mig.functions(gpu, release)
             self.errors.extend(problems)
