@@ -141,5 +141,5 @@ def test_graph_sees_every_form_of_import(tmp_path):
 
 def test_graph_reads_the_real_source():
     edges = graph()
-    assert "vgpu.pci" in edges["vgpu.mig"]  # from . import ..., pci, ...
+    assert "vgpu.profiles" in edges["vgpu.pci"]  # from . import ..., profiles, ...
     assert "vgpu.reconcile" in edges["charm"]  # from vgpu import ... (a src/*.py module)

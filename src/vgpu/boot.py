@@ -21,7 +21,7 @@ resets only GPUs without VFs):
    growing pause, within an even share of the time left;
 3. then GPUs side by side, at most ``parallel`` at once, each in a thread of
    its own, so that one that fails or hangs never stops or delays another:
-   a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.mig.at_boot`)
+   a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.miginstances.at_boot`)
    gets its MIG mode turned on, whatever it was (Hopper and Blackwell lose it at
    every reboot with the vGPU host driver; Ampere keeps it), and its GPU
    instances created again (they never survive a reboot). Never a GPU reset:
@@ -84,7 +84,7 @@ from .bootdata import DataError, GpuPlan, Limits, VfPlan, load, parse
 from .errors import HostBusyError, ServiceError, VfTypeError, VgpuError
 
 if TYPE_CHECKING:
-    from . import mig
+    from . import miginstances
 
 log = logging.getLogger(__name__)
 
@@ -269,13 +269,13 @@ def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = T
     return 1 if FAILED in outcome.values() or failed else 0
 
 
-def _mig_needs(data: Mapping) -> Dict[str, "mig.Need"]:
+def _mig_needs(data: Mapping) -> Dict[str, "miginstances.Need"]:
     """The data's ``gpus[].mig`` entries; MIG's tables are imported only where there are some."""
     if not any(isinstance(entry, dict) and "mig" in entry for entry in data.get("gpus") or ()):
         return {}
-    from . import mig
+    from . import miginstances
 
-    return mig.boot_needs(data)
+    return miginstances.boot_needs(data)
 
 
 def _timed(took: Dict[str, float], gpu: GpuPlan, step, *args) -> str:
@@ -365,7 +365,7 @@ def _prepare(gpu: GpuPlan, until: float, limits: Limits, enable_vfs: bool) -> st
     return READY
 
 
-def _mig_step(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limits) -> str:
+def _mig_step(gpu: GpuPlan, need: Optional[miginstances.Need], until: float, limits: Limits) -> str:
     """Once every GPU's VFs are there, side by side: its MIG mode and GPU instances."""
     if need is not None and not _mig_at_boot(need, until, limits):
         log.error("GPU %s: its VFs get no MIG-backed type now: %s needs MIG mode and %d x %s GPU "
@@ -395,10 +395,10 @@ def _clients_stopped(addresses: Sequence[str]):
     return gpuclients.ours_stopped(wait=False)
 
 
-def _mig_at_boot(need: "mig.Need", until: float, limits: Limits) -> bool:
-    from . import mig
+def _mig_at_boot(need: "miginstances.Need", until: float, limits: Limits) -> bool:
+    from . import miginstances
 
-    return mig.at_boot(need, until, limits.attempts, limits.delay)
+    return miginstances.at_boot(need, until, limits.attempts, limits.delay)
 
 
 def _smi_address(address: str) -> str:

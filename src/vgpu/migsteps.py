@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Sequence
 
-from . import OPTION, bootdata, guests, mig, sriov
+from . import OPTION, bootdata, guests, mig, miginstances, sriov
 from .errors import GuestsRunningError, MigError, MigInUseError
 
 
@@ -30,7 +30,7 @@ def instances(hook, mapping: Mapping[str, Sequence[str]]) -> None:
     profile the mapping changes (from what the boot data says is in force, as
     nova.conf lists it) changes only while no guest, running or shut off, holds
     one of its VFs: then the types the charm wrote there are released when their
-    GPU instances stand in the way (see :func:`vgpu.mig.ensure`), as a
+    GPU instances stand in the way (see :func:`vgpu.miginstances.ensure`), as a
     time-sliced change goes through by itself. While a guest holds one, the GPU
     instances in force are restored first (after a reboot without the boot step
     the guest's own type must fit again) and the change waits: the VF step says
@@ -40,7 +40,7 @@ def instances(hook, mapping: Mapping[str, Sequence[str]]) -> None:
     installed, the unit is not paused and the mapping, valid, has a MIG-backed key.
     """
     here = hook.facts()
-    wanted = mig.mapped(mapping, here.pci)
+    wanted = miginstances.mapped(mapping, here.pci)
     if not wanted:
         return
     try:
@@ -68,14 +68,14 @@ def _driver_says(hook, wanted, mapping):
     """``wanted`` with the GPU instance profiles NVML names (on GPUs in MIG mode; see vgpu.mig)."""
     if not any((hook.mig_modes or {})[gpu].enabled for gpu in wanted):
         return wanted  # nothing is created out of MIG mode: the names suffice
-    hook.mig_driver = mig.driver_profiles()
-    return mig.mapped(mapping, hook.facts().pci, hook.mig_driver) or wanted
+    hook.mig_driver = miginstances.driver_profiles()
+    return miginstances.mapped(mapping, hook.facts().pci, hook.mig_driver) or wanted
 
 
 def _gpu_instances(hook, need, before) -> bool:
     """One GPU's part of :func:`instances` (``before``: the Need in force); True if changed."""
     if before is not None and (before.profile, before.instance) == (need.profile, need.instance):
-        return bool(mig.ensure(need))
+        return bool(miginstances.ensure(need))
     gpu = hook.facts().pci.gpu(need.gpu)
     vfs = [vf.address for vf in gpu.vfs] if gpu is not None else []
     held = guests.vgpu_guests(vfs, defined=True)
@@ -85,18 +85,18 @@ def _gpu_instances(hook, need, before) -> bool:
             f"of {before.profile if before is not None else 'what its VFs hold'}, and "
             f"{GuestsRunningError(held)}; move or delete those instances, or restore the mapping")
         # What nova.conf lists comes back first (after a reboot the guest's own type must fit).
-        return before is not None and bool(mig.ensure(before))
-    return bool(mig.ensure(need, releasable=vfs))
+        return before is not None and bool(miginstances.ensure(before))
+    return bool(miginstances.ensure(need, releasable=vfs))
 
 
 def _applied_mig() -> Dict[str, Any]:
-    """``{GPU: mig.Need}`` the boot data keeps: the MIG-backed layout in force; {} when unknown.
+    """``{GPU: miginstances.Need}`` the boot data keeps: the MIG-backed layout in force; {} when unknown.
 
     Unknown (no data, or data that cannot be read) makes every GPU count as
     changing: guests are asked about before anything is done.
     """
     try:
-        return dict(mig.boot_needs(bootdata.load(f"/{sriov.DATA_FILE}")))
+        return dict(miginstances.boot_needs(bootdata.load(f"/{sriov.DATA_FILE}")))
     except bootdata.DataError:
         return {}
 
@@ -114,7 +114,7 @@ def with_instances(data: dict, plan, host, driver=None) -> dict:
 
     ``driver``: what NVML said of each type's GPU instance profile in this hook.
     """
-    wanted = mig.needs(plan.assignments, host, driver)
+    wanted = miginstances.needs(plan.assignments, host, driver)
     for entry in data.get("gpus", []):
         if entry.get("address") in wanted:
             entry["mig"] = wanted[entry["address"]].data()

@@ -438,9 +438,9 @@ def _gpu_instances(gpus) -> Dict[str, str]:
     """``gpu-instances``: each VF's GPU instance (``nvidia/gpu_instance_id``), where one is held."""
     if gpus[0].framework != VFIO:
         return {}
-    from . import mig
+    from . import miginstances
 
-    held = [(vf.address, mig.instance_id(vf.address))
+    held = [(vf.address, miginstances.instance_id(vf.address))
             for gpu in gpus for vf in gpu.vfs if vf.current_type]
     shown = [f"{address}={gi}" for address, gi in held if gi is not None]
     return {"gpu-instances": ",".join(shown)} if shown else {}

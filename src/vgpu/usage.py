@@ -181,9 +181,9 @@ def _mig_fields(address: str, profile: Optional[str]) -> Dict[str, object]:
     named = profiles.mig_profile(profile or "")
     if named is None:
         return {}
-    from . import mig
+    from . import miginstances
 
-    return {"mig_slices": named.slices, "gpu_instance": mig.instance_id(address) or ""}
+    return {"mig_slices": named.slices, "gpu_instance": miginstances.instance_id(address) or ""}
 
 
 # -- totals ---------------------------------------------------------------------------------

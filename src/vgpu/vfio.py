@@ -165,7 +165,7 @@ def write_order(plan, changes) -> List[str]:
     """The VFs to give types, larger MIG-backed profiles first, then in address order.
 
     A MIG-backed vGPU goes into a GPU instance the charm created beforehand
-    (see :func:`vgpu.mig.ensure`; one MIG-backed profile per GPU), so the order
+    (see :func:`vgpu.miginstances.ensure`; one MIG-backed profile per GPU), so the order
     only matters across GPUs; larger first is kept as harmless. Time-sliced
     types keep address (virtfn) order.
     """
