@@ -16,7 +16,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from . import pci, profiles
 from .record import NamedTuple
 
-ALL = "all"  # a mapping's "every GPU" (vgpu.plan.ALL)
+ALL = "all"  # a mapping's "every GPU" (vgpu.mappings.ALL; mappings sits above plan)
 
 
 def refused(gpu: pci.Gpu, vgpu_type: pci.VgpuType) -> Optional[str]:
