@@ -605,7 +605,8 @@ def timed(fn, repeat: int) -> float:
 def lazy_imports() -> None:
     """What the imports a handler makes on demand cost, after ``import charm``."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    for module in ("jsonschema", "vgpu.report", "vgpu.usage", "vgpu.bootdata", "vgpu.guests", "vgpu.mig"):
+    for module in ("jsonschema", "vgpu.report", "vgpu.usage", "vgpu.bootdata", "vgpu.guests", "vgpu.mig",
+                   "vgpu.migsteps"):
         out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import charm; import {module}"],
                              capture_output=True, text=True, env=env, check=True)
         last = out.stderr.strip().splitlines()[-1]

@@ -70,11 +70,13 @@ def rebooted(root, tools):
 def journal(caplog):
     caplog.set_level(logging.INFO, logger="vgpu.boot")
     caplog.set_level(logging.INFO, logger="vgpu.mig")  # the boot step's MIG part, same journal
+    caplog.set_level(logging.INFO, logger="vgpu.miginstances")
     return caplog
 
 
 def said(caplog):
-    return [r.getMessage() for r in caplog.records if r.name in ("vgpu.boot", "vgpu.mig")]
+    return [r.getMessage() for r in caplog.records
+            if r.name in ("vgpu.boot", "vgpu.mig", "vgpu.miginstances")]
 
 
 def test_both_gpus_get_their_vfs_and_types_by_name(rebooted, root, tools, journal):

@@ -845,8 +845,8 @@ out = ctx.run(ctx.on.update_status(), testing.State(config=config, relations=[re
 kept = out.get_stored_state("_stored", owner_path="NovaComputeNvidiaVgpuCharm").content
 # What a steady hook never needs: the schema, MIG's tables, the actions' and the boot step's code
 # (the status line's count is vgpu.capacity, not the vgpu-usage action's vgpu.usage).
-heavy = ("jsonschema", "vgpu.mig", "vgpu.report", "vgpu.table", "vgpu.boot", "vgpu.usage",
-         "vgpu.bootdata")
+heavy = ("jsonschema", "vgpu.mig", "vgpu.miginstances", "vgpu.migsteps", "vgpu.migplan", "vgpu.report",
+         "vgpu.table", "vgpu.boot", "vgpu.usage", "vgpu.bootdata")
 print(json.dumps({"status": out.unit_status.name, "jsonschema": "jsonschema" in sys.modules,
                   "message": out.unit_status.message,
                   "heavy": [m for m in heavy if m in sys.modules],

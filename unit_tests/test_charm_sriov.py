@@ -739,7 +739,8 @@ out = ctx.run(ctx.on.update_status(), testing.State(
     config=config, relations=first.relations, resources=resources,
     stored_states=first.stored_states))
 # The vgpu-usage action's report: the status line's count is vgpu.capacity.
-heavy = ("vgpu.mig", "vgpu.report", "vgpu.table", "vgpu.boot", "vgpu.usage", "vgpu.bootdata")
+heavy = ("vgpu.mig", "vgpu.miginstances", "vgpu.migsteps", "vgpu.migplan", "vgpu.report", "vgpu.table",
+         "vgpu.boot", "vgpu.usage", "vgpu.bootdata")
 print(json.dumps({"status": [first.unit_status.name, out.unit_status.name],
                   "message": out.unit_status.message,
                   "heavy": [m for m in heavy if m in sys.modules]}))

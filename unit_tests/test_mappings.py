@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unit_tests.fakehost import A100_TYPES, FakeHost, MdevType, a100_host, l40s_host, v100_host
-from vgpu import mappings, novaconf, pci, releases
+from vgpu import mappings, novaconf, pci, profiles, releases
 
 CARACAL = releases.from_major(29)
 TRAIN = releases.from_major(20)
@@ -498,9 +498,9 @@ def test_the_schema_alone_refuses_whitespace(data):
 
 
 def test_the_schema_checks_keys_with_the_profile_grammar_of_pci():
-    """One grammar: the schema's name pattern is pci.NAME_KEY, anchored."""
+    """One grammar: the schema's name pattern is profiles.NAME_KEY, anchored."""
     schema = json.loads(mappings.SCHEMA_FILE.read_text())
-    assert {"pattern": f"^{pci.NAME_KEY}$"} in schema["propertyNames"]["anyOf"]
+    assert {"pattern": f"^{profiles.NAME_KEY}$"} in schema["propertyNames"]["anyOf"]
 
 
 def test_what_is_kept_is_named_address_by_address():

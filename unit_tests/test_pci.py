@@ -21,7 +21,7 @@ from unit_tests.fakehost import (
     rtx_pro_6000_host,
     v100_host,
 )
-from vgpu import pci
+from vgpu import pci, profiles
 
 
 def test_v100_host_finds_both_gpus_with_types_and_ignores_other_mdev_parents(root):
@@ -340,12 +340,12 @@ def test_vfio_vfs_are_not_probed_for_mdev_types(root, monkeypatch):
     ("NVIDIA H200X-141C", ("H200X-141C", "H200X", 141, "C", False)),
 ])
 def test_profile_names_are_read_as_nvidia_spells_them(name, expected):
-    found = pci.profile(name)
+    found = profiles.profile(name)
     assert (found.name, found.model, found.framebuffer_gb, found.series, found.mig) == expected
 
 
 def test_a_name_that_is_not_a_profile_has_none():
-    assert pci.profile("vfio-pci passthrough") is None
+    assert profiles.profile("vfio-pci passthrough") is None
 
 
 @pytest.mark.parametrize("make", [v100_host, a100_host])
@@ -373,7 +373,7 @@ def test_type_names_and_descriptions_are_read_once_per_gpu_model(root, make):
     ("GRID  A100-20C", ("GRID A100-20C", "A100-20C")),
 ])
 def test_a_type_name_is_keyed_in_full_without_vendor_and_by_its_short_form(name, keys):
-    assert pci.name_keys(name) == keys
+    assert profiles.name_keys(name) == keys
 
 
 # Strings built from the pieces of profile names (and a few that are not).
@@ -392,7 +392,7 @@ def test_the_key_pattern_and_the_profile_parser_are_one_grammar(text):
     """What NAME_KEY (mapping keys, the JSON schema) accepts is exactly what profile() reads."""
     if text != " ".join(text.split()) or re.match(r"(?i)(grid|nvidia) ", text):
         return  # profile() normalises spaces and vendors; keys must be written plainly
-    assert (re.fullmatch(pci.NAME_KEY, text) is not None) == (pci.profile(text) is not None)
+    assert (re.fullmatch(profiles.NAME_KEY, text) is not None) == (profiles.profile(text) is not None)
 
 
 # -- hosts as public transcripts show them ----------------------------------------------
@@ -439,7 +439,7 @@ def test_h200_hosts_vfs_carry_the_gpus_id(root, make, model, device, count):
     assert (gpu.model, gpu.device_id, len(gpu.vfs), gpu.framework) == (model, device, count, pci.VFIO)
     assert {vf.device_id for vf in gpu.vfs} == {device}
     # H200X-* is the SXM's profile family, H200-* the NVL's.
-    family = {pci.profile(t.name).model for t in gpu.offered_types()}
+    family = {profiles.profile(t.name).model for t in gpu.offered_types()}
     assert family == ({"H200X"} if "SXM" in model else {"H200"})
 
 

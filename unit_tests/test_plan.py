@@ -509,16 +509,16 @@ def mig_build(text, pci_in_placement=True):
     """The plan after the GPU instances the mapping needs were created, as the charm does.
 
     A VF lists a MIG-backed type only where a GPU instance has room for it (see
-    vgpu.mig.mapped). Several profiles of one model tell apart only by resource
+    vgpu.miginstances.mapped). Several profiles of one model tell apart only by resource
     class: pci-in-placement on.
     """
-    from vgpu import mig
+    from vgpu import mig, miginstances
 
     checked = mappings.check_text(text)
     assert checked.ok, checked.errors
-    for need in mig.mapped(checked.mapping, pci.discover()).values():
+    for need in miginstances.mapped(checked.mapping, pci.discover()).values():
         if mig.modes([need.gpu])[need.gpu].enabled:
-            mig.ensure(need)
+            miginstances.ensure(need)
     return plan.build(checked.mapping, pci.discover(), EPOXY, pci_in_placement=pci_in_placement)
 
 

@@ -94,7 +94,7 @@ def test_the_unit_says_what_the_boot_step_does_and_advises_no_gpu_reset():
     """What an operator reads in /etc/systemd/system: VFs first, MIG mode on, no reset.
 
     A GPU reset is refused once sriov-manage turned persistence mode on
-    (NVIDIA/NVSentinel issue 1690): the boot step never runs one (vgpu.mig.at_boot).
+    (NVIDIA/NVSentinel issue 1690): the boot step never runs one (vgpu.miginstances.at_boot).
     """
     comments = " ".join(line.lstrip("# ") for line in sriov.render_unit().splitlines()
                         if line.startswith("#"))

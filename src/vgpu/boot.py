@@ -21,7 +21,7 @@ resets only GPUs without VFs):
    growing pause, within an even share of the time left;
 3. then GPUs side by side, at most ``parallel`` at once, each in a thread of
    its own, so that one that fails or hangs never stops or delays another:
-   a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.mig.at_boot`)
+   a GPU given a MIG-backed profile (``gpus[].mig``, see :func:`vgpu.miginstances.at_boot`)
    gets its MIG mode turned on, whatever it was (Hopper and Blackwell lose it at
    every reboot with the vGPU host driver; Ampere keeps it), and its GPU
    instances created again (they never survive a reboot). Never a GPU reset:
@@ -75,6 +75,7 @@ from . import (
     kernel,
     mdevs,
     pci,
+    profiles,
     services,
     sriov,
     vfio,
@@ -83,7 +84,7 @@ from .bootdata import DataError, GpuPlan, Limits, VfPlan, load, parse
 from .errors import HostBusyError, ServiceError, VfTypeError, VgpuError
 
 if TYPE_CHECKING:
-    from . import mig
+    from . import miginstances
 
 log = logging.getLogger(__name__)
 
@@ -268,13 +269,13 @@ def restore(data: Mapping, limits: Optional[Limits] = None, enable_vfs: bool = T
     return 1 if FAILED in outcome.values() or failed else 0
 
 
-def _mig_needs(data: Mapping) -> Dict[str, "mig.Need"]:
+def _mig_needs(data: Mapping) -> Dict[str, "miginstances.Need"]:
     """The data's ``gpus[].mig`` entries; MIG's tables are imported only where there are some."""
     if not any(isinstance(entry, dict) and "mig" in entry for entry in data.get("gpus") or ()):
         return {}
-    from . import mig
+    from . import miginstances
 
-    return mig.boot_needs(data)
+    return miginstances.boot_needs(data)
 
 
 def _timed(took: Dict[str, float], gpu: GpuPlan, step, *args) -> str:
@@ -364,7 +365,7 @@ def _prepare(gpu: GpuPlan, until: float, limits: Limits, enable_vfs: bool) -> st
     return READY
 
 
-def _mig_step(gpu: GpuPlan, need: Optional[mig.Need], until: float, limits: Limits) -> str:
+def _mig_step(gpu: GpuPlan, need: Optional[miginstances.Need], until: float, limits: Limits) -> str:
     """Once every GPU's VFs are there, side by side: its MIG mode and GPU instances."""
     if need is not None and not _mig_at_boot(need, until, limits):
         log.error("GPU %s: its VFs get no MIG-backed type now: %s needs MIG mode and %d x %s GPU "
@@ -394,10 +395,10 @@ def _clients_stopped(addresses: Sequence[str]):
     return gpuclients.ours_stopped(wait=False)
 
 
-def _mig_at_boot(need: "mig.Need", until: float, limits: Limits) -> bool:
-    from . import mig
+def _mig_at_boot(need: "miginstances.Need", until: float, limits: Limits) -> bool:
+    from . import miginstances
 
-    return mig.at_boot(need, until, limits.attempts, limits.delay)
+    return miginstances.at_boot(need, until, limits.attempts, limits.delay)
 
 
 def _smi_address(address: str) -> str:
@@ -418,14 +419,14 @@ def _mig_first(vfs: Sequence[VfPlan]) -> List[VfPlan]:
 
     See :func:`vgpu.vfio.write_order`; time-sliced profiles keep virtfn order.
     """
-    return sorted(vfs, key=lambda vf: (-getattr(pci.profile(vf.name), "slices", 0), vf.virtfn))
+    return sorted(vfs, key=lambda vf: (-getattr(profiles.profile(vf.name), "slices", 0), vf.virtfn))
 
 
 def _mig_hint(gpu: str, name: str) -> str:
     """What a MIG-backed profile that failed needs; '' for a time-sliced one."""
-    if pci.mig_profile(name) is None:
+    if profiles.mig_profile(name) is None:
         return ""
-    return (f"; MIG-backed {pci.profile_name(name)} needs MIG mode and a GPU instance with room "
+    return (f"; MIG-backed {profiles.profile_name(name)} needs MIG mode and a GPU instance with room "
             f"on GPU {gpu} (nvidia-smi mig -i {_smi_address(gpu)} -lgi)")
 
 
@@ -505,7 +506,7 @@ def _write(where: str, address: str, vf: VfPlan, listed: Sequence[pci.VgpuType],
     found = named(vf, listed)
     if found is None:
         log.error("%s does not list %s; it lists %s%s", where, vf.name,
-                  ", ".join(pci.profile_name(t.name) for t in listed), hint)
+                  ", ".join(profiles.profile_name(t.name) for t in listed), hint)
         return False
     try:
         vfio.assign(address, found.number)
@@ -526,8 +527,8 @@ def named(vf: VfPlan, listed: Sequence[pci.VgpuType]) -> Optional[pci.VgpuType]:
     for vgpu_type in listed:
         if " ".join(vgpu_type.name.split()).upper() == wanted:
             return vgpu_type
-    short = pci.profile_name(wanted)
-    found = [t for t in listed if pci.profile_name(t.name).upper() == short]
+    short = profiles.profile_name(wanted)
+    found = [t for t in listed if profiles.profile_name(t.name).upper() == short]
     if len(found) == 1:
         return found[0]
     if _UNNAMED.match(vf.name):

@@ -34,7 +34,7 @@ import os
 import re
 from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import MDEV_UUID, guests, hostroot, pci, plan
+from . import MDEV_UUID, guests, hostroot, pci, plan, profiles
 from .errors import HostReadError
 from .record import NamedTuple
 
@@ -118,11 +118,10 @@ def most(gpu: pci.Gpu, vgpu_type: pci.VgpuType, whole_gb: Optional[int] = None) 
     """
     if vgpu_type.max_instances is not None:
         return vgpu_type.max_instances
-    named = pci.mig_profile(vgpu_type.name)
+    named = profiles.mig_profile(vgpu_type.name)
     if named is not None:
-        from . import mig
 
-        return mig.fits(gpu, named)
+        return profiles.fits(gpu, named)
     if gpu.framework == pci.VFIO and not gpu.types:
         return plan.vfio_fits(gpu, vgpu_type, whole_gb)
     return None

@@ -21,7 +21,7 @@ import json
 import logging
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from . import files, hostroot, pci
+from . import files, hostroot, pci, profiles
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def other_drivers(host: pci.Host, driver_version: Optional[str],
             if device != gpu.device_id or entry == mine or version == WHOLE:
                 continue
             for name in types.values() if isinstance(types, dict) else ():
-                names.setdefault(pci.key_form(pci.profile_name(str(name))), version)
+                names.setdefault(profiles.key_form(profiles.profile_name(str(name))), version)
         if names:
             out[gpu.address] = names
     return out

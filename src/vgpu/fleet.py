@@ -199,7 +199,7 @@ def gpu_records(host, mapping: Mapping[str, Sequence[str]],
     (every one assigned). ``limit``: the record's bound; None for every GPU
     (this host's own drain plan).
     """
-    from . import capacity, catalogue, pci
+    from . import capacity, catalogue, pci, profiles
 
     given = given or Published()
     out = []
@@ -244,7 +244,7 @@ def gpu_records(host, mapping: Mapping[str, Sequence[str]],
                 if vf.address in given.tagged}
         out.append(GpuRecord(
             gpu.address, gpu.device_id, int(whole or 0), gpu.framework or "",
-            bool(name and pci.mig_profile(name) is not None),
+            bool(name and profiles.mig_profile(name) is not None),
             f"nvidia-{numbers[0]}" if numbers and not given_whole else "", name, int(most or 0),
             metadata.get(gpu.address, ""), resource_class, given_whole,
             tags.pop() if len(tags) == 1 else ""))

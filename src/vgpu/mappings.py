@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
-from .pci import NAME_KEY
+from .profiles import NAME_KEY
 from .record import NamedTuple
 from .text import listing, quote
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Dict, Mapping, Optional
 
-from . import hostroot, run
+from . import hostroot, novaconf, run
 from .errors import CommandError, InstallError
 from .record import NamedTuple
 
@@ -99,3 +100,43 @@ def ensure() -> bool:
         raise InstallError(f"apt-get installed {PACKAGE} but /{PROGRAMS[0]} is not there")
     log.info("installed %s: Nova defines its mdevs through libvirt, which runs it", PACKAGE)
     return True
+
+
+# -- the hook's step (run by vgpu.reconcile on its _Hook) ----------------------------------------
+
+def step_ready(hook, sections, release) -> bool:
+    """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it.
+
+    Whether it is there is read every hook. Missing, it is installed with apt,
+    except on update-status within RETRY_AFTER of the last failed
+    attempt: then no apt runs and that attempt's cause is said again, with
+    when it is retried. The outcome keeps the failed attempt (None once there).
+    """
+    if not sections or release is None or not needed(release.nova_major) \
+            or not novaconf.mapping_from_sections(
+                {k: v for k, v in sections.items() if k != "pci"}):
+        return True
+    if present():
+        hook.out.mdevctl_failed = None
+        return True
+    failed = hook.given.mdevctl_failed
+    if hook.given.backoff and failed is not None and not retry_due(failed, time.time()):
+        cause = failed.cause  # no apt now: the last attempt's cause, and when it is retried
+        at = time.strftime("%H:%M", time.gmtime(failed.at + RETRY_AFTER))
+        retry = f"; tried again at the next config-changed or after {at} UTC"
+    else:
+        try:
+            ensure()
+        except InstallError as error:
+            cause, retry = str(error), ""
+            hook.out.mdevctl_failed = Failure(time.time(), cause)
+        else:
+            hook.out.mdevctl_failed = None
+            return True
+    hook.problems.append(
+        f"{PACKAGE} is missing and could not be installed ({cause}): Nova "
+        f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
+        f"libvirt, which runs {PACKAGE}, so every vGPU instance build would fail; "
+        f"make it installable (universe) or install it, then the mdev types are published"
+        + retry)
+    return False

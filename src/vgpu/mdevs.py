@@ -33,7 +33,8 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from . import MDEV_UUID, PCI_ADDRESS, files, hostroot, pci
+from . import MDEV_UUID, OPTION, PCI_ADDRESS, files, hostroot, mappings, novaconf, pci
+from .errors import HostReadError
 from .record import NamedTuple
 
 log = logging.getLogger(__name__)
@@ -249,3 +250,52 @@ def kept() -> bool:
     """Whether a record exists (the boot unit then has mdevs to create)."""
     return os.path.lexists(path())
 
+
+# -- the hook's mdev steps (run by vgpu.reconcile and vgpu.preview on its _Hook) -----------------
+
+def step_may_change(hook, sections) -> bool:
+    """False (blocked, naming them) when guests hold mdevs of types ``sections`` take away.
+
+    Domain XML is read only when the mdev mapping to publish takes a type
+    from a function it is published for now.
+    """
+    from . import plan as plans
+
+    published = hook.published_mapping()
+    wanted = novaconf.mapping_from_sections(sections)
+    removed = plans.removed_mdev_types(published, wanted, hook.facts().pci)
+    if not removed:
+        return True
+    from . import guests  # XML parsing only when a type leaves a GPU
+
+    conflicts = plans.mdev_conflicts(removed, guests.held_mdevs(), hook.facts().pci)
+    if not conflicts:
+        return True
+    more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+    hook.problems.append(
+        f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
+        f"the instance first; keeping {mappings.kept(published)}")
+    return False
+
+
+def step_record(hook) -> bool:
+    """On Nova before 30, record the mdevs instances hold for the boot step; True if one is kept.
+
+    Nova 30 and later persists mdevs itself: nothing is recorded there.
+    """
+    here = hook.facts()
+    release = here.supported_release()
+    try:
+        if release is not None and not applies(release.nova_major):
+            forget()
+            return False
+        if release is None or not uses_mdevs(here.pci):
+            return kept()  # nothing to look at now: the record stays as it was
+        return bool(refresh(here.pci))
+    except HostReadError as error:
+        hook.problems.append(f"cannot record the mdevs instances hold: {error}; "
+                             "the last record stays")
+    except OSError as error:
+        hook.problems.append(f"cannot write /{FILE}: {error.strerror or error}")
+    hook.mdevs_unrecorded = True
+    return kept()

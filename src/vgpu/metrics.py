@@ -29,7 +29,7 @@ import logging
 import time
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import bootfile, bootresult, capacity, catalogue, guests, kernel, pci
+from . import bootfile, bootresult, capacity, catalogue, guests, kernel, pci, profiles
 from .record import NamedTuple
 
 log = logging.getLogger(__name__)
@@ -320,7 +320,7 @@ def _mapping(out: _Out, host: pci.Host, driver_version: Optional[str], plans: Se
             applied = applied and holds
             out.add("nvidia_vgpu_published_vf_holds_type", 1 if holds else 0, gpu=gpu.address,
                     vf=vf.address if vf is not None else f"virtfn{wanted.virtfn}",
-                    profile=pci.profile_name(wanted.name))
+                    profile=profiles.profile_name(wanted.name))
         out.add("nvidia_vgpu_mapping_applied", 1 if applied else 0, gpu=gpu.address)
 
 
@@ -333,7 +333,8 @@ def _holds(gpu: pci.Gpu, vf: pci.VirtualFunction, wanted, known: Mapping[str, st
     name = vfio_type_name(gpu, vf.current_type, known)
     if name is None:
         return bool(wanted.number) and vf.current_type == wanted.number
-    return pci.key_form(pci.profile_name(name)) == pci.key_form(pci.profile_name(wanted.name))
+    spelt = profiles.key_form
+    return spelt(profiles.profile_name(name)) == spelt(profiles.profile_name(wanted.name))
 
 
 def _boot(out: _Out) -> None:

@@ -20,7 +20,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from . import PCI_ADDRESS, hostroot, text
+from . import PCI_ADDRESS, hostroot, profiles, text
 from .errors import HostReadError
 from .record import NamedTuple
 
@@ -68,9 +68,9 @@ class VgpuType(NamedTuple):
         return named.framebuffer_gb * 1024 if named is not None else None
 
     @property
-    def profile(self) -> Optional["Profile"]:
+    def profile(self) -> Optional[profiles.Profile]:
         """The NVIDIA profile its name spells (``L40S-12Q``), or None for a name that is not one."""
-        return profile(self.name)
+        return profiles.profile(self.name)
 
     @property
     def max_instances(self) -> Optional[int]:
@@ -435,110 +435,6 @@ def parse_creatable(text: str) -> Tuple[VgpuType, ...]:
         if match:
             types.append(VgpuType(number=int(match.group(1)), name=match.group(2), framework=VFIO))
     return tuple(sorted(types))  # by number first: ids are unique
-
-
-class Profile(NamedTuple):
-    """What a vGPU type's name says: ``GRID A100-20C`` is model A100, 20 GB, series C."""
-
-    name: str  # without the driver's GRID/NVIDIA prefix: A100-20C
-    model: str  # A100, RTX6000-Ada, RTX Pro 6000 Blackwell DC
-    framebuffer_gb: int
-    series: str  # Q, B, A, C (and CME on MIG-backed media profiles: A100-1-5CME)
-    mig: bool  # MIG-backed (A100-4-20C: 4 compute slices); see vgpu.mig
-    slices: int = 0  # a MIG-backed profile's compute slices (H200X-2-35C: 2); 0 when time-sliced
-    # Spelt ``...GFX`` (``DC-1-24QGFX``): NVIDIA/vgpu-device-manager's config key for the type
-    # without the suffix on a GPU instance with the GFX attribute; no type name of the driver
-    # carries it (see without_gfx and vgpu.mig.instance_name).
-    gfx: bool = False
-
-
-# The one grammar of profile names, in two spellings of the same language: NAME_KEY (what
-# a mapping key may be, also the JSON schema's pattern) and _PROFILE (its parts). A model is
-# words joined by spaces or hyphens (``L40S``, ``RTX6000-Ada``, ``RTX Pro 6000 Blackwell
-# DC``); then ``-<slices>`` on MIG-backed profiles; then ``-<GB><series>``, and ``GFX`` as
-# NVIDIA/vgpu-device-manager's configs spell a MIG-backed type on +gfx GPU instances
-# (``DC-1-24QGFX``: examples/config-example.yaml; pkg/vgpu/config.go strips the suffix).
-_WORDS = r"[A-Za-z0-9]+(?:[ -][A-Za-z0-9]+)*"
-_GFX = "[Gg][Ff][Xx]"
-NAME_KEY = rf"(?:(?:GRID|NVIDIA|grid|nvidia) )?{_WORDS}-[0-9]+[A-Za-z]{{1,3}}(?:{_GFX})?"
-_PREFIX = re.compile(r"(?:GRID|NVIDIA) ", re.IGNORECASE)
-_PROFILE = re.compile(rf"(?P<model>{_WORDS}?)(?:-(?P<slices>[0-9]+))?"
-                      rf"-(?P<fb>[0-9]+)(?P<series>[A-Za-z]{{1,3}})(?P<gfx>{_GFX})?")
-
-
-def profile_name(name: str) -> str:
-    """``GRID A100-20C`` / ``NVIDIA L40S-12Q`` -> ``A100-20C`` / ``L40S-12Q``."""
-    name = " ".join(name.split())
-    match = _PREFIX.match(name)
-    return name[match.end():] if match else name
-
-
-def short_name(name: str) -> str:
-    """NVIDIA's tables' name for a type: its last word (``DC-8Q`` for ``... Blackwell DC-8Q``).
-
-    The same as :func:`profile_name` for one-word models (``L40S-12Q``, ``RTX6000-Ada-12Q``).
-    """
-    words = name.split()
-    return words[-1] if words else ""
-
-
-def name_keys(name: str) -> Tuple[str, ...]:
-    """Every spelling of a type name a mapping key may use, upper-cased, distinct.
-
-    The driver's full name, the name without its GRID/NVIDIA prefix and the
-    short form of NVIDIA's tables (:func:`short_name`). Keys are compared
-    upper-cased with single spaces (see :func:`key_form`).
-    """
-    full = key_form(name)
-    return tuple(dict.fromkeys((full, profile_name(full), short_name(full))))
-
-
-def key_form(key: str) -> str:
-    """A key or name as :func:`name_keys` compares it: single spaces, upper case."""
-    return " ".join(key.split()).upper()
-
-
-def profile(name: str) -> Optional[Profile]:
-    """The profile a type name describes, or None if it does not read like one."""
-    short = profile_name(name)
-    match = _PROFILE.fullmatch(short)
-    if not match:
-        return None
-    series = match.group("series").upper()
-    return Profile(name=short, model=match.group("model"), framebuffer_gb=int(match.group("fb")),
-                   series=series, mig=match.group("slices") is not None,
-                   slices=int(match.group("slices") or 0), gfx=match.group("gfx") is not None)
-
-
-def without_gfx(name: str) -> Optional[str]:
-    """A MIG-backed ``...GFX`` spelling without its suffix (``DC-1-24QGFX`` -> ``DC-1-24Q``); else None.
-
-    NVIDIA/vgpu-device-manager ``pkg/vgpu/config.go`` (main): "for RTX Pro 6000
-    Blackwell, all the MIG-backed vGPU types are only supported on MIG instances
-    created with the GFX attribute, but none of the vGPU type names contain the
-    GFX suffix"; its ``DC-1-24QGFX`` key is looked up as given, then, not being a
-    type, with the suffix stripped (``stripVGPUConfigSuffix``). The charm takes
-    both spellings as the same type, in that order.
-    """
-    found = profile(name)
-    if found is None or not found.mig or not found.gfx:
-        return None
-    return name.rstrip()[:-3]
-
-
-def canonical(name: str) -> str:
-    """The type a key names: without a MIG-backed ``GFX`` suffix (:func:`without_gfx`)."""
-    return without_gfx(name) or name
-
-
-def mig_profile(name: str) -> Optional[Profile]:
-    """The MIG-backed profile a type name spells, or None for a time-sliced (or no) profile.
-
-    Here, beside :func:`profile`, so that telling whether anything is MIG-backed
-    does not import :mod:`vgpu.mig` (its tables) on a host that has none.
-    """
-    found = profile(name)
-    return found if found is not None and found.mig else None
 
 
 def described_framebuffer_mb(description: str) -> Optional[int]:

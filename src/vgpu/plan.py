@@ -40,10 +40,11 @@ from typing import (
     Tuple,
 )
 
-from . import LIVE_MIGRATION, ONE_TIME_USE, PCI_IN_PLACEMENT, pci, releases
+from . import LIVE_MIGRATION, ONE_TIME_USE, PCI_IN_PLACEMENT, pci, profiles, releases
 from .record import NamedTuple
 
 if TYPE_CHECKING:
+    from . import migplan
     from .guests import HeldMdev
 
 CLASS_PREFIX = "CUSTOM_VGPU_"  # the Placement resource class of a profile: CUSTOM_VGPU_L40S_12Q
@@ -128,7 +129,7 @@ def board(name: str) -> Optional[str]:
 
     ``A100`` and ``A100D``, ``L40`` and ``L40S`` are different boards.
     """
-    match = _BOARD.fullmatch(pci.short_name(pci.profile_name(name)))
+    match = _BOARD.fullmatch(profiles.short_name(profiles.profile_name(name)))
     return match.group("board").upper() if match else None
 
 
@@ -166,7 +167,7 @@ class Plan(NamedTuple):
 
 def resource_class(name: str) -> str:
     """``NVIDIA L40S-12Q`` -> ``CUSTOM_VGPU_L40S_12Q`` (already in Placement's normal form)."""
-    short = pci.profile_name(name)
+    short = profiles.profile_name(name)
     return CLASS_PREFIX + re.sub(r"[^A-Z0-9]", "_", short.upper())
 
 
@@ -177,18 +178,6 @@ def flavor_property(vgpu_type: pci.VgpuType, framework: Optional[str], mdev_clas
     if mdev_class:
         return f"resources:{resource_class(vgpu_type.name)}=1"
     return "resources:VGPU=1"
-
-
-def refused(gpu: pci.Gpu, vgpu_type: pci.VgpuType) -> Optional[str]:
-    """Why no mapping of ``vgpu_type`` on ``gpu`` is ever planned, whatever else is mapped; else None.
-
-    A MIG-backed profile on mediated devices (an A100's ``A100-4-20C``): the
-    charm configures MIG-backed profiles on the vendor-specific VFIO framework only.
-    """
-    if pci.mig_profile(vgpu_type.name) is not None and gpu.framework != pci.VFIO:
-        return ("MIG-backed; this charm configures MIG-backed profiles on NVIDIA's "
-                "vendor-specific VFIO framework only (Hopper, Blackwell)")
-    return None
 
 
 def vfio_fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, whole_gb: Optional[int] = None) -> Optional[int]:
@@ -204,7 +193,7 @@ def vfio_fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, whole_gb: Optional[int] = N
 
 def alias_name(name: str) -> str:
     """``NVIDIA L40S-12Q`` -> ``vgpu-l40s-12q`` (a [pci] alias name)."""
-    return "vgpu-" + re.sub(r"[^a-z0-9]+", "-", pci.profile_name(name).lower()).strip("-")
+    return "vgpu-" + re.sub(r"[^a-z0-9]+", "-", profiles.profile_name(name).lower()).strip("-")
 
 
 def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
@@ -232,13 +221,16 @@ def build(mapping: Mapping[str, Sequence[str]], host: pci.Host, release=None,
     draft.other_drivers = dict(other_drivers or {})
     draft.vanished = tuple(vanished)
     draft.take_whole(passthrough)
-    mixed = _mig_mixed(mapping, host)  # refused by name: a VF lists no type without its instance
-    draft.errors.extend(_one_per_gpu(host.gpu(gpu), names) for gpu, names in mixed.items())
+    if profiles.mig_backed(mapping):  # refused by name: a VF lists no type without its instance
+        from . import migplan
+
+        mixed = migplan.mixed(mapping, host)
+        draft.errors.extend(migplan.one_per_gpu(host.gpu(gpu), names) for gpu, names in mixed.items())
     for key, addresses in mapping.items():
         if tuple(addresses) == (ALL,):
             draft.everywhere(key)
         else:
-            mig_backed = pci.mig_profile(key) is not None
+            mig_backed = profiles.mig_profile(key) is not None
             draft.at(key, [a for a in addresses if not (
                 mig_backed and getattr(host.gpu(a), "address", "") in mixed)])
     assignments = draft.assignments(release)
@@ -308,7 +300,8 @@ class _Draft:
         # This draft's own indexes: each function's GPU, each GPU's types (asked per address).
         self.owner: Dict[str, pci.Gpu] = host.owners()  # as host.gpu() finds each
         self.types: Dict[str, Tuple[pci.VgpuType, ...]] = {}
-        self.mig = _MigClaims()  # GPU -> its MIG-backed profiles' claims (see vgpu.mig)
+        # GPU -> its MIG-backed profiles' claims (vgpu.migplan, imported at the first MIG-backed type)
+        self.mig: Optional["migplan.Claims"] = None
         self.vanished: Tuple[str, ...] = ()  # published functions not found now (see build)
         self.passthrough: Set[str] = set()  # GPUs given whole to guests (the passthrough key)
         self.other_drivers: Dict[str, Mapping[str, str]] = {}  # GPU -> {profile: driver}
@@ -385,13 +378,13 @@ class _Draft:
             types = self.types_of(gpu)
             if wanted not in {board(t.name) for t in types}:
                 continue
-            if _mig_table(gpu) is not None and (
-                    pci.mig_profile(key) is not None
-                    or not any(pci.mig_profile(t.name) is None for t in types)):
+            if profiles.geometry(gpu) is not None and (
+                    profiles.mig_profile(key) is not None
+                    or not any(profiles.mig_profile(t.name) is None for t in types)):
                 return None  # the other MIG mode may offer it
-            profile = pci.key_form(pci.profile_name(key))
+            profile = profiles.key_form(profiles.profile_name(key))
             newer = self.other_drivers.get(gpu.address, {}).get(profile)
-            offers = _summary(sorted({pci.profile_name(t.name) for t in types}))
+            offers = _summary(sorted({profiles.profile_name(t.name) for t in types}))
             where = f"GPU {gpu.address} ({gpu.model})"
             if newer:
                 return (f"{key}: {where} does not offer it under this host's driver (driver "
@@ -423,8 +416,8 @@ class _Draft:
                                f"({PASSTHROUGH}) and to {key}: a GPU goes whole to one guest or "
                                "is split into vGPUs, not both; remove it from one of them")
             return
-        named = pci.mig_profile(key)  # vgpu.mig (its tables) only for a MIG-backed key
-        if named is not None and gpu.framework == pci.VFIO and _mig_table(gpu) is None:
+        named = profiles.mig_profile(key)  # vgpu.mig (its tables) only for a MIG-backed key
+        if named is not None and gpu.framework == pci.VFIO and profiles.geometry(gpu) is None:
             # Its VFs list the type only once a GPU instance exists, which needs the table.
             self.errors.append(f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the "
                                "charm has no MIG table for this model, so MIG-backed "
@@ -434,7 +427,12 @@ class _Draft:
         if problem:
             self.errors.append(problem)
             return
-        problem = self.mig.claim(key, gpu, address, vgpu_type, self.chosen.get(gpu.address))
+        problem = None  # no claim yet and not MIG-backed: nothing for vgpu.migplan to say
+        if self.mig is not None or profiles.mig_profile(vgpu_type.name) is not None:
+            from . import migplan
+
+            self.mig = self.mig or migplan.Claims()
+            problem = self.mig.claim(key, gpu, address, vgpu_type, self.chosen.get(gpu.address))
         if problem is not None:
             if problem:
                 self.errors.append(problem)
@@ -463,10 +461,13 @@ class _Draft:
                                         self.whole_gpus.get(gpu.address))
             self.errors.extend(problems)
             out.extend(made)
+        if self.mig is None:
+            return out  # no MIG-backed type: vgpu.migplan has nothing to add
         for gpu in self.host.gpus:
-            made, problems = self.mig.functions(gpu, release)
+            typed, problems = self.mig.functions(gpu, release)
             self.errors.extend(problems)
-            out.extend(made)
+            out.extend(Assignment(gpu.address, vf.address, vgpu_type.number, vgpu_type.name,
+                                  pci.VFIO, _hex4(vf.device_id)) for vf, vgpu_type in typed)
         return out
 
 
@@ -555,7 +556,7 @@ def _shared_class_problems(assignments: Sequence["Assignment"]) -> List[str]:
     """Distinct profiles whose resource classes normalise to the same name."""
     classes: Dict[str, set] = {}
     for a in assignments:
-        classes.setdefault(a.resource_class, set()).add(pci.profile_name(a.name))
+        classes.setdefault(a.resource_class, set()).add(profiles.profile_name(a.name))
     return [f"profiles {', '.join(sorted(names))} would share Placement's resource class {cls}"
             for cls, names in sorted(classes.items()) if len(names) > 1]
 
@@ -577,14 +578,14 @@ def option_problems(assignments: Sequence["Assignment"], release, *, pci_in_plac
                         f"{minimum.codename}) or later; this host runs {release}: upgrade Nova "
                         f"or set {LIVE_MIGRATION}=false")
     if not pci_in_placement:
-        profiles: Dict[str, set] = {}
+        by_product: Dict[str, set] = {}
         for a in assignments:
             if a.framework == pci.VFIO:
-                profiles.setdefault(a.product_id, set()).add(pci.profile_name(a.name))
+                by_product.setdefault(a.product_id, set()).add(profiles.profile_name(a.name))
         problems.extend(
             f"profiles {', '.join(sorted(names))} share VF product id {product}, which a PCI "
             f"alias by vendor and product id cannot tell apart: map one profile per GPU model "
-            f"or set {PCI_IN_PLACEMENT}=true" for product, names in sorted(profiles.items())
+            f"or set {PCI_IN_PLACEMENT}=true" for product, names in sorted(by_product.items())
             if len(names) > 1)
     return problems
 
@@ -645,20 +646,20 @@ def _unknown_types(key: str, gpu: pci.Gpu, types: Sequence[pci.VgpuType]) -> Opt
 
 
 def _by_name(key: str, where: str, types: Sequence[pci.VgpuType]):
-    """([types], problem): the types ``key`` names in any spelling :func:`pci.name_keys` gives.
+    """([types], problem): the types ``key`` names in any spelling :func:`profiles.name_keys` gives.
 
     A key that names two types (``A100-20C`` for ``GRID A100-20C`` and ``NVIDIA
     A100-20C``, or NVIDIA's short form for two models) is refused with the candidates.
     A MIG-backed ``...GFX`` key no type is named names the type without the suffix
-    (:func:`vgpu.pci.without_gfx`).
+    (:func:`vgpu.profiles.without_gfx`).
     """
-    wanted = pci.key_form(key)
-    found = [t for t in types if wanted in pci.name_keys(t.name)]
-    stripped = pci.without_gfx(wanted) if not found else None
+    wanted = profiles.key_form(key)
+    found = [t for t in types if wanted in profiles.name_keys(t.name)]
+    stripped = profiles.without_gfx(wanted) if not found else None
     if stripped:  # DC-1-24QGFX: DC-1-24Q on +gfx GPU instances (vgpu-device-manager's config.go)
-        found = [t for t in types if stripped in pci.name_keys(t.name)]
+        found = [t for t in types if stripped in profiles.name_keys(t.name)]
     if not found:
-        shown = [pci.profile_name(t.name) for t in types]
+        shown = [profiles.profile_name(t.name) for t in types]
         return [], (f"{key}: {where} offers no vGPU type of that name; it offers "
                     f"{_summary(shown)}" if types else
                     f"{key}: {where} offers no vGPU types yet (is the vGPU host driver "
@@ -773,148 +774,3 @@ def _summary(items, limit: int = 4) -> str:
         return "none"
     shown = ", ".join(items[:limit])
     return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
-
-
-# -- MIG-backed profiles ------------------------------------------------------------------
-
-class _MigClaim(NamedTuple):
-    """One MIG-backed profile claimed on one GPU: whole (by the GPU's address) or VF by VF."""
-
-    vgpu_type: pci.VgpuType
-    key: str
-    whole: bool = False
-    vfs: Tuple[str, ...] = ()
-
-
-class _MigClaims:
-    """The MIG-backed profiles each GPU is mapped to; counted from :mod:`vgpu.mig`'s tables.
-
-    A GPU serves time-sliced or MIG-backed profiles, never both, and one
-    MIG-backed profile at most: Nova puts all VFs of one PF in one resource
-    class (``PlacementPciMixedResourceClassException`` in
-    nova/compute/pci_placement_translator.py stops nova-compute otherwise), and
-    without Placement it tells VFs apart only by vendor and product id, which
-    every VF of a GPU shares. How many VFs a profile takes comes from the
-    profile and the GPU's geometry (``H200X-1-18C``: 7), never from what the
-    VFs list as creatable now.
-    """
-
-    def __init__(self):
-        self.claims: Dict[str, Dict[int, _MigClaim]] = {}
-
-    def claim(self, key: str, gpu: pci.Gpu, address: str, vgpu_type: pci.VgpuType,
-              time_sliced: Optional[Tuple[pci.VgpuType, str, str]]) -> Optional[str]:
-        """None: not MIG-backed on a GPU without MIG claims; '' claimed; else why refused."""
-        mine = self.claims.get(gpu.address, {})
-        profile = pci.mig_profile(vgpu_type.name)
-        other = time_sliced[0] if time_sliced is not None else None
-        if profile is None and mine:
-            other = next(iter(mine.values())).vgpu_type
-        if other is not None and (profile is not None or mine):
-            timed, backed = (vgpu_type, other) if profile is None else (other, vgpu_type)
-            return (f"GPU {gpu.address} is mapped to both time-sliced "
-                    f"{pci.profile_name(timed.name)} and MIG-backed "
-                    f"{pci.profile_name(backed.name)}: one GPU serves either time-sliced or "
-                    "MIG-backed profiles, never both")
-        if profile is None:
-            return None
-        why = refused(gpu, vgpu_type)
-        if why:
-            return f"{key}: {vgpu_type.name} ({vgpu_type.id}) on {gpu.address} ({gpu.model}) is {why}"
-        held = mine.get(vgpu_type.number, _MigClaim(vgpu_type, key))
-        held = (held._replace(whole=True) if address == gpu.address
-                else held._replace(vfs=held.vfs + (address,)))
-        self.claims.setdefault(gpu.address, {})[vgpu_type.number] = held
-        return ""
-
-    def functions(self, gpu: pci.Gpu, release) -> Tuple[List[Assignment], List[str]]:
-        """The VFs each MIG-backed profile of ``gpu`` takes, or why they cannot."""
-        mine = self.claims.get(gpu.address)
-        if not mine:
-            return [], []
-        from . import mig
-
-        claims = [mine[n] for n in sorted(mine)]
-        problem = _mig_gpu_problem(gpu, claims, release)
-        if problem:
-            return [], [problem]
-        shape = mig.geometry(gpu)
-        made: List[Assignment] = []
-        problems: List[str] = []
-        taken: Dict[str, str] = {}
-        for held in claims:
-            vfs, why = _mig_vfs(gpu, held, shape, taken)
-            problems.extend(why)
-            made.extend(Assignment(gpu.address, vf.address, held.vgpu_type.number,
-                                   held.vgpu_type.name, pci.VFIO, _hex4(vf.device_id))
-                        for vf in vfs)
-        return ([] if problems else made), problems
-
-
-def _mig_mixed(mapping: Mapping[str, Sequence[str]], host: pci.Host) -> Dict[str, List[str]]:
-    """GPUs whose addresses the mapping gives two MIG-backed profiles or more, with their names."""
-    named: Dict[str, Dict[str, None]] = {}
-    for key, addresses in mapping.items():
-        mine = pci.mig_profile(key)
-        if mine is None or tuple(addresses) == (ALL,):
-            continue
-        for address in addresses:
-            gpu = host.gpu(address)
-            if gpu is not None:
-                named.setdefault(gpu.address, {})[pci.short_name(pci.canonical(mine.name))] = None
-    return {gpu: sorted(names) for gpu, names in named.items() if len(names) > 1}
-
-
-def _one_per_gpu(gpu: Optional[pci.Gpu], names: Sequence[str]) -> str:
-    """Why one GPU takes one MIG-backed profile at most (Nova's rule, with or without Placement)."""
-    where = f"{gpu.address} ({gpu.model})" if gpu is not None else "?"
-    return (f"GPU {where} is mapped to MIG-backed {', '.join(names)}: one MIG-backed "
-            "profile per GPU. Nova gives all VFs of one GPU one resource class in Placement "
-            "(two stop nova-compute: PlacementPciMixedResourceClassException) and, without "
-            "pci-in-placement, cannot tell VFs of one product id apart; map one of them")
-
-
-def _mig_table(gpu: pci.Gpu):
-    """The MIG geometry of ``gpu``'s model (see :data:`vgpu.mig.GEOMETRIES`), or None."""
-    from . import mig
-
-    return mig.geometry(gpu)
-
-
-def _mig_gpu_problem(gpu: pci.Gpu, claims: Sequence[_MigClaim], release) -> str:
-    """Why none of ``gpu``'s MIG-backed profiles can be planned: Nova, geometry, sharing."""
-    from . import mig
-
-    names = ", ".join(pci.profile_name(c.vgpu_type.name) for c in claims)
-    if release is not None and not release.managed_no:
-        return (f"GPU {gpu.address} ({gpu.model}) uses NVIDIA's vendor-specific VFIO framework, "
-                f"which needs Nova 31 (2025.1 epoxy) or later; this host runs {release}")
-    if mig.geometry(gpu) is None:
-        return (f"GPU {gpu.address} ({gpu.model}, device {gpu.device_id}): the charm has no MIG "
-                f"table for this model, so MIG-backed {names} cannot be counted")
-    if len(claims) > 1:
-        return _one_per_gpu(gpu, [pci.profile_name(c.vgpu_type.name) for c in claims])
-    return ""
-
-
-def _mig_vfs(gpu: pci.Gpu, held: _MigClaim, shape, taken: Dict[str, str]):
-    """(VFs, problems): the VFs one MIG-backed profile takes; ``taken`` records VF -> profile."""
-    from . import mig
-
-    name = pci.profile_name(held.vgpu_type.name)
-    named = held.vgpu_type.profile
-    found = mig.slot(shape, named) if named is not None else None
-    if found is None:
-        return [], [f"{held.key}: {name} fits no GPU instance profile of {shape.model} "
-                    f"(GPU {gpu.address})"]
-    chosen = [vf for vf in gpu.vfs if vf.address not in taken][:found.fits] if held.whole else []
-    chosen += [vf for vf in (gpu.function(a) for a in held.vfs) if vf not in chosen]
-    problems = [f"{held.key}: VF {vf.address} is mapped to both {taken[vf.address]} and {name}"
-                for vf in chosen if taken.get(vf.address, name) != name]
-    taken.update((vf.address, name) for vf in chosen)
-    if len(chosen) > found.fits:
-        problems.append(
-            f"{held.key}: {len(chosen)} virtual functions of GPU {gpu.address} are mapped but "
-            f"{name} fits {found.fits} per GPU ({found.instance.most} x {found.instance.name} "
-            f"GPU instances, {found.per_instance} each)")
-    return sorted(chosen, key=lambda vf: vf.index), problems

@@ -21,7 +21,21 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from . import mappings, mig, novaconf, pci, reconcile, sriov, status, table, vfio
+from . import (
+    mappings,
+    mdevs,
+    mig,
+    miginstances,
+    novaconf,
+    pci,
+    profiles,
+    reconcile,
+    sriov,
+    status,
+    table,
+    vfio,
+    whole,
+)
 from . import plan as plans
 from .errors import MigError
 
@@ -60,14 +74,14 @@ def preview(text: Optional[str], host: reconcile.Host, given: reconcile.Inputs) 
     decision = sections = None
     if plan is not None and not errors and not hook.problems:
         # The hook's own decisions, in its order: the whole GPUs, nova.conf, the VF types.
-        decision = reconcile._whole_decision(hook, plan)
+        decision = whole.step_decide(hook, plan)
     if decision is not None and not decision.refusals:
         sections = reconcile.plan_sections(hook, plan, here.supported_release())
     changes = vfio.desired(plan, here.pci) if plan is not None else {}
-    blocking = reconcile.vf_type_holders(hook, plan) if not hook.problems and plan is not None \
+    blocking = vfio.step_holders(hook, plan) if not hook.problems and plan is not None \
         else []
     if sections is not None and not unknown:
-        reconcile._mdevs_may_change(hook, sections)
+        mdevs.step_may_change(hook, sections)
         reconcile._principal_accepts(hook, sections)
         reconcile._mig_ready(hook, plan)
     return _results(hook, plan, sections, changes, unknown, blocking, decision)
@@ -137,13 +151,13 @@ def _touched(host: pci.Host, mapping: Mapping[str, Sequence[str]],
     return out
 
 
-def _mig_needs(mapping, here) -> Dict[str, mig.Need]:
-    if not any(pci.mig_profile(key) is not None for key in mapping):
+def _mig_needs(mapping, here) -> Dict[str, miginstances.Need]:
+    if not any(profiles.mig_profile(key) is not None for key in mapping):
         return {}
-    return mig.mapped(mapping, here.pci)
+    return miginstances.mapped(mapping, here.pci)
 
 
-def _mig_on(address: str, needs: Mapping[str, mig.Need]) -> bool:
+def _mig_on(address: str, needs: Mapping[str, miginstances.Need]) -> bool:
     """Whether the GPU is in MIG mode (the hook creates GPU instances only then); unknown: no.
 
     Out of MIG mode the hook refuses the mapping, and so does the preview, in its words.
@@ -154,10 +168,10 @@ def _mig_on(address: str, needs: Mapping[str, mig.Need]) -> bool:
         return False
 
 
-def _instances_in_place(need: mig.Need) -> bool:
+def _instances_in_place(need: miginstances.Need) -> bool:
     """Whether the GPU has the GPU instances ``need`` asks for (read only; unknown: no)."""
     try:
-        found = mig.instances(need.gpu)
+        found = miginstances.instances(need.gpu)
     except MigError:
         return False
     return sum(1 for gi in found if gi.profile == need.instance) >= need.gis
@@ -213,7 +227,7 @@ def _gpus(here, plan, unknown: Mapping[str, str]) -> Dict[str, Dict[str, str]]:
     planned: Dict[str, List[plans.Assignment]] = {}
     for a in assignments:
         planned.setdefault(a.gpu, []).append(a)
-    needs = mig.needs(assignments, here.pci) if reconcile._mig_backed(
+    needs = miginstances.needs(assignments, here.pci) if profiles.mig_backed(
         a.name for a in assignments) else {}
     out: Dict[str, Dict[str, str]] = {}
     for index, gpu in enumerate(here.pci.gpus):
@@ -233,7 +247,7 @@ def _on_offer(gpu: pci.Gpu, why: Optional[str]) -> str:
     if gpu.framework == pci.VFIO and held:
         return (f"{UNKNOWN}: its VFs hold {', '.join(held)}, and a VF lists only what it can "
                 "take beside them")
-    return ", ".join(pci.profile_name(t.name) for t in gpu.offered_types()) or "none"
+    return ", ".join(profiles.profile_name(t.name) for t in gpu.offered_types()) or "none"
 
 
 def _served(assignments: Sequence[plans.Assignment], why: Optional[str]) -> str:
@@ -247,7 +261,7 @@ def _served(assignments: Sequence[plans.Assignment], why: Optional[str]) -> str:
     return f"{', '.join(names)} on {where}"
 
 
-def _mig_entry(gpu: pci.Gpu, need: Optional[mig.Need]) -> Dict[str, str]:
+def _mig_entry(gpu: pci.Gpu, need: Optional[miginstances.Need]) -> Dict[str, str]:
     """MIG mode now and the GPU instances the plan needs there ({}: no MIG-backed profile)."""
     if need is None:
         return {}
@@ -264,7 +278,7 @@ def _type_name(here, vf: str, number: int, plan=None) -> str:
         return "none"
     for a in plan.assignments if plan is not None else ():
         if a.address == vf and a.number == number:
-            return f"{pci.profile_name(a.name)} (nvidia-{number})"
+            return f"{profiles.profile_name(a.name)} (nvidia-{number})"
     return f"nvidia-{number}"
 
 

@@ -16,30 +16,31 @@ and actions read through the same one).
 
 The steps are functions over one :class:`_Hook` (the host's reading, the
 inputs, the outcome); :func:`_steps` runs them in order. Each section below
-holds one step and the functions it calls:
+holds one step and the functions it calls; the steps of one concern live with
+it, over the same ``_Hook``:
 
 - the driver: :func:`_inspect_resource`, :func:`_ensure_driver`, :func:`_resumed_elsewhere`;
 - the VFs: :func:`_ensure_vfs`;
 - after a reboot, the boot step's work when it could not do it: :func:`_after_boot`;
 - publishing: :func:`_publish` (the only step of :func:`publish`), which checks the
-  sections to publish (:func:`_addressable`, :func:`_mdevs_may_change`,
-  :func:`_mdevctl_ready`, :func:`_principal_accepts`) and gives the VFs their types
-  (:func:`_give_vfs_types`, :func:`_restore_vf_types`), and runs the next two;
-- MIG: :func:`_mig_instances` (before the mapping is checked: what nova.conf lists first,
-  a change only where no guest holds a VF), :func:`_mig_ready`, :func:`_with_mig` (the boot data);
-- the boot unit and the mdev record: :func:`_ensure_boot_unit`, :func:`_record_mdevs`.
+  sections to publish (:func:`_addressable`, :func:`vgpu.mdevs.step_may_change`,
+  :func:`vgpu.mdevctl.step_ready`, :func:`_principal_accepts`), decides and moves the
+  whole GPUs (:func:`vgpu.whole.step_decide`, :func:`vgpu.whole.step_act`), gives the VFs
+  their types (:func:`vgpu.vfio.step_give_types`), and runs the next two;
+- MIG: :func:`_mig_instances` (before the mapping is checked), :func:`_mig_ready`,
+  :func:`_with_mig` (the boot data): guards that import :mod:`vgpu.migsteps` only
+  where a MIG-backed profile is mapped;
+- the boot unit and the mdev record: :func:`_ensure_boot_unit`, :func:`vgpu.mdevs.step_record`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from typing import (
     Any,
     Callable,
     Dict,
-    Iterable,
     Iterator,
     List,
     Mapping,
@@ -64,6 +65,7 @@ from . import (
     novaconf,
     pci,
     principalconf,
+    profiles,
     services,
     sriov,
     status,
@@ -71,18 +73,14 @@ from . import (
     upstream,
 )
 from .errors import (
-    GuestsRunningError,
     HostBusyError,
     HostReadError,
     InstallError,
-    MigError,
-    MigInUseError,
     PrincipalConfigError,
     ResourceInvalidError,
     ResourceMissingError,
     ServiceError,
     SriovError,
-    VfTypeError,
     VgpuError,
 )
 from .record import NamedTuple
@@ -345,7 +343,7 @@ class _Hook:
         self.mig_modes: Optional[Dict[str, Any]] = None  # MIG modes read by _mig_instances
         self.mig_driver: Optional[Dict[str, Any]] = None  # NVML's GPU instance profiles, by type
         self.vfs_enabled = False  # _ensure_vfs ran sriov-manage -e (it may wipe MIG state)
-        self.mdevs_unrecorded = False  # _record_mdevs could not record the mdevs guests hold
+        self.mdevs_unrecorded = False  # mdevs.step_record could not record the mdevs guests hold
 
     def facts(self) -> facts.Facts:
         return self.host.facts()
@@ -506,6 +504,8 @@ def _publish(hook: _Hook) -> None:
     plan = boot_plan = None
     gpus = bool(here.pci.gpus)
     if gpus:
+        from . import vfio  # the VF types (vendor-specific VFIO)
+
         _mig_instances(hook)
         here = hook.facts()
         validation = hook.mapping()
@@ -515,18 +515,25 @@ def _publish(hook: _Hook) -> None:
               and not plan.missing_vfs and _live_migratable_accepted(hook, plan))
         # Every check that can refuse the mapping runs before the host changes (whole GPUs
         # moved, VFs typed): a refusal leaves each GPU as it was.
-        decision = _whole_decision(hook, plan) if ok else None
+        decision = None
+        if ok:
+            from . import whole  # the whole GPUs: decided read only, moved once all accepted
+
+            decision = whole.step_decide(hook, plan)
         ok = decision is not None and not decision.refusals
         sections = plan_sections(hook, plan, release) if ok else None
         ok = ok and sections is not None
-        ok = ok and _mdevs_may_change(hook, sections) and _mdevctl_ready(hook, sections, release)
+        ok = ok and mdevs.step_may_change(hook, sections) \
+            and mdevctl.step_ready(hook, sections, release)
         # The principal's [pci] is checked before any VF takes a type from the plan.
         accepted = _principal_accepts(hook, sections)
         # VF types next: their guard (guests on VFs whose type would change) refuses before
         # any VF changes, and the whole GPUs move only after it accepted.
-        ok = ok and accepted and _mig_ready(hook, plan) and _give_vfs_types(hook, plan)
+        ok = ok and accepted and _mig_ready(hook, plan) and vfio.step_give_types(hook, plan)
         if ok and decision is not None and (decision.moves or plan.passthrough):
-            plan = _whole_gpus(hook, plan, decision)  # only what vfio-pci holds is published
+            from . import whole
+
+            plan = whole.step_act(hook, plan, decision)  # only what vfio-pci holds is published
             sections = plan_sections(hook, plan, release)
             ok = sections is not None
             here = hook.facts()
@@ -582,44 +589,6 @@ def _after_types(hook: _Hook, plan) -> None:
             f"({type(error).__name__}: {text.one_line(str(error), 100)}); retrying on the next hook")
 
 
-def _mdevctl_ready(hook: _Hook, sections, release) -> bool:
-    """mdevctl on the host before mdev types go out on Nova 30+; False (blocked) without it.
-
-    Whether it is there is read every hook. Missing, it is installed with apt,
-    except on update-status within mdevctl.RETRY_AFTER of the last failed
-    attempt: then no apt runs and that attempt's cause is said again, with
-    when it is retried. The outcome keeps the failed attempt (None once there).
-    """
-    if not sections or release is None or not mdevctl.needed(release.nova_major) \
-            or not novaconf.mapping_from_sections(
-                {k: v for k, v in sections.items() if k != "pci"}):
-        return True
-    if mdevctl.present():
-        hook.out.mdevctl_failed = None
-        return True
-    failed = hook.given.mdevctl_failed
-    if hook.given.backoff and failed is not None and not mdevctl.retry_due(failed, time.time()):
-        cause = failed.cause  # no apt now: the last attempt's cause, and when it is retried
-        at = time.strftime("%H:%M", time.gmtime(failed.at + mdevctl.RETRY_AFTER))
-        retry = f"; tried again at the next config-changed or after {at} UTC"
-    else:
-        try:
-            mdevctl.ensure()
-        except InstallError as error:
-            cause, retry = str(error), ""
-            hook.out.mdevctl_failed = mdevctl.Failure(time.time(), cause)
-        else:
-            hook.out.mdevctl_failed = None
-            return True
-    hook.problems.append(
-        f"{mdevctl.PACKAGE} is missing and could not be installed ({cause}): Nova "
-        f"{release.nova_major} ({release.series} {release.codename}) defines mdevs through "
-        f"libvirt, which runs {mdevctl.PACKAGE}, so every vGPU instance build would fail; "
-        f"make it installable (universe) or install it, then the mdev types are published"
-        + retry)
-    return False
-
-
 def _addressable(hook: _Hook, plan):
     """``plan`` without the GPUs in a PCI domain above ffff, each named as a problem.
 
@@ -660,52 +629,6 @@ def plan_sections(hook: _Hook, plan, release) -> Optional[novaconf.Sections]:
     except ValueError as error:
         hook.problems.append(f"not publishing: {error}")
         return None
-
-
-def _whole_decision(hook: _Hook, plan):
-    """What the plan's whole GPUs need, read only (:func:`vgpu.whole.decide`); refusals said."""
-    from . import passthrough, whole
-
-    decision = whole.decide(hook.facts().pci, plan, hook.published(), hook.published_mapping(),
-                            passthrough.current_rules())
-    hook.problems.extend(decision.refusals)
-    return decision
-
-
-def vf_type_holders(hook: _Hook, plan) -> List[str]:
-    """The guests holding VFs whose type the plan would change (each named): a refusal.
-
-    What :func:`_give_vfs_types`' guard (vgpu.vfio.ensure_types) refuses, read only:
-    preview-mappings asks it.
-    """
-    from . import vfio
-
-    changes = vfio.desired(plan, hook.facts().pci)
-    guarded = vfio.guarded_changes(plan, changes, _published_classes(hook)) if changes else []
-    if not guarded:
-        return []
-    from . import guests
-
-    held = guests.vgpu_guests(guarded, defined=True)
-    if held:
-        hook.problems.append(f"{OPTION} not applied, no VF changed: {GuestsRunningError(held)}; "
-                             "move them or restore the mapping")
-    return [guest.describe() for guest in held]
-
-
-def _whole_gpus(hook: _Hook, plan, decision):
-    """``plan`` with only the whole GPUs vfio-pci holds, once ``decision`` was carried out.
-
-    Called only after every check accepted the mapping (:func:`vgpu.whole.act`).
-    """
-    from . import passthrough, whole
-
-    moved = whole.act(decision, hook.facts().pci)
-    hook.problems.extend(moved.problems)
-    if decision.moves:
-        hook.refresh()
-    return plan._replace(passthrough=tuple(w._replace(driver=passthrough.VFIO_PCI)
-                                           for w in plan.passthrough if w.address in moved.held))
 
 
 def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:
@@ -754,214 +677,37 @@ def _principal_accepts(hook: _Hook, sections: Optional[dict]) -> bool:
     return not new
 
 
-def _mdevs_may_change(hook: _Hook, sections) -> bool:
-    """False (blocked, naming them) when guests hold mdevs of types ``sections`` take away.
-
-    Domain XML is read only when the mdev mapping to publish takes a type
-    from a function it is published for now.
-    """
-    from . import plan as plans
-
-    published = hook.published_mapping()
-    wanted = novaconf.mapping_from_sections(sections)
-    removed = plans.removed_mdev_types(published, wanted, hook.facts().pci)
-    if not removed:
-        return True
-    from . import guests  # XML parsing only when a type leaves a GPU
-
-    conflicts = plans.mdev_conflicts(removed, guests.held_mdevs(), hook.facts().pci)
-    if not conflicts:
-        return True
-    more = f" (+{len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-    hook.problems.append(
-        f"{OPTION} not applied: {conflicts[0]}{more}; restore the mapping, or move or delete "
-        f"the instance first; keeping {mappings.kept(published)}")
-    return False
-
-
-def _give_vfs_types(hook: _Hook, plan) -> bool:
-    """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
-    from . import vfio
-
-    if hook.paused and vfio.desired(plan, hook.facts().pci):
-        return False  # the vGPU manager is stopped: VF types wait for resume
-    published = _published_classes(hook)
-    try:
-        done = _written(hook, lambda: vfio.ensure_types(plan, hook.facts().pci, published))
-    except GuestsRunningError as error:
-        restored = _restore_vf_types(hook, published)
-        if restored is None:
-            return False
-        hook.problems.append(
-            f"{OPTION} not applied: {error}; the {restored} VFs without a type got back the "
-            "types nova.conf lists; move them or restore the mapping" if restored else
-            f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
-        return False
-    return done is not None
-
-
-def _published_classes(hook: _Hook) -> Dict[str, str]:
-    """``{VF address: resource class}``: the VFIO VFs nova-compute has now (first relation)."""
-    for ours in hook.published():
-        return novaconf.device_classes(novaconf.sections_from_relation(ours))
-    return {}
-
-
-def _restore_vf_types(hook: _Hook, published: Dict[str, str]) -> Optional[int]:
-    """Give VFs without a type the types nova.conf lists, a change being refused; how many.
-
-    None (a problem said) when a VF refused its type.
-    """
-    from . import vfio
-
-    done = _written(hook, lambda: vfio.restore(hook.facts().pci, published))
-    return None if done is None else len(done)
-
-
-def _written(hook: _Hook, write: Callable[[], Sequence]) -> Optional[Sequence]:
-    """What ``write`` changed on the VFs, the host read again after a change.
-
-    None (the problem said) when a VF refused its type (VfTypeError).
-    """
-    try:
-        done = write()
-    except VfTypeError as error:
-        hook.problems.append(f"{error}; retrying on the next hook")
-        hook.refresh()
-        return None
-    if done:
-        hook.refresh()
-    return done
-
-
-# -- MIG: the GPU instances MIG-backed profiles need ---------------------------------------------
+# -- MIG: the GPU instances MIG-backed profiles need (vgpu.migsteps, imported only for them) ----
 
 def _mig_instances(hook: _Hook) -> None:
-    """The GPU instances the mapping's MIG-backed profiles need, before it is checked.
-
-    A VF lists a MIG-backed type only where a GPU instance has room for it
-    (NVIDIA's vGPU for Compute guide, "Configuring a GPU for MIG-Backed
-    vGPUs": on KVM the host creates them), so they are created first, on GPUs
-    in MIG mode only (the status asks for the mode otherwise). A GPU whose
-    profile the mapping changes (from what the boot data says is in force, as
-    nova.conf lists it) changes only while no guest, running or shut off, holds
-    one of its VFs: then the types the charm wrote there are released when their
-    GPU instances stand in the way (see :func:`vgpu.mig.ensure`), as a
-    time-sliced change goes through by itself. While a guest holds one, the GPU
-    instances in force are restored first (after a reboot without the boot step
-    the guest's own type must fit again) and the change waits: the VF step says
-    which guests hold it. A GPU instance in use is never destroyed.
-    """
+    """The GPU instances the mapping's MIG-backed profiles need (:func:`vgpu.migsteps.instances`)."""
     here = hook.facts()
     if hook.paused or here.driver is None or not here.driver.installed:
         return
     checked = hook.given.checked()
-    if not checked.ok or not _mig_backed(checked.mapping):
+    if not checked.ok or not profiles.mig_backed(checked.mapping):
         return
-    from . import mig
+    from . import migsteps
 
-    wanted = mig.mapped(checked.mapping, here.pci)
-    if not wanted:
-        return
-    try:
-        found = mig.modes(wanted)
-    except MigError:
-        return  # said by _mig_ready, with what MIG-backed profiles need
-    hook.mig_modes = found  # what _mig_ready asks, read once per dispatch
-    wanted = _driver_says(hook, wanted, checked.mapping)
-    applied = _applied_mig()
-    changed = False
-    for need in wanted.values():
-        if found[need.gpu].enabled:
-            try:
-                changed = _gpu_instances(hook, need, applied.get(need.gpu)) or changed
-            except MigInUseError as error:
-                from . import guests  # who holds them: named, since the steps start there
-
-                held = guests.vgpu_guests(error.vfs, defined=True)
-                hook.problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
-            except MigError as error:
-                hook.problems.append(str(error))
-    if changed:
-        hook.refresh()
-
-
-def _driver_says(hook: _Hook, wanted, mapping):
-    """``wanted`` with the GPU instance profiles NVML names (on GPUs in MIG mode; see vgpu.mig)."""
-    from . import mig
-
-    if not any((hook.mig_modes or {})[gpu].enabled for gpu in wanted):
-        return wanted  # nothing is created out of MIG mode: the names suffice
-    hook.mig_driver = mig.driver_profiles()
-    return mig.mapped(mapping, hook.facts().pci, hook.mig_driver) or wanted
-
-
-def _gpu_instances(hook: _Hook, need, before) -> bool:
-    """One GPU's part of :func:`_mig_instances` (``before``: the Need in force); True if changed."""
-    from . import mig
-
-    if before is not None and (before.profile, before.instance) == (need.profile, need.instance):
-        return bool(mig.ensure(need))
-    gpu = hook.facts().pci.gpu(need.gpu)
-    vfs = [vf.address for vf in gpu.vfs] if gpu is not None else []
-    from . import guests  # XML parsing only when a GPU's profile changes
-
-    held = guests.vgpu_guests(vfs, defined=True)
-    if held:
-        hook.problems.append(
-            f"{OPTION} not applied on GPU {need.gpu}: MIG-backed {need.profile} takes the place "
-            f"of {before.profile if before is not None else 'what its VFs hold'}, and "
-            f"{GuestsRunningError(held)}; move or delete those instances, or restore the mapping")
-        # What nova.conf lists comes back first (after a reboot the guest's own type must fit).
-        return before is not None and bool(mig.ensure(before))
-    return bool(mig.ensure(need, releasable=vfs))
-
-
-def _applied_mig() -> Dict[str, Any]:
-    """``{GPU: mig.Need}`` the boot data keeps: the MIG-backed layout in force; {} when unknown.
-
-    Unknown (no data, or data that cannot be read) makes every GPU count as
-    changing: guests are asked about before anything is done.
-    """
-    from . import bootdata, mig
-
-    try:
-        return dict(mig.boot_needs(bootdata.load(f"/{sriov.DATA_FILE}")))
-    except bootdata.DataError:
-        return {}
+    migsteps.instances(hook, checked.mapping)
 
 
 def _mig_ready(hook: _Hook, plan) -> bool:
-    """GPUs given MIG-backed profiles are in MIG mode; nvidia-smi is asked only then."""
-    if not _mig_backed(a.name for a in plan.assignments):
-        return True  # vgpu.mig (its tables) is imported only where MIG-backed profiles are
-    from . import mig
+    """GPUs given MIG-backed profiles are in MIG mode (:func:`vgpu.migsteps.ready`)."""
+    if not profiles.mig_backed(a.name for a in plan.assignments):
+        return True  # vgpu.mig (nvidia-smi) is imported only where MIG-backed profiles are
+    from . import migsteps
 
-    problems = mig.mode_problems(mig.by_gpu(plan.assignments), hook.given.unit,
-                                 hook.mig_modes)
-    hook.problems.extend(problems)
-    return not problems
+    return migsteps.ready(hook, plan)
 
 
 def _with_mig(data: dict, plan, host, driver=None) -> dict:
-    """The boot data with each MIG-backed GPU's GPU instances (``gpus[].mig``, see vgpu.mig).
-
-    ``driver``: what NVML said of each type's GPU instance profile in this hook.
-    """
-    if plan is None or not _mig_backed(a.name for a in plan.assignments):
+    """The boot data with each MIG-backed GPU's GPU instances (:func:`vgpu.migsteps.with_instances`)."""
+    if plan is None or not profiles.mig_backed(a.name for a in plan.assignments):
         return data
-    from . import mig
+    from . import migsteps
 
-    wanted = mig.needs(plan.assignments, host, driver)
-    for entry in data.get("gpus", []):
-        if entry.get("address") in wanted:
-            entry["mig"] = wanted[entry["address"]].data()
-    return data
-
-
-def _mig_backed(names: Iterable[str]) -> bool:
-    """Whether any of the type names (mapping keys, planned types) is a MIG-backed profile."""
-    return any(pci.mig_profile(name) is not None for name in names)
+    return migsteps.with_instances(data, plan, host, driver)
 
 
 # -- the boot unit and the mdev record -----------------------------------------------------------
@@ -974,7 +720,7 @@ def _ensure_boot_unit(hook: _Hook, plan) -> None:
     here = hook.facts()
     if here.driver is None or not here.driver.installed:
         return
-    restores_mdevs = _record_mdevs(hook)
+    restores_mdevs = mdevs.step_record(hook)
     if not (restores_mdevs or any(gpu.sriov for gpu in here.pci.gpus)) \
             or sriov.unit_masked():
         return
@@ -992,29 +738,6 @@ def _ensure_boot_unit(hook: _Hook, plan) -> None:
         sriov.ensure_unit(sriov.render_unit())
     except SriovError as error:
         hook.problems.append(f"{sriov.UNIT}: {error}")
-
-
-def _record_mdevs(hook: _Hook) -> bool:
-    """On Nova before 30, record the mdevs instances hold for the boot step; True if one is kept.
-
-    Nova 30 and later persists mdevs itself: nothing is recorded there.
-    """
-    here = hook.facts()
-    release = here.supported_release()
-    try:
-        if release is not None and not mdevs.applies(release.nova_major):
-            mdevs.forget()
-            return False
-        if release is None or not mdevs.uses_mdevs(here.pci):
-            return mdevs.kept()  # nothing to look at now: the record stays as it was
-        return bool(mdevs.refresh(here.pci))
-    except HostReadError as error:
-        hook.problems.append(f"cannot record the mdevs instances hold: {error}; "
-                             "the last record stays")
-    except OSError as error:
-        hook.problems.append(f"cannot write /{mdevs.FILE}: {error.strerror or error}")
-    hook.mdevs_unrecorded = True
-    return mdevs.kept()
 
 
 # -- the upstream charm's leftovers, after juju refresh --switch ---------------------------------

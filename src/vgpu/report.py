@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from . import capacity, multivgpu, novaconf, table, text
-from .pci import MDEV, VFIO, Gpu, Host, VgpuType, mig_profile
+from . import capacity, multivgpu, novaconf, profiles, table, text
+from .pci import MDEV, VFIO, Gpu, Host, VgpuType
+from .profiles import mig_profile
 
 Multi = multivgpu.Multi  # what says how many vGPUs of a type one instance may have
 ALIASES_SHOWN = 20  # alias lines under the table at most; all are in the nested results
@@ -194,7 +195,8 @@ def _groups(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]],
 def _type_entry(gpu, vgpu_type: VgpuType, mdev_class: bool, pci_in_placement: bool,
                 live_migration: bool) -> Dict[str, str]:
     """id, name, framework, the flavor property and (VFIO) the alias of one type."""
-    from .plan import flavor_property, refused, resource_class
+    from .migplan import refused
+    from .plan import flavor_property, resource_class
 
     entry = {"id": vgpu_type.id, "name": vgpu_type.name, "framework": vgpu_type.framework}
     why = refused(gpu, vgpu_type)
@@ -357,7 +359,8 @@ def types_table(host: Host, offered: Optional[Mapping[str, Tuple[VgpuType, ...]]
     then (``multi``) the flavor for two of each type one instance may have
     several of. GPUs given ``whole`` are a row each group, with their alias.
     """
-    from .plan import alias_name, flavor_property, refused, whole_gpu
+    from .migplan import refused
+    from .plan import alias_name, flavor_property, whole_gpu
 
     if not host.gpus:
         return "no NVIDIA GPU on this host"
@@ -419,14 +422,13 @@ def _mig_entry(gpu, vgpu_type: VgpuType) -> Dict[str, str]:
     named = mig_profile(vgpu_type.name)
     if named is None:
         return {}
-    from . import mig
 
-    shape = mig.geometry(gpu)
-    found = mig.slot(shape, named) if shape is not None else None
+    shape = profiles.geometry(gpu)
+    found = profiles.slot(shape, named) if shape is not None else None
     entry = {"mig-slices": str(named.slices)}
     if found is not None:
         entry["gpu-instance-profile"] = (
-            f"{mig.instance_name(found.instance, named, shape)} (at most {found.instance.most}, "
+            f"{profiles.instance_name(found.instance, named, shape)} (at most {found.instance.most}, "
             f"{found.per_instance} vGPU each)")
     if shape is not None and shape.gfx_only and not named.gfx:
         # NVIDIA/vgpu-device-manager's config key for it (pkg/vgpu/config.go): the same type.
@@ -438,9 +440,9 @@ def _gpu_instances(gpus) -> Dict[str, str]:
     """``gpu-instances``: each VF's GPU instance (``nvidia/gpu_instance_id``), where one is held."""
     if gpus[0].framework != VFIO:
         return {}
-    from . import mig
+    from . import miginstances
 
-    held = [(vf.address, mig.instance_id(vf.address))
+    held = [(vf.address, miginstances.instance_id(vf.address))
             for gpu in gpus for vf in gpu.vfs if vf.current_type]
     shown = [f"{address}={gi}" for address, gi in held if gi is not None]
     return {"gpu-instances": ",".join(shown)} if shown else {}

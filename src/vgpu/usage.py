@@ -35,7 +35,7 @@ import os
 import re
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import catalogue, guests, hostroot, pci, text
+from . import catalogue, guests, hostroot, pci, profiles, text
 from .capacity import mdev_device
 from .errors import HostReadError
 from .record import NamedTuple
@@ -74,7 +74,7 @@ class VgpuUse(NamedTuple):
 
 def profile_of(name: str) -> Optional[str]:
     """``GRID V100-8Q`` / ``NVIDIA L40S-12Q`` -> ``V100-8Q`` / ``L40S-12Q``; else None."""
-    found = pci.profile(name or "")
+    found = profiles.profile(name or "")
     return found.name if found else None
 
 
@@ -85,7 +85,7 @@ def edition_of(profile: str) -> str:
     vGPU on a ``+me`` GPU instance) is in its series' edition: the ME says which
     GPU instance it sits on, not what it is licensed as.
     """
-    found = pci.profile(profile or "")
+    found = profiles.profile(profile or "")
     if found is None:
         return "unknown"
     series = found.series[:-2] if found.mig and found.series.endswith("ME") else found.series
@@ -94,7 +94,7 @@ def edition_of(profile: str) -> str:
 
 def framebuffer_of(profile: str) -> Optional[int]:
     """MiB from the profile name: the number is the framebuffer in GB (``L40S-12Q`` -> 12288)."""
-    found = pci.profile(profile or "")
+    found = profiles.profile(profile or "")
     return found.framebuffer_gb * 1024 if found else None
 
 
@@ -178,12 +178,12 @@ def _vfio_use(host: pci.Host, domain: guests.Domain, address: str, learnt: catal
 
 def _mig_fields(address: str, profile: Optional[str]) -> Dict[str, object]:
     """A MIG-backed vGPU's slices and GPU instance (``nvidia/gpu_instance_id``); {} otherwise."""
-    named = pci.mig_profile(profile or "")
+    named = profiles.mig_profile(profile or "")
     if named is None:
         return {}
-    from . import mig
+    from . import miginstances
 
-    return {"mig_slices": named.slices, "gpu_instance": mig.instance_id(address) or ""}
+    return {"mig_slices": named.slices, "gpu_instance": miginstances.instance_id(address) or ""}
 
 
 # -- totals ---------------------------------------------------------------------------------

@@ -16,10 +16,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from . import hostroot, pci
-from .errors import VfTypeError
+from . import OPTION, hostroot, novaconf, pci, profiles
+from .errors import GuestsRunningError, VfTypeError
 
 log = logging.getLogger(__name__)
 
@@ -165,11 +165,11 @@ def write_order(plan, changes) -> List[str]:
     """The VFs to give types, larger MIG-backed profiles first, then in address order.
 
     A MIG-backed vGPU goes into a GPU instance the charm created beforehand
-    (see :func:`vgpu.mig.ensure`; one MIG-backed profile per GPU), so the order
+    (see :func:`vgpu.miginstances.ensure`; one MIG-backed profile per GPU), so the order
     only matters across GPUs; larger first is kept as harmless. Time-sliced
     types keep address (virtfn) order.
     """
-    slices = {a.address: getattr(pci.profile(a.name), "slices", 0) for a in plan.vfio()}
+    slices = {a.address: getattr(profiles.profile(a.name), "slices", 0) for a in plan.vfio()}
     return sorted(changes, key=lambda address: (-slices.get(address, 0), address))
 
 
@@ -225,3 +225,74 @@ def _write(address: str, number: int) -> None:
     back = _read(address, "current_vgpu_type").strip()
     if back != str(number):
         raise VfTypeError(f"VF {address} holds {back or 'nothing'} after writing {number}")
+
+# -- the hook's VF-type steps (run by vgpu.reconcile and vgpu.preview on its _Hook) --------------
+
+def step_holders(hook, plan) -> List[str]:
+    """The guests holding VFs whose type the plan would change (each named): a refusal.
+
+    What :func:`step_give_types`' guard (:func:`ensure_types`) refuses, read only:
+    preview-mappings asks it.
+    """
+    changes = desired(plan, hook.facts().pci)
+    guarded = guarded_changes(plan, changes, _published_classes(hook)) if changes else []
+    if not guarded:
+        return []
+    from . import guests
+
+    held = guests.vgpu_guests(guarded, defined=True)
+    if held:
+        hook.problems.append(f"{OPTION} not applied, no VF changed: {GuestsRunningError(held)}; "
+                             "move them or restore the mapping")
+    return [guest.describe() for guest in held]
+
+
+def step_give_types(hook, plan) -> bool:
+    """Write the plan's types to vendor-specific VFIO VFs; False leaves all as it was."""
+    if hook.paused and desired(plan, hook.facts().pci):
+        return False  # the vGPU manager is stopped: VF types wait for resume
+    published = _published_classes(hook)
+    try:
+        done = _written(hook, lambda: ensure_types(plan, hook.facts().pci, published))
+    except GuestsRunningError as error:
+        restored = _restore_step(hook, published)
+        if restored is None:
+            return False
+        hook.problems.append(
+            f"{OPTION} not applied: {error}; the {restored} VFs without a type got back the "
+            "types nova.conf lists; move them or restore the mapping" if restored else
+            f"{OPTION} not applied, no VF changed: {error}; move them or restore the mapping")
+        return False
+    return done is not None
+
+
+def _published_classes(hook) -> Dict[str, str]:
+    """``{VF address: resource class}``: the VFIO VFs nova-compute has now (first relation)."""
+    for ours in hook.published():
+        return novaconf.device_classes(novaconf.sections_from_relation(ours))
+    return {}
+
+
+def _restore_step(hook, published: Dict[str, str]) -> Optional[int]:
+    """Give VFs without a type the types nova.conf lists, a change being refused; how many.
+
+    None (a problem said) when a VF refused its type.
+    """
+    done = _written(hook, lambda: restore(hook.facts().pci, published))
+    return None if done is None else len(done)
+
+
+def _written(hook, write: Callable[[], Sequence]) -> Optional[Sequence]:
+    """What ``write`` changed on the VFs, the host read again after a change.
+
+    None (the problem said) when a VF refused its type (VfTypeError).
+    """
+    try:
+        done = write()
+    except VfTypeError as error:
+        hook.problems.append(f"{error}; retrying on the next hook")
+        hook.refresh()
+        return None
+    if done:
+        hook.refresh()
+    return done

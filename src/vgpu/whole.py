@@ -4,8 +4,10 @@
 hold their functions, the nvidia driver's unbindLock, the udev rule) and
 changes nothing: its :class:`Decision` says what the hook would do and what
 refuses the mapping. The hook (:mod:`vgpu.reconcile`) acts on it only once
-every other check accepted the mapping (:func:`act`); preview-mappings
-(:mod:`vgpu.preview`) renders the same decision. Either way nothing is half
+every other check accepted the mapping (:func:`act`), through the hook's two
+whole-GPU steps at the end of this module (:func:`step_decide`,
+:func:`step_act`); preview-mappings (:mod:`vgpu.preview`) renders the same
+decision from the same step. Either way nothing is half
 done: a refused mapping leaves every GPU on the driver it had, with its
 driver_override and the udev rule as they were.
 
@@ -220,3 +222,26 @@ def act(decision: Decision, host: pci.Host) -> Moved:
         logger.info("whole GPUs: %s on vfio-pci", ", ".join(held) or "none")
     return Moved(tuple(held), tuple(problems))
 
+
+# -- the hook's whole-GPU steps (run by vgpu.reconcile and vgpu.preview on its _Hook) ------------
+
+def step_decide(hook, plan) -> Decision:
+    """What the plan's whole GPUs need, read only (:func:`decide`); refusals said on ``hook``."""
+    decision = decide(hook.facts().pci, plan, hook.published(), hook.published_mapping(),
+                      passthrough.current_rules())
+    hook.problems.extend(decision.refusals)
+    return decision
+
+
+def step_act(hook, plan, decision: Decision):
+    """``plan`` with only the whole GPUs vfio-pci holds, once ``decision`` was carried out.
+
+    Called only after every check accepted the mapping (:func:`act`); the host is
+    read again when a GPU moved.
+    """
+    moved = act(decision, hook.facts().pci)
+    hook.problems.extend(moved.problems)
+    if decision.moves:
+        hook.refresh()
+    return plan._replace(passthrough=tuple(w._replace(driver=passthrough.VFIO_PCI)
+                                           for w in plan.passthrough if w.address in moved.held))
