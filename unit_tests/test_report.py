@@ -7,7 +7,7 @@ import pytest
 from unit_tests.fakehost import L40S_TYPES, a100_host, l40s_host, rtx_pro_6000_host
 from unit_tests.libvirt import running_guest
 from unit_tests.test_readme import nova_aliases
-from vgpu import pci, plan, report
+from vgpu import pci, plan, profiles, report
 
 
 @pytest.fixture
@@ -297,7 +297,7 @@ def test_max_per_instance_and_the_flavor_for_two(vfio_host):
     # full-framebuffer GPU: one. Its MIG-backed vGPU for Compute types: one per GPU instance
     # (NVIDIA AI Enterprise 8.1, "Multi-vGPU"), as many as the GPU holds of the type.
     h200 = {e["name"]: e for e in results["gpu-1"]["types"].values() if "flavor-property" in e}
-    mig = {name for name in h200 if pci.mig_profile(name) is not None}
+    mig = {name for name in h200 if profiles.mig_profile(name) is not None}
     assert mig and {h200[n]["max-per-instance"] for n in h200 if n not in mig} == {"1"}
     assert all("flavor-property-for-two" not in h200[n] for n in h200 if n not in mig)
     assert {n: h200[n]["max-per-instance"] for n in mig} == {
