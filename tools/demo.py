@@ -100,7 +100,18 @@ def arguments(argv=None) -> argparse.Namespace:
     return args
 
 
+SAMPLE_HOSTNAME = "gpu-host-1"  # the sample host's name: the fleet record names no machine here
+
+
 def main(argv=None) -> int:
+    """The demo, with the sample host's own host name where the charm asks for one."""
+    from unittest import mock
+
+    with mock.patch("socket.gethostname", return_value=SAMPLE_HOSTNAME):
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     args = arguments(argv)
     mappings = args.mappings if args.mappings is not None else DEFAULT_MAPPINGS[args.host]
     config = {"vgpu-device-mappings": mappings, **options(args.config)}

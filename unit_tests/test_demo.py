@@ -196,7 +196,9 @@ def test_a_mapping_with_passthrough_runs_and_shows_the_whole_gpus_flavor(environ
     (["--host", "l40s", "--action", "preview-mappings", "--param", "mappings={L40S-24Q: all}"],
      ["verdict: would apply", "vf-changes: |"]),
     (["--host", "l40s", "--action", "vgpu-usage"], ["summary: no vGPU in use on this host"]),
-    (["--host", "v100", "--action", "fleet-report"], ["table: |", "gpu-host-3  570.172.08"]),
+    (["--host", "v100", "--action", "fleet-report"],
+     ["table: |", "nova-compute-nvidia-vgpu/0  gpu-host-1  570.158.02",  # the sample's own name
+      "gpu-host-3  570.172.08"]),
     (["--host", "v100", "--action", "drain-plan"],
      ["summary: 'no guest on this host''s GPUs: nothing to drain'", "blocks-upgrade"]),
     (["--host", "rtxpro6000", "--action", "enable-mig", "--param", "gpu=0000:8c:00.0"],
@@ -210,3 +212,18 @@ def test_each_action_is_run_and_printed_as_juju_run_prints_it(environ, capsys, a
     after = out.split(f"$ juju run nova-compute-nvidia-vgpu/0 {name}", 1)[1]
     for line in lines:
         assert line in after, after[:2000]
+
+
+def test_the_demo_names_no_machine_of_the_reader(environ, capsys):
+    """Issue 41.7: fleet-report printed this machine's host name for the sample's own unit."""
+    import socket
+
+    real = socket.gethostname()
+    demo.main(["--host", "v100", "--action", "fleet-report"])
+    out = capsys.readouterr().out.split("$ juju run nova-compute-nvidia-vgpu/0 fleet-report", 1)[1]
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()
+            if line.strip().startswith("nova-compute-nvidia-vgpu/")}
+    assert rows == {"nova-compute-nvidia-vgpu/0": demo.SAMPLE_HOSTNAME,
+                    "nova-compute-nvidia-vgpu/1": "gpu-host-2",
+                    "nova-compute-nvidia-vgpu/2": "gpu-host-3"}
+    assert socket.gethostname() == real  # the sample's name only while the demo runs
