@@ -12,8 +12,9 @@ functions); this helper gathers its inputs and sets what it returns:
   databag holds (no StoredState copy). update-status and config-changed read
   nothing new: the boot result, the charm revision, NVML's metadata and the
   libvirt and QEMU versions are taken from the databag unless it holds none,
-  the driver changed or the GPUs did (the other events ask again), while nova-compute's live-migration settings come from the nova.conf
-  the hook reads anyway (so the status, the record and drain-plan agree);
+  the driver changed or the GPUs did (the other events ask again), while
+  nova-compute's live-migration settings come from the nova.conf the hook reads
+  anyway (so the status, the record and drain-plan agree);
 * on the leader, when a peer's data changed or left (and at election), the
   application status says the fleet's most important inconsistency; a
   relation-changed on any other unit returns at once;
@@ -107,8 +108,10 @@ class Fleet(ops.Object):
 
     def _record(self, before: Optional[model.Record], cheap: bool,
                 limit: Optional[int] = model.MAX_GPUS) -> model.Record:
-        """This unit's record; with ``cheap`` (update-status, config-changed) what costs comes
-        from ``before`` while the driver and the GPUs are the ones it names.
+        """This unit's record; ``cheap``: what costs comes from ``before`` where it still holds.
+
+        ``cheap`` (update-status, config-changed) keeps what ``before`` says while the
+        driver and the GPUs are the ones it names.
 
         What costs: NVML's metadata (a Python child), libvirt's and QEMU's versions
         (virsh), the boot result and the charm's revision. Readiness is what

@@ -351,6 +351,22 @@ def _instance(snap: _Siblings, vf_dir: str) -> str:
     return _kept(snap, vf_dir, "gpu_instance_id")
 
 
+def _writers_done() -> None:
+    """This thread opens something else: what it opened for writing is written."""
+    done = getattr(_HOOK, "writing", None)
+    if done:
+        _VOLATILE.difference_update(done)
+        _HOOK.writing = None
+
+
+def _being_written(path: str, name: str) -> None:
+    key = (os.path.realpath(os.path.dirname(os.path.dirname(path))), name)
+    _VOLATILE.add(key)
+    _HOOK.writing = (key,)
+    for snap in _SIBLINGS.values():
+        snap.files.pop(key, None)
+
+
 def _vfio_kernel(event, args):
     """Audit hook: recompute creatable_vgpu_types (and refuse impossible types) on read."""
     if event in _CHANGES:
@@ -358,10 +374,7 @@ def _vfio_kernel(event, args):
         return
     if event != "open" or not _MODELS:
         return
-    done = getattr(_HOOK, "writing", None)
-    if done:  # this thread opens something else: what it opened for writing is written
-        _VOLATILE.difference_update(done)
-        _HOOK.writing = None
+    _writers_done()
     path, mode, flags = args
     if isinstance(path, int):
         return
@@ -371,44 +384,44 @@ def _vfio_kernel(event, args):
     name = os.path.basename(path)
     if name not in ("creatable_vgpu_types",) + _KEPT:
         return
-    writing = (mode and any(c in mode for c in "wax+")) or \
-        (mode is None and flags & (os.O_WRONLY | os.O_RDWR))
+    writing = bool((mode and any(c in mode for c in "wax+")) or
+                   (mode is None and flags & (os.O_WRONLY | os.O_RDWR)))
     if getattr(_HOOK, "busy", False):
         return  # the model's own reads and writes (it forgets what it writes)
-    if name in _KEPT:
-        if writing:
-            key = (os.path.realpath(os.path.dirname(os.path.dirname(path))), name)
-            _VOLATILE.add(key)
-            _HOOK.writing = (key,)
-            for snap in _SIBLINGS.values():
-                snap.files.pop(key, None)
+    if name in _KEPT and writing:
+        _being_written(path, name)
     if name == "gpu_instance_id" or (writing and name != "current_vgpu_type"):
         return
     _HOOK.busy = True
     try:
-        vf_dir = os.path.realpath(os.path.dirname(os.path.dirname(path)))
-        pf_dir = os.path.realpath(os.path.join(vf_dir, "physfn"))
-        model = _MODELS.get(pf_dir)
-        if model is None or model.frozen:
-            return
-        model.vf_dirs[os.path.basename(vf_dir)] = vf_dir
-        if writing:  # judged when read back, as the driver answers the write
-            model.written.add(os.path.basename(vf_dir))
-            return
-        snap = _siblings(pf_dir)
-        others = [_current_in(snap, d) for d in snap.vfs if d != vf_dir]
-        own = _current_in(snap, vf_dir)
-        nvidia = os.path.join(vf_dir, "nvidia")
-        if name == "current_vgpu_type":
-            _read_back(model, vf_dir, own, others)
-            return
-        rows = ["ID    : vGPU Name"] + [f"{n:<6}: {t}" for n, t in
-                                         sorted(model.creatable(own, others,
-                                                                os.path.basename(vf_dir)).items())]
-        with open(os.path.join(nvidia, "creatable_vgpu_types"), "w") as handle:
-            handle.write("\n".join(rows) + "\n")
+        _answer(path, name, writing)
     finally:
         _HOOK.busy = False
+
+
+def _answer(path: str, name: str, writing: bool) -> None:
+    """What the driver does at an open of a VF's creatable_vgpu_types or current_vgpu_type."""
+    vf_dir = os.path.realpath(os.path.dirname(os.path.dirname(path)))
+    pf_dir = os.path.realpath(os.path.join(vf_dir, "physfn"))
+    model = _MODELS.get(pf_dir)
+    if model is None or model.frozen:
+        return
+    model.vf_dirs[os.path.basename(vf_dir)] = vf_dir
+    if writing:  # judged when read back, as the driver answers the write
+        model.written.add(os.path.basename(vf_dir))
+        return
+    snap = _siblings(pf_dir)
+    others = [_current_in(snap, d) for d in snap.vfs if d != vf_dir]
+    own = _current_in(snap, vf_dir)
+    nvidia = os.path.join(vf_dir, "nvidia")
+    if name == "current_vgpu_type":
+        _read_back(model, vf_dir, own, others)
+        return
+    rows = ["ID    : vGPU Name"] + [f"{n:<6}: {t}" for n, t in
+                                     sorted(model.creatable(own, others,
+                                                            os.path.basename(vf_dir)).items())]
+    with open(os.path.join(nvidia, "creatable_vgpu_types"), "w") as handle:
+        handle.write("\n".join(rows) + "\n")
 
 
 def _read_back(model: VfioModel, vf_dir: str, own: int, others: List[int]) -> None:

@@ -306,10 +306,12 @@ def test_a_hung_nvml_costs_a_hook_and_drain_plan_its_bound_and_says_so(
 
 
 def test_an_unchanged_config_changed_asks_neither_nvml_nor_virsh_and_publishes_nothing(
-        ctx, ready, nvml, tools, monkeypatch):
-    """Issue 43.1: the record's costly parts (NVML's metadata, virsh's versions, the boot result
-    and the revision) are kept from the databag while the driver and the GPUs are the same;
-    a new driver asks again."""
+        ctx, ready, nvml, tools):
+    """Issue 43.1: the record's costly parts are kept from the databag.
+
+    NVML's metadata, virsh's versions, the boot result and the revision stay while the
+    driver and the GPUs are the same; a new driver asks again.
+    """
     st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, resource=ready)
     out = ctx.run(ctx.on.config_changed(), st)
     before = published(out, peer)
