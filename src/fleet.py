@@ -9,11 +9,12 @@ functions); this helper gathers its inputs and sets what it returns:
   upgrade-charm, start, update-status, the peer relation created, and the
   pause, resume, upgrade and enable-mig actions) it builds this unit's record
   and writes it to its databag **only when it differs** from what the
-  databag holds (no StoredState copy). update-status reads nothing new: the
-  boot result, the charm revision, NVML's metadata and the libvirt and QEMU
-  versions are taken from the databag unless it holds none or the driver
-  changed, while nova-compute's live-migration settings come from the nova.conf
-  the hook reads anyway (so the status, the record and drain-plan agree);
+  databag holds (no StoredState copy). update-status and config-changed read
+  nothing new: the boot result, the charm revision, NVML's metadata and the
+  libvirt and QEMU versions are taken from the databag unless it holds none,
+  the driver changed or the GPUs did (the other events ask again), while
+  nova-compute's live-migration settings come from the nova.conf the hook reads
+  anyway (so the status, the record and drain-plan agree);
 * on the leader, when a peer's data changed or left (and at election), the
   application status says the fleet's most important inconsistency; a
   relation-changed on any other unit returns at once;
@@ -92,7 +93,8 @@ class Fleet(ops.Object):
         except model.RecordError:
             before = None
         try:
-            record = self._record(before, cheap=isinstance(event, ops.UpdateStatusEvent))
+            record = self._record(before, cheap=isinstance(
+                event, (ops.UpdateStatusEvent, ops.ConfigChangedEvent)))
             text = model.encode(record)
         except (HostReadError, model.RecordError) as error:
             logger.warning("fleet record not published: %s", error)
@@ -106,15 +108,21 @@ class Fleet(ops.Object):
 
     def _record(self, before: Optional[model.Record], cheap: bool,
                 limit: Optional[int] = model.MAX_GPUS) -> model.Record:
-        """This unit's record; with ``cheap`` (update-status) what costs comes from ``before``.
+        """This unit's record; ``cheap``: what costs comes from ``before`` where it still holds.
 
-        Readiness is what nova.conf decides now, read as the hook reads it (one
-        reading per dispatch, :meth:`vgpu.reconcile.Host.principal_conf`); only
-        libvirt's and QEMU's versions (virsh) are kept from ``before``.
+        ``cheap`` (update-status, config-changed) keeps what ``before`` says while the
+        driver and the GPUs are the ones it names.
+
+        What costs: NVML's metadata (a Python child), libvirt's and QEMU's versions
+        (virsh), the boot result and the charm's revision. Readiness is what
+        nova.conf and the config decide now, read as the hook reads it (one
+        reading per dispatch, :meth:`vgpu.reconcile.Host.principal_conf`); the
+        GPUs' records (mapping, published sections, tags) are built anew.
         """
         here = self._host.facts()
         driver = here.loaded_driver_version or ""
-        keep = cheap and before is not None and before.driver == driver
+        keep = cheap and before is not None and before.driver == driver and _same_gpus(
+            before, here.pci)
         if keep and before is not None:
             metadata = {g.address: g.metadata for g in before.gpus if g.metadata}
             boot, revision = before.boot, before.revision
@@ -299,6 +307,14 @@ class Fleet(ops.Object):
         answers = {(a[0], a[1]): a[2] for a in said.get("answers") or ()
                    if isinstance(a, list) and len(a) == 3}
         return metadata, answers
+
+
+def _same_gpus(before: model.Record, host) -> bool:
+    """Whether ``before`` was made on these GPUs: as many, each it names still here."""
+    if before.gpu_count != len(host.gpus):
+        return False
+    here = {g.address for g in host.gpus}
+    return all(g.address in here for g in before.gpus)
 
 
 def _learnt(host):

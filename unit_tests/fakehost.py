@@ -226,17 +226,17 @@ class MigModel:
         """The GPU instance the VF's vGPU lives in (the lowest with room), or None."""
         wanted = self.instance_profile(name)
         gis = sorted(self._gpu().get("gis", []), key=lambda g: g["id"])
-        mine = _read(os.path.join(vf_dir, "nvidia", "gpu_instance_id"))
-        if _current(vf_dir) == number and any(str(g["id"]) == mine and g["profile"] == wanted
-                                              for g in gis):
+        snap = _siblings(pf_dir)
+        mine = _instance(snap, vf_dir)
+        if _current_in(snap, vf_dir) == number and any(
+                str(g["id"]) == mine and g["profile"] == wanted for g in gis):
             return int(mine)  # read again: where it was placed
         held: Dict[int, List[int]] = {}
-        for link in os.listdir(pf_dir):
-            sibling = os.path.realpath(os.path.join(pf_dir, link))
-            if not link.startswith("virtfn") or sibling == vf_dir:
+        for sibling in snap.vfs:
+            if sibling == vf_dir:
                 continue
-            current = _current(sibling)
-            gi = _read(os.path.join(sibling, "nvidia", "gpu_instance_id"))
+            current = _current_in(snap, sibling)
+            gi = _instance(snap, sibling)
             if current and gi.isdigit():
                 held.setdefault(int(gi), []).append(current)
         for gi in gis:
@@ -289,18 +289,92 @@ def _read(path: str) -> str:
         return ""
 
 
-def _current(vf_dir: str) -> int:
+class _Siblings:
+    """What the model last read of one PF's VFs: their directories, types and GPU instances.
+
+    Read once and kept (the model reads them for every open of a VF's file, O(VFs) each:
+    the 4 x 48-VF MIG sample took a minute), and dropped by :func:`_vfio_kernel` at
+    anything that may change them: a directory created, removed, linked or renamed, a
+    process started, the PF's ``virtfn`` links not the ones read, the model's own writes.
+    A VF's file opened for writing by anyone else is read anew at every look until that
+    thread opens anything next (its write done: ``open``, ``write``, ``close``, as
+    vgpu.vfio and ``Path.write_text`` write), then kept again.
+    """
+
+    __slots__ = ("links", "vfs", "files")
+
+    def __init__(self, links: List[str], pf_dir: str):
+        self.links = links
+        self.vfs = [os.path.realpath(os.path.join(pf_dir, n)) for n in links]
+        self.files: Dict[tuple, str] = {}  # (VF directory, file name) -> its text
+
+
+_SIBLINGS: Dict[str, _Siblings] = {}  # PF directory (real path) -> what its VFs held when read
+_VOLATILE: set = set()  # VF files (VF directory, name) opened for writing, writers not done
+# Audit events after which nothing read of the VFs is kept: the tree changed, or another
+# process (which may change it unseen: sriov-manage, the boot step) started.
+_CHANGES = frozenset({
+    "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate",
+    "shutil.rmtree", "shutil.move", "shutil.copyfile", "shutil.copytree", "subprocess.Popen",
+    "os.posix_spawn", "os.system", "os.fork", "os.forkpty", "os.exec", "os.spawn"})
+_KEPT = ("current_vgpu_type", "gpu_instance_id")
+
+
+def _siblings(pf_dir: str) -> _Siblings:
+    links = [n for n in os.listdir(pf_dir) if n.startswith("virtfn")] if os.path.isdir(
+        pf_dir) else []
+    snap = _SIBLINGS.get(pf_dir)
+    if snap is None or snap.links != links:
+        snap = _SIBLINGS[pf_dir] = _Siblings(links, pf_dir)
+    return snap
+
+
+def _kept(snap: _Siblings, vf_dir: str, name: str) -> str:
+    """VF file ``nvidia/<name>``'s text (stripped; "" unreadable), kept unless being written."""
+    key = (vf_dir, name)
+    if key in _VOLATILE:
+        return _read(os.path.join(vf_dir, "nvidia", name))
+    text = snap.files.get(key)
+    if text is None:
+        text = snap.files[key] = _read(os.path.join(vf_dir, "nvidia", name))
+    return text
+
+
+def _current_in(snap: _Siblings, vf_dir: str) -> int:
     try:
-        with open(os.path.join(vf_dir, "nvidia", "current_vgpu_type")) as handle:
-            return int(handle.read().strip() or 0)
-    except (OSError, ValueError):
+        return int(_kept(snap, vf_dir, "current_vgpu_type") or 0)
+    except ValueError:
         return 0
+
+
+def _instance(snap: _Siblings, vf_dir: str) -> str:
+    return _kept(snap, vf_dir, "gpu_instance_id")
+
+
+def _writers_done() -> None:
+    """This thread opens something else: what it opened for writing is written."""
+    done = getattr(_HOOK, "writing", None)
+    if done:
+        _VOLATILE.difference_update(done)
+        _HOOK.writing = None
+
+
+def _being_written(path: str, name: str) -> None:
+    key = (os.path.realpath(os.path.dirname(os.path.dirname(path))), name)
+    _VOLATILE.add(key)
+    _HOOK.writing = (key,)
+    for snap in _SIBLINGS.values():
+        snap.files.pop(key, None)
 
 
 def _vfio_kernel(event, args):
     """Audit hook: recompute creatable_vgpu_types (and refuse impossible types) on read."""
-    if event != "open" or not _MODELS or getattr(_HOOK, "busy", False):
+    if event in _CHANGES:
+        _SIBLINGS.clear()
         return
+    if event != "open" or not _MODELS:
+        return
+    _writers_done()
     path, mode, flags = args
     if isinstance(path, int):
         return
@@ -308,38 +382,46 @@ def _vfio_kernel(event, args):
     if isinstance(path, bytes):
         return
     name = os.path.basename(path)
-    if name not in ("creatable_vgpu_types", "current_vgpu_type"):
+    if name not in ("creatable_vgpu_types",) + _KEPT:
         return
-    writing = (mode and any(c in mode for c in "wax+")) or \
-        (mode is None and flags & (os.O_WRONLY | os.O_RDWR))
-    if writing and name != "current_vgpu_type":
+    writing = bool((mode and any(c in mode for c in "wax+")) or
+                   (mode is None and flags & (os.O_WRONLY | os.O_RDWR)))
+    if getattr(_HOOK, "busy", False):
+        return  # the model's own reads and writes (it forgets what it writes)
+    if name in _KEPT and writing:
+        _being_written(path, name)
+    if name == "gpu_instance_id" or (writing and name != "current_vgpu_type"):
         return
     _HOOK.busy = True
     try:
-        vf_dir = os.path.realpath(os.path.dirname(os.path.dirname(path)))
-        pf_dir = os.path.realpath(os.path.join(vf_dir, "physfn"))
-        model = _MODELS.get(pf_dir)
-        if model is None or model.frozen:
-            return
-        model.vf_dirs[os.path.basename(vf_dir)] = vf_dir
-        if writing:  # judged when read back, as the driver answers the write
-            model.written.add(os.path.basename(vf_dir))
-            return
-        siblings = [os.path.realpath(os.path.join(pf_dir, n)) for n in os.listdir(pf_dir)
-                    if n.startswith("virtfn")]
-        others = [_current(d) for d in siblings if d != vf_dir]
-        own = _current(vf_dir)
-        nvidia = os.path.join(vf_dir, "nvidia")
-        if name == "current_vgpu_type":
-            _read_back(model, vf_dir, own, others)
-            return
-        rows = ["ID    : vGPU Name"] + [f"{n:<6}: {t}" for n, t in
-                                         sorted(model.creatable(own, others,
-                                                                os.path.basename(vf_dir)).items())]
-        with open(os.path.join(nvidia, "creatable_vgpu_types"), "w") as handle:
-            handle.write("\n".join(rows) + "\n")
+        _answer(path, name, writing)
     finally:
         _HOOK.busy = False
+
+
+def _answer(path: str, name: str, writing: bool) -> None:
+    """What the driver does at an open of a VF's creatable_vgpu_types or current_vgpu_type."""
+    vf_dir = os.path.realpath(os.path.dirname(os.path.dirname(path)))
+    pf_dir = os.path.realpath(os.path.join(vf_dir, "physfn"))
+    model = _MODELS.get(pf_dir)
+    if model is None or model.frozen:
+        return
+    model.vf_dirs[os.path.basename(vf_dir)] = vf_dir
+    if writing:  # judged when read back, as the driver answers the write
+        model.written.add(os.path.basename(vf_dir))
+        return
+    snap = _siblings(pf_dir)
+    others = [_current_in(snap, d) for d in snap.vfs if d != vf_dir]
+    own = _current_in(snap, vf_dir)
+    nvidia = os.path.join(vf_dir, "nvidia")
+    if name == "current_vgpu_type":
+        _read_back(model, vf_dir, own, others)
+        return
+    rows = ["ID    : vGPU Name"] + [f"{n:<6}: {t}" for n, t in
+                                     sorted(model.creatable(own, others,
+                                                            os.path.basename(vf_dir)).items())]
+    with open(os.path.join(nvidia, "creatable_vgpu_types"), "w") as handle:
+        handle.write("\n".join(rows) + "\n")
 
 
 def _read_back(model: VfioModel, vf_dir: str, own: int, others: List[int]) -> None:
@@ -354,6 +436,7 @@ def _read_back(model: VfioModel, vf_dir: str, own: int, others: List[int]) -> No
             vf in model.refuse or (vf, own) in model.refuse))):
         with open(os.path.join(nvidia, "current_vgpu_type"), "w") as handle:
             handle.write("0\n")
+        _SIBLINGS.clear()
 
 
 def _mig_write(model: VfioModel, vf_dir: str, own: int, nvidia: str) -> bool:
@@ -379,6 +462,7 @@ def _mig_write(model: VfioModel, vf_dir: str, own: int, nvidia: str) -> bool:
     else:
         with open(instance, "w") as handle:
             handle.write(f"{gi}\n")
+    _SIBLINGS.clear()  # what it wrote is read anew
     return True
 
 

@@ -5,6 +5,7 @@ older schema); NVML is the pynvml stand-in (unit_tests/fake_pynvml) put
 where the charm imports pynvml.
 """
 
+import dataclasses
 import json
 import sys
 import time
@@ -302,3 +303,37 @@ def test_a_hung_nvml_costs_a_hook_and_drain_plan_its_bound_and_says_so(
     assert ctx.action_results["nvml"] == (
         "NVML did not answer within 2s: no NVIDIA verdicts in this plan")
     assert json.loads(ctx.action_results["plan"])["guests"][0]["instance"] == GUEST
+
+
+def test_an_unchanged_config_changed_asks_neither_nvml_nor_virsh_and_publishes_nothing(
+        ctx, ready, nvml, tools):
+    """Issue 43.1: the record's costly parts are kept from the databag.
+
+    NVML's metadata, virsh's versions, the boot result and the revision stay while the
+    driver and the GPUs are the same; a new driver asks again.
+    """
+    st, peer = fleet_state({1: {fleet.KEY: peer_record("gpu-1")}}, resource=ready)
+    out = ctx.run(ctx.on.config_changed(), st)
+    before = published(out, peer)
+    assert "nvmlDeviceGetVgpuMetadata" in nvml.calls()
+    virsh = len([c for c in tools.calls() if c.startswith("virsh")])
+    assert virsh >= 1
+    nvml.configure(nvml.state)  # forget the calls
+    out = ctx.run(ctx.on.config_changed(), out)
+    assert published(out, peer) == before
+    assert nvml.calls() == []  # NVML not asked
+    assert len([c for c in tools.calls() if c.startswith("virsh")]) == virsh  # virsh not run
+    # The live-migration option is config: the record follows it without asking again.
+    out = ctx.run(ctx.on.config_changed(), dataclasses.replace(
+        out, config={**out.config, "vfio-live-migration": True}))
+    assert fleet.decode(published(out, peer)).readiness.vfio_live_migration
+    assert nvml.calls() == []
+    # A record from another driver: asked again.
+    held = fleet.decode(published(out, peer))
+    stale = fleet.encode(held._replace(driver="535.54.03"))
+    relations = [r if r.id != peer.id else dataclasses.replace(
+        r, local_unit_data={**r.local_unit_data, fleet.KEY: stale}) for r in out.relations]
+    out = ctx.run(ctx.on.config_changed(), dataclasses.replace(out, relations=relations))
+    assert "nvmlDeviceGetVgpuMetadata" in nvml.calls()
+    assert len([c for c in tools.calls() if c.startswith("virsh")]) > virsh
+    assert fleet.decode(published(out, peer)).driver == "570.158.02"
