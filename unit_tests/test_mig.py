@@ -48,7 +48,7 @@ GUIDE = {
     ("0x2331", "H100 80GB"), ("0x2bb5", "RTX PRO 6000 Blackwell Server Edition"),
 ])
 def test_every_gpu_instance_profile_row_is_the_guide_s(device_id, model):
-    shape = mig.GEOMETRIES[device_id]
+    shape = profiles.GEOMETRIES[device_id]
     compute, memory, rows = GUIDE[model]
     assert (shape.model, shape.compute_slices, shape.memory_slices) == (model, compute, memory)
     assert [(gi.name, gi.slices, gi.memory_gb, gi.size, gi.starts, gi.most, gi.media)
@@ -59,7 +59,7 @@ def test_every_gpu_instance_profile_row_is_the_guide_s(device_id, model):
 
 
 def test_the_geometries_cover_the_guide_s_models_and_no_others():
-    assert {shape.model for shape in mig.GEOMETRIES.values()} == set(GUIDE)
+    assert {shape.model for shape in profiles.GEOMETRIES.values()} == set(GUIDE)
 
 
 @pytest.mark.parametrize("name, fits, gi", [
