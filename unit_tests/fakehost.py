@@ -1133,17 +1133,8 @@ class FakeHost:
         self._remove_mdevs()
         recipes = self._recipes()
         for address, recipe in recipes.items():
+            self.remove_vfs(address)
             pf = (self.bus / address).resolve()
-            for name in sorted(os.listdir(pf)):
-                if name.startswith("virtfn"):
-                    vf = (pf / name).resolve()
-                    _unbind(vf)
-                    for link in (self.bus / vf.name, self.root / "sys/class/mdev_bus" / vf.name):
-                        if os.path.lexists(link):
-                            link.unlink()
-                    shutil.rmtree(vf)
-                    (pf / name).unlink()
-            (pf / "sriov_numvfs").write_text("0\n")
             if vfio_types and address in vfio_types:
                 recipe["vfio"] = {str(k): v for k, v in vfio_types[address].items()}
                 _MODELS[os.path.realpath(pf)] = _new_types(pf, vfio_types[address])
