@@ -455,3 +455,16 @@ def test_an_attribute_is_read_as_clean_text_whatever_its_bytes(root, raw, name):
     v100_host(root)
     (root / "sys/bus/pci/devices/0000:c1:00.0/mdev_supported_types/nvidia-108/name").write_bytes(raw)
     assert pci.discover().gpus[0].types[3].name == name
+
+
+@pytest.mark.parametrize("rows", [1, 163, 164, 700])  # a header of 18 bytes, rows of 25
+def test_a_creatable_list_is_read_whole_below_at_and_past_a_page(root, rows):
+    """sysfs' attributes are at most a page (4 KiB, or 64 KiB on such kernels): read whole."""
+    host = FakeHost(root)
+    host.add_gpu("0000:01:00.0", device="0x26b9", totalvfs=1)
+    listed = {900 + n: f"NVIDIA L40S-{n + 1:03d}Q" for n in range(rows)}
+    vf = host.add_vf("0000:01:00.0", 0, "0000:01:00.4", vfio_types=listed)
+    size = len((vf / "nvidia/creatable_vgpu_types").read_bytes())
+    assert size == 18 + 25 * rows and (size > 4096) == (rows > 163)
+    types = pci.discover().gpus[0].vfs[0].types
+    assert {t.number: t.name for t in types} == listed

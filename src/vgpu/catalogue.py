@@ -111,7 +111,9 @@ def listed_whole(gpu: pci.Gpu) -> Optional[int]:
     """The GPU's framebuffer in GB as its VFs list it now: only while no VF holds a type."""
     if any(vf.current_type for vf in gpu.vfs):
         return None
-    sizes = [p.framebuffer_gb for vf in gpu.vfs for p in (t.profile for t in vf.types)
+    # Each name parsed once: a GPU's VFs list the same few types (discovery shares them).
+    names = {t.name for vf in gpu.vfs for t in vf.types}
+    sizes = [p.framebuffer_gb for p in map(profiles.profile, names)
              if p is not None and not p.mig]
     return max(sizes) if sizes else None
 
