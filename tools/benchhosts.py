@@ -100,6 +100,7 @@ def sriov_host(root, framework: str, gpus: int, vfs: int,
     host.modules(["nvidia_vgpu_vfio", "nvidia", "vfio_pci", "vfio"] + [f"mod{n}" for n in range(150)])
     host.loaded_driver("570.158.02")
     host.iommu_groups(gpus * (vfs + 1) + OTHER_FUNCTIONS)
+    host.proc_pci_devices()  # the kernel's list of every function, as a real host has it
     if installed is not None:
         for part in ("var/lib/dpkg", "usr", "lib", "etc"):
             if (installed / part).exists():

@@ -1190,6 +1190,33 @@ class FakeHost:
         if not os.path.lexists(link):
             link.symlink_to(os.path.relpath(directory, mdev_bus))
 
+    def proc_pci_devices(self) -> Path:
+        """``/proc/bus/pci/devices`` as the kernel writes it for the functions sysfs has now.
+
+        ``drivers/pci/proc.c``, ``show_device``: per function ``%02x%02x`` (bus number,
+        devfn), a tab, ``%04x%04x`` (vendor, device), a tab, the IRQ in hex, then seven
+        BARs' start and seven sizes as tab-separated ``%16llx``, and the bound driver's
+        name after a tab. No PCI domain: two domains' functions at one bus, slot and
+        function give two lines with the same first field. Written once, when asked:
+        like the kernel's, it says what was there when it was read.
+        """
+        lines = []
+        for name in sorted(os.listdir(self.bus)):
+            device = self.bus / name
+            _, bus, slot_function = name.split(":")
+            slot, function = slot_function.split(".")
+            devfn = int(slot, 16) << 3 | int(function)
+            vendor = (device / "vendor").read_text().strip().removeprefix("0x")
+            ident = (device / "device").read_text().strip().removeprefix("0x")
+            bars = "\t".join(f"{0:16x}" for _ in range(14))
+            driver = _driver_of(device)
+            lines.append(f"{bus}{devfn:02x}\t{vendor}{ident}\t0\t{bars}"
+                         + (f"\t{driver}" if driver else "\t") + "\n")
+        path = self.root / "proc/bus/pci/devices"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(lines))
+        return path
+
     # -- everything else the charm reads ------------------------------------
     def pci_ids(self, text: str = PCI_IDS) -> None:
         path = self.root / "usr/share/misc/pci.ids"

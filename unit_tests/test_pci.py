@@ -468,3 +468,92 @@ def test_a_creatable_list_is_read_whole_below_at_and_past_a_page(root, rows):
     assert size == 18 + 25 * rows and (size > 4096) == (rows > 163)
     types = pci.discover().gpus[0].vfs[0].types
     assert {t.number: t.name for t in types} == listed
+
+
+# -- /proc/bus/pci/devices: the vendor files it spares -------------------------------------------
+
+def _vendors_read(monkeypatch) -> list:
+    """The functions whose ``vendor`` file discovery reads, in order."""
+    read = []
+    real = pci._read
+
+    def counting(path):
+        if str(path).endswith("/vendor"):
+            read.append(str(path).split("/")[-2])
+        return real(path)
+
+    monkeypatch.setattr(pci, "_read", counting)
+    return read
+
+
+BUILDERS = [v100_host, a100_host, l40s_host, h200_nvl_host, h200_sxm_host, rtx_pro_6000_host]
+
+
+@pytest.mark.parametrize("build", BUILDERS, ids=lambda b: b.__name__)
+def test_the_kernels_list_spares_other_vendors_reads_and_finds_the_same(root, build, monkeypatch):
+    """Every fixture host: the same GPUs, VFs and types with the list as without it."""
+    host = build(root)
+    without = pci.discover()
+    read = _vendors_read(monkeypatch)
+    pci.discover()
+    everything = list(read)
+    host.proc_pci_devices()
+    read.clear()
+    assert pci.discover() == without and without.gpus
+    bus = root / "sys/bus/pci/devices"
+    nvidia_slots = {a[-7:] for a in os.listdir(bus) if (bus / a / "vendor").read_text().strip() == NVIDIA}
+    # Read: each NVIDIA function and each function sharing its bus, slot and function with one
+    # in another domain; spared: every other vendor's.
+    assert read == [a for a in everything if a[-7:] in nvidia_slots]
+    assert {gpu.address for gpu in without.gpus} <= set(read)
+
+
+def test_two_domains_at_one_bus_slot_and_function_are_both_read(root, monkeypatch):
+    """The kernel's list has no domain: an NVIDIA line at 01:00.0 keeps both 01:00.0s read."""
+    host = FakeHost(root)
+    host.add_gpu("0001:01:00.0", device="0x26b9", bridge="0001:00:01.0")
+    host.add_pci("0000:01:00.0", INTEL, "0x1572", "0x020000", driver="i40e")
+    host.add_pci("0000:02:00.0", INTEL, "0x1572", "0x020000", driver="i40e")
+    host.proc_pci_devices()
+    lines = (root / "proc/bus/pci/devices").read_text().splitlines()
+    assert [line.split("\t")[:2] for line in lines] == [
+        ["0100", "80861572"], ["0200", "80861572"], ["0100", "10de26b9"]]
+    read = _vendors_read(monkeypatch)
+    assert [g.address for g in pci.discover().gpus] == ["0001:01:00.0"]
+    assert sorted(read) == ["0000:01:00.0", "0001:01:00.0"]  # not 0000:02:00.0
+
+
+def test_a_function_the_list_does_not_name_is_read(root, monkeypatch):
+    """A GPU that appeared after the list was written (hot-plug) is still found."""
+    host = FakeHost(root)
+    host.add_pci("0000:02:00.0", INTEL, "0x1572", "0x020000", driver="i40e")
+    host.proc_pci_devices()
+    host.add_gpu("0000:41:00.0", device="0x26b9")
+    read = _vendors_read(monkeypatch)
+    assert [g.address for g in pci.discover().gpus] == ["0000:41:00.0"]
+    assert read == ["0000:41:00.0"]
+
+
+@pytest.mark.parametrize("damage", [
+    lambda text: text.replace("\t", " ", 1),  # not the kernel's format
+    lambda text: "zz" + text,
+    lambda text: text.replace("8086", "80g6", 1),
+    lambda text: text + "0300\t10de\n",  # a cut line
+    "past its bound",
+    "a directory",  # unreadable
+])
+def test_a_list_that_is_not_the_kernels_leaves_every_vendor_read(root, monkeypatch, damage):
+    host = FakeHost(root)
+    host.add_pci("0000:02:00.0", INTEL, "0x1572", "0x020000", driver="i40e")
+    host.add_gpu("0000:41:00.0", device="0x26b9")
+    path = host.proc_pci_devices()
+    if damage == "a directory":
+        path.unlink()
+        path.mkdir()
+    elif damage == "past its bound":
+        monkeypatch.setattr(pci, "PROC_DEVICES_LIMIT", len(path.read_bytes()) - 1)
+    else:
+        path.write_text(damage(path.read_text()))
+    read = _vendors_read(monkeypatch)
+    assert [g.address for g in pci.discover().gpus] == ["0000:41:00.0"]
+    assert sorted(read) == ["0000:02:00.0", "0000:41:00.0"]

@@ -28,6 +28,9 @@ NVIDIA_VENDOR = "0x10de"
 # PCI class: 0x0300xx VGA compatible controller, 0x0302xx 3D controller.
 GPU_CLASSES = ("0x0300", "0x0302")
 PCI_DEVICES = "sys/bus/pci/devices"
+PROC_DEVICES = "proc/bus/pci/devices"  # one line per function: see not_nvidia
+PROC_DEVICES_LIMIT = 1 << 22  # bytes; about 150 a function, and a PCI domain has at most 65,536
+_HEX = re.compile(rb"[0-9a-fA-F]+")
 PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids")
 PCI_IDS_LIMIT = 1 << 24  # characters of pci.ids scanned (the real one has about 1.4 million)
 # What else names a GPU pci.ids does not know (newer than the host's copy): udev's database
@@ -255,8 +258,9 @@ def discover() -> Host:
     physical: Dict[str, str] = {}
     links: Dict[str, List[Tuple[str, str]]] = {}  # GPU -> its (virtfn link, VF address)
     known_vfs: set = set()  # VFs of the GPUs found so far: sorted after their GPU, never read
+    others = not_nvidia()  # the kernel's own list: functions whose vendor file needs no read
     for name in sorted(listed):
-        if name in known_vfs or not _ADDRESS.match(name):
+        if name in known_vfs or not _ADDRESS.match(name) or name[-7:] in others:
             continue
         entry = f"{devices}/{name}"
         if _read(f"{entry}/vendor") != NVIDIA_VENDOR:
@@ -289,6 +293,37 @@ def discover() -> Host:
             vfs=_virtual_functions(entry, definitions, device_id, links[address]),
         ))
     return Host(gpus=tuple(gpus))
+
+
+def not_nvidia() -> frozenset:
+    """``bus:slot.function`` of the functions ``/proc/bus/pci/devices`` lists with no NVIDIA one.
+
+    One read instead of a ``vendor`` file per function (a GPU host has hundreds: NICs
+    and their VFs, bridges). The kernel's list has no PCI domain (``drivers/pci/proc.c``,
+    ``show_device``: bus number, devfn, vendor and device), so a ``bus:slot.function``
+    that any domain has an NVIDIA function at, or that is not listed, is not in the set,
+    and its vendor is read from sysfs as before. A list that is missing, unreadable,
+    past :data:`PROC_DEVICES_LIMIT` or not as the kernel writes it gives the empty set:
+    every vendor is read.
+    """
+    try:
+        raw = hostroot.read_bytes(hostroot.text_path(PROC_DEVICES), PROC_DEVICES_LIMIT)
+    except HostReadError:
+        return frozenset()
+    if not raw:
+        return frozenset()
+    vendors: Dict[str, set] = {}
+    for line in raw.split(b"\n"):
+        if not line:
+            continue
+        fields = line.split(b"\t", 2)
+        key, ids = fields[0], fields[1] if len(fields) > 1 else b""
+        if len(key) != 4 or len(ids) != 8 or not _HEX.fullmatch(key + ids):
+            return frozenset()  # not the kernel's format: read every vendor
+        devfn = int(key[2:], 16)
+        vendors.setdefault(f"{key[:2].decode()}:{devfn >> 3:02x}.{devfn & 7}", set()).add(
+            ids[:4].lower())
+    return frozenset(slot for slot, found in vendors.items() if b"10de" not in found)
 
 
 def with_available(host: Host, addresses: Optional[Iterable[str]] = None) -> Host:
