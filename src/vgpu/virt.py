@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple
 from . import dpkg, run
 from .errors import CommandError, HostReadError, PrincipalConfigError
 
-if TYPE_CHECKING:  # vgpu.livemigration (a dataclass) is imported only where it is used
+if TYPE_CHECKING:  # vgpu.livemigration is imported only where it is used
     from . import livemigration
     from .livemigration import Version
 
