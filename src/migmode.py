@@ -46,11 +46,11 @@ class MigMode(ops.Object):
 
         Those systemd says run again are forgotten; where it cannot say, they are named.
         """
-        from vgpu import gpuclients
-
         names = list(self._stored.clients_left)
         if not names:
             return []
+        from vgpu import gpuclients  # only when some were left stopped: not every update-status
+
         try:
             running = set(gpuclients.active(names))
         except (VgpuError, ValueError):
