@@ -2,9 +2,12 @@
 
 import json
 import os
+import re
 import shutil
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from unit_tests import principal
 from unit_tests.fakehost import (
@@ -21,7 +24,7 @@ from unit_tests.fakehost import (
     rtx_pro_6000_host,
     v100_host,
 )
-from vgpu import catalogue, mappings, novaconf, pci, plan, releases
+from vgpu import catalogue, mappings, novaconf, pci, plan, profiles, releases
 
 CARACAL = releases.from_major(29)
 EPOXY = releases.from_major(31)
@@ -780,3 +783,10 @@ def test_a_name_a_newer_driver_offers_on_this_board_is_refused_naming_that_drive
                        other_drivers={"0000:81:00.0": {"L40S-99Q": "595.10"}})
     assert len(built.errors) == 1
     assert "595.10" in built.errors[0] and "L40S-99Q" in built.errors[0]
+
+
+@given(st.text(max_size=30))
+def test_a_resource_class_keeps_ascii_capitals_and_digits_and_underscores_the_rest(name):
+    """Placement's normal form: CUSTOM_ and [A-Z0-9_] only, whatever the driver's name holds."""
+    short = profiles.profile_name(name).upper()
+    assert plan.resource_class(name) == "CUSTOM_VGPU_" + re.sub(r"[^A-Z0-9]", "_", short)

@@ -1,6 +1,10 @@
 """vgpu.releases: the OpenStack release read from nova-common's version."""
 
+import re
+
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from vgpu import releases
 from vgpu.errors import UnsupportedReleaseError
@@ -24,6 +28,24 @@ def test_an_unreadable_version_names_itself(version):
     with pytest.raises(UnsupportedReleaseError) as error:
         releases.from_version(version)
     assert str(error.value) == f"cannot read Nova's release from version {version!r}"
+
+
+@given(st.text(alphabet="0123456789:.-~+²٣abx ", max_size=12))
+@example("1.2:3.4")
+@example("²9.0")
+@example("3:²9.0")
+@example("0:3:29.0")
+def test_the_major_is_the_number_after_an_epoch_and_before_the_first_dot(version):
+    """As dpkg's ``[epoch:]upstream``: ASCII digits only, the epoch optional."""
+    match = re.match(r"(?:[0-9]+:)?([0-9]+)\.", version)
+    if match is None:
+        with pytest.raises(UnsupportedReleaseError):
+            releases.from_version(version)
+    elif int(match.group(1)) < releases.OLDEST:
+        with pytest.raises(UnsupportedReleaseError, match="older than"):
+            releases.from_version(version)
+    else:
+        assert releases.from_version(version).nova_major == int(match.group(1))
 
 
 def test_installed_reads_dpkgs_answer_when_not_given_it(root):

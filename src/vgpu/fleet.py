@@ -50,14 +50,15 @@ MINIMUM = {"vfio": (("libvirt", (10, 0, 0)), ("qemu", (8, 2, 2))),
 UNREAD = "unknown"
 
 LIVE, COLD, NONE = "live", "cold", "none"
-RESOURCE_CLASS = re.compile(r"(VGPU|CUSTOM_[A-Z0-9_]{1,248})\Z")  # Placement's class names
-HOST_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z")
+# Patterns compiled by re when first used (the report, a peer's record), not by every hook.
+RESOURCE_CLASS = r"(VGPU|CUSTOM_[A-Z0-9_]{1,248})\Z"  # Placement's class names
+HOST_NAME = (r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+             r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z")
 
 
 def host_name(value: str) -> bool:
     """Whether ``value`` is a host name (RFC 1123: letters, digits, hyphens, dotted labels)."""
-    return bool(HOST_NAME.match(value or ""))  # NVIDIA's verdict on a vGPU and a destination GPU
+    return bool(re.match(HOST_NAME, value or ""))  # NVIDIA's verdict on a vGPU and a destination GPU
 
 
 class RecordError(ValueError):
@@ -447,7 +448,7 @@ def capacity_commands(units: Sequence[Peer]) -> Tuple[List[str], List[str]]:
             name = gpu.type_name or gpu.type_id or (f"whole GPU {gpu.board}" if gpu.whole else "")
             if not name:
                 continue
-            if gpu.resource_class and RESOURCE_CLASS.match(gpu.resource_class):
+            if gpu.resource_class and re.match(RESOURCE_CLASS, gpu.resource_class):
                 classes.setdefault(gpu.resource_class, set()).add(name)
             elif not gpu.resource_class:
                 unclassed.add(name)

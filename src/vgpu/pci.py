@@ -30,7 +30,7 @@ GPU_CLASSES = ("0x0300", "0x0302")
 PCI_DEVICES = "sys/bus/pci/devices"
 PROC_DEVICES = "proc/bus/pci/devices"  # one line per function: see not_nvidia
 PROC_DEVICES_LIMIT = 1 << 22  # bytes; about 150 a function, and a PCI domain has at most 65,536
-_HEX = re.compile(rb"[0-9a-fA-F]+")
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids")
 PCI_IDS_LIMIT = 1 << 24  # characters of pci.ids scanned (the real one has about 1.4 million)
 # What else names a GPU pci.ids does not know (newer than the host's copy): udev's database
@@ -318,7 +318,7 @@ def not_nvidia() -> frozenset:
             continue
         fields = line.split(b"\t", 2)
         key, ids = fields[0], fields[1] if len(fields) > 1 else b""
-        if len(key) != 4 or len(ids) != 8 or not _HEX.fullmatch(key + ids):
+        if len(key) != 4 or len(ids) != 8 or (key + ids).strip(_HEX_DIGITS):  # all hex digits
             return frozenset()  # not the kernel's format: read every vendor
         devfn = int(key[2:], 16)
         vendors.setdefault(f"{key[:2].decode()}:{devfn >> 3:02x}.{devfn & 7}", set()).add(

@@ -59,6 +59,7 @@ ONE_TIME_USE_MAJOR = 32  # Nova 2025.2 flamingo: device_spec's one_time_use
 
 ALL = "all"
 _TYPE_ID = re.compile(r"nvidia-([0-9]+)")
+_CLASS_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")  # the rest become "_"
 
 
 class Assignment(NamedTuple):
@@ -167,8 +168,8 @@ class Plan(NamedTuple):
 
 def resource_class(name: str) -> str:
     """``NVIDIA L40S-12Q`` -> ``CUSTOM_VGPU_L40S_12Q`` (already in Placement's normal form)."""
-    short = profiles.profile_name(name)
-    return CLASS_PREFIX + re.sub(r"[^A-Z0-9]", "_", short.upper())
+    short = profiles.profile_name(name).upper()
+    return CLASS_PREFIX + "".join(c if c in _CLASS_CHARACTERS else "_" for c in short)
 
 
 def flavor_property(vgpu_type: pci.VgpuType, framework: Optional[str], mdev_class: bool) -> str:

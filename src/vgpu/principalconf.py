@@ -497,8 +497,10 @@ def conflicts_each(specs: Sequence[Entry], candidates: Sequence[Dict[str, List[L
     process per entry with patterns, so an entry costs a hook REGEX_BUDGET
     at most however many sets of sections are checked.
     """
-    checks = [_check(sections, host) for sections in candidates]
     out: List[List[str]] = [[] for _ in candidates]
+    if not specs:  # the principal gives Nova no device: nothing of ours to clash with
+        return out
+    checks = [_check(sections, host) for sections in candidates]
     if not any(checks):
         return out
     physical = {gpu.address for gpu in host.gpus if gpu.sriov}

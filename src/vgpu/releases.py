@@ -8,7 +8,6 @@ here is treated as the newest known one, so new hosts get today's format.
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 from . import dpkg
@@ -99,10 +98,17 @@ def from_major(major: int, version: str = "") -> Release:
 
 def from_version(version: str) -> Release:
     """``3:29.0.0-0ubuntu1~cloud0`` -> caracal."""
-    match = re.match(r"(?:[0-9]+:)?([0-9]+)\.", version or "")
-    if not match:
+    epoch, colon, rest = (version or "").partition(":")
+    upstream = rest if colon and _digits(epoch) else version or ""
+    major, dot, _ = upstream.partition(".")
+    if not dot or not _digits(major):
         raise UnsupportedReleaseError(f"cannot read Nova's release from version {version!r}")
-    return from_major(int(match.group(1)), version)
+    return from_major(int(major), version)
+
+
+def _digits(text: str) -> bool:
+    """One or more ASCII digits, nothing else (str.isdigit takes ``²`` too)."""
+    return text.isascii() and text.isdigit()
 
 
 def installed(packages=None) -> Optional[Release]:
