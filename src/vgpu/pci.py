@@ -30,7 +30,8 @@ GPU_CLASSES = ("0x0300", "0x0302")
 PCI_DEVICES = "sys/bus/pci/devices"
 PROC_DEVICES = "proc/bus/pci/devices"  # one line per function: see not_nvidia
 PROC_DEVICES_LIMIT = 1 << 22  # bytes; about 150 a function, and a PCI domain has at most 65,536
-_HEX_DIGITS = b"0123456789abcdefABCDEF"
+_HEX_DIGITS = "0123456789abcdef"  # as the kernel's %x writes them
+_DEVFN = {f"{n:02x}": f"{n >> 3:02x}.{n & 7}" for n in range(256)}  # devfn -> slot.function
 PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids")
 PCI_IDS_LIMIT = 1 << 24  # characters of pci.ids scanned (the real one has about 1.4 million)
 # What else names a GPU pci.ids does not know (newer than the host's copy): udev's database
@@ -312,18 +313,20 @@ def not_nvidia() -> frozenset:
         return frozenset()
     if not raw:
         return frozenset()
-    vendors: Dict[str, set] = {}
-    for line in raw.split(b"\n"):
+    listed, nvidia, heads = set(), set(), []
+    for line in raw.decode("ascii", "replace").split("\n"):  # the kernel writes ASCII
         if not line:
             continue
-        fields = line.split(b"\t", 2)
-        key, ids = fields[0], fields[1] if len(fields) > 1 else b""
-        if len(key) != 4 or len(ids) != 8 or (key + ids).strip(_HEX_DIGITS):  # all hex digits
+        if line[4:5] != "\t" or line[13:14] != "\t":
             return frozenset()  # not the kernel's format: read every vendor
-        devfn = int(key[2:], 16)
-        vendors.setdefault(f"{key[:2].decode()}:{devfn >> 3:02x}.{devfn & 7}", set()).add(
-            ids[:4].lower())
-    return frozenset(slot for slot, found in vendors.items() if b"10de" not in found)
+        key = line[:4]
+        heads.append(key + line[5:13])
+        listed.add(key)
+        if line[5:9] == "10de":
+            nvidia.add(key)
+    if "".join(heads).strip(_HEX_DIGITS):  # bus, devfn, vendor and device: hex digits only
+        return frozenset()
+    return frozenset(f"{key[:2]}:{_DEVFN[key[2:]]}" for key in listed - nvidia)
 
 
 def with_available(host: Host, addresses: Optional[Iterable[str]] = None) -> Host:
