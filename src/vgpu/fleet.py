@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections import Counter
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -206,9 +205,11 @@ def gpu_records(host, mapping: Mapping[str, Sequence[str]],
     out = []
     for gpu in host.gpus[:limit]:
         functions = {gpu.address, *(vf.address for vf in gpu.vfs)}
-        offered = {t.number: t for t in gpu.offered_types()}
-        for vf in gpu.vfs:
-            for known in vf.types:
+        # The GPU's types, then its VFs' in order, the first of each number kept. A GPU's VFs
+        # mostly share one listing (discovery keeps one tuple per listing): each walked once.
+        offered = {t.number: t for t in gpu.types}
+        for listed in {id(vf.types): vf.types for vf in gpu.vfs}.values():
+            for known in listed:
                 offered.setdefault(known.number, known)
         numbers = sorted({vf.current_type for vf in gpu.vfs if vf.current_type})
         if gpu.framework != pci.VFIO:
@@ -452,6 +453,8 @@ def capacity_commands(units: Sequence[Peer]) -> Tuple[List[str], List[str]]:
                 classes.setdefault(gpu.resource_class, set()).add(name)
             elif not gpu.resource_class:
                 unclassed.add(name)
+    import shlex  # the report's commands only: not a hook's import
+
     commands = [f"openstack allocation candidate list --resource {shlex.quote(rc)}=1 "
                 f"--os-placement-api-version 1.12  # {', '.join(sorted(classes[rc]))}"
                 for rc in sorted(classes)]
