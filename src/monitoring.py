@@ -61,7 +61,13 @@ class Monitoring(ops.Object):
         return self._stored.exporter.get("problem", "")
 
     def notes(self) -> tuple:
-        """What the active status adds: the operator masked the exporter (persistent or runtime)."""
+        """What the active status adds: the operator masked the exporter (persistent or runtime).
+
+        Only while cos-agent is related: without it no metrics are asked for, and
+        the exporter's module is not loaded.
+        """
+        if not self.model.relations[COS_AGENT]:
+            return ()
         from vgpu import exporter
 
         return (exporter.MASKED,) if exporter.masked() else ()

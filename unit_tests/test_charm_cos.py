@@ -4,6 +4,7 @@ What the collector (opentelemetry-collector) reads is the unit's ``config`` key,
 library's COSAgentProvider writes it; it is read back here with the library's own model.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -212,8 +213,13 @@ def test_an_operators_mask_is_respected_by_every_hook_and_said(ctx, v100, root, 
         assert published(out)["metrics_scrape_jobs"] == []
     before = again(out)
     ctx.run(ctx.on.relation_broken(before.get_relations("cos-agent")[0]), before)
-    # the relation gone: the mask still stays
+    # the relation gone: the mask still stays, and no metrics are asked for: nothing to say
     assert os.readlink(link) == os.devnull
+    alone = dataclasses.replace(again(out), relations=[
+        r for r in out.relations if r.endpoint != "cos-agent"])
+    out = ctx.run(ctx.on.update_status(), alone)
+    assert out.unit_status.name == "active"
+    assert exporter.MASKED not in out.unit_status.message
 
 
 def test_tenant_identities_are_served_only_where_the_operator_opts_in(ctx, v100, root, tools,
