@@ -27,17 +27,18 @@ NVIDIA_VENDOR = "10de"
 WHOLE_CLASS = "CUSTOM_GPU_"  # whole GPUs' resource classes (vgpu.plan.WHOLE_PREFIX)
 # What may reach nova.conf, key by key: built from sysfs and the release, never
 # from the option's text, and checked once more here (the principal renders
-# ``key = value`` unescaped).
+# ``key = value`` unescaped). Patterns re compiles when first used: a hook compiles only
+# those its framework needs (an mdev host checks no product id).
 _SAFE = {
-    "section": re.compile(r"devices|pci|(?:mdev|vgpu)_nvidia-[0-9]{1,6}"),
-    "type": re.compile(r"nvidia-[0-9]{1,6}"),
+    "section": r"devices|pci|(?:mdev|vgpu)_nvidia-[0-9]{1,6}",
+    "type": r"nvidia-[0-9]{1,6}",
     # sysfs's form, which Nova compares as a string with libvirt's: a four-digit domain
     # (never nvidia-smi's zero-padded 00000001:c8:00.0). A domain above ffff (VMD) is
     # refused: Nova's PciAddressGlobSpec refuses it in a device_spec and
     # pci_utils.parse_address in device_addresses; nova-compute would not start.
-    "address": re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]"),
-    "product_id": re.compile(r"[0-9a-f]{4}"),
-    "resource_class": re.compile(r"CUSTOM_[A-Z0-9_]{1,200}"),
+    "address": r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]",
+    "product_id": r"[0-9a-f]{4}",
+    "resource_class": r"CUSTOM_[A-Z0-9_]{1,200}",
 }
 
 
@@ -265,7 +266,7 @@ _VALUE_CHECKS: Dict[str, Callable[[str], None]] = {
 
 
 def _checked(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not _SAFE[kind].fullmatch(value):
+    if not isinstance(value, str) or not re.fullmatch(_SAFE[kind], value):
         raise ValueError(f"refusing {kind} {value!r} for nova.conf")
     return value
 
@@ -433,7 +434,7 @@ def _keep_mdev(out: Sections, published: Sections, keep: Set[str]) -> None:
     """Add the published ``device_addresses`` of ``keep`` under their types (see keep_published)."""
     kept = {t: [a for a in addresses if a in keep]
             for t, addresses in mapping_from_sections(published).items()
-            if _SAFE["type"].fullmatch(t)}
+            if re.fullmatch(_SAFE["type"], t)}
     kept = {t: addresses for t, addresses in kept.items() if addresses}
     if not kept:
         return
