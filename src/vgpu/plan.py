@@ -755,10 +755,10 @@ def _fits(gpu: pci.Gpu, vgpu_type: pci.VgpuType, types: Sequence[pci.VgpuType],
     own = vgpu_type.profile
     if own is None or own.framebuffer_gb <= 0:
         return sum(1 for vf in gpu.vfs if vf.current_type == vgpu_type.number) or -1
-    held = any(vf.current_type for vf in gpu.vfs)
-    sizes = [p.framebuffer_gb for p in (t.profile for t in gpu.offered_types())
-             if p is not None and not p.mig]
-    whole = (max(sizes) if sizes and not held else None) or whole_gb
+    sizes = [] if any(vf.current_type for vf in gpu.vfs) else [  # listed whole only while free
+        p.framebuffer_gb for p in (t.profile for t in gpu.offered_types())
+        if p is not None and not p.mig]
+    whole = (max(sizes) if sizes else None) or whole_gb
     if whole is None:
         return _NO_WHOLE
     return min(count, whole // own.framebuffer_gb)
