@@ -292,6 +292,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         here = self._facts()
         forced = bool(self.config.get("force-install-nvidia-vgpu"))
         published = self._published_mapping()
+        publishes = self._publishes_sections()
         inputs = status.Inputs(
             facts=here, app=self.app.name, principal=self._principal(), unit=self.unit.name,
             reporting_kept=(not self.config.get(PCI_IN_PLACEMENT)
@@ -300,11 +301,11 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
             forced=forced, published=published, problems=tuple(self._problems),
             paused=bool(self._stored.paused), masked_by_us=tuple(self._stored.masked),
             vf_failures=dict(self._vf_failures), neighbour_notes=tuple(neighbours.notes(
-                neighbours.installed_of(here.packages), self._publishes_sections(),
+                neighbours.installed_of(here.packages), publishes,
                 self._principal(), load=self._host.principal_conf)),
             mapped=self._mapped() if status.missing_gpus(here, published) else (),
             notes=tuple(self._notes) + virt.status_notes(
-                here, self._publishes_sections(), bool(self.config.get(LIVE_MIGRATION)),
+                here, publishes, bool(self.config.get(LIVE_MIGRATION)),
                 self._host.principal_conf, self._principal()) + self._monitoring.notes()
             + self._fleet.notes())
         if not status.checks_host(here, forced, published):
