@@ -21,7 +21,7 @@ which never imports ops.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Mapping, Union
+from typing import Dict, List, Mapping, Optional, Union
 
 import ops
 
@@ -104,6 +104,7 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
         self._removing = False  # this dispatch is remove: the status check reads (writes) nothing
         self._busy = False  # the boot step held the host lock: the hook left the host alone
         self._notes: List[str] = []  # said once in this dispatch's status (vgpu.upstream)
+        self._checked: Optional[tuple] = None  # (the option's text, its check) in this dispatch
         if getattr(self._stored, upstream.PAUSED_KEY, False):
             self._pause_of_upstream()
         on = self.on
@@ -152,12 +153,16 @@ class NovaComputeNvidiaVgpuCharm(ops.CharmBase):
     def _checked_text(self) -> mappings.Validation:
         raw = self.config.get(OPTION)  # a string option: text or unset
         text = None if raw is None else str(raw)
+        if self._checked is not None and self._checked[0] == text:  # this dispatch's, again
+            return self._checked[1]
         key = mappings.fingerprint(text)
         record = self._stored.checked
         if record.get("key") == key:
-            return mappings.from_record(record)
-        checked = mappings.check_text(text)
-        self._stored.checked = {"key": key, **mappings.to_record(checked)}
+            checked = mappings.from_record(record)
+        else:
+            checked = mappings.check_text(text)
+            self._stored.checked = {"key": key, **mappings.to_record(checked)}
+        self._checked = (text, checked)
         return checked
 
     def _attached(self, fetch: bool = False) -> driver.DebInfo:

@@ -9,6 +9,7 @@ nova-compute reads it with charmhelpers.
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from ops import testing
@@ -882,6 +883,20 @@ def test_a_steady_hook_reads_no_host_file_twice(ctx, ready, root):
     host = {p: n for p, n in opened.reads.items() if p.is_relative_to(root)}
     assert host[root / "var/lib/dpkg/status"] == 1
     assert [p for p, n in host.items() if n > 1] == []
+
+
+def test_the_option_is_fingerprinted_once_a_dispatch(ctx, ready):
+    """Its check is kept by the fingerprint of text, schema and checker: those read once a hook."""
+    from unit_tests.faketools import OPENED
+    from vgpu import mappings
+
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": "{nvidia-108: [c1:00.0]}"}, resource=ready))
+    with OPENED as opened:
+        out = ctx.run(ctx.on.update_status(), carried(first))
+    assert out.unit_status.name == "active"
+    assert opened.reads[mappings.SCHEMA_FILE] == 1
+    assert opened.reads[Path(mappings.__file__)] == 1
 
 
 def test_a_changed_option_is_checked_again(ctx, ready):
