@@ -158,8 +158,11 @@ def mig_profile(name: str) -> Optional[Profile]:
 
 
 def mig_backed(names: Iterable[str]) -> bool:
-    """Whether any of the type names (mapping keys, planned types) is a MIG-backed profile."""
-    return any(mig_profile(name) is not None for name in names)
+    """Whether any of the type names (mapping keys, planned types) is a MIG-backed profile.
+
+    Each distinct name is parsed once (a plan names one type for each of its many VFs).
+    """
+    return any(mig_profile(name) is not None for name in set(names))
 
 
 # -- the GPU-instance geometry -------------------------------------------------------------
