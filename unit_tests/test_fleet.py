@@ -224,6 +224,61 @@ def test_the_report_has_a_row_per_unit_and_keys_juju_accepts():
         "--os-placement-api-version 1.12  # H200X-35C"]
 
 
+def test_the_report_says_each_cell_and_word():
+    """A ready unit, an unreadable one, and one with nothing known: every cell and entry."""
+    bare = fleet.GpuRecord("0000:81:00.0", "0x26b9")  # no framework, type or maximum yet
+    unknown = fleet.Record("gpu-3", "", "", True, "", fleet.Readiness(),
+                           (H200._replace(type_name=""), bare))
+    found = fleet.peers({unit(0): fleet.encode(record()), unit(1): "x",
+                         unit(2): fleet.encode(unknown)})
+    results = fleet.report(found)
+    assert results["table"] == table.render(
+        ["unit", "host", "driver", "gpus", "boards", "types", "live migration", "boot", "paused"],
+        [[unit(0), "gpu-1", OLD, "1", "0x2335/141GB", "H200X-35C", "ready", "ok", "no"],
+         [unit(1), "-", "-", "-", "-", "-", "cannot be read", "-", "-"],
+         [unit(2), "gpu-3", "none", "2", "0x2335/141GB, 0x26b9/?GB", "nvidia-1200",
+          "no: vfio-live-migration is off", "-", "yes"]], what="units")
+    assert results["units"] == {
+        "unit-0": {"unit": unit(0), "host": "gpu-1", "revision": "12", "driver": OLD,
+                   "paused": "no", "boot": "ok", "live-migration": "ready",
+                   "gpus": {"gpu-0": {"address": "0000:c1:00.0", "board": "0x2335/141GB",
+                                      "framework": "vfio", "type": "H200X-35C", "most": "4"}}},
+        "unit-1": {"unit": unit(1), "problem": "publishes no JSON"},
+        "unit-2": {"unit": unit(2), "host": "gpu-3", "revision": "unknown", "driver": "none",
+                   "paused": "yes", "boot": "none",
+                   "live-migration": "vfio-live-migration is off",
+                   "gpus": {"gpu-0": {"address": "0000:c1:00.0", "board": "0x2335/141GB",
+                                      "framework": "vfio", "type": "nvidia-1200", "most": "4"},
+                            "gpu-1": {"address": "0000:81:00.0", "board": "0x26b9/?GB",
+                                      "framework": "none", "type": "none",
+                                      "most": "unknown"}}}}
+    assert results["summary"] == (
+        f"3 units, 3 GPUs; 2 inconsistencies, first: {unit(2)} is not ready to live-migrate "
+        "while 1 of 2 hosts are: vfio-live-migration is off")
+    assert fleet.report(fleet.peers({unit(0): fleet.encode(record())}))["summary"] == (
+        "1 units, 1 GPUs; consistent")
+
+
+def test_a_record_s_text_left_unset_is_published_empty():
+    """src/fleet.py (not type-checked) builds the record: a None there reads back as ""."""
+    unset = record()._replace(revision=None, readiness=READY._replace(source=None))
+    back = fleet.decode(fleet.encode(unset))
+    assert (back.revision, back.readiness.source) == ("", "")
+
+
+def test_a_type_named_in_several_words_is_published_by_its_last(root):
+    """The RTX PRO 6000's "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q": DC-1-24Q, a MIG-backed type."""
+    from unit_tests.fakehost import FakeHost
+
+    host = FakeHost(root)
+    host.add_gpu("0000:42:00.0", device="0x2bb5", totalvfs=4)
+    host.add_vf("0000:42:00.0", 0, "0000:42:00.2", vfio_types={}, current_type=2033)
+    host.add_vf("0000:42:00.0", 1, "0000:42:00.3",
+                vfio_types={2033: "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q"})
+    (gpu,) = fleet.gpu_records(pci.discover(), {})
+    assert (gpu.type_id, gpu.type_name, gpu.mig) == ("nvidia-2033", "DC-1-24Q", True)
+
+
 def test_the_report_of_two_hundred_hosts_stays_within_what_juju_accepts():
     many = fleet.peers({unit(n): fleet.encode(record(host=f"gpu-{n}", gpus=tuple(
         H200._replace(address=f"0000:{g:02x}:00.0") for g in range(8)))) for n in range(200)})
