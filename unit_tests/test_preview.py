@@ -125,14 +125,13 @@ def test_a_host_without_the_driver_leaves_every_mapped_gpu_unknown_until_applied
                                    if "Package: nvidia-vgpu-ubuntu-" not in stanza))
     tree = snapshot(root)  # preview() compares the status with an update-status's, which
     # would install the driver again: the host tree alone is compared here
-    ctx.run(ctx.on.action("preview-mappings", params={"mappings": "{L40S-12Q: ['81:00.0']}"}),
-            before)
+    ctx.run(ctx.on.action("preview-mappings", params={"mappings": "{L40S-12Q: all}"}), before)
     results = ctx.action_results
     assert snapshot(root) == tree
     assert results["verdict"] == results["nova-conf"] == "unknown until applied"
     assert results["summary"] == (
-        "unknown until applied on 1 GPU(s): GPU 0000:81:00.0: the vGPU host driver is not "
-        "installed yet")
+        "unknown until applied on 2 GPU(s): GPU 0000:81:00.0: the vGPU host driver is not "
+        "installed yet; GPU 0000:c1:00.0: the vGPU host driver is not installed yet")
     assert results["gpus"]["gpu-0"]["types-on-offer"] == (
         "unknown until applied: the vGPU host driver is not installed yet")
     assert results["gpus"]["gpu-0"]["would-serve"] == "unknown until applied"
