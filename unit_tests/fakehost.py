@@ -660,6 +660,9 @@ def _probe(root: Path, drivers: Path) -> None:
     drivers/pci/pci-driver.c (``pci_match_device``): with driver_override set,
     only that driver may probe the device, and only once its module is loaded
     (its directory under ``sys/bus/pci/drivers``); else the device stays unbound.
+    Without one (unset, or cleared by writing a newline) the drivers' id tables
+    decide: the nvidia driver's (``nv_pci_table``, nv-pci-table.c) takes every
+    NVIDIA device of class 0x030000 (VGA) or 0x030200 (3D controller), once loaded.
     """
     probe = root / "sys/bus/pci/drivers_probe"
     value = probe.read_text().strip() if probe.is_file() else ""
@@ -670,8 +673,13 @@ def _probe(root: Path, drivers: Path) -> None:
     if not os.path.exists(device) or _driver_of(device) is not None:
         return
     override = (device / "driver_override").read_text().strip()
-    if override not in ("", "(null)") and (drivers / override).is_dir():
-        _bind(device, drivers / override)
+    if override not in ("", "(null)"):
+        if (drivers / override).is_dir():
+            _bind(device, drivers / override)
+    elif ((device / "vendor").read_text().strip() == NVIDIA
+          and (device / "class").read_text().strip() in ("0x030000", "0x030200")
+          and (drivers / "nvidia").is_dir()):
+        _bind(device, drivers / "nvidia")
 _HELD: set = set()  # unbindLock files of GPUs a client holds (see FakeHost.hold)
 
 

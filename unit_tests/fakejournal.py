@@ -7,7 +7,12 @@ line, ``--output-fields=MESSAGE,_TRANSPORT`` leaves those and the fields always 
 (``__CURSOR``, ``__REALTIME_TIMESTAMP``, ``__MONOTONIC_TIMESTAMP``, ``_BOOT_ID``), values as
 strings; ``--after-cursor=C`` starts after the entry of cursor C and a cursor it cannot parse
 fails ("Failed to seek to cursor: Invalid argument", status 1); ``--root=R`` reads R's
-journal. A message that is not UTF-8 is printed as a list of byte values.
+journal. A message that is not UTF-8 is printed as a list of byte values. Its options are
+checked as journalctl 252 checks them (glibc's getopt_long over journalctl's long options: a
+unique prefix is taken, an option it does not have fails with "journalctl: unrecognized
+option '--X'", one that needs a value without it or one that takes none given one fail too,
+status 1; an argument that is not an option is a match, and one that is not FIELD=VALUE fails,
+"Failed to add match 'X': Invalid argument"), so a misspelt option fails here as on a host.
 
 The host's journal is ``<root>/var/log/journal/fake-kernel.jsonl`` (one entry a line:
 ``{"message", "time", "transport", "boot"}``). Each run is logged in ``<root>/journalctl.log``.
@@ -28,16 +33,55 @@ SCRIPT = r'''#!{python}
 import json, sys, time
 from pathlib import Path
 args = sys.argv[1:]
-root = Path("/")
-cursor = None
-fields_wanted = []
-for arg in args:
-    if arg.startswith("--output-fields="):
-        fields_wanted = arg.split("=", 1)[1].split(",")
-    if arg.startswith("--root="):
-        root = Path(arg.split("=", 1)[1])
-    elif arg.startswith("--after-cursor="):
-        cursor = arg.split("=", 1)[1]
+# journalctl 252's long options (journalctl --help): 0 takes no value, 1 needs one, 2 may take one.
+OPTIONS = dict(o.split(":") for o in """after-cursor:1 all:0 boot:2 case-sensitive:2 catalog:0
+    cursor:1 cursor-file:1 directory:1 disk-usage:0 dmesg:0 dump-catalog:0 facility:1 field:1
+    fields:0 file:1 flush:0 follow:0 force:0 full:0 grep:1 header:0 help:0 identifier:1 image:1
+    interval:1 lines:2 list-boots:0 list-catalog:0 machine:1 merge:0 namespace:1 new-id128:0
+    no-full:0 no-hostname:0 no-pager:0 no-tail:0 output:1 output-fields:1 pager-end:0 priority:1
+    quiet:0 relinquish-var:0 reverse:0 root:1 rotate:0 setup-keys:0 show-cursor:0 since:1
+    smart-relinquish-var:0 sync:0 system:0 unit:1 until:1 update-catalog:0 user:0 user-unit:1
+    utc:0 vacuum-files:1 vacuum-size:1 vacuum-time:1 verify:0 verify-key:1 version:0""".split())
+MODES = """short short-full short-iso short-iso-precise short-precise short-monotonic short-delta
+    short-unix verbose export json json-pretty json-sse json-seq cat with-unit""".split()
+
+
+def refuse(why):
+    sys.stderr.write(why + "\n")
+    sys.exit(1)
+
+
+given = {{}}
+rest = list(args)
+while rest:
+    arg = rest.pop(0)
+    if arg.startswith("-") and not arg.startswith("--"):
+        refuse(f"this stand-in reads journalctl's long options only, not {{arg}}")
+    if not arg.startswith("--"):
+        if "=" not in arg or not arg.split("=", 1)[0].isupper():
+            refuse(f"Failed to add match '{{arg}}': Invalid argument")
+        continue  # FIELD=VALUE: a match vgpu.xid never asks for
+    name, eq, value = arg[2:].partition("=")
+    found = [name] if name in OPTIONS else [o for o in OPTIONS if o.startswith(name)]
+    if not found:
+        refuse(f"{{sys.argv[0]}}: unrecognized option '{{arg}}'")
+    if len(found) > 1:
+        refuse(f"{{sys.argv[0]}}: option '{{arg}}' is ambiguous; possibilities: "
+               + " ".join(f"'--{{o}}'" for o in found))
+    name, kind = found[0], OPTIONS[found[0]]
+    if eq and kind == "0":
+        refuse(f"{{sys.argv[0]}}: option '--{{name}}' doesn't allow an argument")
+    if not eq and kind == "1":
+        if not rest:
+            refuse(f"{{sys.argv[0]}}: option '--{{name}}' requires an argument")
+        value = rest.pop(0)
+    given[name] = value
+if "output" in given and given["output"] not in MODES:
+    refuse(f"Unknown output format '{{given['output']}}'.")
+root = Path(given.get("root") or "/")
+cursor = given.get("after-cursor")
+# --output-fields: those fields and the ones always printed; without it, every field.
+fields_wanted = given["output-fields"].split(",") if "output-fields" in given else None
 with open(root / "journalctl.log", "a") as log:
     log.write(" ".join(args) + "\n")
 if (root / "journalctl.hang").exists():
@@ -60,9 +104,9 @@ for seq, line in enumerate(lines):
     entry = json.loads(line)
     if seq <= after:
         continue
-    if "--dmesg" in args and entry["transport"] != "kernel":
+    if "dmesg" in given and entry["transport"] != "kernel":
         continue
-    if "--boot" in args and entry["boot"] != "{boot}":
+    if "boot" in given and entry["boot"] != "{boot}":
         continue
     micros = int(entry["time"] * 1e6)
     message = entry["message"]
@@ -73,9 +117,10 @@ for seq, line in enumerate(lines):
         message = list(raw)
     record = {{"__CURSOR": "s=5f0e;i=%x;b={boot};m=%x;t=%x;x=9a" % (seq, seq * 1000, micros),
               "__REALTIME_TIMESTAMP": str(micros), "__MONOTONIC_TIMESTAMP": str(seq * 1000),
-              "_BOOT_ID": entry["boot"], "MESSAGE": message}}
-    if "_TRANSPORT" in fields_wanted:
-        record["_TRANSPORT"] = entry["transport"]
+              "_BOOT_ID": entry["boot"]}}
+    for field, value in (("MESSAGE", message), ("_TRANSPORT", entry["transport"])):
+        if fields_wanted is None or field in fields_wanted:
+            record[field] = value
     out.write(json.dumps(record, separators=(",", ":")) + "\n")
 '''
 

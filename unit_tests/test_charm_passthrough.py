@@ -174,3 +174,16 @@ def test_a_gpu_vfio_pci_does_not_take_is_not_published(ctx, root, tools, deb):
     assert out.unit_status.name == "blocked"
     assert "vfio-pci could not be loaded" in out.unit_status.message
     assert sriov.driver_of(H200) != "vfio-pci"
+
+
+def test_a_gpu_taken_out_of_passthrough_goes_back_to_nvidia_and_is_no_longer_published_whole(
+        ctx, root, tools, deb):
+    ready(whole_and_vgpu_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), state({"vgpu-device-mappings": MAPPING}, resource=deb))
+    assert H200 in {s["address"] for s in specs(first)}
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": "{L40S-12Q: [81:00.0]}"}))
+    assert out.unit_status.name == "active", out.unit_status.message
+    assert passthrough.bound(H200) == "nvidia"  # read back: vfio-pci let it go, nvidia probed it
+    assert (root / f"sys/bus/pci/devices/{H200}/driver_override").read_text() == "\n"
+    assert not (root / passthrough.RULES).exists() and not (root / passthrough.MODPROBE_CONF).exists()
+    assert H200 not in {s["address"] for s in specs(out)}

@@ -224,6 +224,69 @@ def test_the_report_has_a_row_per_unit_and_keys_juju_accepts():
         "--os-placement-api-version 1.12  # H200X-35C"]
 
 
+def test_the_report_says_each_cell_and_word():
+    """A ready unit, an unreadable one, one with little known, one without GPUs: every cell."""
+    bare = fleet.GpuRecord("0000:81:00.0", "0x26b9")  # no framework, type or maximum yet
+    other = H200._replace(address="0000:c2:00.0", type_id="nvidia-1201", type_name="H200X-70C")
+    blocked = fleet.Readiness(blockers=("nova-compute 30",),
+                              warnings=("downtime far from what vGPU guests need", "a second"))
+    unknown = fleet.Record("gpu-3", "", "", True, "", blocked,
+                           (H200._replace(type_name=""), bare, other))
+    found = fleet.peers({unit(0): fleet.encode(record()), unit(1): "x",
+                         unit(2): fleet.encode(unknown),
+                         unit(3): fleet.encode(record(host="gpu-4", gpus=()))})
+    results = fleet.report(found)
+    said = "nova-compute 30; vfio-live-migration is off"
+    assert results["table"] == table.render(
+        ["unit", "host", "driver", "gpus", "boards", "types", "live migration", "boot", "paused"],
+        [[unit(0), "gpu-1", OLD, "1", "0x2335/141GB", "H200X-35C", "ready", "ok", "no"],
+         [unit(1), "-", "-", "-", "-", "-", "cannot be read", "-", "-"],
+         [unit(2), "gpu-3", "none", "3", "0x2335/141GB, 0x26b9/?GB", "H200X-70C, nvidia-1200",
+          f"no: {said}", "-", "yes"],
+         [unit(3), "gpu-4", OLD, "0", "-", "-", "ready", "ok", "no"]], what="units")
+    h200 = {"address": "0000:c1:00.0", "board": "0x2335/141GB", "framework": "vfio",
+            "type": "H200X-35C", "most": "4"}
+    assert results["units"] == {
+        "unit-0": {"unit": unit(0), "host": "gpu-1", "revision": "12", "driver": OLD,
+                   "paused": "no", "boot": "ok", "live-migration": "ready",
+                   "gpus": {"gpu-0": h200}},
+        "unit-1": {"unit": unit(1), "problem": "publishes no JSON"},
+        "unit-2": {"unit": unit(2), "host": "gpu-3", "revision": "unknown", "driver": "none",
+                   "paused": "yes", "boot": "none", "live-migration": said,
+                   "live-migration-warnings": "downtime far from what vGPU guests need; a second",
+                   "gpus": {"gpu-0": {**h200, "type": "nvidia-1200"},
+                            "gpu-1": {"address": "0000:81:00.0", "board": "0x26b9/?GB",
+                                      "framework": "none", "type": "none", "most": "unknown"},
+                            "gpu-2": {**h200, "address": "0000:c2:00.0", "type": "H200X-70C"}}},
+        "unit-3": {"unit": unit(3), "host": "gpu-4", "revision": "12", "driver": OLD,
+                   "paused": "no", "boot": "ok", "live-migration": "ready", "gpus": {}}}
+    assert results["summary"] == (
+        f"4 units, 4 GPUs; 2 inconsistencies, first: {unit(2)} is not ready to live-migrate "
+        f"while 1 of 2 hosts are: {said}")
+    assert fleet.report(fleet.peers({unit(0): fleet.encode(record())}))["summary"] == (
+        "1 units, 1 GPUs; consistent")
+
+
+def test_a_record_s_text_left_unset_is_published_empty():
+    """src/fleet.py (not type-checked) builds the record: a None there reads back as ""."""
+    unset = record()._replace(revision=None, readiness=READY._replace(source=None))
+    back = fleet.decode(fleet.encode(unset))
+    assert (back.revision, back.readiness.source) == ("", "")
+
+
+def test_a_type_named_in_several_words_is_published_by_its_last(root):
+    """The RTX PRO 6000's "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q": DC-1-24Q, a MIG-backed type."""
+    from unit_tests.fakehost import FakeHost
+
+    host = FakeHost(root)
+    host.add_gpu("0000:42:00.0", device="0x2bb5", totalvfs=4)
+    host.add_vf("0000:42:00.0", 0, "0000:42:00.2", vfio_types={}, current_type=2033)
+    host.add_vf("0000:42:00.0", 1, "0000:42:00.3",
+                vfio_types={2033: "NVIDIA RTX Pro 6000 Blackwell DC-1-24Q"})
+    (gpu,) = fleet.gpu_records(pci.discover(), {})
+    assert (gpu.type_id, gpu.type_name, gpu.mig) == ("nvidia-2033", "DC-1-24Q", True)
+
+
 def test_the_report_of_two_hundred_hosts_stays_within_what_juju_accepts():
     many = fleet.peers({unit(n): fleet.encode(record(host=f"gpu-{n}", gpus=tuple(
         H200._replace(address=f"0000:{g:02x}:00.0") for g in range(8)))) for n in range(200)})
@@ -231,6 +294,14 @@ def test_the_report_of_two_hundred_hosts_stays_within_what_juju_accepts():
     size = sum(len(".".join(p)) + len(str(v)) + 10 for p, v in table.flatten(results))
     assert size <= table.MAX_RESULTS_BYTES
     assert "truncated" in results and "200 units" in results["summary"]
+    shown = len(results["units"])
+    assert results["truncated"] == (
+        f"{shown} of 200 units shown in the nested results; the rest left out to stay within "
+        "what Juju's action-set accepts")
+    assert list(results["units"]) == [f"unit-{n}" for n in range(shown)]  # whole units, in order
+    assert all(len(entry["gpus"]) == 8 for entry in results["units"].values())
+    last = results["table"].splitlines()[-1]
+    assert re.fullmatch(r"\.\.\. and \d+ more units; see the nested results", last), last
 
 
 def test_inconsistencies_of_a_big_fleet_stay_a_json_list_juju_accepts():

@@ -54,6 +54,16 @@ def test_the_capability_lines_are_read_per_gpu_from_real_output():
     assert multivgpu.fractional_support(driver_wide) == {}
 
 
+def test_nvidia_smi_is_read_up_to_its_first_100_000_lines():
+    """A capability on line 100,001 is past the bound: its GPU's block is read, the line not."""
+    block = ["GPU 00000000:83:00.0", "    vGPU Device Capability",
+             "        Fractional Multi-vGPU             : Supported"]
+    at_the_bound = "\n".join([""] * (100_000 - 2) + block) + "\n"  # the line: 100,001
+    assert multivgpu.capabilities(at_the_bound) == {"0000:83:00.0": {}}
+    within = "\n".join([""] * (100_000 - 3) + block) + "\n"  # the line: 100,000
+    assert multivgpu.capabilities(within) == {"0000:83:00.0": {"Fractional Multi-vGPU": "Supported"}}
+
+
 @pytest.mark.parametrize("framework,major,kw,expected", [
     # Nova before 33 takes one mdev vGPU per instance, whatever NVIDIA allows.
     (pci.MDEV, 32, {"full": True}, 1),

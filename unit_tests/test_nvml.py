@@ -78,6 +78,19 @@ def test_a_call_that_fails_is_said_and_the_rest_is_read(call):
     assert reading.vgpus[0].instance_uuid == VM_1  # what else there is, is read
 
 
+@pytest.mark.parametrize("call, label, unknown", [
+    ("nvmlVgpuInstanceGetUUID", "UUID", {"uuid": ""}),
+    ("nvmlVgpuInstanceGetVmID", "VM", {"instance_uuid": ""}),
+    ("nvmlVgpuInstanceGetType", "type", {"type_id": ""}),
+    ("nvmlVgpuInstanceGetLicenseInfo_v2", "licence", {"licensed": None, "license_state": None}),
+    ("nvmlVgpuInstanceGetFbUsage", "framebuffer", {"framebuffer_bytes": None})])
+def test_a_vgpu_call_that_fails_is_said_with_its_gpu_and_what_it_read(call, label, unknown):
+    reading = host(fail={call: 999}).read()
+    assert reading.errors == (f"GPU 0000:81:00.0: a vGPU's {label}: Unknown Error",)
+    whole = host().read().vgpus[0]
+    assert reading.vgpus[0] == whole._replace(**unknown)  # the rest read as without the failure
+
+
 def test_drivers_before_r550_give_utilisation_through_the_older_call():
     reading = host(old_utilization=True).read()
     assert not reading.errors
@@ -155,6 +168,24 @@ def test_migration_metadata_and_verdict_through_the_stand_in():
     assert nvml.once(lambda m: nvml.compatibility(m, vgpus[VM_1], gpus["0000:81:00.0"]),
                      fake) == nvml.VERDICT_LIVE
     assert fake.calls()[-1] == "nvmlShutdown"  # NVML held only for the call
+
+
+def test_metadata_with_characters_outside_base64_is_refused_not_skipped():
+    """A peer's text is data: a stray character is no metadata, though the rest would decode."""
+    fake.configure({"driver": "570.158.02", "gpus": [
+        {"bus_id": "00000000:81:00.0", "metadata": "0x26b9/48", "vgpus": [
+            {"id": 7, "uuid": "u", "vm": VM_1, "type": 1139, "licensed": 1, "state": 5,
+             "fb": 1, "metadata": "0x26b9/48"}]}]})
+    gpu = nvml.once(nvml.gpu_metadata, fake)["0000:81:00.0"]
+    vgpu = nvml.once(nvml.vgpu_metadata, fake)[VM_1]
+
+    def verdict(a, b):
+        return nvml.once(lambda m: nvml.compatibility(m, a, b), fake)
+
+    assert verdict(vgpu, gpu) == nvml.VERDICT_LIVE
+    for stray in ("!", "\n", " "):
+        assert verdict(vgpu[:8] + stray + vgpu[8:], gpu) is None
+        assert verdict(vgpu, gpu[:8] + stray + gpu[8:]) is None
 
 
 # -- the bounded child: python -m vgpu.nvml <query> ------------------------------------------

@@ -1,5 +1,7 @@
 """Whole GPUs to vfio-pci: driver_override now, a udev rule for every boot, nvidia's unbind lock."""
 
+import pytest
+
 from unit_tests.fakehost import whole_and_vgpu_host
 from vgpu import passthrough
 
@@ -61,3 +63,39 @@ def test_at_boot_vfio_pci_is_loaded_before_nvidia_and_sets_each_whole_gpus_overr
     assert lines[1].endswith("/sbin/modprobe --ignore-install vfio-pci $CMDLINE_OPTS")
     assert passthrough.ensure_rules([])
     assert not (root / passthrough.MODPROBE_CONF).exists()
+
+
+# -- a GPU no longer given whole: handed back from vfio-pci ---------------------------------
+
+def test_a_gpu_no_longer_whole_leaves_vfio_pci_and_nvidia_takes_it(root):
+    whole_and_vgpu_host(root)  # the H200 on vfio-pci, its driver_override set
+    assert passthrough.give_back(H200, "vfio-pci") is None
+    device = root / "sys/bus/pci/devices" / H200
+    assert (device / "driver_override").read_text() == "\n"  # the kernel clears it on a newline
+    assert (root / "sys/bus/pci/drivers/vfio-pci/unbind").read_text() == H200
+    assert (root / "sys/bus/pci/drivers_probe").read_text() == H200
+    assert passthrough.bound(H200) == "nvidia"  # read back: probed with no override, nvidia's
+
+
+@pytest.mark.parametrize("override", ["vfio-pci\n", "(null)\n"])
+def test_a_gpu_vfio_pci_does_not_hold_is_not_unbound_or_probed(root, override):
+    """Held through nvidia when it was to go whole, the GPU kept nvidia and got the override."""
+    whole_and_vgpu_host(root, moved=False)
+    device = root / "sys/bus/pci/devices" / H200
+    (device / "driver_override").write_text(override)
+    assert passthrough.give_back(H200, "nvidia") is None
+    assert (device / "driver_override").read_text() == (
+        "\n" if override == "vfio-pci\n" else override)  # only vfio-pci's override is cleared
+    assert not (root / "sys/bus/pci/drivers/vfio-pci/unbind").exists()
+    assert not (root / "sys/bus/pci/drivers/nvidia/unbind").read_text()
+    assert not (root / "sys/bus/pci/drivers_probe").exists()
+    assert passthrough.bound(H200) == "nvidia"
+
+
+def test_a_gpu_that_cannot_be_handed_back_says_why_and_stays(root):
+    whole_and_vgpu_host(root)
+    (root / "sys/bus/pci/drivers/vfio-pci/unbind").mkdir()  # a write the kernel refuses
+    assert passthrough.give_back(H200, "vfio-pci") == (
+        f"GPU {H200}: cannot hand it back from vfio-pci: Is a directory")
+    assert not (root / "sys/bus/pci/drivers_probe").exists()
+    assert passthrough.bound(H200) == "vfio-pci"

@@ -95,12 +95,46 @@ def test_a_new_profile_is_shown_vf_by_vf_with_its_nova_conf_and_nothing_is_writt
     assert results["gpus"]["gpu-0"]["types-on-offer"].startswith(
         "unknown until applied: its VFs hold nvidia-1139")
     assert types_of(root, L40S, 5) == [1139, 1139, 1139, 1139, 0]
+    assert results["summary"] == (
+        "4 VF(s) would change type; nova-compute would get CUSTOM_VGPU_H200X_35C on 4, "
+        "CUSTOM_VGPU_L40S_24Q on 2")
 
 
 def test_the_mapping_in_force_changes_nothing(ctx, root, applied):
     results = preview(ctx, root, applied, MAPPING)
-    assert results["verdict"] == "nothing would change"
-    assert "vf-changes" not in results
+    assert results["verdict"] == results["summary"] == "nothing would change"
+    assert "vf-changes" not in results and "whole-gpus" not in results
+
+
+def test_a_mapping_emptied_releases_every_vf_and_gives_nova_compute_nothing(ctx, root, applied):
+    results = preview(ctx, root, applied, "{}")
+    assert results["verdict"] == "would apply"
+    assert results["summary"] == "8 VF(s) would change type; nova-compute would get no vGPU devices"
+    assert results["nova-conf"] == "no vGPU sections"
+    assert [line.split()[-1] for line in results["vf-changes"].splitlines()[1:]] == ["none"] * 8
+    assert {g["would-serve"] for g in results["gpus"].values()} == {"nothing"}
+
+
+def test_a_host_without_the_driver_leaves_every_mapped_gpu_unknown_until_applied(ctx, root,
+                                                                                 tools, deb):
+    """No vGPU host driver known to dpkg at all (purged by hand): the hook installs it first."""
+    l40s_host(root)
+    before = settled(ctx, deb)
+    status = root / "var/lib/dpkg/status"
+    status.write_text("\n\n".join(stanza for stanza in status.read_text().split("\n\n")
+                                   if "Package: nvidia-vgpu-ubuntu-" not in stanza))
+    tree = snapshot(root)  # preview() compares the status with an update-status's, which
+    # would install the driver again: the host tree alone is compared here
+    ctx.run(ctx.on.action("preview-mappings", params={"mappings": "{L40S-12Q: all}"}), before)
+    results = ctx.action_results
+    assert snapshot(root) == tree
+    assert results["verdict"] == results["nova-conf"] == "unknown until applied"
+    assert results["summary"] == (
+        "unknown until applied on 2 GPU(s): GPU 0000:81:00.0: the vGPU host driver is not "
+        "installed yet; GPU 0000:c1:00.0: the vGPU host driver is not installed yet")
+    assert results["gpus"]["gpu-0"]["types-on-offer"] == (
+        "unknown until applied: the vGPU host driver is not installed yet")
+    assert results["gpus"]["gpu-0"]["would-serve"] == "unknown until applied"
 
 
 def test_a_refused_mapping_gets_the_words_the_status_would_use(ctx, root, applied):

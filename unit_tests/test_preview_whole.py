@@ -81,3 +81,13 @@ def test_a_gpu_the_mapping_leaves_alone_is_never_unknown(ctx, root, tools, deb):
     results = preview(ctx, root, again(first), "{L40S-12Q: [81:00.0]}")
     assert results["verdict"] == "nothing would change", results
     assert "unknown until applied" not in str(whole_entry(results)), results
+
+
+def test_a_gpu_taken_out_of_passthrough_previews_as_handed_back(ctx, root, tools, deb):
+    ready(whole_and_vgpu_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), again(settled(ctx, deb),
+                                                   {"vgpu-device-mappings": WHOLE}))
+    assert first.unit_status.name == "active", first.unit_status.message
+    results = preview(ctx, root, again(first), "{L40S-12Q: all}")
+    assert results["verdict"] == "would apply", results
+    assert results["whole-gpus"] == f"GPU {H200} (H200 SXM 141GB): handed back from vfio-pci"

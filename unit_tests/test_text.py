@@ -89,3 +89,51 @@ def test_a_c_library_error_said_twice_moves_its_last_mention_to_the_front():
             + "y" * 300)
     assert text.cause(said).startswith(
         "No space left on device: copying a: No space left on device; copying b: ; yyy")
+
+
+def test_quote_keeps_a_value_of_exactly_its_limit_and_cuts_one_past_it():
+    assert text.quote("x" * 38) == '"' + "x" * 38 + '"'  # 40 with its quotes: kept whole
+    assert text.quote("x" * 39) == '"' + "x" * 35 + '..."'
+    assert text.quote("x" * 8, limit=10) == '"' + "x" * 8 + '"'
+
+
+def test_quote_says_a_value_that_is_not_text_as_its_text():
+    assert text.quote(1139) == '"1139"'
+    assert text.quote(None) == '"None"'
+    assert text.quote(["a\nb"]) == '"[\'a\\\\nb\']"'
+
+
+def test_a_cause_of_exactly_its_limit_is_left_as_it_is():
+    said = "writing /var/lib/x: No space left on device"
+    assert text.cause(said, limit=len(said)) == said  # nothing to bound: the order stays
+    assert text.cause(said, limit=len(said) - 1) == "No space left on device: writing /var/l..."
+
+
+def test_the_longest_c_library_error_in_a_cause_goes_first_not_one_it_contains():
+    """"No such device" is in "No such device or address": the longer, the whole text, moves."""
+    said = "opening /dev/vfio/12 for " + "y" * 60 + ": No such device or address"
+    assert text.cause(said, limit=60) == (
+        "No such device or address: opening /dev/vfio/12 for " + "y" * 5 + "...")
+    # Of two errors the longer goes first, whatever their alphabetical order.
+    said = "copying a: Permission denied; copying b: No space left on device; " + "y" * 100
+    assert text.cause(said, limit=80) == (
+        "No space left on device: copying a: Permission denied; copying b: ; " + "y" * 9 + "...")
+
+
+def test_a_cause_that_starts_with_its_error_is_only_bounded():
+    said = "No space left on device: " + "y" * 100
+    assert text.cause(said, limit=40) == "No space left on device: " + "y" * 12 + "..."
+
+
+def test_an_error_one_character_in_still_goes_first():
+    said = "(No space left on device) while writing /var/lib/" + "y" * 60
+    assert text.cause(said, limit=60).startswith("No space left on device: ")
+
+
+def test_what_the_error_leaves_behind_loses_only_spaces_colons_and_brackets_at_its_end():
+    said = "(writing) /srv/BOX (No space left on device)"  # 44 characters
+    assert text.cause(said, limit=43) == "No space left on device: (writing) /srv/BOX"
+
+
+def test_a_long_cause_without_a_c_library_error_is_cut_to_its_limit():
+    assert text.cause("y" * 300, limit=50) == "y" * 47 + "..."

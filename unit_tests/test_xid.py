@@ -5,6 +5,8 @@ Prometheus evaluating the alerts: test_prometheus.py and unit_tests/prometheus/.
 """
 
 import json
+import os
+import subprocess
 import threading
 import time
 
@@ -219,11 +221,54 @@ def test_a_journalctl_that_fails_is_said_and_what_was_read_stays(journal):
     assert watch.journal_up() is True
 
 
+def test_a_journalctl_that_fails_having_read_nothing_is_said_with_its_own_words(journal):
+    journal.fail()
+    with pytest.raises(xid.JournalError) as error:
+        xid.read(None)
+    assert str(error.value) == "journalctl failed (1): Failed to open journal files: Permission denied"
+
+
+# What journalctl 252 (Debian 12, glibc 2.36) says to each, run as `<path> --no-pager <it>`
+# (vgpu.xid.read runs it by its path: getopt names the program as it was run).
+REFUSED = {
+    "--OUTPUT-FIELDS=MESSAGE,_TRANSPORT": "{journalctl}: unrecognized option "
+                                          "'--OUTPUT-FIELDS=MESSAGE,_TRANSPORT'",
+    "--output=JSON": "Unknown output format 'JSON'.",
+    "--out=json": "{journalctl}: option '--out=json' is ambiguous; possibilities: '--output' "
+                  "'--output-fields'",
+    "--dmesg=yes": "{journalctl}: option '--dmesg' doesn't allow an argument",
+    "--output-fields": "{journalctl}: option '--output-fields' requires an argument",
+    "XX--output=jsonXX": "Failed to add match 'XX--output=jsonXX': Invalid argument",
+}
+
+
+@pytest.mark.parametrize("given", sorted(REFUSED))
+def test_the_stand_in_refuses_what_journalctl_refuses(journal, bindir, given):
+    """A misspelt option of vgpu.xid.command fails here as on a host.
+
+    Where this machine has journalctl, it is asked too and must agree.
+    """
+    env = dict(os.environ, LC_ALL="C")
+    ours = subprocess.run([str(bindir / "journalctl"), "--no-pager", given], capture_output=True,
+                          text=True, env=env, timeout=30)
+    said = REFUSED[given].format(journalctl=bindir / "journalctl")
+    assert (ours.returncode, ours.stderr) == (1, said + "\n")
+    for real in ("/usr/bin/journalctl", "/bin/journalctl"):
+        if os.access(real, os.X_OK):
+            theirs = subprocess.run([real, "--no-pager", given], capture_output=True, text=True,
+                                    env=env, timeout=30)
+            assert theirs.returncode == 1
+            assert theirs.stderr.splitlines()[-1] == REFUSED[given].format(journalctl=real)
+            break
+
+
 def test_without_journalctl_the_journal_is_said_unreadable(root, monkeypatch):
     monkeypatch.setenv("PATH", str(root))  # no journalctl there
     watch = xid.Watch()
     watch.poll()
     assert watch.journal_up() is False
+    with pytest.raises(xid.JournalError, match=r"\Ajournalctl not found\Z"):
+        xid.read(None)
 
 
 def test_a_message_that_is_not_utf8_is_read(journal):

@@ -44,7 +44,7 @@ def one_line(text: str, limit: int = STATUS_LIMIT) -> str:
 
 def quote(value, limit: int = 40) -> str:
     """A value as it may appear in a one-line status: JSON-escaped, quoted and bounded."""
-    text = json.dumps(value if isinstance(value, str) else str(value))
+    text = json.dumps(str(value))
     return text if len(text) <= limit else text[: limit - 4] + '..."'
 
 
@@ -98,7 +98,7 @@ def _paragraphs(output: str) -> Iterable[List[str]]:
 
 
 def _bounded(text: str, limit: int) -> str:
-    text = one_line(text, len(text) + 1)
+    text = one_line(text, len(text))  # cleaned, one line: never longer than it was
     if len(text) <= limit:
         return text
     # strerror texts ("No space left on device"): the cause a long line must not lose.
