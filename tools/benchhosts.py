@@ -89,6 +89,7 @@ def sriov_host(root, framework: str, gpus: int, vfs: int,
             else:
                 current = int(mapped_type.split("-")[1]) if i < per_gpu else 0
                 host.add_vf(pf, i, _vf(g, i), vfio_types=VFIO_TYPES, current_type=current)
+        host.vf_placement(pf, 4)  # _vf's: VF N at function 4 + N of the PF's bus
     for n in range(OTHER_FUNCTIONS):
         host.add_pci(f"0000:{0x80 + n // 32:02x}:{n % 32:02x}.0", "0x8086", "0x1572", "0x020000",
                      driver="i40e")

@@ -709,10 +709,16 @@ def _install_kernel_model() -> None:
         sys._fake_vfio_kernel = True
 
 
-def _vf_address(pf_address: str, index: int, first_function: int = 4) -> str:
-    """VF ``index`` of a GPU: 0000:81:00.4, .5, .6, .7, then 0000:81:01.0 and on."""
-    n = first_function + index
-    return f"{pf_address[:-4]}{n // 8:02x}.{n % 8}"
+def _vf_address(pf_address: str, index: int, first_function: int = 4, stride: int = 1) -> str:
+    """VF ``index`` of a GPU: 0000:81:00.4, .5, .6, .7, then 0000:81:01.0 and on.
+
+    As the kernel places VFs (``pci_iov_virtfn_bus``/``_devfn``, drivers/pci/iov.c): the
+    PF's routing ID (bus, device, function) + the offset + ``index`` x the stride.
+    """
+    domain, bus, slot_function = pf_address.rsplit(":", 2)
+    routing = (int(bus, 16) << 8 | int(slot_function[:2], 16) << 3 | int(slot_function[3:])) \
+        + first_function + stride * index
+    return f"{domain}:{routing >> 8:02x}:{(routing >> 3) & 0x1F:02x}.{routing & 7}"
 
 
 class FakeHost:
@@ -763,6 +769,17 @@ class FakeHost:
             (directory / "sriov_numvfs").write_text("0\n")
         return directory
 
+    def vf_placement(self, pf_address: str, offset: int, stride: int = 1) -> None:
+        """The SR-IOV capability's First VF Offset and VF Stride, as the kernel shows them.
+
+        ``sriov_offset`` and ``sriov_stride`` (drivers/pci/iov.c, since Linux 4.17): VF N
+        is at the PF's routing ID + offset + N x stride. A VF added later where they do
+        not put it takes them away again (see :meth:`add_vf`).
+        """
+        pf = (self.bus / pf_address).resolve()
+        (pf / "sriov_offset").write_text(f"{offset}\n")
+        (pf / "sriov_stride").write_text(f"{stride}\n")
+
     def add_vf(self, pf_address: str, index: int, address: str, driver: Optional[str] = "nvidia",
                mdev_types: Optional[Mapping[str, MdevType]] = None,
                vfio_types: Optional[Mapping[int, str]] = None, current_type: int = 0,
@@ -779,6 +796,13 @@ class FakeHost:
         (pf / f"virtfn{index}").symlink_to(os.path.relpath(directory, pf))
         numvfs = len([n for n in os.listdir(pf) if n.startswith("virtfn")])
         (pf / "sriov_numvfs").write_text(f"{numvfs}\n")
+        if (pf / "sriov_offset").exists() and address != _vf_address(
+                pf.name, index, int((pf / "sriov_offset").read_text()),
+                int((pf / "sriov_stride").read_text())):
+            # A VF where the kernel would not put it: the tree is no kernel's, so it has
+            # no offset and stride either (as before 4.17), and the charm reads the links.
+            (pf / "sriov_offset").unlink()
+            (pf / "sriov_stride").unlink()
         if vfio_types is not None:
             nvidia = directory / "nvidia"
             nvidia.mkdir(exist_ok=True)
@@ -799,6 +823,7 @@ class FakeHost:
         ``first_function``: VF 0's function number (4: <bus>:00.4; the RTX PRO 6000's is 2).
         """
         directory = self.add_gpu(address, device=device, totalvfs=totalvfs or count)
+        self.vf_placement(address, first_function)
         if vfio_types:
             _MODELS[os.path.realpath(directory)] = VfioModel(vfio_types, mig, gfx)
             _install_kernel_model()

@@ -557,3 +557,84 @@ def test_a_list_that_is_not_the_kernels_leaves_every_vendor_read(root, monkeypat
     read = _vendors_read(monkeypatch)
     assert [g.address for g in pci.discover().gpus] == ["0000:41:00.0"]
     assert sorted(read) == ["0000:02:00.0", "0000:41:00.0"]
+
+
+# -- sriov_offset and sriov_stride: VF addresses without a link read each --------------------------
+
+def _virtfn_links_read(monkeypatch) -> list:
+    """The ``virtfn`` links discovery reads, in order."""
+    read = []
+    real = pci._link_name
+
+    def counting(path):
+        if "/virtfn" in str(path):
+            read.append(str(path).rsplit("/", 2)[-2:])
+        return real(path)
+
+    monkeypatch.setattr(pci, "_link_name", counting)
+    return read
+
+
+def _placement_removed(root) -> None:
+    for gpu_dir in (root / "sys/bus/pci/devices").iterdir():
+        for name in ("sriov_offset", "sriov_stride"):
+            if (gpu_dir / name).exists():
+                (gpu_dir / name).unlink()
+
+
+SRIOV_BUILDERS = [a100_host, l40s_host, h200_nvl_host, h200_sxm_host, rtx_pro_6000_host]
+
+
+@pytest.mark.parametrize("build", SRIOV_BUILDERS, ids=lambda b: b.__name__)
+def test_vf_addresses_are_the_kernels_and_no_link_is_read(root, build, monkeypatch):
+    """Every SR-IOV fixture host: each VF where its link says, the same host as by the links."""
+    build(root)
+    bus = root / "sys/bus/pci/devices"
+    read = _virtfn_links_read(monkeypatch)
+    found = pci.discover()
+    assert read == [] and found.gpus and all(gpu.vfs for gpu in found.gpus)
+    for gpu in found.gpus:
+        assert [(vf.index, vf.address) for vf in gpu.vfs] == [
+            (n, os.path.basename(os.readlink(bus / gpu.address / f"virtfn{n}")))
+            for n in range(int((bus / gpu.address / "sriov_numvfs").read_text()))]
+    _placement_removed(root)
+    assert pci.discover() == found
+    assert len(read) == sum(len(gpu.vfs) for gpu in found.gpus)
+
+
+def test_the_rtx_pro_6000s_vf_14_is_at_the_next_slot(root):
+    """cubecos issue 312: VF 0 at function .2, "virtfn14 -> ../0001:04:02.0"."""
+    rtx_pro_6000_host(root)
+    pf = root / "sys/bus/pci/devices/0001:04:00.0"
+    assert (pf / "sriov_offset").read_text() == "2\n"
+    gpu = pci.discover().gpu("0001:04:00.0")
+    assert gpu is not None and [vf.address for vf in gpu.vfs][:2] == ["0001:04:00.2", "0001:04:00.3"]
+    assert gpu.vfs[14].address == "0001:04:02.0"
+
+
+@pytest.mark.parametrize("damage", ["missing", "not a number", "a zero stride", "a directory",
+                                    "past the last bus", "more VFs than links"])
+def test_a_placement_that_is_not_the_kernels_has_the_links_read(root, monkeypatch, damage):
+    """The same VFs as the links give, from the links, whatever is wrong with the numbers."""
+    l40s_host(root)
+    pf = root / "sys/bus/pci/devices/0000:81:00.0"  # the L40S, first of the two
+    links = pci.discover()
+    if damage == "missing":
+        (pf / "sriov_stride").unlink()
+    elif damage == "not a number":
+        (pf / "sriov_offset").write_text("four\n")
+    elif damage == "a zero stride":
+        (pf / "sriov_stride").write_text("0\n")
+    elif damage == "a directory":
+        (pf / "sriov_offset").unlink()
+        (pf / "sriov_offset").mkdir()
+    elif damage == "past the last bus":
+        (pf / "sriov_offset").write_text("65000\n")
+    else:  # the kernel's count and links disagree: believe the links
+        (pf / "sriov_numvfs").write_text(f"{int((pf / 'sriov_numvfs').read_text()) + 1}\n")
+    read = _virtfn_links_read(monkeypatch)
+    found = pci.discover()
+    assert [vf.address for vf in found.gpus[0].vfs] == [vf.address for vf in links.gpus[0].vfs]
+    if damage != "more VFs than links":
+        assert found == links
+    assert len(read) == len(links.gpus[0].vfs)

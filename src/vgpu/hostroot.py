@@ -41,6 +41,7 @@ LIMIT = 1 << 24
 SECONDS = 10  # to read one host file: a regular file's reads never wait, a slow mount's may
 _OPEN = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO (or device) opens without a writer
 _clock = time.monotonic
+_FORMAT = 0o170000  # stat.S_IFMT's mask: the file's type
 
 
 def root() -> Path:
@@ -136,9 +137,9 @@ def open_regular(where: Union[str, Path]) -> int:
     fd = os.open(where, _OPEN)
     try:
         mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
-        if not stat.S_ISREG(mode):
+        if mode & _FORMAT != stat.S_IFREG:  # as stat.S_ISREG, without its call (sysfs: ~900 a hook)
+            if stat.S_ISDIR(mode):
+                raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
             raise OSError(errno.EINVAL, "not a regular file")
     except BaseException:
         os.close(fd)

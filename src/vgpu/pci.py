@@ -31,7 +31,8 @@ PCI_DEVICES = "sys/bus/pci/devices"
 PROC_DEVICES = "proc/bus/pci/devices"  # one line per function: see not_nvidia
 PROC_DEVICES_LIMIT = 1 << 22  # bytes; about 150 a function, and a PCI domain has at most 65,536
 _HEX_DIGITS = "0123456789abcdef"  # as the kernel's %x writes them
-_DEVFN = {f"{n:02x}": f"{n >> 3:02x}.{n & 7}" for n in range(256)}  # devfn -> slot.function
+_SLOT_FUNCTION = tuple(f"{n >> 3:02x}.{n & 7}" for n in range(256))  # devfn -> slot.function
+_DEVFN = {f"{n:02x}": _SLOT_FUNCTION[n] for n in range(256)}  # the same, keyed by hex devfn
 PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids")
 PCI_IDS_LIMIT = 1 << 24  # characters of pci.ids scanned (the real one has about 1.4 million)
 # What else names a GPU pci.ids does not know (newer than the host's copy): udev's database
@@ -258,6 +259,7 @@ def discover() -> Host:
         return Host()
     physical: Dict[str, str] = {}
     links: Dict[str, List[Tuple[str, str]]] = {}  # GPU -> its (virtfn link, VF address)
+    numvfs: Dict[str, int] = {}
     known_vfs: set = set()  # VFs of the GPUs found so far: sorted after their GPU, never read
     others = not_nvidia()  # the kernel's own list: functions whose vendor file needs no read
     for name in sorted(listed):
@@ -271,7 +273,8 @@ def discover() -> Host:
         class_code = _read(f"{entry}/class") or ""
         if class_code[:6] in GPU_CLASSES:
             physical[name] = class_code
-            links[name] = virtfn_links(entry)
+            numvfs[name] = _int(_read(f"{entry}/sriov_numvfs")) or 0
+            links[name] = vf_addresses(entry, name, numvfs[name])
             known_vfs.update(address for _, address in links[name])
 
     ids = {address: _read(f"{devices}/{address}/device") or "" for address in physical}
@@ -289,7 +292,7 @@ def discover() -> Host:
             driver=_link_name(f"{entry}/driver"),
             class_code=class_code,
             sriov_totalvfs=_int(_read(f"{entry}/sriov_totalvfs")) or 0,
-            sriov_numvfs=_int(_read(f"{entry}/sriov_numvfs")) or 0,
+            sriov_numvfs=numvfs[address],
             types=_mdev_types(entry, definitions, device_id),
             vfs=_virtual_functions(entry, definitions, device_id, links[address]),
         ))
@@ -351,6 +354,37 @@ def available_instances(address: str, type_id: str) -> Optional[int]:
                                          "available_instances")))
 
 
+def vf_addresses(entry: str, address: str, numvfs: int) -> List[Tuple[str, str]]:
+    """The GPU's ``virtfn<N>`` links and the VF address each names, as the kernel names VFs.
+
+    The kernel places VF ``N`` at the PF's routing ID + ``sriov_offset`` + N x
+    ``sriov_stride`` (bus and devfn: ``pci_iov_virtfn_bus``/``pci_iov_virtfn_devfn``,
+    drivers/pci/iov.c) and names its device, and so its ``virtfn<N>`` link, by that
+    address; ``sriov_numvfs`` says how many there are. Three reads per GPU, instead of a
+    link per VF (256 on an 8-GPU L40S host). A GPU whose attributes are missing (kernels
+    before 4.17), unreadable or not numbers, or that put a VF past the last bus, has its
+    links read (:func:`virtfn_links`); so has one whose computed VF has no link
+    (:func:`_virtual_functions`).
+    """
+    if numvfs <= 0:
+        return virtfn_links(entry)
+    try:
+        offset, stride = _int(_read(f"{entry}/sriov_offset")), _int(_read(f"{entry}/sriov_stride"))
+    except HostReadError:
+        return virtfn_links(entry)  # the links still tell
+    domain, bus, slot_function = address.rsplit(":", 2)  # an address discover matched
+    slot = int(slot_function[:2], 16)
+    first = int(bus, 16) << 8 | slot << 3 | int(slot_function[3:])
+    if offset is None or stride is None or offset < 1 or stride < 1 or slot > 0x1F \
+            or first + offset + stride * (numvfs - 1) > 0xFFFF:
+        return virtfn_links(entry)  # not as the kernel has them (a PCI bus number is 8 bits)
+    out = []
+    for index in range(numvfs):
+        routing = first + offset + stride * index
+        out.append((f"virtfn{index}", f"{domain}:{routing >> 8:02x}:{_SLOT_FUNCTION[routing & 0xFF]}"))
+    return out
+
+
 def virtfn_links(entry) -> List[Tuple[str, str]]:
     """The GPU's ``virtfn<N>`` links and the VF address each names, in index order."""
     try:
@@ -368,12 +402,15 @@ def virtfn_links(entry) -> List[Tuple[str, str]]:
 def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
                        links: Optional[List[Tuple[str, str]]] = None
                        ) -> Tuple[VirtualFunction, ...]:
-    """The GPU's VFs (``links``: :func:`virtfn_links`, read here when not given), with types.
+    """The GPU's VFs (``links``: :func:`vf_addresses`; its links are read when not given).
 
     The first VF that shows a framework decides it for its GPU: the VFs of one
     GPU share it, so mdev VFs are not probed for ``nvidia/`` files, nor VFIO
-    VFs for ``mdev_supported_types/``.
+    VFs for ``mdev_supported_types/``. A VF that shows neither and has no
+    ``virtfn`` link (the addresses were computed, and the kernel's VFs are not
+    what ``sriov_numvfs`` says) has the GPU's links read instead.
     """
+    computed = links is not None
     vfs = []
     decided: Optional[str] = None
     vf_device: Optional[str] = None  # one VF Device ID per PF (its SR-IOV capability)
@@ -391,22 +428,27 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
                 framework = MDEV
                 types = _types_from_names(vf_entry, listed, definitions, device_id)
         if framework is None and decided != MDEV:
-            current = _int(_read(f"{vf_entry}/nvidia/current_vgpu_type"))
+            nvidia = f"{vf_entry}/nvidia/"
+            held = _attribute(nvidia + "current_vgpu_type")
+            # A type id as the driver writes it (digits, a newline) needs no decoding.
+            current = int(held) if held is not None and held[-1:] == b"\n" and held[:-1].isdigit() \
+                else None if held is None else _int(_text(held))
             if current is not None:
                 framework = VFIO
-                types = _vfio_types(vf_entry, definitions)
+                listing = _attribute(nvidia + "creatable_vgpu_types")
+                key = ("creatable", listing)  # free VFs share one listing: parsed once
+                if key not in definitions:
+                    definitions[key] = parse_creatable(
+                        (_text(listing) if listing is not None else "") or "")
+                types = definitions[key]
+        if framework is None and computed and not os.path.lexists(vf_entry):
+            return _virtual_functions(entry, definitions, device_id)
         decided = decided or framework
         if framework == VFIO and vf_device is None:
             vf_device = _read(f"{vf_entry}/device") or ""
-        vfs.append(VirtualFunction(
-            address=address,
-            index=index,
-            types=types,
-            current_type=current,
-            # Nova's device_spec needs it on VFIO only: mdev hosts skip the read.
-            device_id=(vf_device or "") if framework == VFIO else "",
-            framework=framework,
-        ))
+        # Nova's device_spec needs the VF's device id on VFIO only: mdev hosts skip the read.
+        vfs.append(VirtualFunction(address, index, types, current,
+                                   (vf_device or "") if framework == VFIO else "", framework))
     return tuple(sorted(vfs, key=lambda vf: vf.index))
 
 
@@ -451,18 +493,6 @@ def _types_from_names(entry, names: Iterable[str],
         types.append(definitions[key])
     definitions[listing] = tuple(sorted(types, key=lambda t: t.number))
     return definitions[listing]
-
-
-def _vfio_types(entry: str, definitions: Optional[Dict[tuple, Any]] = None
-                ) -> Tuple[VgpuType, ...]:
-    """A VF's creatable types; ``definitions`` keeps each listing parsed once (free VFs share one)."""
-    listed = _read(f"{entry}/nvidia/creatable_vgpu_types") or ""
-    if definitions is None:
-        return parse_creatable(listed)
-    key = ("creatable", listed)
-    if key not in definitions:
-        definitions[key] = parse_creatable(listed)
-    return definitions[key]
 
 
 def parse_creatable(text: str) -> Tuple[VgpuType, ...]:
@@ -572,7 +602,13 @@ def _said(path: str, key: str) -> Optional[str]:
 
 
 def _read(path) -> Optional[str]:
-    """A sysfs attribute, cleaned and stripped; None if absent; HostReadError if unreadable.
+    """A sysfs attribute, cleaned and stripped; None if absent; HostReadError if unreadable."""
+    data = _attribute(path)
+    return None if data is None else _text(data)
+
+
+def _attribute(path) -> Optional[bytes]:
+    """A sysfs attribute's bytes; None if absent; HostReadError if unreadable.
 
     A sysfs attribute is at most a page: one read of :data:`_PAGE_READ` bytes
     takes one of 4 KiB whole (three system calls, not five); a longer file (a
@@ -589,8 +625,12 @@ def _read(path) -> Optional[str]:
             return None
         raise hostroot.unreadable(path, error) from None
     if len(data) == _PAGE_READ:
-        content = hostroot.read_text(path)  # the whole of a longer file
-        return None if content is None else content.strip()
+        return hostroot.read_bytes(path)  # the whole of a longer file (None: gone since)
+    return data
+
+
+def _text(data: bytes) -> str:
+    """An attribute's bytes as :func:`_read` gives them: decoded, cleaned, stripped."""
     value = data.decode("utf-8", errors="replace")
     line = value[:-1] if value[-1:] == "\n" else value
     if line.isprintable():  # the usual attribute, one line: text.decode would keep it as it is
