@@ -263,7 +263,7 @@ def discover() -> Host:
     known_vfs: set = set()  # VFs of the GPUs found so far: sorted after their GPU, never read
     others = not_nvidia()  # the kernel's own list: functions whose vendor file needs no read
     for name in sorted(listed):
-        if name in known_vfs or not _ADDRESS.match(name) or name[-7:] in others:
+        if name in known_vfs or name[-7:] in others or not _ADDRESS.match(name):
             continue
         entry = f"{devices}/{name}"
         if _read(f"{entry}/vendor") != NVIDIA_VENDOR:
