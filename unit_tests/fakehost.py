@@ -780,6 +780,18 @@ class FakeHost:
         (pf / "sriov_offset").write_text(f"{offset}\n")
         (pf / "sriov_stride").write_text(f"{stride}\n")
 
+    def add_placed_vfs(self, pf_address: str, count: int, offset: int, stride: int = 1,
+                       **vf) -> List[str]:
+        """``count`` VFs where the kernel puts them for ``offset`` and ``stride`` (and says so).
+
+        ``vf``: :meth:`add_vf`'s keywords for each. Returns their addresses, by index.
+        """
+        addresses = [_vf_address(pf_address, index, offset, stride) for index in range(count)]
+        for index, address in enumerate(addresses):
+            self.add_vf(pf_address, index, address, **vf)
+        self.vf_placement(pf_address, offset, stride)
+        return addresses
+
     def add_vf(self, pf_address: str, index: int, address: str, driver: Optional[str] = "nvidia",
                mdev_types: Optional[Mapping[str, MdevType]] = None,
                vfio_types: Optional[Mapping[int, str]] = None, current_type: int = 0,

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from unit_tests.fakehost import (
     INTEL,
+    L40S_TYPES,
     NVIDIA,
     PCI_IDS,
     V100_TYPES,
@@ -612,8 +613,69 @@ def test_the_rtx_pro_6000s_vf_14_is_at_the_next_slot(root):
     assert gpu.vfs[14].address == "0001:04:02.0"
 
 
+def _placed(root, pf: str, count: int, offset: int, stride: int = 1) -> tuple:
+    """A GPU at ``pf`` whose ``count`` VFs are where the kernel puts them: the host, their addresses."""
+    host = FakeHost(root)
+    host.add_gpu(pf, device="0x26b9", totalvfs=max(count, 1))
+    return host, host.add_placed_vfs(pf, count, offset, stride, vfio_types=L40S_TYPES)
+
+
+def _links_of(root, pf: str) -> list:
+    bus = root / "sys/bus/pci/devices" / pf
+    return [os.path.basename(os.readlink(bus / f"virtfn{n}"))
+            for n in range(len([n for n in os.listdir(bus) if n.startswith("virtfn")]))]
+
+
+def test_a_gpu_past_slot_nine_has_vfs_on_the_next_bus_without_a_link_read(root, monkeypatch):
+    """0000:41:1c.0, offset 4: VF 0 at 41:1c.4, VF 27 at 41:1f.7, VF 28 on bus 42 (42:00.0)."""
+    _, addresses = _placed(root, "0000:41:1c.0", 32, 4)
+    assert addresses[:2] == ["0000:41:1c.4", "0000:41:1c.5"]
+    assert addresses[27:29] == ["0000:41:1f.7", "0000:42:00.0"]
+    assert addresses == _links_of(root, "0000:41:1c.0")
+    read = _virtfn_links_read(monkeypatch)
+    assert [vf.address for vf in pci.discover().gpus[0].vfs] == addresses and read == []
+
+
+def test_offset_one_at_the_last_slot_with_one_vf_reads_no_link(root, monkeypatch):
+    """The smallest offset, the last slot (1f) and a single VF are the kernel's too."""
+    assert _placed(root, "0000:41:1f.0", 1, 1)[1] == ["0000:41:1f.1"]
+    read = _virtfn_links_read(monkeypatch)
+    assert [vf.address for vf in pci.discover().gpus[0].vfs] == ["0000:41:1f.1"] and read == []
+
+
+@pytest.mark.parametrize("count", [32, 33])
+def test_the_last_bus_is_reached_not_passed(root, monkeypatch, count):
+    """0000:ff:00.0, offset 7, stride 8: VF 31 at ff:1f.7, the last address of bus ff.
+
+    A bus number has 8 bits: a 33rd VF would be past it, so the links are read instead.
+    """
+    host, addresses = _placed(root, "0000:ff:00.0", 32, 7, stride=8)
+    assert addresses[0] == "0000:ff:00.7" and addresses[-1] == "0000:ff:1f.7"
+    if count == 33:  # as no kernel would: the links name it, wherever
+        pf = root / "sys/bus/pci/devices/0000:ff:00.0"
+        host.add_vf("0000:ff:00.0", 32, "0000:fe:00.1", vfio_types=L40S_TYPES)
+        host.vf_placement("0000:ff:00.0", 7, 8)
+        assert (pf / "sriov_numvfs").read_text() == "33\n"
+        addresses = _links_of(root, "0000:ff:00.0")
+    read = _virtfn_links_read(monkeypatch)
+    assert [vf.address for vf in pci.discover().gpus[0].vfs] == addresses
+    assert len(read) == (0 if count == 32 else 33)
+
+
+def test_a_name_no_kernel_gives_has_its_links_read(root, monkeypatch):
+    """Slot 20 is past a PCI slot's five bits: the address is not the kernel's, nor its VFs'."""
+    host = FakeHost(root)
+    host.add_gpu("0000:41:20.0", device="0x26b9", totalvfs=2)
+    for index, address in enumerate(["0000:41:20.4", "0000:41:20.5"]):
+        host.add_vf("0000:41:20.0", index, address, vfio_types=L40S_TYPES)
+    host.vf_placement("0000:41:20.0", 4)
+    read = _virtfn_links_read(monkeypatch)
+    assert [vf.address for vf in pci.discover().gpus[0].vfs] == ["0000:41:20.4", "0000:41:20.5"]
+    assert len(read) == 2
+
+
 @pytest.mark.parametrize("damage", ["missing", "not a number", "a zero stride", "a directory",
-                                    "past the last bus", "more VFs than links"])
+                                    "past the last bus", "more VFs than links", "no VFs counted"])
 def test_a_placement_that_is_not_the_kernels_has_the_links_read(root, monkeypatch, damage):
     """The same VFs as the links give, from the links, whatever is wrong with the numbers."""
     l40s_host(root)
@@ -630,11 +692,13 @@ def test_a_placement_that_is_not_the_kernels_has_the_links_read(root, monkeypatc
         (pf / "sriov_offset").mkdir()
     elif damage == "past the last bus":
         (pf / "sriov_offset").write_text("65000\n")
-    else:  # the kernel's count and links disagree: believe the links
+    elif damage == "more VFs than links":  # the kernel's count and links disagree: the links
         (pf / "sriov_numvfs").write_text(f"{int((pf / 'sriov_numvfs').read_text()) + 1}\n")
+    else:  # read while the VFs are being disabled: the count is 0, the links still there
+        (pf / "sriov_numvfs").write_text("0\n")
     read = _virtfn_links_read(monkeypatch)
     found = pci.discover()
     assert [vf.address for vf in found.gpus[0].vfs] == [vf.address for vf in links.gpus[0].vfs]
-    if damage != "more VFs than links":
+    if damage not in ("more VFs than links", "no VFs counted"):
         assert found == links
     assert len(read) == len(links.gpus[0].vfs)

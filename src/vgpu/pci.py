@@ -372,16 +372,17 @@ def vf_addresses(entry: str, address: str, numvfs: int) -> List[Tuple[str, str]]
         offset, stride = _int(_read(f"{entry}/sriov_offset")), _int(_read(f"{entry}/sriov_stride"))
     except HostReadError:
         return virtfn_links(entry)  # the links still tell
-    domain, bus, slot_function = address.rsplit(":", 2)  # an address discover matched
-    slot = int(slot_function[:2], 16)
-    first = int(bus, 16) << 8 | slot << 3 | int(slot_function[3:])
+    # An address discover matched: <domain>:<bus>:<slot>.<function>, the last three fixed.
+    slot = int(address[-4:-2], 16)
+    first = int(address[-7:-5], 16) << 8 | slot << 3 | int(address[-1])  # the PF's routing ID
     if offset is None or stride is None or offset < 1 or stride < 1 or slot > 0x1F \
             or first + offset + stride * (numvfs - 1) > 0xFFFF:
         return virtfn_links(entry)  # not as the kernel has them (a PCI bus number is 8 bits)
+    domain = address[:-7]
     out = []
     for index in range(numvfs):
         routing = first + offset + stride * index
-        out.append((f"virtfn{index}", f"{domain}:{routing >> 8:02x}:{_SLOT_FUNCTION[routing & 0xFF]}"))
+        out.append((f"virtfn{index}", f"{domain}{routing >> 8:02x}:{_SLOT_FUNCTION[routing & 0xFF]}"))
     return out
 
 
