@@ -165,6 +165,7 @@ def test_sriov_vfs_belong_to_their_gpu_and_are_not_gpus(root):
     assert [vf.index for vf in gpu.vfs] == list(range(16))
     assert gpu.types == ()  # the PF offers nothing on SR-IOV mdev GPUs
     assert gpu.framework == pci.MDEV and {vf.framework for vf in gpu.vfs} == {pci.MDEV}
+    assert {vf.current_type for vf in gpu.vfs} == {None}  # no VFIO type on mdev VFs
     assert [t.id for t in gpu.offered_types()] == ["nvidia-471", "nvidia-472", "nvidia-474",
                                                    "nvidia-475", "nvidia-476", "nvidia-699"]
     assert host.gpu("0000:41:00.5") is gpu and gpu.function("0000:41:00.5").index == 1
@@ -702,3 +703,25 @@ def test_a_placement_that_is_not_the_kernels_has_the_links_read(root, monkeypatc
     if damage not in ("more VFs than links", "no VFs counted"):
         assert found == links
     assert len(read) == len(links.gpus[0].vfs)
+
+
+def test_vfs_the_driver_shows_no_framework_on_yet_have_no_types(root):
+    """VFs without ``mdev_supported_types`` or ``nvidia/`` (the driver not bound yet) are listed bare."""
+    host = FakeHost(root)
+    host.add_gpu("0000:41:00.0", device="0x26b9", totalvfs=2)
+    host.add_placed_vfs("0000:41:00.0", 2, 4)
+    vfs = pci.discover().gpus[0].vfs
+    assert [(vf.address, vf.types, vf.current_type, vf.framework, vf.device_id) for vf in vfs] == [
+        ("0000:41:00.4", (), None, None, ""), ("0000:41:00.5", (), None, None, "")]
+
+
+def test_an_entry_named_like_a_vf_link_is_not_a_vf(root):
+    """Only ``virtfn<N>`` names a VF; anything else in the GPU's directory is passed over."""
+    l40s_host(root)
+    pf = root / "sys/bus/pci/devices/0000:81:00.0"
+    found = pci.discover()
+    _placement_removed(root)  # the GPU's directory is listed
+    (pf / "virtfn_old").symlink_to("../0000:81:00.4")
+    (pf / "virtfn3x").symlink_to("../0000:81:00.5")
+    (pf / "virtfn\u0663").symlink_to("../0000:81:00.6")  # ٣, a digit, not an ASCII one
+    assert pci.discover() == found

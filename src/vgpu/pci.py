@@ -47,6 +47,7 @@ VFIO = "vfio"
 _ADDRESS = re.compile(PCI_ADDRESS + r"\Z")
 _TYPE_DIR = re.compile(r"nvidia-([0-9]+)\Z")
 _TYPE_ROW = r"\s*([0-9]+)\s*:\s*(\S.*?)\s*\Z"  # VFIO only: compiled by re when used
+_VIRTFN = r"virtfn[0-9]+\Z"  # a VF's link in its GPU's directory: only where its numbers fail
 
 
 class VgpuType(NamedTuple):
@@ -389,11 +390,11 @@ def vf_addresses(entry: str, address: str, numvfs: int) -> List[Tuple[str, str]]
 def virtfn_links(entry) -> List[Tuple[str, str]]:
     """The GPU's ``virtfn<N>`` links and the VF address each names, in index order."""
     try:
-        names = [n for n in os.listdir(entry) if n.startswith("virtfn")]
+        indexes = {n: int(n[6:]) for n in os.listdir(entry) if re.match(_VIRTFN, n)}
     except OSError:
         return []
     out = []
-    for link in sorted(names, key=lambda n: _int(n[len("virtfn"):]) or 0):
+    for link in sorted(indexes, key=indexes.__getitem__):
         address = _link_name(f"{entry}/{link}")
         if address:
             out.append((link, address))
@@ -416,9 +417,7 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
     decided: Optional[str] = None
     vf_device: Optional[str] = None  # one VF Device ID per PF (its SR-IOV capability)
     for link, address in (virtfn_links(entry) if links is None else links):
-        index = _int(link[len("virtfn"):])
-        if index is None:
-            continue
+        index = int(link[6:])  # virtfn<N>, as both give them
         vf_entry = f"{entry}/{link}"
         framework: Optional[str] = None
         current: Optional[int] = None
