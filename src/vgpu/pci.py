@@ -429,10 +429,7 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
                 types = _types_from_names(vf_entry, listed, definitions, device_id)
         if framework is None and decided != MDEV:
             nvidia = f"{vf_entry}/nvidia/"
-            held = _attribute(nvidia + "current_vgpu_type")
-            # A type id as the driver writes it (digits, a newline) needs no decoding.
-            current = int(held) if held is not None and held[-1:] == b"\n" and held[:-1].isdigit() \
-                else None if held is None else _int(_text(held))
+            current = _int(_read(nvidia + "current_vgpu_type"))
             if current is not None:
                 framework = VFIO
                 listing = _attribute(nvidia + "creatable_vgpu_types")
