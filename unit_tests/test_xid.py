@@ -208,6 +208,53 @@ def test_a_journalctl_that_hangs_is_given_up_and_a_scrape_never_waits(journal):
     assert not thread.is_alive()
 
 
+def test_a_read_that_hangs_holds_journalctl_only_while_it_runs_and_says_how_long_it_waited(
+        journal):
+    journal.hang()
+    held: set = set()
+    during = []
+    looker = threading.Timer(0.5, lambda: during.extend(p.poll() for p in list(held)))
+    looker.start()
+    with pytest.raises(xid.JournalError) as error:
+        xid.read(None, seconds=1.5, running=held)
+    looker.join()
+    assert str(error.value) == "journalctl gave nothing within 1.5s"
+    assert during == [None]  # journalctl, running, held while the read waited on it
+    assert held == set()  # and let go once the read was over
+
+
+def test_closing_the_watch_ends_the_journalctl_it_waits_on(journal):
+    """The exporter stops: a read waiting on a hung journalctl ends now, not at its bound."""
+    journal.hang()
+    watch = xid.Watch()
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop,), kwargs={"pause": 0.05})
+    try:
+        thread.start()
+        time.sleep(0.5)  # inside a read bounded at READ_SECONDS (10 s)
+        stop.set()
+        started = time.monotonic()
+        watch.close()
+        thread.join(timeout=xid.READ_SECONDS + 5)
+        assert time.monotonic() - started < xid.READ_SECONDS / 2
+    finally:
+        stop.set()
+        journal.hang(False)
+        thread.join(timeout=xid.READ_SECONDS + 5)
+    assert not thread.is_alive()
+
+
+def test_a_journalctl_that_cannot_be_run_is_said_with_the_system_s_reason(tmp_path, monkeypatch):
+    """Not a program this machine runs (another architecture's, or cut short): exec refuses it."""
+    journalctl = tmp_path / "journalctl"
+    journalctl.write_bytes(bytes(64))
+    journalctl.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(xid.JournalError) as error:
+        xid.read(None)
+    assert str(error.value) == "journalctl could not run: Exec format error"
+
+
 def test_a_journalctl_that_fails_is_said_and_what_was_read_stays(journal):
     journal.kernel([XID_63], T0)
     watch = caught_up(xid.Watch())
