@@ -208,6 +208,14 @@ def test_a_journalctl_that_hangs_is_given_up_and_a_scrape_never_waits(journal):
     assert not thread.is_alive()
 
 
+def test_journalctl_speaks_in_the_c_locale_whatever_the_exporter_s_and_keeps_its_path(
+        journal, monkeypatch):
+    """Its words are quoted (a failure's last line): in the words the docs give, not translated."""
+    monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
+    xid.read(None)
+    assert journal.environments() == [{"LC_ALL": "C", "PATH": os.environ["PATH"]}]
+
+
 def test_a_read_that_hangs_holds_journalctl_only_while_it_runs_and_says_how_long_it_waited(
         journal):
     journal.hang()
@@ -221,6 +229,17 @@ def test_a_read_that_hangs_holds_journalctl_only_while_it_runs_and_says_how_long
     assert str(error.value) == "journalctl gave nothing within 1.5s"
     assert during == [None]  # journalctl, running, held while the read waited on it
     assert held == set()  # and let go once the read was over
+
+
+def test_a_journalctl_that_closes_its_output_but_does_not_end_is_read_and_not_waited_for(
+        journal):
+    journal.kernel([XID_63], T0)
+    journal.linger()
+    started = time.monotonic()
+    chunk = xid.read(None, seconds=1.0)
+    assert time.monotonic() - started < 10  # not the 30 s it lingers
+    assert [e.message for e in chunk.entries] == [XID_63]
+    assert chunk.complete is False  # its end not seen: the next read goes on from its cursor
 
 
 def test_closing_the_watch_ends_the_journalctl_it_waits_on(journal):
