@@ -18,7 +18,9 @@ The host's journal is ``<root>/var/log/journal/fake-kernel.jsonl`` (one entry a 
 ``{"message", "time", "transport", "boot"}``). Each run is logged in ``<root>/journalctl.log``,
 its ``LC_ALL`` and ``PATH`` in ``<root>/journalctl.env``.
 ``hang`` makes the next runs never end; ``linger``, end only 30 s after closing their output;
-``fail`` makes them fail.
+``fail`` makes them fail (before any entry), ``corrupt`` after
+every entry ("Failed to iterate through journal: %m", journalctl.c, as on a damaged journal
+file), ``killed`` ends them by SIGKILL, saying nothing.
 """
 
 import json
@@ -94,6 +96,8 @@ if (root / "journalctl.hang").exists():
 if (root / "journalctl.fail").exists():
     sys.stderr.write("Failed to open journal files: Permission denied\n")
     sys.exit(1)
+if (root / "journalctl.killed").exists():  # by the OOM killer, say: no word of its own
+    os.kill(os.getpid(), 9)
 after = -1
 if cursor is not None:
     try:
@@ -127,6 +131,10 @@ for seq, line in enumerate(lines):
         if fields_wanted is None or field in fields_wanted:
             record[field] = value
     out.write(json.dumps(record, separators=(",", ":")) + "\n")
+if (root / "journalctl.corrupt").exists():  # a journal file damaged past what it printed
+    out.flush()
+    sys.stderr.write("Failed to iterate through journal: Bad message\n")
+    sys.exit(1)
 if (root / "journalctl.linger").exists():  # its output closed, the process not ended (yet)
     out.flush()
     os.close(1)
@@ -179,6 +187,14 @@ class Journal:
 
     def fail(self, on: bool = True) -> None:
         flag = self.root / "journalctl.fail"
+        flag.touch() if on else flag.unlink(missing_ok=True)
+
+    def corrupt(self, on: bool = True) -> None:
+        flag = self.root / "journalctl.corrupt"
+        flag.touch() if on else flag.unlink(missing_ok=True)
+
+    def killed(self, on: bool = True) -> None:
+        flag = self.root / "journalctl.killed"
         flag.touch() if on else flag.unlink(missing_ok=True)
 
 

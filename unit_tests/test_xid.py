@@ -294,6 +294,25 @@ def test_a_journalctl_that_fails_having_read_nothing_is_said_with_its_own_words(
     assert str(error.value) == "journalctl failed (1): Failed to open journal files: Permission denied"
 
 
+def test_a_journalctl_killed_having_said_nothing_is_said_by_its_status(journal):
+    journal.killed()
+    with pytest.raises(xid.JournalError) as error:
+        xid.read(None)
+    assert str(error.value) == "journalctl failed (-9)"
+
+
+def test_a_journalctl_that_fails_after_some_entries_gives_them_and_logs_its_words(journal,
+                                                                                   caplog):
+    journal.kernel([XID_63, XID_63], T0)
+    journal.corrupt()
+    with caplog.at_level("WARNING", logger=xid.log.name):
+        chunk = xid.read(None)
+    assert [e.message for e in chunk.entries] == [XID_63, XID_63]
+    assert chunk.complete is False  # read on from the last entry's cursor
+    assert caplog.messages == ["journalctl failed (1) after 2 entries: Failed to iterate through "
+                               "journal: Bad message"]
+
+
 # What journalctl 252 (Debian 12, glibc 2.36) says to each, run as `<path> --no-pager <it>`
 # (vgpu.xid.read runs it by its path: getopt names the program as it was run).
 REFUSED = {

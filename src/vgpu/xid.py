@@ -280,7 +280,8 @@ def read(cursor: Optional[str], limit: int = READ_BYTES, seconds: float = READ_S
         raise JournalError(f"journalctl gave nothing within {seconds:g}s")
     if status:
         if not entries:
-            raise JournalError(f"journalctl failed ({status}): {why.splitlines()[-1] if why else ''}")
+            said = f": {why.splitlines()[-1]}" if why else ""  # killed by a signal: no word
+            raise JournalError(f"journalctl failed ({status}){said}")
         log.warning("journalctl failed (%s) after %d entries: %s", status, len(entries), why)
     return Chunk(tuple(entries), complete=ended and not status)
 
