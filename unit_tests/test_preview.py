@@ -101,6 +101,17 @@ def test_a_new_profile_is_shown_vf_by_vf_with_its_nova_conf_and_nothing_is_writt
         "CUSTOM_VGPU_L40S_24Q on 2")
 
 
+def test_a_profile_one_vf_takes_is_named_beside_the_gpu_that_keeps_its_own(ctx, root, applied):
+    results = preview(ctx, root, applied, "{L40S-48Q: ['81:00.0'], 'NVIDIA H200X-35C': ['c1:00.0']}")
+    # 48 GB / 48 GB: one VF takes it, three are released; the H200's four keep H200X-35C.
+    assert results["vf-changes"] == (
+        "VF            holds now    would hold\n"
+        "0000:81:00.4  nvidia-1139  L40S-48Q (nvidia-1142)\n"
+        "0000:81:00.5  nvidia-1139  none\n"
+        "0000:81:00.6  nvidia-1139  none\n"
+        "0000:81:00.7  nvidia-1139  none")
+
+
 def test_the_mapping_in_force_changes_nothing(ctx, root, applied):
     results = preview(ctx, root, applied, MAPPING)
     assert results["verdict"] == results["summary"] == "nothing would change"

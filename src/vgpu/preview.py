@@ -284,7 +284,7 @@ def _type_name(number: int, vf: Optional[str] = None, plan=None) -> str:
     if not number:
         return "none"
     for a in plan.assignments if plan is not None else ():
-        if a.address == vf and a.number == number:
+        if a.address == vf:  # the plan's type for vf: the number it would hold
             return f"{profiles.profile_name(a.name)} (nvidia-{number})"
     return f"nvidia-{number}"
 
