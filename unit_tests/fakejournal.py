@@ -15,8 +15,12 @@ status 1; an argument that is not an option is a match, and one that is not FIEL
 "Failed to add match 'X': Invalid argument"), so a misspelt option fails here as on a host.
 
 The host's journal is ``<root>/var/log/journal/fake-kernel.jsonl`` (one entry a line:
-``{"message", "time", "transport", "boot"}``). Each run is logged in ``<root>/journalctl.log``.
-``hang`` makes the next runs never end; ``fail`` makes them fail.
+``{"message", "time", "transport", "boot"}``). Each run is logged in ``<root>/journalctl.log``,
+its ``LC_ALL`` and ``PATH`` in ``<root>/journalctl.env``.
+``hang`` makes the next runs never end; ``linger``, end only 30 s after closing their output;
+``fail`` makes them fail (before any entry), ``corrupt`` after
+every entry ("Failed to iterate through journal: %m", journalctl.c, as on a damaged journal
+file), ``killed`` ends them by SIGKILL, saying nothing.
 """
 
 import json
@@ -30,7 +34,7 @@ JOURNAL = "var/log/journal/fake-kernel.jsonl"
 BOOT = "3d1b7c0ea1f84b4c9f0e2a6d4e1c2b5a"
 
 SCRIPT = r'''#!{python}
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 args = sys.argv[1:]
 # journalctl 252's long options (journalctl --help): 0 takes no value, 1 needs one, 2 may take one.
@@ -84,11 +88,16 @@ cursor = given.get("after-cursor")
 fields_wanted = given["output-fields"].split(",") if "output-fields" in given else None
 with open(root / "journalctl.log", "a") as log:
     log.write(" ".join(args) + "\n")
+with open(root / "journalctl.env", "a") as log:  # the locale it speaks in, and its PATH
+    log.write(json.dumps({{"LC_ALL": os.environ.get("LC_ALL"), "PATH": os.environ.get("PATH")}})
+              + "\n")
 if (root / "journalctl.hang").exists():
     time.sleep(300)
 if (root / "journalctl.fail").exists():
     sys.stderr.write("Failed to open journal files: Permission denied\n")
     sys.exit(1)
+if (root / "journalctl.killed").exists():  # by the OOM killer, say: no word of its own
+    os.kill(os.getpid(), 9)
 after = -1
 if cursor is not None:
     try:
@@ -122,6 +131,14 @@ for seq, line in enumerate(lines):
         if fields_wanted is None or field in fields_wanted:
             record[field] = value
     out.write(json.dumps(record, separators=(",", ":")) + "\n")
+if (root / "journalctl.corrupt").exists():  # a journal file damaged past what it printed
+    out.flush()
+    sys.stderr.write("Failed to iterate through journal: Bad message\n")
+    sys.exit(1)
+if (root / "journalctl.linger").exists():  # its output closed, the process not ended (yet)
+    out.flush()
+    os.close(1)
+    time.sleep(30)
 '''
 
 
@@ -155,12 +172,29 @@ class Journal:
         log = self.root / "journalctl.log"
         return log.read_text().splitlines() if log.exists() else []
 
+    def environments(self):
+        """Each run's ``LC_ALL`` and ``PATH``."""
+        log = self.root / "journalctl.env"
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
     def hang(self, on: bool = True) -> None:
         flag = self.root / "journalctl.hang"
         flag.touch() if on else flag.unlink(missing_ok=True)
 
+    def linger(self, on: bool = True) -> None:
+        flag = self.root / "journalctl.linger"
+        flag.touch() if on else flag.unlink(missing_ok=True)
+
     def fail(self, on: bool = True) -> None:
         flag = self.root / "journalctl.fail"
+        flag.touch() if on else flag.unlink(missing_ok=True)
+
+    def corrupt(self, on: bool = True) -> None:
+        flag = self.root / "journalctl.corrupt"
+        flag.touch() if on else flag.unlink(missing_ok=True)
+
+    def killed(self, on: bool = True) -> None:
+        flag = self.root / "journalctl.killed"
         flag.touch() if on else flag.unlink(missing_ok=True)
 
 

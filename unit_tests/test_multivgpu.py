@@ -54,6 +54,33 @@ def test_the_capability_lines_are_read_per_gpu_from_real_output():
     assert multivgpu.fractional_support(driver_wide) == {}
 
 
+def test_only_a_gpu_s_own_unindented_line_starts_its_capabilities():
+    """nvidia-smi -q names each GPU at the line's start; above the first, no GPU is named."""
+    orphan = "    vGPU Device Capability\n        Fractional Multi-vGPU : Supported\n"
+    assert multivgpu.capabilities(orphan + P40) == multivgpu.capabilities(P40)
+    assert list(multivgpu.capabilities(orphan)) == []
+    # A line that reads like a GPU's, indented, is a field of the GPU above it.
+    field = P40.replace("    MIG Mode\n", "    GPU 00000000:84:00.0\n    vGPU Device Capability\n"
+                                          "        Fractional Multi-vGPU : Supported\n")
+    assert multivgpu.fractional_support(field) == {"0000:83:00.0": True}
+
+
+def test_a_capability_block_ends_at_its_gpu_s_next_field():
+    """The block is the lines indented below its heading; the GPU's next field is not in it."""
+    sibling = P40.replace("    MIG Mode\n", "    Accounting Mode                       : Disabled\n")
+    assert multivgpu.capabilities(sibling) == multivgpu.capabilities(P40)
+
+
+def test_a_capability_is_split_at_its_first_colon_and_bounded():
+    """Host text is data: a value holding colons is kept whole, a name and a value cut at 64."""
+    name = "Heterogeneous Time-Slice Profiles " * 3  # 102 characters
+    value = "Supported: placements 0:8, 8:16 " * 3
+    text = P40.replace("    MIG Mode\n", f"        {name}: {value}\n    MIG Mode\n")
+    said = multivgpu.capabilities(text)["0000:83:00.0"]
+    assert said[name.strip()[:64]] == value.strip()[:64]
+    assert len(said) == 4 and all(len(k) <= 64 and len(v) <= 64 for k, v in said.items())
+
+
 def test_nvidia_smi_is_read_up_to_its_first_100_000_lines():
     """A capability on line 100,001 is past the bound: its GPU's block is read, the line not."""
     block = ["GPU 00000000:83:00.0", "    vGPU Device Capability",

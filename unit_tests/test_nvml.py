@@ -10,7 +10,7 @@ import pytest
 from unit_tests.fake_pynvml import pynvml as fake
 from vgpu import nvml
 
-VM_1 = "11111111-1111-4111-8111-111111111111"
+VM_1 = "5d3a9e2f-7c41-4b8e-a6d2-9f1c0e8b7a64"  # hex letters: NVML may give it in upper case
 VM_2 = "22222222-2222-4222-8222-222222222222"
 GIB = 1 << 30
 

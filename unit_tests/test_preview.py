@@ -80,13 +80,14 @@ def applied(ctx, root, tools, deb):
 def test_a_new_profile_is_shown_vf_by_vf_with_its_nova_conf_and_nothing_is_written(ctx, root, applied):
     results = preview(ctx, root, applied, "{L40S-24Q: ['81:00.0'], 'NVIDIA H200X-35C': ['c1:00.0']}")
     assert results["verdict"] == "would apply"
-    changes = results["vf-changes"].splitlines()
-    assert changes[0].split() == ["VF", "holds", "now", "would", "hold"]
     # 48 GB / 24 GB: two VFs keep a type (now L40S-24Q), two are released; the H200 stays.
-    assert "0000:81:00.4  L40S-12Q (nvidia-1139)" not in results["vf-changes"]
-    rows = [line.split() for line in changes[1:]]
-    assert [r[0] for r in rows] == ["0000:81:00.4", "0000:81:00.5", "0000:81:00.6", "0000:81:00.7"]
-    assert [r[-1] for r in rows] == ["(nvidia-1141)", "(nvidia-1141)", "none", "none"]
+    # What a VF holds now is said by its type id, what it would hold by the mapping's name too.
+    assert results["vf-changes"] == (
+        "VF            holds now    would hold\n"
+        "0000:81:00.4  nvidia-1139  L40S-24Q (nvidia-1141)\n"
+        "0000:81:00.5  nvidia-1139  L40S-24Q (nvidia-1141)\n"
+        "0000:81:00.6  nvidia-1139  none\n"
+        "0000:81:00.7  nvidia-1139  none")
     conf = results["nova-conf"]
     assert conf.startswith("[pci]\ndevice_spec = ")
     assert conf.count("CUSTOM_VGPU_L40S_24Q") == 2 and conf.count("CUSTOM_VGPU_H200X_35C") == 4
@@ -98,6 +99,17 @@ def test_a_new_profile_is_shown_vf_by_vf_with_its_nova_conf_and_nothing_is_writt
     assert results["summary"] == (
         "4 VF(s) would change type; nova-compute would get CUSTOM_VGPU_H200X_35C on 4, "
         "CUSTOM_VGPU_L40S_24Q on 2")
+
+
+def test_a_profile_one_vf_takes_is_named_beside_the_gpu_that_keeps_its_own(ctx, root, applied):
+    results = preview(ctx, root, applied, "{L40S-48Q: ['81:00.0'], 'NVIDIA H200X-35C': ['c1:00.0']}")
+    # 48 GB / 48 GB: one VF takes it, three are released; the H200's four keep H200X-35C.
+    assert results["vf-changes"] == (
+        "VF            holds now    would hold\n"
+        "0000:81:00.4  nvidia-1139  L40S-48Q (nvidia-1142)\n"
+        "0000:81:00.5  nvidia-1139  none\n"
+        "0000:81:00.6  nvidia-1139  none\n"
+        "0000:81:00.7  nvidia-1139  none")
 
 
 def test_the_mapping_in_force_changes_nothing(ctx, root, applied):
@@ -157,12 +169,17 @@ def test_a_value_that_is_not_yaml_is_refused_as_the_status_says(ctx, root, appli
 def test_guests_holding_vfs_that_would_change_block_it_as_the_hook_would(ctx, root, applied):
     defined_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
                   pci_address="0000:81:00.5")
+    defined_guest(root, "instance-0000002b", "5c1d7e0a-2b1f-4c57-8d36-2f4e9a7b1c0e",
+                  pci_address="0000:81:00.6")
     results = preview(ctx, root, applied, "{L40S-24Q: all}")
     status = ctx.run(ctx.on.config_changed(), again_with(applied, "{L40S-24Q: all}")).unit_status
     assert results["verdict"] == "refused"
     assert results["refused"] == status.message
-    assert results["guests-blocking"] == (
-        "instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1, shut off)")
+    assert results["guests-blocking"] == (  # a line each
+        "instance-0000002a (vm-instance-0000002a, 0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1, shut off)\n"
+        "instance-0000002b (vm-instance-0000002b, 5c1d7e0a-2b1f-4c57-8d36-2f4e9a7b1c0e, shut off)")
+    # The value was planned (its sections made) before the guests refused it: none are shown.
+    assert results["nova-conf"] == "nothing new: the last published sections stay"
 
 
 def test_vfs_not_enabled_yet_leave_the_types_unknown_until_applied(ctx, root, tools, deb):
@@ -185,6 +202,85 @@ def test_a_fresh_host_learns_no_type_names_on_disk(ctx, root, tools, deb):
     assert results["verdict"] == "would apply"
     assert results["gpus"]["gpu-0"]["types-on-offer"] == (
         "L40S-2B, L40S-4Q, L40S-12Q, L40S-16Q, L40S-24Q, L40S-48Q")
+
+
+def test_a_host_nova_compute_has_not_configured_yet_waits_and_types_no_gpu_offers_are_noted(
+        ctx, root, tools, deb):
+    """One value for a mixed fleet (``all`` for boards this host lacks), on a host being deployed."""
+    ready(l40s_host(root), root, tools, deb)
+    before = settled(ctx, deb)
+    (root / "etc/nova/nova.conf").unlink()  # nova-compute has not written it yet
+    results = preview(ctx, root, before, "{L40S-12Q: all, A100-4C: all, L4-2Q: all}")
+    assert results["verdict"] == "would apply"
+    assert results["waits"] == ("waiting for nova-compute to write /etc/nova/nova.conf before "
+                                "publishing [pci] settings")
+    assert results["notes"] == (
+        "A100-4C: no GPU on this host offers it, nothing published for it\n"
+        "L4-2Q: no GPU on this host offers it, nothing published for it")
+
+
+def test_a_unit_not_yet_integrated_through_nova_vgpu_previews_what_nova_compute_would_get(
+        ctx, root, tools, deb):
+    """Related to its principal through juju-info only: nothing published yet, nothing to compare."""
+    ready(l40s_host(root), root, tools, deb)
+    info = testing.SubordinateRelation("juju-info", remote_app_name="nova-compute")
+    out = ctx.run(ctx.on.update_status(), state({}, relations=[info], resource=deb))
+    assert out.unit_status.message.startswith("relate to nova-compute")
+    before = again(out)
+    empty = preview(ctx, root, before, "{}")
+    assert empty["verdict"] == empty["summary"] == "nothing would change"
+    mapped = preview(ctx, root, before, "{L40S-12Q: all}")
+    assert mapped["summary"] == (
+        "4 VF(s) would change type; nova-compute would get CUSTOM_VGPU_L40S_12Q on 4")
+
+
+RTX = ("0000:42:00.0", "0000:8c:00.0", "0001:04:00.0", "0001:c8:00.0")
+
+
+@pytest.fixture(scope="module")
+def rtx_deb(tmp_path_factory):
+    """The host driver at the version cubecos #312's host has loaded (580.105.06)."""
+    from unit_tests import debs
+
+    return debs.build(tmp_path_factory.mktemp("rtx-deb"), "nvidia-vgpu-ubuntu-580", "580.105.06",
+                      debs.machine_arch(), debs.host_files())
+
+
+def test_a_full_host_s_vf_table_and_gpus_stay_within_what_juju_accepts_and_say_so(
+        ctx, root, tools, rtx_deb):
+    """The host of cubecos #312 as it is: four RTX PRO 6000, 48 VFs each (192)."""
+    from unit_tests.fakehost import rtx_pro_6000_host
+    from unit_tests.test_charm_sriov import rtx_vfs
+
+    ready(rtx_pro_6000_host(root), root, tools, rtx_deb)
+    before = settled(ctx, rtx_deb)
+    results = preview(ctx, root, before, "{DC-2Q: all}")
+    assert results["summary"] == ("192 VF(s) would change type; nova-compute would get "
+                                  "CUSTOM_VGPU_RTX_PRO_6000_BLACKWELL_DC_2Q on 192")
+    rows = results["vf-changes"].splitlines()
+    assert len(rows) == 1 + 100 + 1  # the header, the table's bound, what it left out
+    assert rows[100].split() == [rtx_vfs(RTX[2], 4)[-1], "none", "RTX", "Pro", "6000",
+                                 "Blackwell", "DC-2Q", "(nvidia-2000)"]
+    assert rows[101] == "... and 92 more VFs; see each GPU's would-serve"
+    assert [g["would-serve"] for g in results["gpus"].values()] == [
+        "NVIDIA RTX Pro 6000 Blackwell DC-2Q on 48 VF(s)"] * 4
+    assert "truncated" not in results
+    out = ctx.run(ctx.on.config_changed(), again_with(before, "{DC-2Q: all}"))
+    assert out.unit_status.name == "active", out.unit_status
+    applied = again(out)
+    # A guest on every VF: a change of type refused, every guest named (three times over).
+    for n, vf in enumerate(vf for gpu in RTX for vf in rtx_vfs(gpu, 48)):
+        defined_guest(root, f"instance-{n:08x}", f"0b7a0f2c-6f2d-4b3c-9b1e-{n:012x}",
+                      pci_address=vf)
+    results = preview(ctx, root, applied, "{DC-4Q: all}")
+    assert results["verdict"] == "refused"
+    assert results["refused"].startswith("vgpu-device-mappings not applied, no VF changed: "
+                                         "192 guest(s) hold vGPUs, running or shut off: "
+                                         "instance-00000000 (")
+    # The refusal takes the room: no GPU fits; the count says so, of the host's four.
+    assert "gpus" not in results
+    assert results["truncated"] == ("0 of 4 GPUs shown in the nested results; the rest left "
+                                    "out to stay within what Juju's action-set accepts")
 
 
 def again_with(before: testing.State, mapping: str) -> testing.State:

@@ -10,10 +10,10 @@ import pytest
 
 from unit_tests.fakehost import whole_and_vgpu_host
 from unit_tests.libvirt import defined_guest
-from unit_tests.test_charm_passthrough import GUEST, H200, H200_VF, WHOLE, specs
+from unit_tests.test_charm_passthrough import GUEST, H200, H200_VF, L40S, WHOLE, specs
 from unit_tests.test_charm_sriov import again, ready
 from unit_tests.test_preview import preview, settled
-from vgpu import sriov
+from vgpu import passthrough, sriov
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +91,39 @@ def test_a_gpu_taken_out_of_passthrough_previews_as_handed_back(ctx, root, tools
     results = preview(ctx, root, again(first), "{L40S-12Q: all}")
     assert results["verdict"] == "would apply", results
     assert results["whole-gpus"] == f"GPU {H200} (H200 SXM 141GB): handed back from vfio-pci"
+
+
+def test_two_gpus_going_whole_are_previewed_a_line_each(ctx, root, tools, deb):
+    # (The hook is not played here: the stand-in kernel acts on one driver unbind and probe
+    # per listing of the drivers, and the hook writes both GPUs' before it lists them.)
+    host = host_with_vfs(root, tools, deb)
+    host.unbind_lock(L40S)
+    before = settled(ctx, deb)
+    both = "{passthrough: [81:00.0, c1:00.0]}"
+    results = preview(ctx, root, before, both)
+    assert results["verdict"] == "would apply", results
+    assert results["whole-gpus"] == "\n".join(
+        f"GPU {gpu} ({model}): its VFs disabled (sriov-manage -d), then to vfio-pci "
+        "(driver_override, udev rule), published whole once vfio-pci holds it"
+        for gpu, model in ((L40S, "L40S"), (H200, "H200 SXM 141GB")))
+
+
+def test_a_udev_rule_removed_by_hand_is_previewed_as_rewritten_and_the_hook_rewrites_it(
+        ctx, root, tools, deb):
+    """The GPUs are where the mapping wants them: the rule alone would change, nothing else."""
+    ready(whole_and_vgpu_host(root), root, tools, deb)
+    first = ctx.run(ctx.on.config_changed(), again(settled(ctx, deb),
+                                                   {"vgpu-device-mappings": WHOLE}))
+    assert first.unit_status.name == "active", first.unit_status.message
+    rule = root / passthrough.RULES
+    written = rule.read_text()
+    rule.unlink()
+    results = preview(ctx, root, again(first), WHOLE)
+    assert results["whole-gpus"] == "the udev rule rewritten"
+    assert (results["verdict"], results["summary"]) == (
+        "would apply", "0 VF(s) would change type; nova-compute would get "
+        "CUSTOM_GPU_H200_SXM_141GB on 1, CUSTOM_VGPU_L40S_12Q on 4")
+    out = ctx.run(ctx.on.config_changed(), again(first))
+    assert rule.read_text() == written
+    after = preview(ctx, root, again(out), WHOLE)
+    assert after["verdict"] == "nothing would change", after

@@ -208,6 +208,72 @@ def test_a_journalctl_that_hangs_is_given_up_and_a_scrape_never_waits(journal):
     assert not thread.is_alive()
 
 
+def test_journalctl_speaks_in_the_c_locale_whatever_the_exporter_s_and_keeps_its_path(
+        journal, monkeypatch):
+    """Its words are quoted (a failure's last line): in the words the docs give, not translated."""
+    monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
+    xid.read(None)
+    assert journal.environments() == [{"LC_ALL": "C", "PATH": os.environ["PATH"]}]
+
+
+def test_a_read_that_hangs_holds_journalctl_only_while_it_runs_and_says_how_long_it_waited(
+        journal):
+    journal.hang()
+    held: set = set()
+    during = []
+    looker = threading.Timer(0.5, lambda: during.extend(p.poll() for p in list(held)))
+    looker.start()
+    with pytest.raises(xid.JournalError) as error:
+        xid.read(None, seconds=1.5, running=held)
+    looker.join()
+    assert str(error.value) == "journalctl gave nothing within 1.5s"
+    assert during == [None]  # journalctl, running, held while the read waited on it
+    assert held == set()  # and let go once the read was over
+
+
+def test_a_journalctl_that_closes_its_output_but_does_not_end_is_read_and_not_waited_for(
+        journal):
+    journal.kernel([XID_63], T0)
+    journal.linger()
+    started = time.monotonic()
+    chunk = xid.read(None, seconds=1.0)
+    assert time.monotonic() - started < 10  # not the 30 s it lingers
+    assert [e.message for e in chunk.entries] == [XID_63]
+    assert chunk.complete is False  # its end not seen: the next read goes on from its cursor
+
+
+def test_closing_the_watch_ends_the_journalctl_it_waits_on(journal):
+    """The exporter stops: a read waiting on a hung journalctl ends now, not at its bound."""
+    journal.hang()
+    watch = xid.Watch()
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop,), kwargs={"pause": 0.05})
+    try:
+        thread.start()
+        time.sleep(0.5)  # inside a read bounded at READ_SECONDS (10 s)
+        stop.set()
+        started = time.monotonic()
+        watch.close()
+        thread.join(timeout=xid.READ_SECONDS + 5)
+        assert time.monotonic() - started < xid.READ_SECONDS / 2
+    finally:
+        stop.set()
+        journal.hang(False)
+        thread.join(timeout=xid.READ_SECONDS + 5)
+    assert not thread.is_alive()
+
+
+def test_a_journalctl_that_cannot_be_run_is_said_with_the_system_s_reason(tmp_path, monkeypatch):
+    """Not a program this machine runs (another architecture's, or cut short): exec refuses it."""
+    journalctl = tmp_path / "journalctl"
+    journalctl.write_bytes(bytes(64))
+    journalctl.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(xid.JournalError) as error:
+        xid.read(None)
+    assert str(error.value) == "journalctl could not run: Exec format error"
+
+
 def test_a_journalctl_that_fails_is_said_and_what_was_read_stays(journal):
     journal.kernel([XID_63], T0)
     watch = caught_up(xid.Watch())
@@ -226,6 +292,25 @@ def test_a_journalctl_that_fails_having_read_nothing_is_said_with_its_own_words(
     with pytest.raises(xid.JournalError) as error:
         xid.read(None)
     assert str(error.value) == "journalctl failed (1): Failed to open journal files: Permission denied"
+
+
+def test_a_journalctl_killed_having_said_nothing_is_said_by_its_status(journal):
+    journal.killed()
+    with pytest.raises(xid.JournalError) as error:
+        xid.read(None)
+    assert str(error.value) == "journalctl failed (-9)"
+
+
+def test_a_journalctl_that_fails_after_some_entries_gives_them_and_logs_its_words(journal,
+                                                                                   caplog):
+    journal.kernel([XID_63, XID_63], T0)
+    journal.corrupt()
+    with caplog.at_level("WARNING", logger=xid.log.name):
+        chunk = xid.read(None)
+    assert [e.message for e in chunk.entries] == [XID_63, XID_63]
+    assert chunk.complete is False  # read on from the last entry's cursor
+    assert caplog.messages == ["journalctl failed (1) after 2 entries: Failed to iterate through "
+                               "journal: Bad message"]
 
 
 # What journalctl 252 (Debian 12, glibc 2.36) says to each, run as `<path> --no-pager <it>`

@@ -54,7 +54,7 @@ from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import fleet
-from .fleet import COLD, LIVE, NONE, GpuRecord, Peer, Record
+from .fleet import LIVE, NONE, GpuRecord, Peer, Record
 from .record import NamedTuple
 
 # A guest's PCI request, ``live_migratable`` (nova/pci/request.py keeps "true" or "false"),
@@ -83,7 +83,7 @@ class Guest(NamedTuple):
     whole: bool = False  # a whole GPU passed through
 
 
-Verdict = Callable[[str, str], Optional[str]]  # (vGPU metadata, GPU metadata) -> LIVE/COLD/NONE
+Verdict = Callable[[str, str], Optional[str]]  # (vGPU metadata, GPU metadata) -> LIVE/NONE
 
 
 def drain_plan(me: str, units: Sequence[Peer], guests: Sequence[Guest],
@@ -268,7 +268,7 @@ def _live(own: Record, here: GpuRecord, guest: Guest, there: Record,
         answers = [verdict(guest.metadata, g.metadata) for g in same_board if g.metadata]
         if LIVE in answers:
             return True, there.driver != own.driver, ""
-        if COLD in answers or NONE in answers:
+        if NONE in answers:
             return False, False, "NVIDIA's verdict: not live"
     if there.driver != own.driver:
         return False, False, f"driver {there.driver or 'none'}, not {own.driver or 'none'}"

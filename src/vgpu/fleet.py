@@ -48,7 +48,7 @@ MINIMUM = {"vfio": (("libvirt", (10, 0, 0)), ("qemu", (8, 2, 2))),
            "mdev": (("libvirt", (8, 6, 0)), ("qemu", (8, 1, 0)))}
 UNREAD = "unknown"
 
-LIVE, COLD, NONE = "live", "cold", "none"
+LIVE, NONE = "live", "none"
 # Patterns compiled by re when first used (the report, a peer's record), not by every hook.
 RESOURCE_CLASS = r"(VGPU|CUSTOM_[A-Z0-9_]{1,248})\Z"  # Placement's class names
 HOST_NAME = (r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"

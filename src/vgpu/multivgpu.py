@@ -118,11 +118,11 @@ def capabilities(text: str) -> Dict[str, Dict[str, str]]:
     """``nvidia-smi -q``'s ``vGPU Device Capability`` lines per GPU: {sysfs address: {name: value}}."""
     out: Dict[str, Dict[str, str]] = {}
     gpu: Optional[str] = None
-    depth: Optional[int] = None
+    depth: Optional[int]  # the capability block's indent while in one: set at each GPU's line
     for line in text.splitlines()[:100000]:
         stripped = line.strip()
-        match = _GPU_LINE.fullmatch(stripped)
-        if match and not line.startswith(" "):
+        match = _GPU_LINE.fullmatch(line)  # at the line's start: an indented one is a field
+        if match:
             gpu = nvml_.bus_address(match.group(1))
             depth = None
             continue
@@ -131,7 +131,7 @@ def capabilities(text: str) -> Dict[str, Dict[str, str]]:
             depth = indent
             out.setdefault(gpu, {})
             continue
-        if depth is not None and gpu is not None:
+        if gpu is not None and depth is not None:
             if indent <= depth or ":" not in stripped:
                 depth = None
                 continue

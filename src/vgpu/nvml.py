@@ -421,8 +421,11 @@ def _try(errors: List[str], what: str, function, *args):
 # other: live, cold or none, and what limits it). A structure travels as base64 of its bytes,
 # read back only when it is exactly the size this module's pynvml defines.
 
-VERDICT_LIVE, VERDICT_COLD, VERDICT_NONE = "live", "cold", "none"
-_LIVE, _COLD = 0x8, 0x1  # NVML_VGPU_VM_COMPATIBILITY_LIVE, _COLD
+# NVML's verdict is the states a VM may resume on the GPU from (nvml.h: COLD 0x1, HIBERNATE 0x2,
+# SLEEP 0x4, LIVE 0x8); only LIVE decides anything (a cold move re-creates the vGPU): the rest
+# is "none", not live.
+VERDICT_LIVE, VERDICT_NONE = "live", "none"
+_LIVE = 0x8  # NVML_VGPU_VM_COMPATIBILITY_LIVE
 
 
 def once(read, module: Any = None) -> Any:
@@ -479,7 +482,7 @@ def vgpu_metadata(nvml: Any) -> Dict[str, str]:
 
 
 def compatibility(nvml: Any, vgpu: str, gpu: str) -> Optional[str]:
-    """NVIDIA's verdict on a running vGPU (encoded metadata) on a GPU: live, cold, none, or None."""
+    """NVIDIA's verdict on a running vGPU (encoded metadata) on a GPU: live, none (not live), or None."""
     import base64
     import binascii
 
@@ -496,8 +499,7 @@ def compatibility(nvml: Any, vgpu: str, gpu: str) -> Optional[str]:
                                                gpu_type.from_buffer_copy(gpu_raw))
     except nvml.NVMLError:
         return None
-    found = int(answer.vgpuVmCompatibility)
-    return VERDICT_LIVE if found & _LIVE else VERDICT_COLD if found & _COLD else VERDICT_NONE
+    return VERDICT_LIVE if int(answer.vgpuVmCompatibility) & _LIVE else VERDICT_NONE
 
 
 def _encode(structure: Any) -> str:

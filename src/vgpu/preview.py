@@ -190,8 +190,9 @@ def _results(hook, plan, sections, changes, unknown: Mapping[str, str],
     if changes:
         out["vf-changes"] = table.render(
             ["VF", "holds now", "would hold"],
-            [[vf, _type_name(here, vf, now), _type_name(here, vf, then, plan)]
-             for vf, (now, then) in sorted(changes.items())], what="VFs")
+            [[vf, _type_name(now), _type_name(then, vf, plan)]
+             for vf, (now, then) in sorted(changes.items())],
+            what="VFs", where="each GPU's would-serve")  # the nested results list no VF
     if hook.problems:
         out.update(_refused(hook.problems))
     elif unknown:
@@ -210,15 +211,20 @@ def _results(hook, plan, sections, changes, unknown: Mapping[str, str],
         render(sections) if sections is not None and not hook.problems
         else "nothing new: the last published sections stay")
     if blocking:
-        out["guests-blocking"] = "\n".join(blocking)
+        out["guests-blocking"] = _lines(blocking)
     if decision is not None and decision.moves:
-        out["whole-gpus"] = "\n".join(decision.lines(here.pci)) or "the udev rule rewritten"
+        out["whole-gpus"] = _lines(decision.lines(here.pci)) or "the udev rule rewritten"
     if hook.waits:
-        out["waits"] = "\n".join(hook.waits)
-    notes = list(plan.notes) if plan is not None else []
-    if notes:
-        out["notes"] = "\n".join(notes)
-    return table.fit(out, depth=3, records="gpus", what="GPUs")
+        out["waits"] = _lines(hook.waits)
+    if plan.notes:  # a checked value always has a plan: preview() refused it otherwise
+        out["notes"] = _lines(plan.notes)
+    # A record is a GPU (gpus.gpu-0), its fields one level below.
+    return table.fit(out, depth=2, records="gpus", what="GPUs")
+
+
+def _lines(items: Sequence[str]) -> str:
+    """Guests, whole GPUs, waits, notes: one to a line."""
+    return "\n".join(items)
 
 
 def _gpus(here, plan, unknown: Mapping[str, str]) -> Dict[str, Dict[str, str]]:
@@ -273,11 +279,12 @@ def _mig_entry(gpu: pci.Gpu, need: Optional[miginstances.Need]) -> Dict[str, str
     return {"mig-mode": now, "gpu-instances": f"{need.gis} x {need.instance} for {need.profile}"}
 
 
-def _type_name(here, vf: str, number: int, plan=None) -> str:
+def _type_name(number: int, vf: Optional[str] = None, plan=None) -> str:
+    """``none``, ``nvidia-1141``, or with the plan's name for ``vf``: ``L40S-24Q (nvidia-1141)``."""
     if not number:
         return "none"
     for a in plan.assignments if plan is not None else ():
-        if a.address == vf and a.number == number:
+        if a.address == vf:  # the plan's type for vf: the number it would hold
             return f"{profiles.profile_name(a.name)} (nvidia-{number})"
     return f"nvidia-{number}"
 

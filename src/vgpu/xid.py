@@ -235,9 +235,12 @@ class Chunk(NamedTuple):
 
 
 def command(cursor: Optional[str]) -> List[str]:
-    """The journalctl run that reads this boot's kernel messages after ``cursor``."""
-    cmd = ["journalctl", "--dmesg", "--boot", "--output=json",
-           "--output-fields=MESSAGE,_TRANSPORT", "--no-pager", "--quiet"]
+    """journalctl's options that read this boot's kernel messages after ``cursor``.
+
+    Without the program: :func:`read` runs the journalctl ``shutil.which`` finds.
+    """
+    cmd = ["--dmesg", "--boot", "--output=json", "--output-fields=MESSAGE,_TRANSPORT",
+           "--no-pager", "--quiet"]
     if not hostroot.is_real_root():
         cmd.append(f"--root={hostroot.root()}")
     if cursor:
@@ -257,8 +260,9 @@ def read(cursor: Optional[str], limit: int = READ_BYTES, seconds: float = READ_S
     if program is None:
         raise JournalError("journalctl not found")
     try:
-        proc = subprocess.Popen([program, *command(cursor)[1:]], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # (stdin is the caller's: journalctl reads the journal's files, never its input)
+        proc = subprocess.Popen([program, *command(cursor)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE,
                                 env=dict(os.environ, LC_ALL="C"), start_new_session=True)
     except OSError as error:
         raise JournalError(f"journalctl could not run: {error.strerror or error}") from None
@@ -276,7 +280,8 @@ def read(cursor: Optional[str], limit: int = READ_BYTES, seconds: float = READ_S
         raise JournalError(f"journalctl gave nothing within {seconds:g}s")
     if status:
         if not entries:
-            raise JournalError(f"journalctl failed ({status}): {why.splitlines()[-1] if why else ''}")
+            said = f": {why.splitlines()[-1]}" if why else ""  # killed by a signal: no word
+            raise JournalError(f"journalctl failed ({status}){said}")
         log.warning("journalctl failed (%s) after %d entries: %s", status, len(entries), why)
     return Chunk(tuple(entries), complete=ended and not status)
 
