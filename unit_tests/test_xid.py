@@ -182,13 +182,14 @@ def test_a_read_takes_a_bounded_output_and_the_next_goes_on_from_the_last_whole_
     assert len(chunks) > 2
 
 
-def test_a_journalctl_that_hangs_is_given_up_and_a_scrape_never_waits(journal):
+def test_a_journalctl_that_hangs_is_given_up_and_a_scrape_never_waits(journal, monkeypatch):
     journal.kernel([XID_63], T0)
     watch = caught_up(xid.Watch())
     journal.hang()
     stop = threading.Event()
     thread = threading.Thread(target=watch.run, args=(stop,), kwargs={"pause": 0.05})
-    xid.READ_SECONDS, saved = 1.0, xid.READ_SECONDS
+    real = xid.read  # bounded at 1 s (read's default, READ_SECONDS, is bound at its definition)
+    monkeypatch.setattr(xid, "read", lambda cursor, **bounds: real(cursor, seconds=1.0, **bounds))
     try:
         thread.start()
         time.sleep(0.2)  # the thread is inside a read that will not end
@@ -196,7 +197,7 @@ def test_a_journalctl_that_hangs_is_given_up_and_a_scrape_never_waits(journal):
         samples = watch.samples(["0000:10:1c.0"])
         assert time.monotonic() - started < 0.1
         assert series(samples, "nvidia_vgpu_xid_errors")[("0000:10:1c.0", "63")] == 1
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 4  # the bound set above, 1 s, not the default 10 s
         while watch.journal_up() is not False and time.monotonic() < deadline:
             time.sleep(0.05)
         assert watch.journal_up() is False  # the read that timed out is said
@@ -204,7 +205,6 @@ def test_a_journalctl_that_hangs_is_given_up_and_a_scrape_never_waits(journal):
         stop.set()
         journal.hang(False)
         thread.join(timeout=15)
-        xid.READ_SECONDS = saved
     assert not thread.is_alive()
 
 
