@@ -628,11 +628,11 @@ def _links_of(root, pf: str) -> list:
 
 
 def test_a_gpu_past_slot_nine_has_vfs_on_the_next_bus_without_a_link_read(root, monkeypatch):
-    """0000:41:1c.0, offset 4: VF 0 at 41:1c.4, VF 27 at 41:1f.7, VF 28 on bus 42 (42:00.0)."""
-    _, addresses = _placed(root, "0000:41:1c.0", 32, 4)
-    assert addresses[:2] == ["0000:41:1c.4", "0000:41:1c.5"]
-    assert addresses[27:29] == ["0000:41:1f.7", "0000:42:00.0"]
-    assert addresses == _links_of(root, "0000:41:1c.0")
+    """0000:41:1c.2, offset 4: VF 0 at 41:1c.6, VF 25 at 41:1f.7, VF 26 on bus 42 (42:00.0)."""
+    _, addresses = _placed(root, "0000:41:1c.2", 32, 4)
+    assert addresses[:3] == ["0000:41:1c.6", "0000:41:1c.7", "0000:41:1d.0"]
+    assert addresses[25:27] == ["0000:41:1f.7", "0000:42:00.0"]
+    assert addresses == _links_of(root, "0000:41:1c.2")
     read = _virtfn_links_read(monkeypatch)
     assert [vf.address for vf in pci.discover().gpus[0].vfs] == addresses and read == []
 
