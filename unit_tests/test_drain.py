@@ -92,6 +92,18 @@ def test_a_live_destination_needs_the_same_board_type_unpaused_ready_and_driver(
     assert entry["why"].startswith("no host takes it live: ")
 
 
+@pytest.mark.parametrize("other, why", [
+    (record(host="gpu-1", readiness=OFF), "not ready to live-migrate"),
+    (record(host="gpu-1", gpus=(H200._replace(memory_gb=94),)), f"another board than {H200.board}"),
+    (record(host="gpu-1", driver=NEW), f"driver {NEW}, not {OLD}"),
+])
+def test_the_only_host_that_takes_it_cold_says_why_not_live(other, why):
+    _, plan = plan_of(other)
+    entry = plan["guests"][0]
+    assert (entry["move"], entry["destinations"]) == ("cold", [unit(1)])
+    assert entry["why"] == f"no host takes it live: {why}"
+
+
 def test_without_nvidias_verdict_a_running_guest_goes_cold_once_to_an_upgraded_host():
     """Issue 40.1: a live move to a host left on the old driver only delays the stop."""
     _, plan = plan_of(record(host="gpu-1"), record(host="gpu-2", driver=NEW))

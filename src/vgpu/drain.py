@@ -217,11 +217,11 @@ def _placement(own: Optional[Record], guest: Guest, others: Sequence[Peer],
             continue
         capacity = sum(g.most for g in fits) or len(fits)
         cold.append(_Place(peer.unit, 0 if newest and record.driver == newest else 1, capacity))
-        moves_live, forward, why = _live(own, here, guest, record, fits, verdict)
-        if moves_live:
-            live.append(_Place(peer.unit, 0 if forward else 1, capacity))
-        else:
+        why = _not_live(own, here, guest, record, fits, verdict)
+        if why:
             reasons[why] += 1
+        else:  # first where it moves forward, onto another (an upgraded) driver
+            live.append(_Place(peer.unit, 0 if record.driver != own.driver else 1, capacity))
     stopped = _why_not_live(own, guest)
     if stopped:
         return MOVE_COLD, stopped, cold, cold
@@ -256,23 +256,26 @@ def _request_fits(request: str, tag: str) -> bool:
     return True
 
 
-def _live(own: Record, here: GpuRecord, guest: Guest, there: Record,
-          fits: Sequence[GpuRecord], verdict: Optional[Verdict]) -> Tuple[bool, bool, str]:
-    """(moves live, forward onto another driver, why not) for one destination."""
+def _not_live(own: Record, here: GpuRecord, guest: Guest, there: Record,
+              fits: Sequence[GpuRecord], verdict: Optional[Verdict]) -> str:
+    """Why the guest cannot move live to one destination; "" where it can.
+
+    Another driver there takes it live only on NVIDIA's LIVE verdict.
+    """
     if not there.ready():
-        return False, False, "not ready to live-migrate"
+        return "not ready to live-migrate"
     same_board = [g for g in fits if g.board == here.board and g.memory_gb]
     if not same_board:
-        return False, False, f"another board than {here.board}"
+        return f"another board than {here.board}"
     if verdict is not None and guest.metadata and any(g.metadata for g in same_board):
         answers = [verdict(guest.metadata, g.metadata) for g in same_board if g.metadata]
         if LIVE in answers:
-            return True, there.driver != own.driver, ""
+            return ""
         if NONE in answers:
-            return False, False, "NVIDIA's verdict: not live"
+            return "NVIDIA's verdict: not live"
     if there.driver != own.driver:
-        return False, False, f"driver {there.driver or 'none'}, not {own.driver or 'none'}"
-    return True, False, ""
+        return f"driver {there.driver or 'none'}, not {own.driver or 'none'}"
+    return ""
 
 
 # -- spread ------------------------------------------------------------------------------
