@@ -96,12 +96,22 @@ def test_a_live_destination_needs_the_same_board_type_unpaused_ready_and_driver(
     (record(host="gpu-1", readiness=OFF), "not ready to live-migrate"),
     (record(host="gpu-1", gpus=(H200._replace(memory_gb=94),)), f"another board than {H200.board}"),
     (record(host="gpu-1", driver=NEW), f"driver {NEW}, not {OLD}"),
+    (record(host="gpu-1", driver=""), f"driver none, not {OLD}"),
 ])
 def test_the_only_host_that_takes_it_cold_says_why_not_live(other, why):
     _, plan = plan_of(other)
     entry = plan["guests"][0]
     assert (entry["move"], entry["destinations"]) == ("cold", [unit(1)])
     assert entry["why"] == f"no host takes it live: {why}"
+
+
+def test_a_host_without_a_driver_is_named_so_and_nvidias_none_verdict_is_said():
+    _, plan = plan_of(record(host="gpu-1"), me=record(host="gpu-0", driver=""))
+    assert plan["guests"][0]["why"] == f"no host takes it live: driver {OLD}, not none"
+    with_metadata = (GUEST._replace(metadata="vgpu-state"),)
+    _, plan = plan_of(record(host="gpu-1", gpus=(H200._replace(metadata="gpu-state"),)),
+                      guests=with_metadata, verdict=lambda vgpu, gpu: fleet.NONE)
+    assert plan["guests"][0]["why"] == "no host takes it live: NVIDIA's verdict: not live"
 
 
 def test_without_nvidias_verdict_a_running_guest_goes_cold_once_to_an_upgraded_host():

@@ -644,23 +644,33 @@ def test_offset_one_at_the_last_slot_with_one_vf_reads_no_link(root, monkeypatch
     assert [vf.address for vf in pci.discover().gpus[0].vfs] == ["0000:41:1f.1"] and read == []
 
 
-@pytest.mark.parametrize("count", [32, 33])
-def test_the_last_bus_is_reached_not_passed(root, monkeypatch, count):
-    """0000:ff:00.0, offset 7, stride 8: VF 31 at ff:1f.7, the last address of bus ff.
+@pytest.mark.parametrize("offset", [7, 8])
+def test_the_last_bus_is_reached_not_passed(root, monkeypatch, offset):
+    """0000:ff:00.0, stride 8, 32 VFs: at offset 7 the last is ff:1f.7, bus ff's last address.
 
-    A bus number has 8 bits: a 33rd VF would be past it, so the links are read instead.
+    A bus number has 8 bits: at offset 8 the last VF would be one past it, so the links are
+    read instead (and name it wherever a test put it).
     """
-    host, addresses = _placed(root, "0000:ff:00.0", 32, 7, stride=8)
-    assert addresses[0] == "0000:ff:00.7" and addresses[-1] == "0000:ff:1f.7"
-    if count == 33:  # as no kernel would: the links name it, wherever
-        pf = root / "sys/bus/pci/devices/0000:ff:00.0"
-        host.add_vf("0000:ff:00.0", 32, "0000:fe:00.1", vfio_types=L40S_TYPES)
-        host.vf_placement("0000:ff:00.0", 7, 8)
-        assert (pf / "sriov_numvfs").read_text() == "33\n"
+    host, addresses = _placed(root, "0000:ff:00.0", 32 if offset == 7 else 31, offset, stride=8)
+    if offset == 7:
+        assert addresses[0] == "0000:ff:00.7" and addresses[-1] == "0000:ff:1f.7"
+    else:  # VF 31 at routing ID 0x10000, as no kernel has it
+        assert addresses[0] == "0000:ff:01.0" and addresses[-1] == "0000:ff:1f.0"
+        host.add_vf("0000:ff:00.0", 31, "0000:fe:00.1", vfio_types=L40S_TYPES)
+        host.vf_placement("0000:ff:00.0", 8, 8)
         addresses = _links_of(root, "0000:ff:00.0")
+        assert len(addresses) == 32 and addresses[-1] == "0000:fe:00.1"
     read = _virtfn_links_read(monkeypatch)
     assert [vf.address for vf in pci.discover().gpus[0].vfs] == addresses
-    assert len(read) == (0 if count == 32 else 33)
+    assert len(read) == (0 if offset == 7 else 32)
+
+
+def test_a_gpus_links_are_listed_in_index_order(root):
+    """virtfn10 after virtfn9, not after virtfn1."""
+    l40s_host(root)
+    links = pci.virtfn_links(str(root / "sys/bus/pci/devices/0000:81:00.0"))
+    assert [link for link, _ in links] == [f"virtfn{n}" for n in range(16)]
+    assert [address for _, address in links][9:11] == ["0000:81:01.5", "0000:81:01.6"]
 
 
 def test_a_name_no_kernel_gives_has_its_links_read(root, monkeypatch):
