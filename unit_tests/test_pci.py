@@ -201,6 +201,20 @@ def test_vendor_specific_vfio_types_come_from_creatable_vgpu_types(root):
     assert not os.path.exists(root / "sys/class/mdev_bus")
 
 
+def test_each_vf_has_the_types_its_own_listing_names(root):
+    """VFs of one GPU need not list the same types; a VF without a listing lists none."""
+    host = l40s_host(root)
+    host.vfio_model("0000:81:00.0").frozen = True  # the listings stay as written here
+    bus = root / "sys/bus/pci/devices"
+    (bus / "0000:81:00.6/nvidia/creatable_vgpu_types").write_text(
+        "ID    : vGPU Name\n1134  : NVIDIA L40S-2B\n")
+    (bus / "0000:81:00.7/nvidia/creatable_vgpu_types").unlink()
+    vfs = pci.discover().gpus[0].vfs
+    assert [[t.number for t in vf.types] for vf in vfs[1:4]] == [
+        [1134, 1136, 1139, 1140, 1141, 1142], [1134], []]
+    assert [vf.framework for vf in vfs[1:4]] == [pci.VFIO] * 3
+
+
 def test_gpu_without_driver_has_no_types_and_no_driver(root):
     host = FakeHost(root)
     host.add_gpu("0000:01:00.0", driver=None)

@@ -280,7 +280,8 @@ def discover() -> Host:
 
     ids = {address: _read(f"{devices}/{address}/device") or "" for address in physical}
     names_by_id = model_names(set(ids.values()))
-    # (device id, type id) -> its definition; (device id, directory names) -> the types listed
+    # (device id, type id) -> its definition; (device id, directory names) -> the types listed;
+    # a creatable_vgpu_types listing (bytes, None if absent) -> the types it lists
     definitions: Dict[tuple, Any] = {}
     gpus = []
     for address, class_code in physical.items():
@@ -433,11 +434,9 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
             if current is not None:
                 framework = VFIO
                 listing = _attribute(nvidia + "creatable_vgpu_types")
-                key = ("creatable", listing)  # free VFs share one listing: parsed once
-                if key not in definitions:
-                    definitions[key] = parse_creatable(
-                        (_text(listing) if listing is not None else "") or "")
-                types = definitions[key]
+                if listing not in definitions:  # free VFs share one listing: parsed once
+                    definitions[listing] = parse_creatable(_text(listing)) if listing else ()
+                types = definitions[listing]
         if framework is None and computed and not os.path.lexists(vf_entry):
             return _virtual_functions(entry, definitions, device_id)
         decided = decided or framework
