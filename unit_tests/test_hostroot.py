@@ -1,5 +1,6 @@
 """vgpu.hostroot: every host path under VGPU_HOST_ROOT, shown as on the host, read in full."""
 
+import errno
 import os
 from pathlib import Path
 
@@ -102,3 +103,16 @@ def test_a_read_that_outlasts_its_time_is_refused(root, monkeypatch):
         hostroot.read_bytes(root / "proc/kallsyms")
     assert str(error.value) == (f"cannot read /proc/kallsyms: took more than "
                                 f"{hostroot.SECONDS} seconds")
+
+
+def test_open_regular_says_what_it_refused_and_keeps_no_descriptor(root):
+    """A directory is EISDIR, a FIFO EINVAL ("not a regular file"), each closed again unread."""
+    (root / "folder").mkdir()
+    os.mkfifo(root / "fifo")
+    before = sorted(os.listdir("/proc/self/fd"))
+    for name, number, words in (("folder", errno.EISDIR, "Is a directory"),
+                                ("fifo", errno.EINVAL, "not a regular file")):
+        with pytest.raises(OSError) as refused:
+            hostroot.open_regular(root / name)
+        assert (refused.value.errno, refused.value.strerror) == (number, words)
+    assert sorted(os.listdir("/proc/self/fd")) == before

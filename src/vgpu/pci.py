@@ -413,9 +413,8 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
     ``virtfn`` link (the addresses were computed, and the kernel's VFs are not
     what ``sriov_numvfs`` says) has the GPU's links read instead.
     """
-    computed = links is not None
     vfs = []
-    decided: Optional[str] = None
+    decided: Optional[str] = None  # the GPU's framework, once a VF showed it
     vf_device: Optional[str] = None  # one VF Device ID per PF (its SR-IOV capability)
     for link, address in (virtfn_links(entry) if links is None else links):
         index = int(link[6:])  # virtfn<N>, as both give them
@@ -423,12 +422,12 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
         framework: Optional[str] = None
         current: Optional[int] = None
         types: Tuple[VgpuType, ...] = ()
-        if decided != VFIO:
+        if decided in (None, MDEV):
             listed = _mdev_type_names(vf_entry)
             if listed is not None:
                 framework = MDEV
                 types = _types_from_names(vf_entry, listed, definitions, device_id)
-        if framework is None and decided != MDEV:
+        if framework is None and decided in (None, VFIO):
             nvidia = f"{vf_entry}/nvidia/"
             current = _int(_read(nvidia + "current_vgpu_type"))
             if current is not None:
@@ -437,8 +436,8 @@ def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
                 if listing not in definitions:  # free VFs share one listing: parsed once
                     definitions[listing] = parse_creatable(_text(listing)) if listing else ()
                 types = definitions[listing]
-        if framework is None and computed and not os.path.lexists(vf_entry):
-            return _virtual_functions(entry, definitions, device_id)
+        if framework is None and not os.path.lexists(vf_entry):  # computed, not the kernel's
+            return _virtual_functions(entry, definitions, device_id)  # (listed, it is not read)
         decided = decided or framework
         if framework == VFIO and vf_device is None:
             vf_device = _read(f"{vf_entry}/device") or ""
