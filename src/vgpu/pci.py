@@ -282,7 +282,7 @@ def discover() -> Host:
     names_by_id = model_names(set(ids.values()))
     # (device id, type id) -> its definition; (device id, directory names) -> the types listed;
     # a creatable_vgpu_types listing (bytes, None if absent) -> the types it lists
-    definitions: Dict[tuple, Any] = {}
+    definitions: Dict[Any, Any] = {}
     gpus = []
     for address, class_code in physical.items():
         entry = f"{devices}/{address}"
@@ -402,7 +402,7 @@ def virtfn_links(entry) -> List[Tuple[str, str]]:
     return out
 
 
-def _virtual_functions(entry, definitions: Dict[tuple, Any], device_id: str,
+def _virtual_functions(entry, definitions: Dict[Any, Any], device_id: str,
                        links: Optional[List[Tuple[str, str]]] = None
                        ) -> Tuple[VirtualFunction, ...]:
     """The GPU's VFs (``links``: :func:`vf_addresses`; its links are read when not given).
