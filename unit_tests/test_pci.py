@@ -739,6 +739,32 @@ def test_vfs_the_driver_shows_no_framework_on_yet_have_no_types(root):
         ("0000:41:00.4", (), None, None, ""), ("0000:41:00.5", (), None, None, "")]
 
 
+def test_a_vf_device_id_is_read_once_a_gpu_on_vfio_only_and_said_for_vfio_vfs(root, monkeypatch):
+    """The first VFIO VF's ``device`` names them all; mdev VFs and bare ones have none."""
+    a100_host(root)  # mdev VFs at 0000:41:00.4 and on
+    host = FakeHost(root, write_defaults=False)
+    host.add_gpu("0000:61:00.0", device="0x26b9", totalvfs=2)
+    host.add_vf("0000:61:00.0", 0, "0000:61:00.4", vfio_types=L40S_TYPES)
+    host.add_vf("0000:61:00.0", 1, "0000:61:00.5")  # no nvidia/ (another driver holds it)
+    read = []
+    real = pci._read
+    monkeypatch.setattr(pci, "_read", lambda path: read.append(str(path)) or real(path))
+    found = {gpu.address: gpu for gpu in pci.discover().gpus}
+    assert [vf.device_id for vf in found["0000:61:00.0"].vfs] == ["0x26b9", ""]
+    assert found["0000:41:00.0"].framework == pci.MDEV
+    assert {vf.device_id for vf in found["0000:41:00.0"].vfs} == {""}
+    vf_devices = [p for p in read if p.endswith("/device") and "/virtfn" in p]
+    assert vf_devices == [str(root / "sys/bus/pci/devices/0000:61:00.0/virtfn0/device")]
+
+
+def test_a_vf_device_file_that_is_gone_leaves_the_device_id_empty(root):
+    host = l40s_host(root)
+    host.vfio_model("0000:81:00.0").frozen = True
+    (root / "sys/bus/pci/devices/0000:81:00.4/device").unlink()
+    gpu = pci.discover().gpus[0]
+    assert gpu.framework == pci.VFIO and {vf.device_id for vf in gpu.vfs} == {""}
+
+
 def test_an_entry_named_like_a_vf_link_is_not_a_vf(root):
     """Only ``virtfn<N>`` names a VF; anything else in the GPU's directory is passed over."""
     l40s_host(root)
