@@ -177,25 +177,25 @@ class Journal:
         log = self.root / "journalctl.env"
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
-    def hang(self, on: bool = True) -> None:
-        flag = self.root / "journalctl.hang"
+    def _flag(self, name: str, on: bool) -> None:
+        """The stand-in's ``journalctl.<name>`` switch (see its script above), on or off."""
+        flag = self.root / f"journalctl.{name}"
         flag.touch() if on else flag.unlink(missing_ok=True)
+
+    def hang(self, on: bool = True) -> None:
+        self._flag("hang", on)
 
     def linger(self, on: bool = True) -> None:
-        flag = self.root / "journalctl.linger"
-        flag.touch() if on else flag.unlink(missing_ok=True)
+        self._flag("linger", on)
 
     def fail(self, on: bool = True) -> None:
-        flag = self.root / "journalctl.fail"
-        flag.touch() if on else flag.unlink(missing_ok=True)
+        self._flag("fail", on)
 
     def corrupt(self, on: bool = True) -> None:
-        flag = self.root / "journalctl.corrupt"
-        flag.touch() if on else flag.unlink(missing_ok=True)
+        self._flag("corrupt", on)
 
     def killed(self, on: bool = True) -> None:
-        flag = self.root / "journalctl.killed"
-        flag.touch() if on else flag.unlink(missing_ok=True)
+        self._flag("killed", on)
 
 
 # Real kernel lines, as the journal keeps them (MESSAGE, without the "kernel: " of the text
