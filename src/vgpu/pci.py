@@ -436,8 +436,10 @@ def _virtual_functions(entry, definitions: Dict[Any, Any], device_id: str,
                 if listing not in definitions:  # free VFs share one listing: parsed once
                     definitions[listing] = parse_creatable(_text(listing)) if listing else ()
                 types = definitions[listing]
-        if framework is None and not os.path.lexists(vf_entry):  # computed, not the kernel's
-            return _virtual_functions(entry, definitions, device_id)  # (listed, it is not read)
+        if framework is None and not os.path.lexists(vf_entry):
+            # An address computed for a VF the kernel has no link for: read the GPU's links
+            # instead (they list only VFs that are there, so this ends).
+            return _virtual_functions(entry, definitions, device_id)
         decided = decided or framework
         if framework == VFIO and vf_device is None:
             vf_device = _read(f"{vf_entry}/device") or ""
