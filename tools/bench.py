@@ -36,6 +36,13 @@ sriov-manage runs plus the slowest GPU's MIG and type steps plus 2 s.
     make bench ARGS=--quick    # fewer samples and hosts
     make bench ARGS=--profile  # python -X importtime and cProfile of the handlers
     make bench ARGS=--boot     # only the boot step's timing
+    make bench ARGS=--instructions  # the target hooks' instructions (valgrind), charm and bare
+
+``--instructions`` counts what each target hook executes in user space (valgrind's
+callgrind, the same fresh process once per kind, hash seed fixed): exact to about
+0.01% from run to run whatever else the machine runs, where CPU ms move by 3 to 5 ms.
+It leaves out what the kernel does (opening sysfs files, page faults) and the programs
+a hook starts, so it judges a change to the charm's Python, not the target itself.
 """
 
 import argparse
@@ -66,6 +73,7 @@ TARGETS = {"update-status": 1.3, "update-status, cos-agent": 1.3,
            "config-changed, unchanged": 1.3}
 BOOT_SLACK = 2.0  # seconds: the boot step beyond sum(sriov-manage) + slowest GPU's MIG and types
 BOOT_DELAYS = (3.0, 1.0)  # seconds: sriov-manage -e per GPU; nvidia-smi -mig 1 and -cgi each
+GUESTS = "+guests"  # a case's state ending so: guests added to the host first (benchhosts.add_guests)
 CASES = (  # label, event, state
     ("update-status", "update_status", "steady"),
     # Related to opentelemetry-collector: the exporter runs, and update-status must not pay for it.
@@ -73,6 +81,8 @@ CASES = (  # label, event, state
     ("config-changed, unchanged", "config_changed", "steady"),
     ("config-changed, new mapping", "config_changed", "remapped"),
     ("list-vgpu-types", "action:list-vgpu-types", "steady"),
+    # Last: the guests stay. A running guest on every mapped VF, as a host in service has them.
+    ("update-status, guests", "update_status", "steady" + GUESTS),
 )
 SERVICES = ("nvidia-vgpu-mgr", "nvidia-vgpud")
 
@@ -207,6 +217,14 @@ def hook(src: Path, event: str, state: Path, root: Path, count: bool = False, mo
     return result
 
 
+def _with_guests(root: Path, framework: str, gpus: int, state: str) -> str:
+    """``state`` without its GUESTS ending, the guests added to the host where it had it."""
+    if not state.endswith(GUESTS):
+        return state
+    benchhosts.add_guests(root, framework, gpus)
+    return state[:-len(GUESTS)]
+
+
 def sample(kinds: dict, event: str, state: Path, root: Path, repeat: int) -> dict:
     """``repeat`` fresh-process hooks of each kind, interleaved (order alternating)."""
     results = {kind: [] for kind in kinds}
@@ -271,6 +289,7 @@ def headline_host(args, work, package, bases, bare_src, charm_src, framework, gp
     counts = {}
     floor = []
     for label, event, state in CASES:
+        state = _with_guests(root, framework, gpus, state)
         results = sample(kinds, event, specs[state], root, args.repeat)
         if event == "update_status":
             floor.extend(results["bare"])
@@ -320,6 +339,62 @@ def headline_host(args, work, package, bases, bare_src, charm_src, framework, gp
               f" | bare {c['bare']['peak_kib']:7.0f} KiB, {c['rss']['bare'] / 1024:5.1f} MiB")
     shutil.rmtree(root)
     return floor
+
+
+# -- instructions: a load-free comparison --------------------------------------------
+
+def instruction_counts(work, package, bases, bare_src, charm_src) -> None:
+    """The three target hooks on both hosts under callgrind: instructions, charm and bare."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        print("--instructions needs valgrind (apt install valgrind); nothing counted")
+        return
+    print("Instructions per hook (user space of the hook's process; millions; one run each, "
+          "PYTHONHASHSEED=0). 'added' is the charm's less the bare charm's: what the charm "
+          "itself executes.")
+    header = f"{'host':<10} {'hook':<28} {'charm M':>9} {'bare M':>9} {'added M':>9}"
+    print(header)
+    print("-" * len(header))
+    for framework, gpus, vfs, _what in HEADLINE_HOSTS:
+        root = work / f"{framework}-{gpus}x{vfs}"
+        benchhosts.sriov_host(root, framework, gpus, vfs, installed=bases[framework])
+        specs = prime(root, framework, gpus, package, work)
+        for label, event, state in CASES:
+            if label not in TARGETS and not state.endswith(GUESTS):
+                continue
+            state = _with_guests(root, framework, gpus, state)
+            counts = {kind: instructions(valgrind, src, event, specs[state], root)
+                      for kind, src in (("charm", charm_src), ("bare", bare_src))}
+            print(f"{framework + ' ' + str(gpus) + 'x' + str(vfs):<10} {label:<28} "
+                  f"{counts['charm'] / 1e6:9.1f} {counts['bare'] / 1e6:9.1f} "
+                  f"{(counts['charm'] - counts['bare']) / 1e6:9.1f}")
+        shutil.rmtree(root)
+
+
+def instructions(valgrind: str, src: Path, event: str, state: Path, root: Path) -> int:
+    """What one hook's process executes, counted by callgrind (its "Collected" total)."""
+    spec = state.with_suffix(f".{src.parent.name}.{event.replace(':', '_')}.spec")
+    if not spec.exists():
+        data = pickle.loads(state.read_bytes())
+        spec.write_bytes(pickle.dumps({"src": str(src), "event": event, "state": data}))
+    env = dict(os.environ, VGPU_HOST_ROOT=str(root), SCENARIO_SKIP_CONSISTENCY_CHECKS="1",
+               PYTHONHASHSEED="0")
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                          sys.executable, str(TOOLS / "benchhook.py"), str(spec), "0", "time"],
+                         capture_output=True, text=True, env=env)
+    return collected(out.returncode, out.stderr)
+
+
+def collected(returncode: int, stderr: str) -> int:
+    """callgrind's "Collected : N" from its stderr; SystemExit with the tail when it is not there."""
+    for line in reversed(stderr.splitlines()):
+        _, found, count = line.partition("Collected : ")
+        if found and count.strip().isdigit():
+            if returncode != 0:
+                break
+            return int(count.strip())
+    raise SystemExit(f"callgrind counted nothing (exit {returncode}):\n{stderr[-3000:]}")
 
 
 # -- the metrics exporter: one scrape and its memory ----------------------------------
@@ -688,6 +763,8 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="print python -X importtime and cProfile of the handlers instead")
     parser.add_argument("--boot", action="store_true", help="only the boot step's timing")
+    parser.add_argument("--instructions", action="store_true",
+                        help="only the target hooks' instructions under valgrind, charm and bare")
     parser.add_argument("--hooks", action="store_true",
                         help="only the hooks' table on both hosts (no exporter, scaling or boot step)")
     args = parser.parse_args()
@@ -713,6 +790,9 @@ def main() -> int:
         bare_src = write_bare(work / "bare")
         charm_src = REPO / "src"
         compileall.compile_dir(str(bare_src), quiet=1)
+        if args.instructions:
+            instruction_counts(work, package, bases, bare_src, charm_src)
+            return 0
         floor = headline(args, work, package, bases, bare_src, charm_src)
         if args.hooks:
             return 0

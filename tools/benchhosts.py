@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from unit_tests.fakehost import FakeHost, MdevType
+from unit_tests.fakehost import FakeHost, MdevType, real_shaped_pci_ids
 
 MDEV_TYPES = {
     "nvidia-471": MdevType("GRID A100-4C", 4096, 10, available=1),
@@ -43,11 +43,9 @@ NOVA = {"mdev": "3:29.0.0-0ubuntu1", "vfio": "3:31.0.0-0ubuntu1"}  # caracal / e
 DEVICE = {"mdev": "0x20b5", "vfio": "0x26b9"}
 OTHER_FUNCTIONS = 300
 PACKAGES = 3000
-PCI_IDS = """\
-# List of PCI ID's (sample)
-8086  Intel Corporation
-\t1572  Ethernet Controller X710 for 10GbE SFP+
-10de  NVIDIA Corporation
+# The PCI ID database as hosts ship it: the real one's size and shape (about 1.7 MB, NVIDIA's
+# block at line 10,234 of 42,988), the bench's GPUs named in NVIDIA's block.
+NVIDIA_PCI_IDS = """\
 \t20b5  GA100 [A100 PCIe 80GB]
 \t26b9  AD102GL [L40S]
 """
@@ -78,7 +76,7 @@ def sriov_host(root, framework: str, gpus: int, vfs: int,
     that dpkg runs once per framework and not once per host.
     """
     host = FakeHost(root)
-    host.pci_ids(PCI_IDS)
+    host.pci_ids(real_shaped_pci_ids(NVIDIA_PCI_IDS))
     mapped_type, per_gpu = MAPPED[framework]
     for g in range(gpus):
         pf = _pf(g)
@@ -174,6 +172,25 @@ def rebooted_mig_host(root, gpus: int, sriov_s: float, smi_s: float) -> Tuple[Fa
     return host, data
 
 
+def add_guests(root, framework: str, gpus: int) -> None:
+    """A running guest (its status file and its definition) on every mapped VF, as Nova has them."""
+    from unit_tests.libvirt import running_guest
+
+    host = FakeHost(root, write_defaults=False)
+    mapped_type, per_gpu = MAPPED[framework]
+    n = 0
+    for g in range(gpus):
+        for i in range(per_gpu):
+            uuid = f"{n:08x}-0000-4000-8000-{n:012x}"
+            if framework == "mdev":
+                mdev = f"{n:08x}-1111-4111-8111-{n:012x}"
+                host.add_mdev(_vf(g, i), mapped_type, mdev)
+                running_guest(root, f"instance-{n:08x}", uuid, mdev_uuid=mdev)
+            else:
+                running_guest(root, f"instance-{n:08x}", uuid, pci_address=_vf(g, i))
+            n += 1
+
+
 def monitored(root, framework: str, gpus: int, nvml: Path, vgpus_per_gpu: int) -> Path:
     """What the exporter reads besides sysfs; returns ``nvml``.
 
@@ -183,22 +200,10 @@ def monitored(root, framework: str, gpus: int, nvml: Path, vgpus_per_gpu: int) -
     import json
     import time
 
-    from unit_tests.libvirt import running_guest
     from vgpu import bootresult
 
-    host = FakeHost(root, write_defaults=False)
     _, per_gpu = MAPPED[framework]
-    n = 0
-    for g in range(gpus):
-        for i in range(per_gpu):
-            uuid = f"{n:08x}-0000-4000-8000-{n:012x}"
-            if framework == "mdev":
-                mdev = f"{n:08x}-1111-4111-8111-{n:012x}"
-                host.add_mdev(_vf(g, i), MAPPED[framework][0], mdev)
-                running_guest(root, f"instance-{n:08x}", uuid, mdev_uuid=mdev)
-            else:
-                running_guest(root, f"instance-{n:08x}", uuid, pci_address=_vf(g, i))
-            n += 1
+    add_guests(root, framework, gpus)
     bootresult.save(bootresult.Result(time.time(), 12.5, 0, bootresult.gpu_results(
         [(_pf(g), "restored", 1.5) for g in range(gpus)]), run_by="boot_step"))
     def vgpu(g: int, v: int) -> dict:

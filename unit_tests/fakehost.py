@@ -166,6 +166,57 @@ PCI_IDS = """\
 """
 
 
+# The shape of the PCI ID database hosts ship (Ubuntu's pci.ids package, hwdata): pciutils/pciids
+# at c1c12547 (2026-08-22) has 42,988 lines and 1,659,114 bytes; NVIDIA's block
+# ("10de  NVIDIA Corporation") starts at line 10,234 and has 3,464 lines (Emulex's "10df" follows).
+REAL_PCI_IDS = {"lines": 42988, "bytes": 1659114, "nvidia_line": 10234, "nvidia_lines": 3464}
+
+
+def real_shaped_pci_ids(nvidia: str) -> str:
+    """A pci.ids of the real one's size and shape (:data:`REAL_PCI_IDS`), ``nvidia`` in its block.
+
+    ``nvidia``: device lines (a tab, the id, two spaces, the name), placed at the start of
+    NVIDIA's block. The rest is filler of the real lines' forms and average length: vendors
+    below 10de with device lines, subsystem lines (some of NVIDIA's subsystem vendor, 10de, as
+    other vendors' boards carry), comments, NVIDIA's filler devices (ids f000 on, which
+    NVIDIA has not used), the vendors after it and the device classes that end the file.
+    """
+    shape = REAL_PCI_IDS
+    head = ["#", "#\tList of PCI IDs", "#", "#\tVersion: 2026.08.22 (its shape; filler below)", "#"]
+    lines = head + _filler_vendors(0x0001, shape["nvidia_line"] - 1 - len(head), 7, subsystem=3)
+    block = ["10de  NVIDIA Corporation"] + nvidia.rstrip("\n").split("\n")
+    device = 0xf000
+    while len(block) < shape["nvidia_lines"]:
+        block.append(f"\t{device:04x}  GF{device % 1000:03d} [Filler GeForce {device:04x}]")
+        if device % 4 == 0:
+            block.append(f"\t\t10de {device:04x}  Filler GeForce {device:04x} board")
+        if device % 50 == 0:
+            block.append("# a comment inside the block, as the database has them")
+        device += 1
+    lines += block[:shape["nvidia_lines"]]
+    classes = [f"C {n:02x}  Filler device class {n:02x}" for n in range(40)]  # the file's end
+    lines += _filler_vendors(0x10df, shape["lines"] - len(lines) - len(classes), 5)
+    return "\n".join(lines + classes) + "\n"
+
+
+def _filler_vendors(first: int, count: int, devices: int, subsystem: int = -1) -> List[str]:
+    """``count`` lines of vendors from id ``first`` on, ``devices`` device lines each.
+
+    ``subsystem``: after that device, a subsystem line of NVIDIA's subsystem vendor id.
+    """
+    lines: List[str] = []
+    vendor = first
+    while len(lines) < count:
+        lines.append(f"{vendor:04x}  Filler Vendor {vendor:04x} Corporation")
+        for device in range(devices):
+            lines.append(f"\t{device:04x}  Filler device {device} of vendor {vendor:04x}")
+            if device == subsystem:
+                lines.append(f"\t\t10de {vendor:04x}  Filler board with NVIDIA's subsystem id")
+        vendor += 1
+    assert first > 0x10de or vendor <= 0x10de, "the filler before NVIDIA's block sorts before it"
+    return lines[:count]
+
+
 def _gb(name: str) -> int:
     """Framebuffer in GB from a profile name: NVIDIA L40S-12Q -> 12, H200X-1-18C -> 18."""
     digits = "".join(c for c in name.rsplit("-", 1)[-1] if c.isdigit())

@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import Optional
 
 PROJECT_ID = "8f1c2a7d5e3b4c6a9d0e1f2a3b4c5d6e"
+# A status file's QEMU capabilities run to hundreds of <flag> lines: libvirt's own status
+# file test data (tests/qemustatusxml2xmldata/modern-in.xml, 16.5 KB) lists 230. Only their
+# number and size are kept here (the names are filler); the charm reads none of them.
+QEMU_CAPS = "\n".join(["    <flag name='kvm'/>"]
+                      + [f"    <flag name='capability-{n:03d}'/>" for n in range(1, 230)])
 PROJECT_NAME = "acme-render"
 
 STATUS = """<!--
@@ -26,7 +31,7 @@ or other application using the libvirt API.
     <vcpu id='0' pid='41384'/>
   </vcpus>
   <qemuCaps>
-    <flag name='kvm'/>
+{qemu_caps}
   </qemuCaps>
   <domain type='kvm'{domain_id}>
     <name>{name}</name>
@@ -91,7 +96,7 @@ PCI = """      <hostdev mode='subsystem' type='pci' managed='{managed}'>
 def status(name, uuid, hostdevs="", project_id=PROJECT_ID, project_name=PROJECT_NAME):
     """A running guest's status XML."""
     return STATUS.format(name=name, uuid=uuid, hostdevs=hostdevs, project_id=project_id,
-                         project_name=project_name, domain_id=" id='3'",
+                         project_name=project_name, domain_id=" id='3'", qemu_caps=QEMU_CAPS,
                          domstatus_open="<domstatus state='running' reason='booted' pid='41377'>",
                          domstatus_close="</domstatus>\n")
 
@@ -99,7 +104,7 @@ def status(name, uuid, hostdevs="", project_id=PROJECT_ID, project_name=PROJECT_
 def definition(name, uuid, hostdevs="", project_id=PROJECT_ID, project_name=PROJECT_NAME):
     """The persistent definition libvirt keeps in /etc/libvirt/qemu (no status wrapper)."""
     text = STATUS.format(name=name, uuid=uuid, hostdevs=hostdevs, project_id=project_id,
-                         project_name=project_name, domain_id="", domstatus_open="",
+                         project_name=project_name, domain_id="", qemu_caps="", domstatus_open="",
                          domstatus_close="")
     body = text[text.index("<domain"):]
     header = text[:text.index("-->") + 4]

@@ -326,3 +326,67 @@ def test_a_guest_file_with_bytes_that_are_not_utf8_is_still_read(root):
     assert b"caf\xe9<" in path.read_bytes()
     (found,) = [d for d in guests.domains() if d.state == "running"]
     assert (found.mdevs, found.project_name) == ((MDEV_UUID,), "caf\ufffd")
+
+
+def test_a_running_domain_s_definition_is_not_read_for_the_counts(root, caplog):
+    """The status file says what a running guest holds; its definition is not parsed again.
+
+    libvirt names both files after the domain (whose name is unique on the host). A
+    definition that would not parse costs nothing then: the status file is whole.
+    """
+    from unit_tests.libvirt import defined_guest, running_guest
+    running_guest(root, "instance-00000001", VF_GUEST, pci_address="0000:c1:00.4")
+    (root / "etc/libvirt/qemu/instance-00000001.xml").write_text("<domain><devices><hostdev")
+    defined_guest(root, "instance-00000002", MDEV_GUEST, pci_address="0000:c1:00.5")
+    assert [(d.name, d.state, d.pci) for d in guests.domains()] == [
+        ("instance-00000001", "running", ("0000:c1:00.4",)),
+        ("instance-00000002", "shut off", ("0000:c1:00.5",))]
+    assert guests.held_devices() == (set(), {"0000:c1:00.4", "0000:c1:00.5"}, [])
+    assert "skipping" not in caplog.text
+    # Stopped: only the definition is left, and one that cannot be parsed counts as in use.
+    (root / "run/libvirt/qemu/instance-00000001.xml").unlink()
+    assert guests.held_devices() == (set(), {"0000:c1:00.5"},
+                                     ["/etc/libvirt/qemu/instance-00000001.xml"])
+
+
+def _status_with(text: str, before: str = "", after: str = "") -> str:
+    """A status file with ``before`` and ``after`` in libvirt's private data around the domain."""
+    return text.replace("<domain type='kvm' id='3'>", before + "<domain type='kvm' id='3'>", 1) \
+        .replace("</domstatus>", after + "</domstatus>", 1)
+
+
+@pytest.mark.parametrize("change", [
+    # The QEMU capabilities and other private data: not read, whatever they hold.
+    lambda text: _status_with(text, after="<qemuCaps>" + "<flag name='kvm'/>" * 300
+                              + "</qemuCaps><blockjobs active='no'/>\n"),
+    # A namespace declared on <domstatus> and used in the domain: read with the whole file.
+    lambda text: text.replace("<domstatus ", "<domstatus xmlns:nova='http://openstack.org/"
+                              "xmlns/libvirt/nova/1.1' ", 1).replace(
+        '<nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1">',
+        "<nova:instance>", 1),
+    # Not a status file's shape (no <domstatus> end): read whole, as before.
+    lambda text: text.replace("</domstatus>", "</domstatus>\n<!-- trailing -->", 1),
+])
+def test_a_status_file_is_read_for_its_domain(root, change):
+    from unit_tests.libvirt import hostdevs
+    d = root / "run/libvirt/qemu"
+    d.mkdir(parents=True)
+    text = change(status("instance-00000001", VF_GUEST, hostdevs(pci_address="0000:c1:00.4")))
+    (d / "instance-00000001.xml").write_text(text)
+    (found,) = guests.domains()
+    assert (found.name, found.uuid, found.state, found.pci, found.nova_name) == (
+        "instance-00000001", VF_GUEST, "running", ("0000:c1:00.4",), "vm-instance-00000001")
+
+
+@pytest.mark.parametrize("damage", [
+    lambda text: text.replace("</devices>", "</device>", 1),  # the domain itself
+    lambda text: text[:text.rindex("</domain>") + len("</domain>")],  # cut short after it
+])
+def test_a_damaged_status_file_counts_as_in_use_even_where_its_domain_reads(root, caplog, damage):
+    from unit_tests.libvirt import hostdevs
+    d = root / "run/libvirt/qemu"
+    d.mkdir(parents=True)
+    text = status("instance-00000001", VF_GUEST, hostdevs(pci_address="0000:c1:00.4"))
+    (d / "instance-00000001.xml").write_text(damage(text))
+    assert guests.held_devices() == (set(), set(), ["/run/libvirt/qemu/instance-00000001.xml"])
+    assert "not XML" in caplog.text

@@ -136,6 +136,70 @@ def test_pci_ids_is_read_no_further_than_its_bound(root, monkeypatch):
     assert pci.discover().gpus[0].model == "NVIDIA 0x1db4"
 
 
+L40S_LINE = "\t26b9  AD102GL [L40S]\n"
+
+
+def test_gpus_are_named_from_a_pci_ids_of_the_real_one_s_size_and_shape(root):
+    """NVIDIA's block a quarter of the way into 1.7 MB (pciutils/pciids, see REAL_PCI_IDS)."""
+    from unit_tests.fakehost import REAL_PCI_IDS, real_shaped_pci_ids
+
+    text = real_shaped_pci_ids(L40S_LINE + "\t2330  GH100 [H100 SXM5 80GB]\n")
+    lines = text.splitlines()
+    assert len(lines) == REAL_PCI_IDS["lines"]
+    assert lines.index("10de  NVIDIA Corporation") + 1 == REAL_PCI_IDS["nvidia_line"]
+    assert abs(len(text.encode()) - REAL_PCI_IDS["bytes"]) < REAL_PCI_IDS["bytes"] * 0.03
+    host = FakeHost(root)
+    host.pci_ids(text)
+    host.add_gpu("0000:01:00.0", device="0x26b9")
+    host.add_gpu("0000:02:00.0", device="0x2330")
+    host.add_gpu("0000:03:00.0", device="0xf00d")  # a filler id of NVIDIA's block: named too
+    host.add_gpu("0000:04:00.0", device="0x0001")  # listed by other vendors only
+    assert [g.model for g in pci.discover().gpus] == [
+        "L40S", "H100 SXM5 80GB", "Filler GeForce f00d", "NVIDIA 0x0001"]
+
+
+@pytest.mark.parametrize("text, named", [
+    # A device line of another vendor, before NVIDIA's block, is not NVIDIA's.
+    ("1002  Advanced Micro Devices\n\t26b9  Navi 99 [not NVIDIA's]\n10de  NVIDIA Corporation\n"
+     + L40S_LINE, "L40S"),
+    ("1002  Advanced Micro Devices\n\t26b9  Navi 99 [not NVIDIA's]\n", None),
+    # Subsystem lines (two tabs) that carry the id are not its device line.
+    ("10de  NVIDIA Corporation\n\t2230  GA102GL [RTX A6000]\n\t\t10de 26b9  RTX board\n"
+     "\t\t26b9 0001  Another board\n" + L40S_LINE, "L40S"),
+    ("10de  NVIDIA Corporation\n\t2230  GA102GL [RTX A6000]\n\t\t10de 26b9  RTX board\n", None),
+    # A comment inside the block does not end it; "10de" in a comment does not start it.
+    ("# 10de  a comment that names NVIDIA's id\n\t26b9  AD102 [in no block]\n"
+     "10de  NVIDIA Corporation\n# a comment\n" + L40S_LINE, "L40S"),
+    # The next vendor ends the block, the device classes too.
+    ("10de  NVIDIA Corporation\n\t2230  GA102GL [RTX A6000]\n10df  Emulex Corporation\n"
+     + L40S_LINE, None),
+    ("10de  NVIDIA Corporation\nC 03  Display controller\n" + L40S_LINE, None),
+    ("10de  NVIDIA Corporation\n\r\n" + L40S_LINE, None),  # a line of its own, not the block's
+    # The file's first line, no newline at its end, Windows line ends, a longer id.
+    ("10de  NVIDIA Corporation\n\t26b9  AD102GL [L40S]", "L40S"),
+    ("10de  NVIDIA Corporation\r\n\t26b9  AD102GL [L40S]\r\n", "L40S"),
+    ("10de  NVIDIA Corporation\n\t26b90  AD102GL [not it]\n", None),
+    ("10de  NVIDIA Corporation\n\t26b9  \xff [L40S \xe2\x80]\n", "L40S \ufffd"),
+])
+def test_only_the_device_lines_of_nvidia_s_block_name_a_gpu(root, text, named):
+    host = FakeHost(root)
+    (root / "usr/share/misc").mkdir(parents=True)
+    (root / "usr/share/misc/pci.ids").write_bytes(text.encode("latin-1"))
+    host.add_gpu("0000:01:00.0", device="0x26b9")
+    assert pci.discover().gpus[0].model == (named or "NVIDIA 0x26b9")
+
+
+def test_a_pci_ids_that_cannot_be_read_gives_way_to_hwdata_s(root):
+    host = FakeHost(root)
+    (root / "usr/share/misc/pci.ids").mkdir(parents=True)  # not a file
+    (root / "usr/share/hwdata").mkdir(parents=True)
+    (root / "usr/share/hwdata/pci.ids").write_text("10de  NVIDIA Corporation\n" + L40S_LINE)
+    host.add_gpu("0000:01:00.0", device="0x26b9")
+    assert pci.discover().gpus[0].model == "L40S"
+    (root / "usr/share/hwdata/pci.ids").write_text("10de  NVIDIA Corporation\n")
+    assert pci.discover().gpus[0].model == "NVIDIA 0x26b9"
+
+
 def test_one_type_id_on_two_gpu_models_keeps_each_models_own_definition(root):
     # Definitions are shared per GPU model: another model's type of the same id is its own.
     host = FakeHost(root)

@@ -172,8 +172,13 @@ def domains(problems: Optional[List[str]] = None) -> List[Domain]:
     logged and skipped, and its host path added to ``problems`` when given.
     """
     out: Dict[str, Domain] = {}
+    running: Set[str] = set()  # libvirt names both files after the domain, whose name is unique
     for directory, state in ((STATUS_DIR, RUNNING), (DEFINED_DIR, SHUT_OFF)):
         for path in _xml_files(hostroot.path(directory), problems):
+            if state == RUNNING:
+                running.add(path.name)
+            elif path.name in running:
+                continue  # a running domain's definition: its status file said what it holds
             domain = _domain(path, require="<hostdev", problems=problems)
             if domain is None:
                 continue
@@ -267,6 +272,9 @@ def _parse(path: Path, require: str = "") -> Tuple[Optional[ET.Element], str]:
         return None, "DOCTYPE declarations are not accepted"
     import xml.etree.ElementTree as ET
 
+    inner = _status_domain(text)
+    if inner is not None:
+        return inner, ""
     try:
         root = ET.fromstring(text)
     except ET.ParseError as e:
@@ -275,6 +283,31 @@ def _parse(path: Path, require: str = "") -> Tuple[Optional[ET.Element], str]:
         return root, ""
     found = root.find("domain") if root.tag == "domstatus" else None
     return (found, "") if found is not None else (None, "no <domain> element")
+
+
+def _status_domain(text: str) -> Optional[ET.Element]:
+    """The ``<domain>`` of a complete status file, parsed alone; None to parse the whole file.
+
+    libvirt writes a running guest's status file as ``<domstatus>`` around its own
+    private data (``qemuDomainObjPrivateXMLFormat``: the QEMU capabilities, a few
+    hundred ``<flag>`` lines, vCPU threads, block jobs), then the live ``<domain>``
+    (``virDomainDefFormat``), and none of that private data is read here; the file is
+    replaced whole (``virFileRewrite``). A domain that does not parse on its own (a
+    namespace prefix declared outside it, say) is read with the whole file.
+    """
+    import xml.etree.ElementTree as ET
+
+    if not (text.lstrip().startswith(("<!--", "<domstatus"))
+            and text.rstrip().endswith("</domstatus>")):
+        return None
+    start, end = text.find("<domain "), text.rfind("</domain>")
+    if not 0 <= start < end:
+        return None
+    try:
+        found = ET.fromstring(text[start:end + len("</domain>")])
+    except ET.ParseError:
+        return None
+    return found if found.tag == "domain" else None
 
 
 def _vgpus(devices: Iterable[Tuple[str, str]], wanted: Set[str]) -> Tuple[str, ...]:

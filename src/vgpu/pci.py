@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from . import PCI_ADDRESS, hostroot, profiles, text
 from .errors import HostReadError
@@ -34,7 +34,7 @@ _HEX_DIGITS = "0123456789abcdef"  # as the kernel's %x writes them
 _SLOT_FUNCTION = tuple(f"{n >> 3:02x}.{n & 7}" for n in range(256))  # devfn -> slot.function
 _DEVFN = {f"{n:02x}": _SLOT_FUNCTION[n] for n in range(256)}  # the same, keyed by hex devfn
 PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids")
-PCI_IDS_LIMIT = 1 << 24  # characters of pci.ids scanned (the real one has about 1.4 million)
+PCI_IDS_LIMIT = 1 << 24  # bytes of pci.ids read at most (the real one has about 1.7 million)
 # What else names a GPU pci.ids does not know (newer than the host's copy): udev's database
 # entry (``E:ID_MODEL_FROM_DATABASE=``, from systemd's hwdb, which lspci shows too), then the
 # driver's own (``Model:`` in its information file). Read only for such a GPU.
@@ -46,6 +46,7 @@ VFIO = "vfio"
 
 _ADDRESS = re.compile(PCI_ADDRESS + r"\Z")
 _TYPE_DIR = re.compile(r"nvidia-([0-9]+)\Z")
+_NEXT_ENTRY = re.compile(rb"\n[^\t#\n]")  # pci.ids: a line that is no device, subsystem or comment
 _TYPE_ROW = r"\s*([0-9]+)\s*:\s*(\S.*?)\s*\Z"  # VFIO only: compiled by re when used
 _VIRTFN = r"virtfn[0-9]+\Z"  # a VF's link in its GPU's directory: only where its numbers fail
 
@@ -520,45 +521,61 @@ def parse_description(text: str) -> Tuple[Tuple[str, str], ...]:
 def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
     """Marketing names for NVIDIA device ids from the PCI ID database.
 
-    Only the NVIDIA block of ``pci.ids`` is scanned; ``GV100GL [Tesla V100
-    PCIe 16GB]`` gives the bracketed name. Unknown ids are left out.
+    Only the NVIDIA block of ``pci.ids`` is searched; ``GV100GL [Tesla V100
+    PCIe 16GB]`` gives the bracketed name. Unknown ids are left out. The file
+    is read whole, bounded by :data:`PCI_IDS_LIMIT` (the real one is about 1.7 MB,
+    NVIDIA's block at line 10,234 of 43,000), and searched as bytes: going through
+    it line by line in Python cost about 6 ms a hook. One that cannot be read, or
+    is larger than the bound, names nothing.
     """
     wanted = {i.lower().removeprefix("0x") for i in device_ids if i}
     found: Dict[str, str] = {}
     if not wanted:
         return found
     for candidate in PCI_IDS:
-        try:  # a regular file only, non-blocking (hostroot's module doc)
-            handle = open(hostroot.open_regular(hostroot.path(candidate)), encoding="utf-8",
-                          errors="replace")
-        except OSError:
+        try:  # a regular file only, non-blocking, bounded (hostroot's module doc)
+            data = hostroot.read_bytes(hostroot.text_path(candidate), PCI_IDS_LIMIT)
+        except HostReadError:
+            data = None
+        if data is None:
             continue
-        with handle:
-            for ident, name in _nvidia_devices(handle):
-                if ident in wanted:
-                    found[f"0x{ident}"] = _marketing_name(name)
+        block = _nvidia_block(data)
+        for ident in sorted(wanted):
+            name = _device_name(block, ident)
+            if name is not None:
+                found[f"0x{ident}"] = _marketing_name(name)
         return found
     return found
 
 
-def _nvidia_devices(handle) -> Iterator[Tuple[str, str]]:
-    """(device id, name) of each device line in pci.ids' NVIDIA block, within PCI_IDS_LIMIT."""
-    inside = False
-    left = PCI_IDS_LIMIT
-    while left > 0:  # line by line, each at most a page: bounded however the file is written
-        line = handle.readline(min(4096, left))
-        if not line:
-            return
-        left -= len(line)
-        if line.startswith("10de "):
-            inside = True
-        elif not inside:
-            continue
-        elif line[:1] not in ("\t", "#", "\n"):
-            return  # the next vendor
-        elif line.startswith("\t") and not line.startswith("\t\t"):
-            ident, _, name = line.strip().partition(" ")
-            yield ident, name
+def _nvidia_block(data: bytes) -> bytes:
+    """NVIDIA's block of pci.ids: from its vendor line (``10de  NVIDIA Corporation``) to the next.
+
+    The vendor line is the first line that starts with ``10de ``; the block ends
+    at the first line after it that starts with anything but a tab or ``#`` (the
+    next vendor, or the device classes). Empty when there is none.
+    """
+    if data.startswith(b"10de "):
+        start = 0
+    else:
+        start = data.find(b"\n10de ") + 1
+        if not start:
+            return b""
+    end = _NEXT_ENTRY.search(data, start)
+    return data[start:end.start() + 1 if end else len(data)]
+
+
+def _device_name(block: bytes, ident: str) -> Optional[str]:
+    """The name on the device line (a tab, ``<ident>``, two spaces, the name); None if there is none.
+
+    A device line has one tab; a subsystem line (two tabs) that names the id is not it.
+    """
+    at = block.find(b"\n\t" + ident.encode("ascii", "replace") + b" ")
+    if at < 0:
+        return None
+    end = block.find(b"\n", at + 1)
+    line = block[at + 2:end if end >= 0 else len(block)].decode("utf-8", errors="replace")
+    return line.strip().partition(" ")[2]
 
 
 def _marketing_name(name: str) -> str:
