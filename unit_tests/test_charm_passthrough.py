@@ -1,6 +1,7 @@
 """Whole GPUs beside vGPUs on one host: the charm end to end (issue 37, part 1)."""
 
 import json
+import os
 
 import pytest
 from ops import testing
@@ -187,3 +188,29 @@ def test_a_gpu_taken_out_of_passthrough_goes_back_to_nvidia_and_is_no_longer_pub
     assert (root / f"sys/bus/pci/devices/{H200}/driver_override").read_text() == "\n"
     assert not (root / passthrough.RULES).exists() and not (root / passthrough.MODPROBE_CONF).exists()
     assert H200 not in {s["address"] for s in specs(out)}
+
+
+def test_many_guests_on_a_gpu_going_whole_are_counted_past_three(ctx, root, tools, deb):
+    """As every refusal that names guests: three named, the rest counted, where to list them."""
+    booted_with_vfs(root, tools, deb)
+    vgpus = "{L40S-12Q: ['81:00.0'], 'NVIDIA H200X-35C': ['c1:00.0']}"
+    first = ctx.run(ctx.on.config_changed(),
+                    state({"vgpu-device-mappings": vgpus}, resource=deb))
+    assert first.unit_status.name == "active", first.unit_status
+    vfs = sorted(os.readlink(link).rsplit("/", 1)[-1]
+                 for link in (root / f"sys/bus/pci/devices/{H200}").glob("virtfn*"))
+    for n, vf in enumerate(vfs[:4]):
+        defined_guest(root, f"instance-{n:08x}", f"0b7a0f2c-6f2d-4b3c-9b1e-{n:012x}",
+                      pci_address=vf)
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": WHOLE}))
+    assert out.unit_status.name == "blocked"
+    assert (
+        "vgpu-device-mappings not applied, no GPU moved: "
+        "instance-00000000 (vm-instance-00000000, 0b7a0f2c-6f2d-4b3c-9b1e-000000000000, shut off), "
+        "instance-00000001 (vm-instance-00000001, 0b7a0f2c-6f2d-4b3c-9b1e-000000000001, shut off), "
+        "instance-00000002 (vm-instance-00000002, 0b7a0f2c-6f2d-4b3c-9b1e-000000000002, shut off) "
+        "and 1 more (juju run nova-compute-nvidia-vgpu/0 vgpu-usage lists the vGPUs guests hold) "
+        f"hold GPU {H200} (") in out.unit_status.message
+    # The one left out is there: its VF holds a type, so vgpu-usage lists it.
+    ctx.run(ctx.on.action("vgpu-usage"), again(out))
+    assert "instance-00000003" in ctx.action_results["table"]

@@ -390,3 +390,62 @@ def test_a_damaged_status_file_counts_as_in_use_even_where_its_domain_reads(root
     (d / "instance-00000001.xml").write_text(damage(text))
     assert guests.held_devices() == (set(), set(), ["/run/libvirt/qemu/instance-00000001.xml"])
     assert "not XML" in caplog.text
+
+
+# -- how many guests a refusal names: a status line, read in `juju status` tables -------------
+
+def shut_off(n: int) -> guests.Guest:
+    return guests.Guest(f"instance-{n:08x}", f"0b7a0f2c-6f2d-4b3c-9b1e-{n:012x}", ("0000:c1:00.4",),
+                        guests.SHUT_OFF, f"vm-{n}")
+
+
+def unreadable(n: int) -> guests.Guest:
+    return guests.Guest(f"/etc/libvirt/qemu/instance-{n:08x}.xml", "", (), guests.SHUT_OFF,
+                        problem="not XML: no element found: line 1, column 0")
+
+
+def test_up_to_three_guests_are_each_named_as_before():
+    three = [shut_off(n) for n in range(3)]
+    assert str(GuestsRunningError(three, unit="gpu-a/0")) == (
+        "3 guest(s) hold vGPUs, running or shut off: "
+        "instance-00000000 (vm-0, 0b7a0f2c-6f2d-4b3c-9b1e-000000000000, shut off), "
+        "instance-00000001 (vm-1, 0b7a0f2c-6f2d-4b3c-9b1e-000000000001, shut off), "
+        "instance-00000002 (vm-2, 0b7a0f2c-6f2d-4b3c-9b1e-000000000002, shut off)")
+    assert str(GuestsRunningError(three[:1])) == (
+        "1 guest(s) hold vGPUs, running or shut off: "
+        "instance-00000000 (vm-0, 0b7a0f2c-6f2d-4b3c-9b1e-000000000000, shut off)")
+
+
+def test_more_guests_name_three_count_the_rest_and_say_which_action_lists_them():
+    held = [shut_off(n) for n in range(192)]
+    error = GuestsRunningError(held, unit="gpu-a/0")
+    assert str(error) == (
+        "192 guest(s) hold vGPUs, running or shut off: "
+        "instance-00000000 (vm-0, 0b7a0f2c-6f2d-4b3c-9b1e-000000000000, shut off), "
+        "instance-00000001 (vm-1, 0b7a0f2c-6f2d-4b3c-9b1e-000000000001, shut off), "
+        "instance-00000002 (vm-2, 0b7a0f2c-6f2d-4b3c-9b1e-000000000002, shut off) "
+        "and 189 more (juju run gpu-a/0 vgpu-usage lists the vGPUs guests hold)")
+    assert error.guests == held  # every one kept for the callers
+    # Four: one more than named. Without the unit's name (an action's failure), the action's.
+    assert str(GuestsRunningError(held[:4])).endswith(
+        "instance-00000002 (vm-2, 0b7a0f2c-6f2d-4b3c-9b1e-000000000002, shut off) "
+        "and 1 more (the vgpu-usage action lists the vGPUs guests hold)")
+
+
+def test_files_that_cannot_be_read_are_named_first_since_no_action_lists_them():
+    held = [shut_off(n) for n in range(5)] + [unreadable(0xff)]
+    assert str(GuestsRunningError(held, unit="gpu-a/0")) == (
+        "6 guest(s) hold vGPUs, running or shut off: "
+        "/etc/libvirt/qemu/instance-000000ff.xml (not XML: no element found: line 1, column 0; "
+        "counted as in use), "
+        "instance-00000000 (vm-0, 0b7a0f2c-6f2d-4b3c-9b1e-000000000000, shut off), "
+        "instance-00000001 (vm-1, 0b7a0f2c-6f2d-4b3c-9b1e-000000000001, shut off) "
+        "and 3 more (juju run gpu-a/0 vgpu-usage lists the vGPUs guests hold)")
+    # More of them than named: those left out are counted apart (vgpu-usage cannot list them).
+    held = [shut_off(0)] + [unreadable(n) for n in range(5)]
+    message = str(GuestsRunningError(held, unit="gpu-a/0"))
+    assert message.count("counted as in use") == 4
+    assert message.endswith(
+        "/etc/libvirt/qemu/instance-00000002.xml (not XML: no element found: line 1, column 0; "
+        "counted as in use) and 1 more (juju run gpu-a/0 vgpu-usage lists the vGPUs guests hold) "
+        "and 2 more domain file(s) that cannot be read, counted as in use")

@@ -15,7 +15,7 @@ from unit_tests.fakehost import l40s_host
 from unit_tests.libvirt import defined_guest
 from unit_tests.test_charm import state
 from unit_tests.test_charm_sriov import MAPPING, again, ready, types_of
-from vgpu import catalogue
+from vgpu import catalogue, table
 
 L40S, H200 = "0000:81:00.0", "0000:c1:00.0"
 
@@ -268,19 +268,62 @@ def test_a_full_host_s_vf_table_and_gpus_stay_within_what_juju_accepts_and_say_s
     out = ctx.run(ctx.on.config_changed(), again_with(before, "{DC-2Q: all}"))
     assert out.unit_status.name == "active", out.unit_status
     applied = again(out)
-    # A guest on every VF: a change of type refused, every guest named (three times over).
-    for n, vf in enumerate(vf for gpu in RTX for vf in rtx_vfs(gpu, 48)):
-        defined_guest(root, f"instance-{n:08x}", f"0b7a0f2c-6f2d-4b3c-9b1e-{n:012x}",
-                      pci_address=vf)
+    # A guest on every VF: a change of type refused. The refusal (and the summary that repeats
+    # it) names three guests; the full list is said once, in guests-blocking.
+    a_guest_on_every_vf(root)
     results = preview(ctx, root, applied, "{DC-4Q: all}")
     assert results["verdict"] == "refused"
+    status = ctx.run(ctx.on.config_changed(), again_with(applied, "{DC-4Q: all}")).unit_status
+    assert results["refused"] == status.message  # in the status's words
     assert results["refused"].startswith("vgpu-device-mappings not applied, no VF changed: "
                                          "192 guest(s) hold vGPUs, running or shut off: "
                                          "instance-00000000 (")
-    # The refusal takes the room: no GPU fits; the count says so, of the host's four.
-    assert "gpus" not in results
-    assert results["truncated"] == ("0 of 4 GPUs shown in the nested results; the rest left "
-                                    "out to stay within what Juju's action-set accepts")
+    # One guest a line, whole lines only, as many as a value holds; the rest counted, and where
+    # to list them said.
+    *named, rest = results["guests-blocking"].splitlines()
+    assert named == [f"instance-{n:08x} (vm-instance-{n:08x}, 0b7a0f2c-6f2d-4b3c-9b1e-{n:012x}, "
+                     "shut off)" for n in range(len(named))]
+    assert len(results["guests-blocking"].encode()) <= table.MAX_VALUE_BYTES
+    assert rest == (f"... and {192 - len(named)} more guests; see juju run "
+                    "nova-compute-nvidia-vgpu/0 vgpu-usage")
+    said = [value for _, value in table.flatten(results)]
+    assert sum(str(value).count("instance-00000005 ") for value in said) == 1
+    # The GPUs fit beside it: all four, nothing left out.
+    assert [g["would-serve"] for g in results["gpus"].values()] == [
+        "NVIDIA RTX Pro 6000 Blackwell DC-4Q on 24 VF(s)"] * 4  # 96 GB / 4 GB
+    assert "truncated" not in results
+
+
+def a_guest_on_every_vf(root):
+    """A shut-off guest on each of the RTX PRO 6000 host's 192 VFs: instance-00000000 to -bf."""
+    from unit_tests.test_charm_sriov import rtx_vfs
+
+    for n, vf in enumerate(vf for gpu in RTX for vf in rtx_vfs(gpu, 48)):
+        defined_guest(root, f"instance-{n:08x}", f"0b7a0f2c-6f2d-4b3c-9b1e-{n:012x}",
+                      pci_address=vf)
+
+
+def test_a_refusal_on_a_full_host_names_three_guests_and_where_the_rest_are_listed(
+        ctx, root, tools, rtx_deb):
+    """The blocked status on the 192-guest host: one line that `juju status` can show."""
+    from unit_tests.fakehost import rtx_pro_6000_host
+
+    ready(rtx_pro_6000_host(root), root, tools, rtx_deb)
+    before = settled(ctx, rtx_deb)
+    applied = again(ctx.run(ctx.on.config_changed(), again_with(before, "{DC-2Q: all}")))
+    a_guest_on_every_vf(root)
+    out = ctx.run(ctx.on.config_changed(), again_with(applied, "{DC-4Q: all}"))
+    assert out.unit_status == testing.BlockedStatus(
+        "vgpu-device-mappings not applied, no VF changed: 192 guest(s) hold vGPUs, running or "
+        "shut off: "
+        "instance-00000000 (vm-instance-00000000, 0b7a0f2c-6f2d-4b3c-9b1e-000000000000, shut off), "
+        "instance-00000001 (vm-instance-00000001, 0b7a0f2c-6f2d-4b3c-9b1e-000000000001, shut off), "
+        "instance-00000002 (vm-instance-00000002, 0b7a0f2c-6f2d-4b3c-9b1e-000000000002, shut off) "
+        "and 189 more (juju run nova-compute-nvidia-vgpu/0 vgpu-usage lists the vGPUs guests "
+        "hold); move them or restore the mapping")
+    # The action it names lists the guests left out (within its own bounds, first ones first).
+    ctx.run(ctx.on.action("vgpu-usage"), again(out))
+    assert "instance-00000003" in ctx.action_results["table"]
 
 
 def again_with(before: testing.State, mapping: str) -> testing.State:

@@ -54,6 +54,18 @@ def test_render_caps_bytes_even_with_wide_rows():
     assert 0 < shown < 80
 
 
+def test_lines_keep_whole_lines_within_the_bound_and_say_how_many_are_left():
+    items = [f"guest-{n} ({'x' * 20})" for n in range(100)]
+    assert table.lines(items[:3], what="guests") == "\n".join(items[:3])
+    text = table.lines(items, what="guests", where="the vgpu-usage action", max_bytes=300)
+    *shown, rest = text.splitlines()
+    assert shown == items[:len(shown)] and len(shown) > 1
+    assert rest == f"... and {100 - len(shown)} more guests; see the vgpu-usage action"
+    assert len(text.encode()) <= 300
+    # One line more would not have fitted.
+    assert len((text + "\n" + items[len(shown)]).encode()) > 300
+
+
 def test_fit_keeps_small_results_as_they_are():
     results = {"gpus": {"gpu-0": {"address": "0000:c1:00.0", "types": {
         "nvidia-108": {"id": "nvidia-108", "name": "GRID V100-8Q"}}}}, "table": "T"}

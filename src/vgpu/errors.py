@@ -43,13 +43,44 @@ class ServiceError(VgpuError):
 class GuestsRunningError(VgpuError):
     """Guests (running, or shut off with their devices kept) hold vGPUs that must not change."""
 
-    def __init__(self, guests):
-        """Name every guest (``vgpu.guests.Guest.describe``) in the message; ``guests`` keeps them."""
+    def __init__(self, guests, unit: str = ""):
+        """Name the guests (see :func:`guests_named`) in the message; ``guests`` keeps every one.
+
+        ``unit``: this unit's name, for the ``juju run`` that lists those not named.
+        """
         self.guests = list(guests)
-        names = ", ".join(g.describe() for g in self.guests)
         running = all(g.state == "running" and not g.problem for g in self.guests)
         head = "running guest(s) use vGPUs" if running else "guest(s) hold vGPUs, running or shut off"
-        super().__init__(f"{len(self.guests)} {head}: {names}")
+        super().__init__(f"{len(self.guests)} {head}: {guests_named(self.guests, unit)}")
+
+
+# A refusal becomes the unit's status: one line of `juju status`' table, where three guests
+# (each ``instance-0000002a (vm-1, <36-character uuid>, shut off)``, 70 characters or more)
+# already take a few lines of a terminal. The rest are counted, and where to list them said.
+NAMED = 3
+
+
+def guests_named(guests, unit: str = "") -> str:
+    """``a (...), b (...), c (...)`` (``vgpu.guests.Guest.describe``): every guest, up to NAMED.
+
+    Beyond that NAMED are named, files that cannot be read first (no action lists
+    them), and the rest counted: ``... and 189 more (juju run gpu-a/0 vgpu-usage
+    lists the vGPUs guests hold)``, files that cannot be read apart. Which guests
+    hold vGPUs is not changed, only how many are named.
+    """
+    guests = list(guests)
+    if len(guests) <= NAMED:
+        return ", ".join(g.describe() for g in guests)
+    order = sorted(range(len(guests)), key=lambda i: not guests[i].problem)  # stable
+    named, left = order[:NAMED], [guests[i] for i in sorted(order[NAMED:])]
+    files = sum(1 for g in left if g.problem)
+    where = f"juju run {unit} vgpu-usage" if unit else "the vgpu-usage action"
+    tail = []
+    if len(left) > files:
+        tail.append(f"{len(left) - files} more ({where} lists the vGPUs guests hold)")
+    if files:
+        tail.append(f"{files} more domain file(s) that cannot be read, counted as in use")
+    return ", ".join(guests[i].describe() for i in named) + " and " + " and ".join(tail)
 
 
 class SriovError(VgpuError):

@@ -57,7 +57,8 @@ def instances(hook, mapping: Mapping[str, Sequence[str]]) -> None:
                 changed = _gpu_instances(hook, need, applied.get(need.gpu)) or changed
             except MigInUseError as error:
                 held = guests.vgpu_guests(error.vfs, defined=True)
-                hook.problems.append(f"{error}" + (f"; {GuestsRunningError(held)}" if held else ""))
+                hook.problems.append(f"{error}" + (
+                    f"; {GuestsRunningError(held, hook.given.unit)}" if held else ""))
             except MigError as error:
                 hook.problems.append(str(error))
     if changed:
@@ -83,7 +84,8 @@ def _gpu_instances(hook, need, before) -> bool:
         hook.problems.append(
             f"{OPTION} not applied on GPU {need.gpu}: MIG-backed {need.profile} takes the place "
             f"of {before.profile if before is not None else 'what its VFs hold'}, and "
-            f"{GuestsRunningError(held)}; move or delete those instances, or restore the mapping")
+            f"{GuestsRunningError(held, hook.given.unit)}; move or delete those instances, or "
+            "restore the mapping")
         # What nova.conf lists comes back first (after a reboot the guest's own type must fit).
         return before is not None and bool(miginstances.ensure(before))
     return bool(miginstances.ensure(need, releasable=vfs))

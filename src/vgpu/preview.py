@@ -210,8 +210,11 @@ def _results(hook, plan, sections, changes, unknown: Mapping[str, str],
     out["nova-conf"] = UNKNOWN if unknown else (
         render(sections) if sections is not None and not hook.problems
         else "nothing new: the last published sections stay")
-    if blocking:
-        out["guests-blocking"] = _lines(blocking)
+    if blocking:  # every guest once (the refusal names the first few), as many as fit
+        unit = hook.given.unit
+        out["guests-blocking"] = table.lines(
+            blocking, what="guests",
+            where=f"juju run {unit} vgpu-usage" if unit else "the vgpu-usage action")
     if decision is not None and decision.moves:
         out["whole-gpus"] = _lines(decision.lines(here.pci)) or "the udev rule rewritten"
     if hook.waits:

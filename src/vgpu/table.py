@@ -8,6 +8,7 @@ exceeds both. Juju's own output also stops being readable long before.
 
 So every action that reports a list goes through here:
 
+* ``lines`` does the same for a list said one item to a line;
 * ``render`` lays rows out as a fixed-width table of at most ``MAX_ROWS``
   rows and ``MAX_TABLE_BYTES`` bytes, and says how many rows it left out;
 * ``fit`` keeps the nested results under ``MAX_RESULTS_BYTES`` (as
@@ -49,6 +50,29 @@ def render(header: Sequence[str], rows: Sequence[Sequence[str]], *, what: str = 
         # Drop rows in proportion to the overshoot (at least one) and lay out again.
         ratio = max_bytes / len(text.encode())
         shown = shown[:min(len(shown) - 1, int(len(shown) * ratio))]
+
+
+def lines(items: Sequence[str], *, what: str = "lines", where: str = "the nested results",
+          max_bytes: int = MAX_VALUE_BYTES) -> str:
+    """``items`` one to a line, whole lines only, within ``max_bytes`` (a value ``fit`` keeps whole).
+
+    Lines beyond the bound are summarised in a last line, as :func:`render` does:
+    ``... and 9 more guests; see juju run gpu-a/0 vgpu-usage``.
+    """
+    items = [" ".join(_cell(item).split()) for item in items]
+    text = "\n".join(items)
+    if len(text.encode()) <= max_bytes:
+        return text
+    shown: List[str] = []
+    used = 0
+    for item in items:
+        tail = f"... and {len(items) - len(shown) - 1} more {what}; see {where}"
+        size = len(item.encode()) + 1
+        if used + size + len(tail.encode()) > max_bytes:
+            break
+        shown.append(item)
+        used += size
+    return "\n".join(shown + [f"... and {len(items) - len(shown)} more {what}; see {where}"])
 
 
 def fit(results: Dict[str, object], *, depth: int, records: str, what: str = "entries",

@@ -242,7 +242,8 @@ def step_holders(hook, plan) -> List[str]:
 
     held = guests.vgpu_guests(guarded, defined=True)
     if held:
-        hook.problems.append(f"{OPTION} not applied, no VF changed: {GuestsRunningError(held)}; "
+        hook.problems.append(f"{OPTION} not applied, no VF changed: "
+                             f"{GuestsRunningError(held, hook.given.unit)}; "
                              "move them or restore the mapping")
     return [guest.describe() for guest in held]
 
@@ -254,7 +255,8 @@ def step_give_types(hook, plan) -> bool:
     published = _published_classes(hook)
     try:
         done = _written(hook, lambda: ensure_types(plan, hook.facts().pci, published))
-    except GuestsRunningError as error:
+    except GuestsRunningError as raised:
+        error = GuestsRunningError(raised.guests, hook.given.unit)  # naming the unit's juju run
         restored = _restore_step(hook, published)
         if restored is None:
             return False

@@ -65,13 +65,15 @@ def _model(host: pci.Host, address: str) -> str:
 
 def decide(host: pci.Host, plan, published: Sequence[Mapping[str, str]],
            in_force: Mapping[str, tuple], rules_text: str,
-           free: Callable[[str], bool] = passthrough.free) -> Decision:
+           free: Callable[[str], bool] = passthrough.free, unit: str = "") -> Decision:
     """The whole-GPU part of ``plan`` on ``host`` (read now): what moves, what refuses.
 
     ``published``: the relation data nova-compute has (its first entry is
     read); ``in_force``: the mapping it serves (``{type: addresses}``);
     ``rules_text``: the udev rule as it is; ``free``: whether nothing holds a
-    GPU through the nvidia driver (:func:`vgpu.passthrough.free`).
+    GPU through the nvidia driver (:func:`vgpu.passthrough.free`); ``unit``:
+    this unit's name, for the ``juju run`` that lists the guests a refusal
+    does not name (:func:`vgpu.errors.guests_named`).
     """
     before = set(passthrough.overridden(rules_text))
     whole = {w.address for w in plan.passthrough}
@@ -108,7 +110,7 @@ def decide(host: pci.Host, plan, published: Sequence[Mapping[str, str]],
         guarded[address] = "moves between whole (passthrough) and vGPU (or out of the mapping)"
         if address in before:
             give_back.append(address)
-    refusals[:0] = _guests(host, guarded)
+    refusals[:0] = _guests(host, guarded, unit)
     rules_change = (passthrough.rules(whole) != rules_text
                     or passthrough.modprobe_conf(whole) != passthrough.current_conf())
     return Decision(tuple(refusals), tuple(disable), tuple(take), tuple(give_back),
@@ -120,11 +122,12 @@ def _functions(gpu: pci.Gpu) -> Set[str]:
     return {gpu.address, *(vf.address for vf in gpu.vfs)}
 
 
-def _guests(host: pci.Host, guarded: Mapping[str, str]) -> List[str]:
+def _guests(host: pci.Host, guarded: Mapping[str, str], unit: str) -> List[str]:
     """A refusal per GPU whose functions (or mdevs) a guest holds, running or shut off."""
     if not guarded:
         return []
     from . import guests
+    from .errors import guests_named
 
     out = []
     for address, why in sorted(guarded.items()):
@@ -133,7 +136,7 @@ def _guests(host: pci.Host, guarded: Mapping[str, str]) -> List[str]:
         held = guests.vgpu_guests(sorted(functions), defined=True)  # mdevs on them too
         if held:
             out.append(f"{OPTION} not applied, no GPU moved: "
-                       f"{', '.join(g.describe() for g in held)} "
+                       f"{guests_named(held, unit)} "
                        f"hold{'s' if len(held) == 1 else ''} GPU {address}{_model(host, address)}, "
                        f"which the new mapping {why}; move or delete the instance(s) first, "
                        "or restore the mapping")
@@ -228,7 +231,7 @@ def act(decision: Decision, host: pci.Host) -> Moved:
 def step_decide(hook, plan) -> Decision:
     """What the plan's whole GPUs need, read only (:func:`decide`); refusals said on ``hook``."""
     decision = decide(hook.facts().pci, plan, hook.published(), hook.published_mapping(),
-                      passthrough.current_rules())
+                      passthrough.current_rules(), unit=hook.given.unit)
     hook.problems.extend(decision.refusals)
     return decision
 
