@@ -6,14 +6,20 @@ preview says would apply and the hook applies, after which the mapping in force
 previews as "nothing would change", with no GPU "unknown".
 """
 
+import json
+
 import pytest
 
+from unit_tests import principal
 from unit_tests.fakehost import whole_and_vgpu_host
 from unit_tests.libvirt import defined_guest
 from unit_tests.test_charm_passthrough import GUEST, H200, H200_VF, L40S, WHOLE, specs
+from unit_tests.test_charm import ours
 from unit_tests.test_charm_sriov import again, ready
+from unit_tests.test_nova_rules import nova_devspec
 from unit_tests.test_preview import preview, settled
 from vgpu import passthrough, sriov
+from vgpu.preview import render
 
 
 @pytest.fixture(scope="module")
@@ -93,19 +99,64 @@ def test_a_gpu_taken_out_of_passthrough_previews_as_handed_back(ctx, root, tools
     assert results["whole-gpus"] == f"GPU {H200} (H200 SXM 141GB): handed back from vfio-pci"
 
 
-def test_two_gpus_going_whole_are_previewed_a_line_each(ctx, root, tools, deb):
-    # (The hook is not played here: the stand-in kernel acts on one driver unbind and probe
-    # per listing of the drivers, and the hook writes both GPUs' before it lists them.)
+BOTH = "{passthrough: [81:00.0, c1:00.0]}"
+CLASSES = {L40S: "CUSTOM_GPU_L40S", H200: "CUSTOM_GPU_H200_SXM_141GB"}
+PRODUCTS = {L40S: "26b9", H200: "2335"}
+
+
+def published_sections(out) -> dict:
+    """nova-compute's [pci] entries from this unit, read as the principal reads them."""
+    return principal.nova_context(ours(out)).get("sections", {})
+
+
+def whole_on_vfio_pci(root, gpu) -> bool:
+    """On vfio-pci (read back as the charm and as sysfs show it), its override set, no VFs."""
+    device = root / "sys/bus/pci/devices" / gpu
+    return (passthrough.bound(gpu) == sriov.driver_of(gpu) == "vfio-pci"
+            and (device / "driver_override").read_text().strip() == "vfio-pci"
+            and not list(device.glob("virtfn*")))
+
+
+def test_two_gpus_going_whole_in_one_hook_end_where_the_preview_said(ctx, root, tools, deb):
+    """Both GPUs, on nvidia with VFs enabled, go whole in one config-changed.
+
+    The hook writes both GPUs' driver_override, nvidia's unbind and drivers_probe one
+    after the other; the kernel acts on each write as it is made (pci-sysfs.c,
+    pci-driver.c, bus.c), so both end on vfio-pci and both are published whole.
+    """
     host = host_with_vfs(root, tools, deb)
     host.unbind_lock(L40S)
     before = settled(ctx, deb)
-    both = "{passthrough: [81:00.0, c1:00.0]}"
-    results = preview(ctx, root, before, both)
+    results = preview(ctx, root, before, BOTH)
     assert results["verdict"] == "would apply", results
     assert results["whole-gpus"] == "\n".join(
         f"GPU {gpu} ({model}): its VFs disabled (sriov-manage -d), then to vfio-pci "
         "(driver_override, udev rule), published whole once vfio-pci holds it"
         for gpu, model in ((L40S, "L40S"), (H200, "H200 SXM 141GB")))
+    assert results["summary"] == ("0 VF(s) would change type; nova-compute would get "
+                                  "CUSTOM_GPU_H200_SXM_141GB on 1, CUSTOM_GPU_L40S on 1")
+
+    out = ctx.run(ctx.on.config_changed(), again(before, {"vgpu-device-mappings": BOTH}))
+    assert out.unit_status.name == "active", out.unit_status.message
+    calls = tools.calls()
+    for gpu in (L40S, H200):
+        assert whole_on_vfio_pci(root, gpu), gpu
+        assert calls.index(f"sriov-manage -d {gpu}") < calls.index("modprobe vfio-pci")
+    assert passthrough.overridden((root / passthrough.RULES).read_text()) == [L40S, H200]
+    sections = published_sections(out)
+    assert results["nova-conf"] == render(sections)  # the preview said what the hook published
+    pci = sections["pci"]
+    specs = {s["address"]: s for s in (json.loads(v) for k, v in pci if k == "device_spec")}
+    assert {a: s["resource_class"] for a, s in specs.items()} == CLASSES
+    for spec in specs.values():
+        nova_devspec(json.dumps(spec))
+    aliases = [json.loads(v) for k, v in pci if k == "alias"]
+    assert sorted((a["product_id"], a["device_type"]) for a in aliases) == [
+        ("2335", "type-PF"), ("26b9", "type-PF")]
+    assert "CUSTOM_GPU_H200_SXM_141GB on 1" in out.unit_status.message
+    assert "CUSTOM_GPU_L40S on 1" in out.unit_status.message
+    after = preview(ctx, root, again(out), BOTH)
+    assert after["verdict"] == "nothing would change", after
 
 
 def test_a_udev_rule_removed_by_hand_is_previewed_as_rewritten_and_the_hook_rewrites_it(
