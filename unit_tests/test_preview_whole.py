@@ -13,8 +13,8 @@ import pytest
 from unit_tests import principal
 from unit_tests.fakehost import whole_and_vgpu_host
 from unit_tests.libvirt import defined_guest
-from unit_tests.test_charm_passthrough import GUEST, H200, H200_VF, L40S, WHOLE, specs
 from unit_tests.test_charm import ours
+from unit_tests.test_charm_passthrough import GUEST, H200, H200_VF, L40S, WHOLE, specs
 from unit_tests.test_charm_sriov import again, ready
 from unit_tests.test_nova_rules import nova_devspec
 from unit_tests.test_preview import preview, settled
@@ -101,7 +101,6 @@ def test_a_gpu_taken_out_of_passthrough_previews_as_handed_back(ctx, root, tools
 
 BOTH = "{passthrough: [81:00.0, c1:00.0]}"
 CLASSES = {L40S: "CUSTOM_GPU_L40S", H200: "CUSTOM_GPU_H200_SXM_141GB"}
-PRODUCTS = {L40S: "26b9", H200: "2335"}
 
 
 def published_sections(out) -> dict:
@@ -146,13 +145,19 @@ def test_two_gpus_going_whole_in_one_hook_end_where_the_preview_said(ctx, root, 
     sections = published_sections(out)
     assert results["nova-conf"] == render(sections)  # the preview said what the hook published
     pci = sections["pci"]
-    specs = {s["address"]: s for s in (json.loads(v) for k, v in pci if k == "device_spec")}
-    assert {a: s["resource_class"] for a, s in specs.items()} == CLASSES
-    for spec in specs.values():
+    spec_of = {s["address"]: s for s in (json.loads(v) for k, v in pci if k == "device_spec")}
+    assert {a: s["resource_class"] for a, s in spec_of.items()} == CLASSES
+    for spec in spec_of.values():
         nova_devspec(json.dumps(spec))
-    aliases = [json.loads(v) for k, v in pci if k == "alias"]
-    assert sorted((a["product_id"], a["device_type"]) for a in aliases) == [
-        ("2335", "type-PF"), ("26b9", "type-PF")]
+    assert [k for k, _ in pci] == ["device_spec", "device_spec"]  # aliases are the operator's
+    # ... as list-vgpu-types gives them, one per whole GPU, matching its published spec.
+    ctx.run(ctx.on.action("list-vgpu-types"), again(out))
+    listed = {g["addresses"]: g for g in ctx.action_results["gpus"].values()}
+    assert sorted(listed) == [L40S, H200]
+    for gpu, entry in listed.items():
+        alias = json.loads(entry["pci-alias"])
+        assert (entry["driver"], entry["resource-class"]) == ("vfio-pci", CLASSES[gpu])
+        assert (alias["product_id"], alias["device_type"]) == (spec_of[gpu]["product_id"], "type-PF")
     assert "CUSTOM_GPU_H200_SXM_141GB on 1" in out.unit_status.message
     assert "CUSTOM_GPU_L40S on 1" in out.unit_status.message
     after = preview(ctx, root, again(out), BOTH)
