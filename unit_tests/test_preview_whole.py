@@ -164,6 +164,30 @@ def test_two_gpus_going_whole_in_one_hook_end_where_the_preview_said(ctx, root, 
     assert after["verdict"] == "nothing would change", after
 
 
+def test_a_gpu_serving_vgpus_goes_whole_and_its_vfs_specs_go_with_its_vfs(ctx, root, tools, deb):
+    """vGPU to whole: the VFs the hook disabled are no longer published, as the preview said.
+
+    Their device specs are not those of VFs gone missing (kept for the guests on them,
+    vgpu.novaconf.keep_published): the hook disabled them itself, once it found no guest
+    on any, and the GPU is published whole in their place.
+    """
+    ready(whole_and_vgpu_host(root, moved=False), root, tools, deb).unbind_lock(L40S)
+    first = ctx.run(ctx.on.config_changed(), again(settled(ctx, deb),
+                                                   {"vgpu-device-mappings": "{L40S-12Q: [81:00.0]}"}))
+    assert first.unit_status.name == "active", first.unit_status.message
+    assert {s["address"] for s in specs(first)} == {f"0000:81:00.{n}" for n in range(4, 8)}
+    whole = "{passthrough: [81:00.0]}"
+    results = preview(ctx, root, again(first), whole)
+    assert results["verdict"] == "would apply", results
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": whole}))
+    assert whole_on_vfio_pci(root, L40S)
+    assert [(s["address"], s["resource_class"]) for s in specs(out)] == [(L40S, "CUSTOM_GPU_L40S")]
+    assert results["nova-conf"] == render(published_sections(out))
+    assert out.unit_status.name == "active", out.unit_status.message
+    after = preview(ctx, root, again(out), whole)
+    assert after["verdict"] == "nothing would change", after
+
+
 def test_a_udev_rule_removed_by_hand_is_previewed_as_rewritten_and_the_hook_rewrites_it(
         ctx, root, tools, deb):
     """The GPUs are where the mapping wants them: the rule alone would change, nothing else."""
