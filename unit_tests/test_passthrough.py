@@ -99,3 +99,17 @@ def test_a_gpu_that_cannot_be_handed_back_says_why_and_stays(root):
         f"GPU {H200}: cannot hand it back from vfio-pci: Is a directory")
     assert not (root / "sys/bus/pci/drivers_probe").exists()
     assert passthrough.bound(H200) == "vfio-pci"
+
+
+def test_only_the_vfs_of_a_gpu_published_whole_are_no_longer_kept_as_vanished(root):
+    """The hook disabled them (sriov-manage -d) and publishes the GPU whole: not vanished."""
+    from types import SimpleNamespace
+
+    from vgpu import pci, whole
+
+    whole_and_vgpu_host(root)  # the H200 on vfio-pci, no VFs; the L40S's VFs enabled
+    host = pci.discover()
+    gone = ["0000:c1:00.4", "0000:c1:00.5", "0000:42:00.4"]  # a GPU's VFs, one of no GPU here
+    plan = SimpleNamespace(passthrough=(SimpleNamespace(address=H200),))
+    assert whole.vanished_vfs(host, plan, gone) == ["0000:42:00.4"]
+    assert whole.vanished_vfs(host, SimpleNamespace(passthrough=()), gone) == gone

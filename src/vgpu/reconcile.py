@@ -618,14 +618,18 @@ def plan_sections(hook: _Hook, plan, release) -> Optional[novaconf.Sections]:
     None (the problem said) when sysfs gave something nova.conf must not get.
     """
     options = hook.given.options
+    published, gone = vanished(hook.facts(), hook.published())
+    if gone and getattr(plan, "passthrough", ()):  # a GPU published whole: its VFs did not vanish
+        from . import whole
+
+        gone = whole.vanished_vfs(hook.facts().pci, plan, gone)
     try:
         return novaconf.keep_published(novaconf.plan_sections(
             plan, release, mdev_class=bool(options.get(MDEV_CLASS)),
             pci_in_placement=bool(options.get(PCI_IN_PLACEMENT)),
             keep_placement_reporting=hook.published_reporting(),
             live_migratable=bool(options.get(LIVE_MIGRATION)),
-            one_time_use=bool(options.get(ONE_TIME_USE))),
-            *vanished(hook.facts(), hook.published()))
+            one_time_use=bool(options.get(ONE_TIME_USE))), published, gone)
     except ValueError as error:
         hook.problems.append(f"not publishing: {error}")
         return None
