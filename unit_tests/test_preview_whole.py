@@ -188,6 +188,45 @@ def test_a_gpu_serving_vgpus_goes_whole_and_its_vfs_specs_go_with_its_vfs(ctx, r
     assert after["verdict"] == "nothing would change", after
 
 
+SWAP = "{'NVIDIA H200X-35C': [c1:00.0], passthrough: [81:00.0]}"
+
+
+def test_a_whole_gpu_split_into_vgpus_as_another_goes_whole_in_one_hook(ctx, root, tools, deb):
+    """The H200 back from whole to vGPUs, the L40S from vGPUs to whole: one mapping change.
+
+    The H200 is handed back to nvidia (its override and udev rule gone), then its VFs are
+    enabled (sriov-manage -e) and given their type, all in the hook; the preview cannot
+    know its VFs' types before they exist, and says so, as for any GPU without VFs.
+    """
+    ready(whole_and_vgpu_host(root), root, tools, deb).unbind_lock(L40S)
+    first = ctx.run(ctx.on.config_changed(), again(settled(ctx, deb),
+                                                   {"vgpu-device-mappings": WHOLE}))
+    assert first.unit_status.name == "active", first.unit_status.message
+    results = preview(ctx, root, again(first), SWAP)
+    assert results["verdict"] == "unknown until applied", results
+    assert results["summary"] == (
+        f"unknown until applied on 1 GPU(s): GPU {H200}: it is handed back from vfio-pci "
+        "first, then its VFs are enabled (sriov-manage -e)")
+    assert results["whole-gpus"] == (
+        f"GPU {L40S} (L40S): its VFs disabled (sriov-manage -d), then to vfio-pci (driver_override, "
+        f"udev rule), published whole once vfio-pci holds it\n"
+        f"GPU {H200} (H200 SXM 141GB): handed back from vfio-pci")
+
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": SWAP}))
+    assert out.unit_status.name == "active", out.unit_status.message
+    assert whole_on_vfio_pci(root, L40S)
+    assert passthrough.bound(H200) == "nvidia"
+    assert (root / f"sys/bus/pci/devices/{H200}/driver_override").read_text() == "\n"
+    assert passthrough.overridden((root / passthrough.RULES).read_text()) == [L40S]
+    calls = tools.calls()
+    assert calls.index(f"sriov-manage -d {L40S}") < calls.index(f"sriov-manage -e {H200}")
+    h200_vfs = [f"0000:c1:00.{n}" for n in range(4, 8)]
+    assert [(s["address"], s["resource_class"]) for s in specs(out)] == [
+        (L40S, "CUSTOM_GPU_L40S")] + [(vf, "CUSTOM_VGPU_H200X_35C") for vf in h200_vfs]
+    after = preview(ctx, root, again(out), SWAP)
+    assert after["verdict"] == "nothing would change", after
+
+
 def test_a_udev_rule_removed_by_hand_is_previewed_as_rewritten_and_the_hook_rewrites_it(
         ctx, root, tools, deb):
     """The GPUs are where the mapping wants them: the rule alone would change, nothing else."""
