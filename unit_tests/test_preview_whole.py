@@ -227,6 +227,32 @@ def test_a_whole_gpu_split_into_vgpus_as_another_goes_whole_in_one_hook(ctx, roo
     assert after["verdict"] == "nothing would change", after
 
 
+def test_a_gpu_handed_back_whose_vfs_fail_is_published_neither_whole_nor_split(ctx, root,
+                                                                               tools, deb):
+    """sriov-manage -e fails on the H200 once handed back: the first step stands, said.
+
+    nova-compute no longer gets it whole (nvidia holds it now) nor any of its VFs; the
+    L40S is published whole; the next hook, once sriov-manage works, splits the H200.
+    """
+    host = ready(whole_and_vgpu_host(root), root, tools, deb)
+    host.unbind_lock(L40S)
+    first = ctx.run(ctx.on.config_changed(), again(settled(ctx, deb),
+                                                   {"vgpu-device-mappings": WHOLE}))
+    host.fail_sriov_manage(H200)
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": SWAP}))
+    assert out.unit_status.name == "blocked"
+    assert H200 in out.unit_status.message and "sriov-manage -e" in out.unit_status.message
+    assert passthrough.bound(H200) == "nvidia" and whole_on_vfio_pci(root, L40S)
+    assert [(s["address"], s["resource_class"]) for s in specs(out)] == [(L40S, "CUSTOM_GPU_L40S")]
+    recipes = json.loads(host.recipes.read_text())
+    del recipes[H200]["fails"]
+    host.recipes.write_text(json.dumps(recipes))
+    retried = ctx.run(ctx.on.update_status(), again(out))
+    assert retried.unit_status.name == "active", retried.unit_status.message
+    assert [s["address"] for s in specs(retried)] == [L40S] + [
+        f"0000:c1:00.{n}" for n in range(4, 8)]
+
+
 def test_a_udev_rule_removed_by_hand_is_previewed_as_rewritten_and_the_hook_rewrites_it(
         ctx, root, tools, deb):
     """The GPUs are where the mapping wants them: the rule alone would change, nothing else."""

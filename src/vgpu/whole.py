@@ -115,6 +115,26 @@ def decide(host: pci.Host, plan, published: Sequence[Mapping[str, str]],
                     tuple(sorted(whole)), rules_change)
 
 
+def split_back(host: pci.Host, plan) -> Tuple[str, ...]:
+    """The GPUs ``plan`` wants VFs on that the charm gave whole and ``plan`` no longer does.
+
+    Each is on vfio-pci, named by the charm's udev rule: :func:`decide` hands it back
+    (guarded as every move between whole and vGPU), and only then can sriov-manage
+    enable its VFs (it takes a GPU on nvidia only).
+    """
+    if not plan.missing_vfs:
+        return ()
+    whole = {w.address for w in plan.passthrough}
+    given = set(passthrough.overridden(passthrough.current_rules()))
+    out = []
+    for address in plan.missing_vfs:
+        gpu = host.gpu(address)
+        if (address in given and address not in whole and gpu is not None
+                and gpu.driver == passthrough.VFIO_PCI):
+            out.append(address)
+    return tuple(out)
+
+
 def vanished_vfs(host: pci.Host, plan, functions: Sequence[str]) -> List[str]:
     """``functions`` (published, not found now) but the VFs of GPUs ``plan`` publishes whole.
 
