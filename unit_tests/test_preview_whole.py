@@ -227,6 +227,24 @@ def test_a_whole_gpu_split_into_vgpus_as_another_goes_whole_in_one_hook(ctx, roo
     assert after["verdict"] == "nothing would change", after
 
 
+def test_a_whole_gpu_a_guest_holds_is_not_split_and_both_say_so_in_the_same_words(ctx, root,
+                                                                                   tools, deb):
+    ready(whole_and_vgpu_host(root), root, tools, deb).unbind_lock(L40S)
+    first = ctx.run(ctx.on.config_changed(), again(settled(ctx, deb),
+                                                   {"vgpu-device-mappings": WHOLE}))
+    published = specs(first)
+    defined_guest(root, "instance-0000000a", GUEST, pci_address=H200)
+    results = preview(ctx, root, again(first), SWAP)
+    out = ctx.run(ctx.on.config_changed(), again(first, {"vgpu-device-mappings": SWAP}))
+    assert results["verdict"] == "refused" and out.unit_status.name == "blocked"
+    words = next(line for line in results["refused"].splitlines() if "instance-0000000a" in line)
+    assert "moves between whole (passthrough) and vGPU" in words
+    assert words in out.unit_status.message
+    assert passthrough.bound(H200) == "vfio-pci" and sriov.driver_of(L40S) == "nvidia"
+    assert specs(out) == published
+    assert f"sriov-manage -e {H200}" not in tools.calls()
+
+
 def test_a_gpu_handed_back_whose_vfs_fail_is_published_neither_whole_nor_split(ctx, root,
                                                                                tools, deb):
     """sriov-manage -e fails on the H200 once handed back: the first step stands, said.

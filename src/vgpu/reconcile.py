@@ -387,8 +387,7 @@ def _steps(hook: _Hook) -> None:
     _publish(hook)
     if hook.split_back:  # handed back from whole for vGPUs: their VFs, then the mapping again
         first, hook.split_back = hook.out.relation_data, ()
-        _ensure_vfs(hook)
-        _after_boot(hook)
+        _ensure_vfs(hook)  # (no MIG state to restore there: they were whole)
         _publish(hook)
         if not hook.sections_sent:  # no VFs yet: what the first pass published stands
             hook.out.relation_data = first
