@@ -37,6 +37,11 @@ Two pieces of kernel behaviour are modelled, since plain files cannot show them:
   the mdev framework); a PF's counts are left as they were written.
   :meth:`FakeHost.reboot` takes away what a reboot does: mdevs, VFs (recorded for
   sriov-manage again), running domains; optionally with a new driver's type ids.
+* The PCI control files (a driver's ``bind``, ``unbind``, ``new_id``, ``remove_id``,
+  ``drivers_probe``): each write is acted on in the order written, as the kernel's
+  store callbacks act at the write (:func:`_driver_kernel`), so a hook that moves
+  several GPUs writes the same file once per GPU; ``<root>.fake/pci-writes.log``
+  records each write (:meth:`FakeHost.pci_writes`).
 """
 
 import json
@@ -629,6 +634,7 @@ def _driver_dir(root: Path, name: str) -> Path:
 
 
 def _driver_of(device: Path) -> Optional[str]:
+    settle_pci_writes()  # a readlink raises no audit event
     try:
         return os.path.basename(os.readlink(device / "driver"))
     except OSError:
@@ -661,6 +667,7 @@ def _ids(device: Path) -> str:
 
 def _stub_ids(root: Path, add: str = "", remove: str = "") -> List[str]:
     """pci-pf-stub's dynamic id table (kept beside the fake host: sysfs cannot show it)."""
+    settle_pci_writes()  # new_id and remove_id written before this look
     path = Path(root).parent / f"{Path(root).name}.fake" / "pci-pf-stub-ids.json"
     ids = json.loads(path.read_text()) if path.exists() else []
     if add or remove:
@@ -670,67 +677,151 @@ def _stub_ids(root: Path, add: str = "", remove: str = "") -> List[str]:
     return ids
 
 
-def _driver_kernel(event, args):
-    """Audit hook: what was written to a driver's control files is done when its directory is listed.
+_STORES: Dict[int, List[str]] = {}  # thread -> control files it opened for writing, in order
+_WRITES = "pci-writes.log"  # beside the fake host: each write the stand-in kernel took, in order
 
-    As the kernel does at the write: ``remove_id`` drops an id from the driver's
-    table (ENODEV in the kernel for one not there: nothing here), ``unbind`` lets
-    the device go, ``bind`` binds it (refused while another driver has it).
+
+def _driver_kernel(event, args):
+    """Audit hook: each write to a PCI control file is acted on in order, as the kernel does.
+
+    The kernel acts on a write as it is made, in the attribute's store callback:
+    drivers/base/bus.c ``unbind_store`` (the device let go by that driver only),
+    ``bind_store`` (refused while another driver has it, or while its
+    driver_override names another driver: ``pci_match_device``) and
+    ``drivers_probe_store`` (an unbound device probed: :func:`_probe`);
+    drivers/pci/pci-driver.c ``new_id_store`` and ``remove_id_store`` (the driver's
+    dynamic id table, kept here for pci-pf-stub only, beside the fake host: an id
+    added also binds each unbound device it matches, ``driver_attach``; ENODEV in
+    the kernel for an id not there: nothing here). ``driver_override`` needs nothing:
+    drivers/pci/pci-sysfs.c ``driver_override_store`` only keeps the string, which
+    the file here is (a newline clears it), read when the device is next probed.
+
+    An audit hook on ``open`` cannot see the bytes: a control file opened for writing
+    (``bind``, ``unbind``, ``new_id``, ``remove_id`` of a driver, ``drivers_probe``) is
+    noted, and what it holds is acted on at that thread's next audited event (the next
+    ``open`` of anything, the same file's included, a listing, a process started),
+    once per write, in the order written, and the file emptied: before anything can
+    read the tree through an ``open`` or a listing. (A bare ``readlink`` or ``stat``
+    raises no audit event; a file opened and still empty then, as ``touch`` leaves it,
+    was not written.) Each write taken is appended to ``<root>.fake/pci-writes.log``
+    (:meth:`FakeHost.pci_writes`): the kernel's control files are write-only, so tests
+    read what was written there.
     """
-    if event != "os.listdir" or getattr(_HOOK, "busy", False):
+    if _STORES:
+        settle_pci_writes()
+    if event != "open" or isinstance(args[0], int):
         return
-    path = args[0]
-    if not isinstance(path, str) or "/sys/bus/pci/drivers/" not in path:
+    path = os.fspath(args[0])
+    if isinstance(path, bytes) or not _control(path):
+        return
+    mode, flags = args[1], args[2]
+    if (mode and any(c in mode for c in "wax+")) or \
+            (mode is None and flags & (os.O_WRONLY | os.O_RDWR)):
+        _STORES.setdefault(threading.get_ident(), []).append(path)
+
+
+def settle_pci_writes() -> None:
+    """Act now on what this thread wrote to PCI control files (see :func:`_driver_kernel`).
+
+    For a look that raises no audit event (``os.path.exists``, ``readlink``).
+    """
+    pending = _STORES.get(threading.get_ident())
+    if not pending or getattr(_HOOK, "busy", False):
         return
     _HOOK.busy = True
     try:
-        root = Path(path[:path.index("/sys/bus/pci/drivers/")])
-        drivers = root / "sys/bus/pci/drivers"
-        for control, driver in [(c, d) for c in ("remove_id", "new_id", "unbind", "bind")
-                                for d in sorted(drivers.iterdir())]:  # in the charm's order
-            written = driver / control
-            value = written.read_text().strip() if written.is_file() else ""
-            if not value:
-                continue
-            written.write_text("")
-            device = root / "sys/bus/pci/devices" / value
-            if control == "remove_id" and driver.name == STUB:
-                _stub_ids(root, remove=value)
-            elif control == "unbind" and _driver_of(device) == driver.name:
-                _unbind(device)
-            elif control == "bind" and os.path.exists(device) and _driver_of(device) is None:
-                _bind(device, driver)
-        _probe(root, drivers)
+        _store(pending)
     finally:
         _HOOK.busy = False
 
 
-def _probe(root: Path, drivers: Path) -> None:
+def _control(path: str) -> bool:
+    """Whether ``path`` is a PCI control file the kernel acts on at a write."""
+    name = os.path.basename(path)
+    if name == "drivers_probe":
+        return path.endswith("/sys/bus/pci/drivers_probe")
+    return name in _CONTROLS and os.path.dirname(os.path.dirname(path)).endswith(
+        "/sys/bus/pci/drivers")
+
+
+def _store(pending: List[str]) -> None:
+    """Act on each written control file in ``pending``, in order (see :func:`_driver_kernel`)."""
+    _STORES.pop(threading.get_ident(), None)
+    for path in pending:
+        try:
+            with open(path) as handle:
+                value = handle.read().strip()
+            if value:
+                with open(path, "w"):
+                    pass  # taken: the next write is read alone
+        except OSError:  # a write the kernel refused (no such file, a directory): nothing
+            continue
+        if value:
+            _act(path, value)
+
+
+def _act(path: str, value: str) -> None:
+    """One write to a control file, as its store callback takes it."""
+    name = os.path.basename(path)
+    root = Path(path[:path.rindex("/sys/bus/pci/")])
+    drivers = root / "sys/bus/pci/drivers"
+    record = root.parent / f"{root.name}.fake" / _WRITES
+    record.parent.mkdir(parents=True, exist_ok=True)
+    with open(record, "a") as log:
+        log.write(json.dumps([os.path.relpath(path, root), value]) + "\n")
+    if name == "drivers_probe":
+        _probe(root, drivers, value)
+        return
+    driver = Path(os.path.dirname(path))
+    device = root / "sys/bus/pci/devices" / value
+    if name == "remove_id" and driver.name == STUB:
+        _stub_ids(root, remove=value)
+    elif name == "new_id" and driver.name == STUB:
+        _stub_ids(root, add=value)
+        for candidate in sorted((root / "sys/bus/pci/devices").iterdir()):
+            if (_driver_of(candidate) is None and _override(candidate) in ("", driver.name)
+                    and _ids(candidate) == value):
+                _bind(candidate, driver)
+    elif name == "unbind" and _driver_of(device) == driver.name:
+        _unbind(device)
+    elif (name == "bind" and os.path.exists(device) and _driver_of(device) is None
+          and _override(device) in ("", driver.name)):
+        _bind(device, driver)
+
+
+def _override(device: Path) -> str:
+    """The device's driver_override ("" when unset: "(null)", or cleared by a newline)."""
+    try:
+        text = (device / "driver_override").read_text().strip()
+    except OSError:
+        return ""
+    return "" if text == "(null)" else text
+
+
+def _probe(root: Path, drivers: Path, address: str) -> None:
     """``drivers_probe``: an unbound device goes to the driver its driver_override names.
 
-    drivers/pci/pci-driver.c (``pci_match_device``): with driver_override set,
-    only that driver may probe the device, and only once its module is loaded
-    (its directory under ``sys/bus/pci/drivers``); else the device stays unbound.
-    Without one (unset, or cleared by writing a newline) the drivers' id tables
-    decide: the nvidia driver's (``nv_pci_table``, nv-pci-table.c) takes every
-    NVIDIA device of class 0x030000 (VGA) or 0x030200 (3D controller), once loaded.
+    drivers/base/bus.c ``drivers_probe_store`` attaches a driver to the device named
+    when it has none; drivers/pci/pci-driver.c (``pci_match_device``): with
+    driver_override set, only that driver may probe the device, and only once its
+    module is loaded (its directory under ``sys/bus/pci/drivers``); else the device
+    stays unbound. Without one (unset, or cleared by writing a newline) the drivers'
+    id tables decide: the nvidia driver's (``nv_pci_table``, nv-pci-table.c) takes
+    every NVIDIA device of class 0x030000 (VGA) or 0x030200 (3D controller), once loaded.
     """
-    probe = root / "sys/bus/pci/drivers_probe"
-    value = probe.read_text().strip() if probe.is_file() else ""
-    if not value:
-        return
-    probe.write_text("")
-    device = root / "sys/bus/pci/devices" / value
+    device = root / "sys/bus/pci/devices" / address
     if not os.path.exists(device) or _driver_of(device) is not None:
         return
-    override = (device / "driver_override").read_text().strip()
-    if override not in ("", "(null)"):
+    override = _override(device)
+    if override:
         if (drivers / override).is_dir():
             _bind(device, drivers / override)
     elif ((device / "vendor").read_text().strip() == NVIDIA
           and (device / "class").read_text().strip() in ("0x030000", "0x030200")
           and (drivers / "nvidia").is_dir()):
         _bind(device, drivers / "nvidia")
+
+
 _HELD: set = set()  # unbindLock files of GPUs a client holds (see FakeHost.hold)
 
 
@@ -913,6 +1004,18 @@ class FakeHost:
             drivers = self.root / "sys/bus/pci/drivers" / driver
             drivers.mkdir(parents=True, exist_ok=True)
             link.symlink_to(os.path.relpath(drivers, directory))
+
+    def pci_writes(self) -> List[tuple]:
+        """Each write the stand-in kernel took to a PCI control file, in order: (file, value).
+
+        ``file`` is relative to the root (``sys/bus/pci/drivers/nvidia/unbind``,
+        ``sys/bus/pci/drivers_probe``): see :func:`_driver_kernel`.
+        """
+        path = self.root.parent / f"{self.root.name}.fake" / _WRITES
+        try:
+            return [tuple(json.loads(line)) for line in path.read_text().splitlines()]
+        except FileNotFoundError:
+            return []
 
     def unbind_lock(self, address: str, held: bool = False) -> Path:
         """The nvidia driver's /proc/driver/nvidia/gpus/<address>/unbindLock (0: not taken)."""

@@ -15,8 +15,8 @@ def test_a_free_gpu_leaves_nvidia_for_vfio_pci(root):
     device = root / "sys/bus/pci/devices" / H200
     assert (device / "driver_override").read_text() == "vfio-pci"
     assert lock.read_text() == "1"  # sriov-manage's lock, taken before the unbind
-    assert (root / "sys/bus/pci/drivers/nvidia/unbind").read_text() == H200
-    assert (root / "sys/bus/pci/drivers_probe").read_text() == H200
+    assert host.pci_writes() == [("sys/bus/pci/drivers/nvidia/unbind", H200),
+                                 ("sys/bus/pci/drivers_probe", H200)]
 
 
 def test_a_gpu_something_holds_stays_on_nvidia_with_its_override_set(root):
@@ -68,12 +68,12 @@ def test_at_boot_vfio_pci_is_loaded_before_nvidia_and_sets_each_whole_gpus_overr
 # -- a GPU no longer given whole: handed back from vfio-pci ---------------------------------
 
 def test_a_gpu_no_longer_whole_leaves_vfio_pci_and_nvidia_takes_it(root):
-    whole_and_vgpu_host(root)  # the H200 on vfio-pci, its driver_override set
+    host = whole_and_vgpu_host(root)  # the H200 on vfio-pci, its driver_override set
     assert passthrough.give_back(H200, "vfio-pci") is None
     device = root / "sys/bus/pci/devices" / H200
     assert (device / "driver_override").read_text() == "\n"  # the kernel clears it on a newline
-    assert (root / "sys/bus/pci/drivers/vfio-pci/unbind").read_text() == H200
-    assert (root / "sys/bus/pci/drivers_probe").read_text() == H200
+    assert host.pci_writes() == [("sys/bus/pci/drivers/vfio-pci/unbind", H200),
+                                 ("sys/bus/pci/drivers_probe", H200)]
     assert passthrough.bound(H200) == "nvidia"  # read back: probed with no override, nvidia's
 
 
@@ -99,3 +99,17 @@ def test_a_gpu_that_cannot_be_handed_back_says_why_and_stays(root):
         f"GPU {H200}: cannot hand it back from vfio-pci: Is a directory")
     assert not (root / "sys/bus/pci/drivers_probe").exists()
     assert passthrough.bound(H200) == "vfio-pci"
+
+
+def test_only_the_vfs_of_a_gpu_published_whole_are_no_longer_kept_as_vanished(root):
+    """The hook disabled them (sriov-manage -d) and publishes the GPU whole: not vanished."""
+    from types import SimpleNamespace
+
+    from vgpu import pci, whole
+
+    whole_and_vgpu_host(root)  # the H200 on vfio-pci, no VFs; the L40S's VFs enabled
+    host = pci.discover()
+    gone = ["0000:c1:00.4", "0000:c1:00.5", "0000:42:00.4"]  # a GPU's VFs, one of no GPU here
+    plan = SimpleNamespace(passthrough=(SimpleNamespace(address=H200),))
+    assert whole.vanished_vfs(host, plan, gone) == ["0000:42:00.4"]
+    assert whole.vanished_vfs(host, SimpleNamespace(passthrough=()), gone) == gone

@@ -67,6 +67,9 @@ def preview(text: Optional[str], host: reconcile.Host, given: reconcile.Inputs) 
     unknown = _unknown(here, checked)
     validation = hook.mapping()
     plan = reconcile._addressable(hook, validation.plan)
+    for address in whole.split_back(here.pci, plan) if plan is not None else ():  # as the hook
+        unknown.setdefault(address, "it is handed back from vfio-pci first, then its VFs are "
+                                    "enabled (sriov-manage -e)")
     errors = [e for e in validation.errors if not any(a in e for a in unknown)]
     if errors:
         hook.problems.append(status.mapping_message(validation._replace(errors=tuple(errors)),

@@ -344,6 +344,8 @@ class _Hook:
         self.mig_driver: Optional[Dict[str, Any]] = None  # NVML's GPU instance profiles, by type
         self.vfs_enabled = False  # _ensure_vfs ran sriov-manage -e (it may wipe MIG state)
         self.mdevs_unrecorded = False  # mdevs.step_record could not record the mdevs guests hold
+        self.split_back: Tuple[str, ...] = ()  # GPUs _publish handed back from whole for vGPUs
+        self.sections_sent = False  # _publish gave nova-compute new sections
 
     def facts(self) -> facts.Facts:
         return self.host.facts()
@@ -383,6 +385,12 @@ def _steps(hook: _Hook) -> None:
         hook.paused = False
         hook.out.resumed = True
     _publish(hook)
+    if hook.split_back:  # handed back from whole for vGPUs: their VFs, then the mapping again
+        first, hook.split_back = hook.out.relation_data, ()
+        _ensure_vfs(hook)  # (no MIG state to restore there: they were whole)
+        _publish(hook)
+        if not hook.sections_sent:  # no VFs yet: what the first pass published stands
+            hook.out.relation_data = first
     _take_over_upstream(hook)
 
 
@@ -511,8 +519,13 @@ def _publish(hook: _Hook) -> None:
         validation = hook.mapping()
         release = here.supported_release()
         plan = _addressable(hook, validation.plan)
+        back: Tuple[str, ...] = ()  # GPUs without VFs that the hook hands back from whole first
+        if plan is not None and plan.missing_vfs:
+            from . import whole
+
+            back = whole.split_back(here.pci, plan)
         ok = (validation.ok and release is not None and plan is not None
-              and not plan.missing_vfs and _live_migratable_accepted(hook, plan))
+              and set(plan.missing_vfs) <= set(back) and _live_migratable_accepted(hook, plan))
         # Every check that can refuse the mapping runs before the host changes (whole GPUs
         # moved, VFs typed): a refusal leaves each GPU as it was.
         decision = None
@@ -520,7 +533,7 @@ def _publish(hook: _Hook) -> None:
             from . import whole  # the whole GPUs: decided read only, moved once all accepted
 
             decision = whole.step_decide(hook, plan)
-        ok = decision is not None and not decision.refusals
+        ok = decision is not None and not decision.refusals and set(back) <= set(decision.give_back)
         sections = plan_sections(hook, plan, release) if ok else None
         ok = ok and sections is not None
         ok = ok and mdevs.step_may_change(hook, sections) \
@@ -537,6 +550,7 @@ def _publish(hook: _Hook) -> None:
             sections = plan_sections(hook, plan, release)
             ok = sections is not None
             here = hook.facts()
+            hook.split_back = tuple(a for a in back if sriov.driver_of(a) == sriov.NVIDIA_DRIVER)
         sections = sections if ok else None
         boot_plan = plan if ok else None
     elif hook.published_mapping() or hook.published_reporting():
@@ -544,6 +558,7 @@ def _publish(hook: _Hook) -> None:
         # nova-compute has rather than empty its config; the status says so.
         # report_in_placement alone stays too: Nova refuses it turned off.
         sections = None
+    hook.sections_sent = sections is not None
     data = novaconf.relation_data(sections or {}, packages=[installed.name] if installed else [])
     if sections is None:
         del data["subordinate_configuration"]
@@ -618,14 +633,18 @@ def plan_sections(hook: _Hook, plan, release) -> Optional[novaconf.Sections]:
     None (the problem said) when sysfs gave something nova.conf must not get.
     """
     options = hook.given.options
+    published, gone = vanished(hook.facts(), hook.published())
+    if gone and plan.passthrough:  # a GPU published whole: its VFs did not vanish
+        from . import whole
+
+        gone = whole.vanished_vfs(hook.facts().pci, plan, gone)
     try:
         return novaconf.keep_published(novaconf.plan_sections(
             plan, release, mdev_class=bool(options.get(MDEV_CLASS)),
             pci_in_placement=bool(options.get(PCI_IN_PLACEMENT)),
             keep_placement_reporting=hook.published_reporting(),
             live_migratable=bool(options.get(LIVE_MIGRATION)),
-            one_time_use=bool(options.get(ONE_TIME_USE))),
-            *vanished(hook.facts(), hook.published()))
+            one_time_use=bool(options.get(ONE_TIME_USE))), published, gone)
     except ValueError as error:
         hook.problems.append(f"not publishing: {error}")
         return None

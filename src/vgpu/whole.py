@@ -117,6 +117,47 @@ def decide(host: pci.Host, plan, published: Sequence[Mapping[str, str]],
                     tuple(sorted(whole)), rules_change)
 
 
+def split_back(host: pci.Host, plan) -> Tuple[str, ...]:
+    """The GPUs ``plan`` wants VFs on that the charm gave whole and ``plan`` no longer does.
+
+    Each is on vfio-pci, named by the charm's udev rule: :func:`decide` hands it back
+    (guarded as every move between whole and vGPU), and only then can sriov-manage
+    enable its VFs (it takes a GPU on nvidia only).
+    """
+    if not plan.missing_vfs:
+        return ()
+    whole = {w.address for w in plan.passthrough}
+    given = set(passthrough.overridden(passthrough.current_rules()))
+    out = []
+    for address in plan.missing_vfs:
+        gpu = host.gpu(address)
+        if (address in given and address not in whole and gpu is not None
+                and gpu.driver == passthrough.VFIO_PCI):
+            out.append(address)
+    return tuple(out)
+
+
+def vanished_vfs(host: pci.Host, plan, functions: Sequence[str]) -> List[str]:
+    """``functions`` (published, not found now) but the VFs of GPUs ``plan`` publishes whole.
+
+    Those did not vanish: the hook disabled them itself (``sriov-manage -d``, only once
+    no guest held one: :func:`decide`) and publishes the GPU whole in their place, so
+    their device specs go with them rather than being kept for guests
+    (:func:`vgpu.novaconf.keep_published`). A VF is told by its bus: the one GPU here on
+    it (as :func:`vgpu.status.present_gpu` tells it).
+    """
+    whole = {w.address for w in plan.passthrough}
+    on_bus: Dict[str, List[str]] = {}
+    for gpu in host.gpus:
+        on_bus.setdefault(gpu.address.rsplit(":", 1)[0], []).append(gpu.address)
+    out = []
+    for address in functions:
+        gpus = on_bus.get(address.rsplit(":", 1)[0], [])
+        if not (len(gpus) == 1 and gpus[0] in whole):
+            out.append(address)
+    return out
+
+
 def _functions(gpu: pci.Gpu) -> Set[str]:
     """A GPU's own address and its VFs'."""
     return {gpu.address, *(vf.address for vf in gpu.vfs)}
