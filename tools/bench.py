@@ -12,10 +12,13 @@ cost is: process start + import of the charm module + Context.run
 
 On two generated hosts, 8 SR-IOV L40S-like GPUs with 32 VFs each on the
 vendor-specific VFIO framework and 8 A100-like GPUs with 16 VFs each offering
-mdev types (6 types, 32 VFs mapped, nova-compute's nova.conf in place, state
-carried over from a previous hook), it prints medians
+mdev types (6 types, 32 VFs mapped, nova-compute's nova.conf in place, a PCI ID
+database of the real one's size and shape, state carried over from a previous hook), it
+prints medians
 and ratios for update-status (also with the cos-agent relation), config-changed
-(unchanged and with a new mapping) and list-vgpu-types; the processes each hook starts (programs, and
+(unchanged and with a new mapping), list-vgpu-types and, last, update-status with a
+running guest on every mapped VF (its libvirt status file the size of libvirt's own
+test data's, and its definition); the processes each hook starts (programs, and
 Juju hook tools that are processes under real Juju: config-get, status-set,
 resource-get, juju-log, ...), what it reads of the host, and its peak memory.
 Then the metrics exporter on the same two hosts (a guest on every mapped VF, the
@@ -363,6 +366,7 @@ def instruction_counts(work, package, bases, bare_src, charm_src) -> None:
             if label not in TARGETS and not state.endswith(GUESTS):
                 continue
             state = _with_guests(root, framework, gpus, state)
+            hook(charm_src, event, specs[state], root)  # what a first hook writes, as samples find it
             counts = {kind: instructions(valgrind, src, event, specs[state], root)
                       for kind, src in (("charm", charm_src), ("bare", bare_src))}
             print(f"{framework + ' ' + str(gpus) + 'x' + str(vfs):<10} {label:<28} "
