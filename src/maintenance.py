@@ -77,7 +77,8 @@ class Maintenance(ops.Object):
     def _guard_guests(self, force: bool) -> None:
         from vgpu import guests  # XML parsing: actions only, not every hook
 
-        guests.ensure_no_guests(set(self._host.facts().pci.addresses()), force=force)
+        guests.ensure_no_guests(set(self._host.facts().pci.addresses()), force=force,
+                                unit=self.model.unit.name)
 
     # -- forget-gpus ----------------------------------------------------------------------
     def _on_forget_gpus(self, event: ops.ActionEvent) -> None:

@@ -75,9 +75,10 @@ class MigMode(ops.Object):
             # A guest holding a vGPU there (running or shut off) stops it; a shut-off one whose
             # VF lost its type at a reboot does not: MIG mode is what its type needs again.
             event.log(f"checking that no guest holds a vGPU on GPU {address}")
-            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)])
+            unit = self.model.unit.name  # names the juju run that lists guests not named
+            guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs)], unit=unit)
             guests.ensure_no_guests([gpu.address, *(vf.address for vf in gpu.vfs
-                                                    if vf.current_type)], defined=True)
+                                                    if vf.current_type)], defined=True, unit=unit)
             before = mig.modes([address])[address]
             done, clients = None, gpuclients.Stopped()
             if not before.enabled:

@@ -584,6 +584,21 @@ def test_pause_and_upgrade_refuse_while_guests_use_vgpus(ctx, ready, root, tools
     assert not [c for c in tools.calls() if "stop" in c]
 
 
+@pytest.mark.parametrize("action", ["pause", "upgrade"])
+def test_a_refusal_past_three_guests_names_the_command_that_lists_them(ctx, ready, root, packages,
+                                                                      action):
+    for n in range(4):
+        running_guest(root, f"instance-{n:08x}", f"0b7a0f2c-6f2d-4b3c-9b1e-{n:012x}",
+                      mdev_uuid=f"5f4b8a3e-2d1c-4b0a-9e8f-{n:012x}")
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action(action), state(resource=packages["new"]))
+    message = failure.value.message
+    assert message.startswith(f"not {action}d: 4 running guest(s) use vGPUs: instance-00000000 ")
+    assert "instance-00000002 (" in message and "instance-00000003" not in message
+    assert " and 1 more (juju run nova-compute-nvidia-vgpu/0 vgpu-usage lists the vGPUs " \
+        "guests hold)" in message
+
+
 def test_forced_pause_goes_ahead_with_guests_running(ctx, ready, root, tools):
     running_guest(root, "instance-0000002a", "0b7a0f2c-6f2d-4b3c-9b1e-4a8b1ef3c2d1",
                   pci_address="0000:c1:00.0")

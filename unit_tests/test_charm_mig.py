@@ -238,6 +238,20 @@ def test_enable_mig_is_refused_while_a_guest_holds_a_vgpu_on_that_gpu(ctx, root,
         ctx.run(ctx.on.action("enable-mig", params={"gpu": "99:00.0"}), state(resource=deb))
 
 
+def test_enable_mig_refused_past_three_guests_names_the_command_that_lists_them(ctx, root, tools,
+                                                                               deb):
+    rtx(root, tools, deb, mode="Disabled")
+    for n in range(4):
+        running_guest(root, f"instance-{n:08x}", f"6c1e5bd3-7a4f-4e0e-9a3b-{n:012x}",
+                      pci_address=VF[n])
+    with pytest.raises(testing.ActionFailed) as failure:
+        ctx.run(ctx.on.action("enable-mig", params={"gpu": GPU}), state(resource=deb))
+    assert failure.value.message.startswith(
+        "MIG mode not enabled: 4 running guest(s) use vGPUs: instance-00000000 (")
+    assert " and 1 more (juju run nova-compute-nvidia-vgpu/0 vgpu-usage lists the vGPUs guests " \
+        "hold)" in failure.value.message
+
+
 @pytest.mark.parametrize("placement", [True, False])
 def test_two_mig_profiles_on_one_gpu_are_refused_and_the_last_good_state_stays(ctx, root, tools,
                                                                                deb, placement):

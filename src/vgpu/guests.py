@@ -228,14 +228,16 @@ def held_devices() -> Tuple[Set[str], Set[str], List[str]]:
 
 
 def ensure_no_guests(pci_addresses: Iterable[str], force: bool = False,
-                     defined: bool = False) -> List[Guest]:
+                     defined: bool = False, unit: str = "") -> List[Guest]:
     """Raise GuestsRunningError if guests hold vGPUs, unless ``force``; return them.
 
     Running guests only, or with ``defined`` shut-off ones too (see :func:`vgpu_guests`).
+    ``unit``: this unit's name, for the ``juju run`` that lists the guests the error
+    does not name.
     """
     guests = vgpu_guests(pci_addresses, defined=defined)
     if guests and not force:
-        raise GuestsRunningError(guests)
+        raise GuestsRunningError(guests, unit)
     if guests:
         log.warning("forced past %d running vGPU guest(s): %s",
                     len(guests), ", ".join(g.name for g in guests))
