@@ -192,6 +192,17 @@ def test_only_the_device_lines_of_nvidia_s_block_name_a_gpu(root, text, named):
     assert pci.discover().gpus[0].model == (named or "NVIDIA 0x26b9")
 
 
+def test_a_device_id_that_is_no_ascii_is_named_by_none_and_fails_nothing(root):
+    """Any bytes in the device file: the search for its line neither fails nor finds one."""
+    host = FakeHost(root)
+    host.pci_ids("10de  NVIDIA Corporation\n" + L40S_LINE + "\t26b?  AD102GL [a question mark]\n")
+    host.add_gpu("0000:01:00.0", device="0x26b9")
+    host.add_gpu("0000:02:00.0", device="0x26b\u00e9")
+    host.add_gpu("0000:03:00.0", device="0x26b9a")  # five digits: no 16-bit id
+    assert [g.model for g in pci.discover().gpus] == [
+        "L40S", "NVIDIA 0x26b\u00e9", "NVIDIA 0x26b9a"]
+
+
 def test_a_pci_ids_that_cannot_be_read_gives_way_to_hwdata_s(root):
     host = FakeHost(root)
     (root / "usr/share/misc/pci.ids").mkdir(parents=True)  # not a file

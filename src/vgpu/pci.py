@@ -31,6 +31,7 @@ PCI_DEVICES = "sys/bus/pci/devices"
 PROC_DEVICES = "proc/bus/pci/devices"  # one line per function: see not_nvidia
 PROC_DEVICES_LIMIT = 1 << 22  # bytes; about 150 a function, and a PCI domain has at most 65,536
 _HEX_DIGITS = "0123456789abcdef"  # as the kernel's %x writes them
+_HEX_DIGITS_SET = frozenset(_HEX_DIGITS)
 _SLOT_FUNCTION = tuple(f"{n >> 3:02x}.{n & 7}" for n in range(256))  # devfn -> slot.function
 _DEVFN = {f"{n:02x}": _SLOT_FUNCTION[n] for n in range(256)}  # the same, keyed by hex devfn
 PCI_IDS = ("usr/share/misc/pci.ids", "usr/share/hwdata/pci.ids")
@@ -528,7 +529,9 @@ def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
     it line by line in Python cost about 6 ms a hook. One that cannot be read, or
     is larger than the bound, names nothing.
     """
-    wanted = {i.lower().removeprefix("0x") for i in device_ids if i}
+    # A device id is four hex digits (16 bits); what else a device file holds names nothing.
+    wanted = {i for i in (d.lower().removeprefix("0x") for d in device_ids)
+              if len(i) == 4 and set(i) <= _HEX_DIGITS_SET}
     found: Dict[str, str] = {}
     if not wanted:
         return found
@@ -570,7 +573,7 @@ def _device_name(block: bytes, ident: str) -> Optional[str]:
 
     A device line has one tab; a subsystem line (two tabs) that names the id is not it.
     """
-    at = block.find(b"\n\t" + ident.encode("ascii", "replace") + b" ")
+    at = block.find(b"\n\t" + ident.encode("ascii") + b" ")
     if at < 0:
         return None
     end = block.find(b"\n", at + 1)
