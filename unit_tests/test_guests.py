@@ -378,6 +378,22 @@ def test_a_status_file_is_read_for_its_domain(root, change):
         "instance-00000001", VF_GUEST, "running", ("0000:c1:00.4",), "vm-instance-00000001")
 
 
+@pytest.mark.parametrize("shape", [
+    lambda text: text,  # as libvirt writes it: its warning comment first
+    lambda text: text[text.index("<domstatus"):],  # as libvirt's own test data has it
+    lambda text: "\n" + text + "\n",
+])
+def test_damage_in_libvirt_s_private_data_leaves_the_guest_counted_as_its_domain_says(root, shape):
+    """Only the domain of a complete status file is read: what libvirt keeps beside it is not."""
+    from unit_tests.libvirt import hostdevs
+    d = root / "run/libvirt/qemu"
+    d.mkdir(parents=True)
+    text = status("instance-00000001", VF_GUEST, hostdevs(pci_address="0000:c1:00.4"))
+    damaged = text.replace("<qemuCaps>", "<qemuCaps><flag name='kvm'>", 1)  # never closed
+    (d / "instance-00000001.xml").write_text(shape(damaged))
+    assert guests.held_devices() == (set(), {"0000:c1:00.4"}, [])
+
+
 @pytest.mark.parametrize("damage", [
     lambda text: text.replace("</devices>", "</device>", 1),  # the domain itself
     lambda text: text[:text.rindex("</domain>") + len("</domain>")],  # cut short after it

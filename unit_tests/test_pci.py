@@ -180,6 +180,9 @@ def test_gpus_are_named_from_a_pci_ids_of_the_real_one_s_size_and_shape(root):
     ("10de  NVIDIA Corporation\r\n\t26b9  AD102GL [L40S]\r\n", "L40S"),
     ("10de  NVIDIA Corporation\n\t26b90  AD102GL [not it]\n", None),
     ("10de  NVIDIA Corporation\n\t26b9  \xff [L40S \xe2\x80]\n", "L40S \ufffd"),
+    # A name without brackets is taken whole, from its first letter to its last.
+    ("10de  NVIDIA Corporation\n\t26b9  AD102GL L40S 48GB\n", "AD102GL L40S 48GB"),
+    ("10de  NVIDIA Corporation\n\t26b9  AD102GL L40S 48GB", "AD102GL L40S 48GB"),
     # The first vendor line of NVIDIA's id starts the block read (a database has one).
     ("10de  NVIDIA Corporation\n" + L40S_LINE + "10df  Emulex Corporation\n"
      "10de  NVIDIA Corporation\n\t26b9  AD102GL [a second block]\n", "L40S"),

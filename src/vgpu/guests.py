@@ -293,9 +293,10 @@ def _status_domain(text: str) -> Optional[ET.Element]:
     libvirt writes a running guest's status file as ``<domstatus>`` around its own
     private data (``qemuDomainObjPrivateXMLFormat``: the QEMU capabilities, a few
     hundred ``<flag>`` lines, vCPU threads, block jobs), then the live ``<domain>``
-    (``virDomainDefFormat``), and none of that private data is read here; the file is
-    replaced whole (``virFileRewrite``). A domain that does not parse on its own (a
-    namespace prefix declared outside it, say) is read with the whole file.
+    (``virDomainDefFormat``), and none of that private data is read here, so what it
+    holds, damaged or not, changes nothing; the file is replaced whole
+    (``virFileRewrite``). A domain that does not parse on its own (a namespace prefix
+    declared outside it, say) is read with the whole file.
     """
     import xml.etree.ElementTree as ET
 
@@ -305,11 +306,10 @@ def _status_domain(text: str) -> Optional[ET.Element]:
     start, end = text.find("<domain "), text.rfind("</domain>")
     if not 0 <= start < end:
         return None
-    try:
-        found = ET.fromstring(text[start:end + len("</domain>")])
+    try:  # what parses from "<domain " on is a <domain> element
+        return ET.fromstring(text[start:end + len("</domain>")])
     except ET.ParseError:
         return None
-    return found if found.tag == "domain" else None
 
 
 def _vgpus(devices: Iterable[Tuple[str, str]], wanted: Set[str]) -> Tuple[str, ...]:

@@ -573,12 +573,13 @@ def _device_name(block: bytes, ident: str) -> Optional[str]:
 
     A device line has one tab; a subsystem line (two tabs) that names the id is not it.
     """
-    at = block.find(b"\n\t" + ident.encode("ascii") + b" ")
+    line = b"\n\t" + ident.encode("ascii") + b" "
+    at = block.find(line)
     if at < 0:
         return None
-    end = block.find(b"\n", at + 1)
-    line = block[at + 2:end if end >= 0 else len(block)].decode("utf-8", errors="replace")
-    return line.strip().partition(" ")[2]
+    start = at + len(line)
+    end = block.find(b"\n", start)
+    return block[start:end if end >= 0 else len(block)].decode(errors="replace").strip()  # UTF-8
 
 
 def _marketing_name(name: str) -> str:
