@@ -82,6 +82,7 @@ def test_a_complete_file_without_a_hostdev_is_not_parsed(qemu, monkeypatch):
     (qemu / "instance-0000002b.xml").unlink()
     (qemu / "instance-0000002c.xml").unlink()
     assert guests.running_vgpu_guests(NVIDIA_VFS) == []
+    assert guests.domains() == []  # the counts' reading too
     assert parsed == []
     # Cut short, it might have held one: parsed, and counted.
     text = (qemu / "instance-0000002d.xml").read_text()
@@ -465,3 +466,12 @@ def test_files_that_cannot_be_read_are_named_first_since_no_action_lists_them():
         "/etc/libvirt/qemu/instance-00000002.xml (not XML: no element found: line 1, column 0; "
         "counted as in use) and 1 more (juju run gpu-a/0 vgpu-usage lists the vGPUs guests hold) "
         "and 2 more domain file(s) that cannot be read, counted as in use")
+
+
+def test_domains_without_a_uuid_are_told_apart_by_their_names(root):
+    from unit_tests.libvirt import defined_guest
+    for n, vf in ((1, "0000:c1:00.4"), (2, "0000:c1:00.5")):
+        path = defined_guest(root, f"instance-0000000{n}", VF_GUEST, pci_address=vf)
+        path.write_text(path.read_text().replace(f"<uuid>{VF_GUEST}</uuid>", ""))
+    assert [(d.name, d.uuid, d.pci) for d in guests.domains()] == [
+        ("instance-00000001", "", ("0000:c1:00.4",)), ("instance-00000002", "", ("0000:c1:00.5",))]

@@ -186,6 +186,8 @@ def test_gpus_are_named_from_a_pci_ids_of_the_real_one_s_size_and_shape(root):
     # The first vendor line of NVIDIA's id starts the block read (a database has one).
     ("10de  NVIDIA Corporation\n" + L40S_LINE + "10df  Emulex Corporation\n"
      "10de  NVIDIA Corporation\n\t26b9  AD102GL [a second block]\n", "L40S"),
+    ("# its first line\n10de  NVIDIA Corporation\n" + L40S_LINE + "10df  Emulex Corporation\n"
+     "10de  NVIDIA Corporation\n\t26b9  AD102GL [a second block]\n", "L40S"),
 ])
 def test_only_the_device_lines_of_nvidia_s_block_name_a_gpu(root, text, named):
     host = FakeHost(root)
