@@ -527,7 +527,7 @@ def model_names(device_ids: Iterable[str]) -> Dict[str, str]:
     is read whole, bounded by :data:`PCI_IDS_LIMIT` (the real one is about 1.7 MB,
     NVIDIA's block at line 10,234 of 43,000), and searched as bytes: going through
     it line by line in Python cost about 6 ms a hook. One that cannot be read, or
-    is larger than the bound, names nothing.
+    is larger than the bound, is passed over for the next (hwdata's copy).
     """
     # A device id is four hex digits (16 bits); what else a device file holds names nothing.
     wanted = {i for i in (d.lower().removeprefix("0x") for d in device_ids)
